@@ -1,0 +1,43 @@
+// Memory accounting for every scheme: the one formula behind `kvq quant`'s effective bits, the
+// streaming KIVI cache's byte counts and `kvq plan`'s capacity table.
+#pragma once
+
+#include <cstdint>
+
+#include "core/spec.h"
+#include "core/tensor.h"
+
+namespace kvq {
+
+/// \brief Bytes a scheme stores for one layer's K or V of a given shape.
+struct Footprint {
+  double code_bytes = 0;      ///< element codes (packed words for int schemes)
+  double scale_bytes = 0;     ///< scales (fp32 for FP8, fp16 for int groups)
+  double zero_bytes = 0;      ///< zero points / minima (fp16, int asymmetric only)
+  double residual_bytes = 0;  ///< full-precision recent-token window
+  int64_t quantized_elements = 0;
+  int64_t residual_elements = 0;
+  double total_bytes() const { return code_bytes + scale_bytes + zero_bytes + residual_bytes; }
+  /// \brief Bits per quantized element: codes + scales + zeros (residual counted separately).
+  double effective_bits() const {
+    return quantized_elements ? 8.0 * (code_bytes + scale_bytes + zero_bytes) / quantized_elements : 0.0;
+  }
+  /// \brief Bits per element over the whole tensor, residual included.
+  double overall_bits() const {
+    const int64_t n = quantized_elements + residual_elements;
+    return n ? 8.0 * total_bytes() / n : 0.0;
+  }
+};
+
+/// Residual-window tokens are kept in the model's dtype; kvq counts 16 bits (bf16/fp16), as
+/// KIVI keeps them in fp16. (The CPU reference holds them in fp32 so they are exact.)
+inline constexpr double kResidualBytesPerElement = 2.0;
+
+/// \brief Tokens of T that an int scheme's `axis` side keeps quantized (REFERENCE.md section 3):
+/// per-channel: floor(T / B) * B with B = R if R > 0 else G; per-token: max(T - R, 0).
+int64_t quantized_tokens(const IntSpec& q, Axis axis, int64_t tokens);
+
+/// \brief Storage of `spec` for a tensor `shape` in role `role`.
+Footprint footprint(const SchemeSpec& spec, Role role, Shape3 shape);
+
+}  // namespace kvq

@@ -1,0 +1,70 @@
+// Scheme specs: the one way a KV-cache scheme is named everywhere (CLI, configs, result rows,
+// plot legends). Grammar: NAME[:key=value[,key=value...]] (flags such as `sym` take no value).
+//
+//   fp32 | bf16 | fp16
+//   fp8_e4m3 | fp8_e4m3fnuz | fp8_e5m2   [gran=tensor|head|token|channel] [scale=dynamic|<num>|calib:<file>]
+//   int<B>  k=channel|token, v=channel|token  [g=G] [r=R] [sym]      B in {2,3,4,8}; g=32, r=0
+//   kivi<B> [g=G] [r=R] [sym]   == int<B>:k=channel,v=token with g=32, r=128
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace kvq {
+
+/// \brief Which half of the KV cache a tensor is; schemes may treat keys and values apart.
+enum class Role { Key, Value };
+
+enum class SchemeKind { Fp32, Bf16, Fp16, Fp8, Int };
+enum class Fp8Format { E4M3, E4M3FNUZ, E5M2 };
+/// \brief Scale granularity for a [tokens, heads, dim] tensor: one scale per layer, per head,
+/// per (token, head) or per (head, channel).
+enum class Granularity { Tensor, Head, Token, Channel };
+enum class ScaleSource { Dynamic, Constant, Calib };
+/// \brief Statistics axis of integer group quantization: `Channel` groups G consecutive tokens
+/// of one (head, channel) (KIVI keys); `Token` groups G consecutive channels of one (token, head)
+/// (KIVI values).
+enum class Axis { Channel, Token };
+
+struct Fp8Spec {
+  Fp8Format format = Fp8Format::E4M3;
+  Granularity gran = Granularity::Tensor;
+  ScaleSource source = ScaleSource::Dynamic;
+  float constant = 1.0f;    ///< the scale when source == Constant
+  std::string calib_path;   ///< the calibration JSON when source == Calib
+};
+
+/// \brief `g=dim` in a spec: the group is the whole head_dim (resolved when the shape is known).
+inline constexpr int kGroupWholeDim = 0;
+
+struct IntSpec {
+  int bits = 2;
+  Axis key_axis = Axis::Channel;
+  Axis value_axis = Axis::Token;
+  int group = 32;     ///< G, or kGroupWholeDim
+  int residual = 0;   ///< R full-precision recent tokens
+  bool sym = false;   ///< symmetric (scale only, no zero point)
+  bool kivi = false;  ///< spelled kivi<B> (only changes the canonical name)
+  Axis axis(Role r) const { return r == Role::Key ? key_axis : value_axis; }
+  /// \brief G for a tensor with head_dim `dim`.
+  int group_for(int64_t dim) const { return group == kGroupWholeDim ? static_cast<int>(dim) : group; }
+};
+
+/// \brief A parsed scheme spec.
+struct SchemeSpec {
+  SchemeKind kind = SchemeKind::Fp32;
+  Fp8Spec fp8;
+  IntSpec q;
+  /// \brief Canonical spelling with every parameter explicit (stable across runs: a result key).
+  std::string canonical() const;
+};
+
+/// \brief Parses a spec string; throws kvq::Error naming the bad part and listing what is allowed.
+SchemeSpec parse_spec(std::string_view text);
+
+std::string_view to_string(Fp8Format f);
+std::string_view to_string(Granularity g);
+std::string_view to_string(Axis a);
+std::string_view to_string(Role r);
+
+}  // namespace kvq

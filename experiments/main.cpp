@@ -1,0 +1,40 @@
+// kvq: low-bit KV-cache quantization experiments. Every error ends as one line on stderr and a
+// nonzero exit status (1: bad input or configuration, 2: bad command line).
+#include <cstdio>
+#include <exception>
+
+#include "core/error.h"
+#include "experiments/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "kvq: low-bit KV-cache quantization (KIVI 2-8 bit, FP8) - quantize, compare and plan.\n"
+      "Schemes are named by spec strings such as fp8_e4m3:gran=head or kivi2:g=32,r=128.\n"
+      "Run 'kvq <command> --help' for each command's options and examples.",
+      "kvq"};
+  app.require_subcommand(1);
+  kvq::cli::register_plan(app);
+  kvq::cli::register_quant(app);
+  kvq::cli::register_compare(app);
+  kvq::cli::register_synth(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "kvq: %s (see 'kvq --help')\n", e.what());
+    return 2;
+  } catch (const kvq::Error& e) {
+    std::fprintf(stderr, "kvq: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "kvq: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvq: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Sets up whatever is missing on a Debian 12 machine, then configures and builds kvq.
+# Idempotent: installs only absent packages, reuses the build tree and ccache.
+#   scripts/setup.sh            # packages + build (preset "default")
+#   KVQ_PRESET=asan scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PRESET="${KVQ_PRESET:-default}"
+PKGS=(build-essential cmake pkg-config ccache git ca-certificates
+      libeigen3-dev libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
+      libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev
+      python3 python3-venv python3-pip bible-kjv)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "kvq setup: installing ${missing[*]}" >&2
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "kvq setup: need root or sudo to apt-get install ${missing[*]}" >&2; exit 1; }
+    SUDO="sudo"
+  fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ -n "${KVQ_WITH_PY:-}" ]; then
+  # Plot environment (matplotlib etc.), pinned.
+  if [ ! -x .venv/bin/python ] || ! cmp -s experiments/plots/requirements.txt .venv/.requirements; then
+    python3 -m venv .venv
+    .venv/bin/pip install -q -r experiments/plots/requirements.txt
+    cp experiments/plots/requirements.txt .venv/.requirements
+  fi
+fi
+
+JOBS="${KVQ_JOBS:-$(nproc)}"
+cmake --preset "$PRESET" >/dev/null
+cmake --build --preset "$PRESET" -j "$JOBS"
