@@ -1,0 +1,128 @@
+// core/npy: hand-built .npy byte strings (format per numpy's NEP 1 / format.py docs).
+#include "core/npy.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace kvq {
+namespace {
+
+// Builds a version-1 .npy with the given header dict text and raw data bytes.
+std::string npy_v1(const std::string& dict, const std::string& data) {
+  std::string h = dict;
+  while ((10 + h.size() + 1) % 64) h.push_back(' ');
+  h.push_back('\n');
+  std::string out = "\x93NUMPY";
+  out += '\x01';
+  out += '\x00';
+  out += static_cast<char>(h.size() & 0xff);
+  out += static_cast<char>(h.size() >> 8);
+  return out + h + data;
+}
+
+std::string floats(std::initializer_list<float> v) {
+  std::string s(v.size() * 4, '\0');
+  std::memcpy(s.data(), std::data(v), s.size());
+  return s;
+}
+
+void expect_error(const std::string& bytes, const std::string& needle) {
+  try {
+    parse_npy(bytes, "x.npy");
+    FAIL() << "expected an error containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << "one line: " << e.what();
+  }
+}
+
+TEST(Npy, ParsesFloat32V1) {
+  const auto a = parse_npy(
+      npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", floats({1, 2, 3, 4, 5, -6.5f})),
+      "x.npy");
+  ASSERT_EQ(a.shape, (std::vector<int64_t>{2, 3}));
+  ASSERT_EQ(a.data.size(), 6u);
+  EXPECT_EQ(a.data[0], 1.0f);
+  EXPECT_EQ(a.data[5], -6.5f);
+}
+
+TEST(Npy, ParsesFloat16ExactlyWidened) {
+  // fp16 bit patterns by hand: 0x3C00 = 1.0, 0xC000 = -2.0, 0x0001 = 2^-24, 0x7BFF = 65504.
+  const uint16_t h[4] = {0x3C00, 0xC000, 0x0001, 0x7BFF};
+  std::string data(8, '\0');
+  std::memcpy(data.data(), h, 8);
+  const auto a = parse_npy(npy_v1("{'descr': '<f2', 'fortran_order': False, 'shape': (4,), }", data), "x.npy");
+  ASSERT_EQ(a.data.size(), 4u);
+  EXPECT_EQ(a.data[0], 1.0f);
+  EXPECT_EQ(a.data[1], -2.0f);
+  EXPECT_EQ(a.data[2], std::ldexp(1.0f, -24));
+  EXPECT_EQ(a.data[3], 65504.0f);
+}
+
+TEST(Npy, ParsesVersion2Header) {
+  std::string v1 = npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", floats({7}));
+  // Re-wrap as version 2: 4-byte little-endian header length.
+  const std::string header = v1.substr(10, v1.size() - 10 - 4);
+  std::string v2 = "\x93NUMPY";
+  v2 += '\x02';
+  v2 += '\x00';
+  const uint32_t len = static_cast<uint32_t>(header.size());
+  v2.append(reinterpret_cast<const char*>(&len), 4);
+  v2 += header + floats({7});
+  const auto a = parse_npy(v2, "x.npy");
+  ASSERT_EQ(a.data.size(), 1u);
+  EXPECT_EQ(a.data[0], 7.0f);
+}
+
+TEST(Npy, EncodeThenParseRoundTripsBitExact) {
+  const std::vector<float> x = {0.0f, -0.0f, 1e-40f, 3.5f, -1e30f, 0.1f};
+  const auto a = parse_npy(encode_npy({3, 1, 2}, x.data()), "rt.npy");
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{3, 1, 2}));
+  ASSERT_EQ(a.data.size(), x.size());
+  EXPECT_EQ(std::memcmp(a.data.data(), x.data(), x.size() * 4), 0);
+  EXPECT_EQ(encode_npy({3, 1, 2}, x.data()).size() % 64, 24u) << "header padded to 64 bytes";
+}
+
+TEST(Npy, RejectsBadMagic) { expect_error("PK\x03\x04 this is a zip", "not an .npy"); }
+TEST(Npy, RejectsUnknownVersion) {
+  std::string b = npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", floats({1}));
+  b[6] = 4;
+  expect_error(b, "version 4");
+}
+TEST(Npy, RejectsFortranOrder) {
+  expect_error(npy_v1("{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }", floats({1})), "Fortran");
+}
+TEST(Npy, RejectsUnsupportedDtype) {
+  expect_error(npy_v1("{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }", std::string(8, '\0')),
+               "unsupported dtype '<f8'");
+  expect_error(npy_v1("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }", floats({1})),
+               "unsupported dtype '>f4'");
+}
+TEST(Npy, RejectsHeaderThatLiesAboutSize) {
+  expect_error(npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", floats({1, 2})),
+               "needs 12 data bytes but the file has 8");
+  expect_error(npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", floats({1, 2})),
+               "needs 4 data bytes but the file has 8");
+}
+TEST(Npy, RejectsTruncatedHeader) {
+  std::string b = npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", "");
+  expect_error(b.substr(0, 40), "truncated");
+}
+TEST(Npy, RejectsAbsurdShape) {
+  expect_error(npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999), }", ""),
+               "too large");
+}
+TEST(Npy, MissingFileNamesThePath) {
+  try {
+    read_npy("/nonexistent/dir/k.npy");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/k.npy: no such file"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace kvq

@@ -1,0 +1,106 @@
+// core/spec: the scheme-spec grammar (core/spec.h header comment and the issues' spec lists).
+#include "core/spec.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+
+namespace kvq {
+namespace {
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_spec(text);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Spec, PlainFormats) {
+  EXPECT_EQ(parse_spec("fp32").kind, SchemeKind::Fp32);
+  EXPECT_EQ(parse_spec("bf16").kind, SchemeKind::Bf16);
+  EXPECT_EQ(parse_spec("fp16").kind, SchemeKind::Fp16);
+}
+
+TEST(Spec, Fp8DefaultsAreTensorDynamic) {
+  const auto s = parse_spec("fp8_e4m3");
+  EXPECT_EQ(s.kind, SchemeKind::Fp8);
+  EXPECT_EQ(s.fp8.format, Fp8Format::E4M3);
+  EXPECT_EQ(s.fp8.gran, Granularity::Tensor);
+  EXPECT_EQ(s.fp8.source, ScaleSource::Dynamic);
+  EXPECT_EQ(s.canonical(), "fp8_e4m3:gran=tensor,scale=dynamic");
+}
+
+TEST(Spec, Fp8EveryGranularityAndSource) {
+  EXPECT_EQ(parse_spec("fp8_e5m2:gran=channel").fp8.gran, Granularity::Channel);
+  EXPECT_EQ(parse_spec("fp8_e4m3fnuz:gran=token").fp8.format, Fp8Format::E4M3FNUZ);
+  const auto c = parse_spec("fp8_e4m3:gran=head,scale=0.25");
+  EXPECT_EQ(c.fp8.source, ScaleSource::Constant);
+  EXPECT_EQ(c.fp8.constant, 0.25f);
+  EXPECT_EQ(c.canonical(), "fp8_e4m3:gran=head,scale=0.25");
+  const auto k = parse_spec("fp8_e4m3:scale=calib:/tmp/s.json,gran=head");
+  EXPECT_EQ(k.fp8.source, ScaleSource::Calib);
+  EXPECT_EQ(k.fp8.calib_path, "/tmp/s.json");
+}
+
+TEST(Spec, KiviDefaultsG32R128) {
+  const auto s = parse_spec("kivi2");
+  EXPECT_EQ(s.kind, SchemeKind::Int);
+  EXPECT_EQ(s.q.bits, 2);
+  EXPECT_EQ(s.q.group, 32);
+  EXPECT_EQ(s.q.residual, 128);
+  EXPECT_EQ(s.q.key_axis, Axis::Channel);
+  EXPECT_EQ(s.q.value_axis, Axis::Token);
+  EXPECT_EQ(s.canonical(), "kivi2:g=32,r=128");
+  EXPECT_EQ(parse_spec("kivi4:g=64,r=64").canonical(), "kivi4:g=64,r=64");
+}
+
+TEST(Spec, IntNeedsAxesAndDefaultsR0) {
+  const auto s = parse_spec("int3:k=token,v=channel,g=16,sym");
+  EXPECT_EQ(s.q.bits, 3);
+  EXPECT_EQ(s.q.key_axis, Axis::Token);
+  EXPECT_EQ(s.q.value_axis, Axis::Channel);
+  EXPECT_EQ(s.q.group, 16);
+  EXPECT_EQ(s.q.residual, 0);
+  EXPECT_TRUE(s.q.sym);
+  EXPECT_EQ(s.canonical(), "int3:k=token,v=channel,g=16,r=0,sym");
+  EXPECT_EQ(parse_spec("int8:k=token,v=token,g=dim").q.group, kGroupWholeDim);
+}
+
+TEST(Spec, CanonicalReparsesToItself) {
+  for (const char* t : {"fp32", "fp8_e5m2:gran=token,scale=2", "kivi3:g=16,r=32,sym",
+                        "int4:k=channel,v=channel,g=128,r=256"}) {
+    const std::string c = parse_spec(t).canonical();
+    EXPECT_EQ(parse_spec(c).canonical(), c) << t;
+  }
+}
+
+TEST(Spec, ErrorsNameTheBadPartAndListAllowed) {
+  EXPECT_NE(error_of("foo").find("unknown scheme 'foo' (allowed: fp32"), std::string::npos);
+  EXPECT_NE(error_of("fp8_e3m4").find("unknown FP8 format 'fp8_e3m4'"), std::string::npos);
+  EXPECT_NE(error_of("fp8_e4m3:gran=row").find("gran=row (allowed: tensor, head, token, channel)"),
+            std::string::npos);
+  EXPECT_NE(error_of("fp8_e4m3:scale=-1").find("scale=-1"), std::string::npos);
+  EXPECT_NE(error_of("fp8_e4m3:scale=calib:").find("needs a file"), std::string::npos);
+  EXPECT_NE(error_of("fp8_e4m3:g=32").find("unknown parameter 'g' for fp8_e4m3 (allowed: gran, scale)"),
+            std::string::npos);
+  EXPECT_NE(error_of("int5:k=token,v=token").find("5 bits not supported (allowed: 2, 3, 4, 8)"),
+            std::string::npos);
+  EXPECT_NE(error_of("kivi2:g=48").find("g=48 (allowed: a power of two from 8 to 256"), std::string::npos);
+  EXPECT_NE(error_of("kivi2:g=512").find("g=512"), std::string::npos);
+  EXPECT_NE(error_of("kivi2:g=32,r=100").find("r=100 must be a multiple of g=32"), std::string::npos);
+  EXPECT_NE(error_of("int2:k=channel").find("needs both axes"), std::string::npos);
+  EXPECT_NE(error_of("int2:k=row,v=token").find("k=row (allowed: channel, token)"), std::string::npos);
+  EXPECT_NE(error_of("kivi2:k=token").find("unknown parameter 'k'"), std::string::npos);
+  EXPECT_NE(error_of("bf16:gran=head").find("takes no parameters"), std::string::npos);
+  EXPECT_NE(error_of("kivi2:g=32,g=64").find("given twice"), std::string::npos);
+  EXPECT_NE(error_of("kivi2:").find("nothing after ':'"), std::string::npos);
+  EXPECT_NE(error_of("").find("empty scheme spec"), std::string::npos);
+  EXPECT_NE(error_of("kivi2:r=abc").find("r=abc is not an integer"), std::string::npos);
+  // Per-token-only schemes need no R multiple of G.
+  EXPECT_EQ(error_of("int2:k=token,v=token,g=32,r=100"), "");
+}
+
+}  // namespace
+}  // namespace kvq

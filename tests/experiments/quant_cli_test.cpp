@@ -1,0 +1,128 @@
+// `kvq quant` end to end, and every bad input the foundation issue lists: one line on stderr,
+// nonzero exit, never a crash.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/npy.h"
+#include "tests/support/run_cli.h"
+
+namespace kvq {
+namespace {
+
+using testing::run_kvq;
+
+class QuantCli : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::temp_dir("quant"); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& n) const { return (dir_ / n).string(); }
+  void write(const std::string& n, const std::string& bytes) const {
+    std::ofstream(path(n), std::ios::binary) << bytes;
+  }
+  // Raw npy v1 with an arbitrary header dict.
+  static std::string npy(const std::string& dict, const std::string& data) {
+    std::string h = dict;
+    while ((10 + h.size() + 1) % 64) h.push_back(' ');
+    h.push_back('\n');
+    std::string out = "\x93NUMPY\x01";
+    out += '\0';
+    out += static_cast<char>(h.size());
+    out += '\0';
+    return out + h + data;
+  }
+  // Expects failure with exactly one stderr line containing `needle`.
+  void expect_one_line_error(const std::string& args, const std::string& needle) const {
+    const auto r = run_kvq(args);
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_LT(r.status, 128) << "killed by a signal: " << args;
+    EXPECT_EQ(r.err_lines(), 1) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(QuantCli, Fp8EveryFormatAndGranularityWritesSameShapeAndStats) {
+  std::vector<float> x(5 * 3 * 8);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) - 8.0f + (i % 8 == 3 ? 40.0f : 0.0f);
+  write_npy(path("k.npy"), {5, 3, 8}, x.data());
+  int checked = 0;
+  for (const char* fmt : {"fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"})
+    for (const char* g : {"tensor", "head", "token", "channel"}) {
+      const std::string spec = std::string(fmt) + ":gran=" + g;
+      const auto r = run_kvq("quant --scheme " + spec + " --role key " + path("k.npy") + " " +
+                             path("o.npy") + " --stats " + path("s.json"));
+      ASSERT_EQ(r.status, 0) << spec << ": " << r.err;
+      const auto j = nlohmann::json::parse(r.out);
+      for (const char* key : {"scheme", "effective_bits", "mse", "nmse", "snr_db", "max_abs_err", "cosine"})
+        EXPECT_TRUE(j.contains(key)) << key;
+      EXPECT_EQ(j["scheme"], spec + ",scale=dynamic");
+      EXPECT_EQ(nlohmann::json::parse(testing::slurp(path("s.json"))), j) << "--stats equals stdout";
+      const auto o = read_npy(path("o.npy"));
+      EXPECT_EQ(o.shape, (std::vector<int64_t>{5, 3, 8}));
+      // An 8-bit float keeps every value within 1/8 relative of the input (3 mantissa bits or
+      // more, scale chosen so nothing saturates); a wrong output would break this.
+      EXPECT_GT(j["cosine"].get<double>(), 0.99);
+      EXPECT_GT(j["nmse"].get<double>(), 0.0) << "8-bit codes cannot be exact on this input";
+      ++checked;
+    }
+  EXPECT_EQ(checked, 12);
+}
+
+TEST_F(QuantCli, Rank2IsOneHeadAndFloat16Accepted) {
+  const uint16_t h[6] = {0x3C00, 0x4000, 0x4200, 0xBC00, 0x0000, 0x3800};  // 1 2 3 -1 0 0.5
+  std::string data(12, '\0');
+  std::memcpy(data.data(), h, 12);
+  write("h.npy", npy("{'descr': '<f2', 'fortran_order': False, 'shape': (3, 2), }", data));
+  const auto r = run_kvq("quant -s fp32 " + path("h.npy") + " " + path("o.npy"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto o = read_npy(path("o.npy"));
+  EXPECT_EQ(o.shape, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(o.data, (std::vector<float>{1, 2, 3, -1, 0, 0.5f}));
+  EXPECT_EQ(nlohmann::json::parse(r.out)["mse"], 0.0);
+}
+
+TEST_F(QuantCli, BadInputsGiveOneLineAndNonzeroExit) {
+  const std::string f4 = "{'descr': '<f4', 'fortran_order': False, 'shape': ";
+  std::string four(16, '\0');
+  write("notnpy.npy", "hello, world\n");
+  write("f8.npy", npy("{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", four));
+  write("fortran.npy", npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", four));
+  write("rank1.npy", npy(f4 + "(4,), }", four));
+  write("rank4.npy", npy(f4 + "(1, 1, 2, 2), }", four));
+  write("zero.npy", npy(f4 + "(0, 2, 4), }", ""));
+  write("lies.npy", npy(f4 + "(2, 4), }", four));
+  float bad[6] = {1, 2, 3, 4, std::nanf(""), 6};
+  write_npy(path("nan.npy"), {1, 2, 3}, bad);
+  float inf[4] = {1, 2, 3, 1.0f / 0.0f};
+  write_npy(path("inf.npy"), {2, 2}, inf);
+  const std::string out = " " + path("o.npy");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("missing.npy") + out, "missing.npy: no such file");
+  expect_one_line_error("quant -s fp8_e4m3 " + dir_.string() + out, "is a directory");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("notnpy.npy") + out, "not an .npy file");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("f8.npy") + out, "unsupported dtype '<f8'");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("fortran.npy") + out, "Fortran");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("rank1.npy") + out, "rank 1");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("rank4.npy") + out, "rank 4");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("zero.npy") + out, "zero-sized");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("lies.npy") + out, "needs 32 data bytes but the file has 16");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("nan.npy") + out, "at token 0, head 1, channel 1");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("inf.npy") + out, "at token 1, head 0, channel 1");
+  write_npy(path("ok.npy"), {1, 2, 3}, bad);  // contents irrelevant: spec errors come first
+  expect_one_line_error("quant -s fp8_e4m3:gran=row " + path("ok.npy") + out, "gran=row");
+  expect_one_line_error("quant -s nf4 " + path("ok.npy") + out, "unknown scheme 'nf4'");
+  expect_one_line_error("quant -s fp8_e4m3 --role query " + path("ok.npy") + out, "--role");
+  expect_one_line_error("quant " + path("ok.npy") + out, "--scheme");
+  EXPECT_FALSE(std::filesystem::exists(path("o.npy"))) << "no output written on error";
+}
+
+TEST_F(QuantCli, UnwritableOutputIsAnError) {
+  float x[2] = {1, 2};
+  write_npy(path("x.npy"), {1, 2}, x);
+  expect_one_line_error("quant -s bf16 " + path("x.npy") + " /nonexistent_dir/o.npy", "cannot open for writing");
+}
+
+}  // namespace
+}  // namespace kvq

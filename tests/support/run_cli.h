@@ -1,0 +1,55 @@
+// Runs the kvq binary (KVQ_BINARY) in a shell and captures its exit status, stdout and stderr.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace kvq::testing {
+
+struct CliResult {
+  int status = -1;  ///< exit status (128 + signal when killed)
+  std::string out, err;
+  /// \brief Number of lines on stderr.
+  int err_lines() const {
+    int n = 0;
+    for (char c : err) n += c == '\n';
+    return n;
+  }
+};
+
+/// \brief A fresh temporary directory for one test.
+inline std::filesystem::path temp_dir(const std::string& name) {
+  const auto d = std::filesystem::temp_directory_path() / ("kvq_test_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// \brief Runs `KVQ_BINARY args` (args already shell-quoted as needed).
+inline CliResult run_kvq(const std::string& args) {
+  const auto dir = temp_dir("cli");
+  const auto out = dir / "stdout", err = dir / "stderr";
+  const std::string cmd = std::string("'") + KVQ_BINARY + "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
+  const int raw = std::system(cmd.c_str());
+  CliResult r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + (WIFSIGNALED(raw) ? WTERMSIG(raw) : 0);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+}  // namespace kvq::testing
