@@ -1,0 +1,159 @@
+#include "reference_cpu/attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "reference_cpu/dense_ops.h"
+
+namespace kvq {
+namespace {
+
+void check_shapes(int64_t q_heads, const SideStore& k, const SideStore& v) {
+  KVQ_CHECK(k.heads() == v.heads() && k.dim() == v.dim() && k.tokens() == v.tokens(),
+            "attention: K cache [{}, {}, {}] and V cache [{}, {}, {}] differ", k.tokens(), k.heads(),
+            k.dim(), v.tokens(), v.heads(), v.dim());
+  KVQ_CHECK(k.heads() > 0 && q_heads > 0 && q_heads % k.heads() == 0,
+            "attention: {} query heads is not a multiple of {} kv heads", q_heads, k.heads());
+  KVQ_CHECK(k.tokens() > 0, "attention: the cache is empty");
+}
+
+// In place: row of n scores -> softmax probabilities (max-subtracted, sum in double).
+void softmax_row(float* s, int64_t n) {
+  float mx = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) mx = std::max(mx, s[t]);
+  double sum = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    s[t] = std::exp(s[t] - mx);
+    sum += s[t];
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t t = 0; t < n; ++t) s[t] *= inv;
+}
+
+}  // namespace
+
+void decode_attention(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,
+                      float* out, int threads) {
+  check_shapes(q_heads, k, v);
+  const int64_t H = k.heads(), D = k.dim(), T = k.tokens();
+  const int nq = static_cast<int>(q_heads / H);
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+  std::fill(out, out + q_heads * D, 0.0f);
+  const int nt = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> s(static_cast<size_t>(nq * T));
+#pragma omp for schedule(static)
+    for (int64_t h = 0; h < H; ++h) {
+      const float* qh = q + h * nq * D;
+      k.dot(h, qh, nq, 0, T, s.data(), T);
+      for (int i = 0; i < nq; ++i) {
+        float* row = s.data() + i * T;
+        for (int64_t t = 0; t < T; ++t) row[t] *= inv_sqrt_d;
+        softmax_row(row, T);
+      }
+      v.accumulate(h, s.data(), nq, 0, T, T, out + h * nq * D);
+    }
+  }
+}
+
+void prefill_attention(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,
+                       const Tensor3& k_raw, const Tensor3& v_raw, float* out, int threads) {
+  check_shapes(q_heads, k, v);
+  const int64_t H = k.heads(), D = k.dim(), T = k.tokens();
+  KVQ_CHECK(k_raw.shape == (Shape3{T, H, D}) && v_raw.shape == (Shape3{T, H, D}),
+            "prefill_attention: raw K/V must be [{}, {}, {}] like the cache", T, H, D);
+  const int nq = static_cast<int>(q_heads / H);
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+  const int nt = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> s(static_cast<size_t>(nq * T));
+#pragma omp for schedule(dynamic, 8) collapse(2)
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t n = i + 1;
+        const int64_t qk = k.quantized_tokens_at(n), qv = v.quantized_tokens_at(n);
+        const float* qh = q + (i * q_heads + h * nq) * D;
+        float* oh = out + (i * q_heads + h * nq) * D;
+        // Scores: codes below qk, exact window above.
+        k.dot(h, qh, nq, 0, qk, s.data(), n);
+        dense_dot(k_raw.data.data(), H, D, h, qh, nq, qk, n, s.data() + qk, n);
+        for (int r = 0; r < nq; ++r) {
+          float* row = s.data() + r * n;
+          for (int64_t t = 0; t < n; ++t) row[t] *= inv_sqrt_d;
+          softmax_row(row, n);
+        }
+        std::fill(oh, oh + nq * D, 0.0f);
+        v.accumulate(h, s.data(), nq, 0, qv, n, oh);
+        dense_accumulate(v_raw.data.data(), H, D, h, s.data() + qv, nq, qv, n, n, oh);
+      }
+  }
+}
+
+std::vector<double> attention_probs(const float* q, int64_t q_heads, const SideStore& k) {
+  const int64_t H = k.heads(), D = k.dim(), T = k.tokens();
+  KVQ_CHECK(q_heads % H == 0, "attention: {} query heads is not a multiple of {} kv heads", q_heads, H);
+  const int nq = static_cast<int>(q_heads / H);
+  std::vector<double> p(static_cast<size_t>(q_heads * T));
+  std::vector<float> s(static_cast<size_t>(nq * T));
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int64_t h = 0; h < H; ++h) {
+    k.dot(h, q + h * nq * D, nq, 0, T, s.data(), T);
+    for (int i = 0; i < nq; ++i) {
+      float* row = s.data() + i * T;
+      for (int64_t t = 0; t < T; ++t) row[t] *= inv_sqrt_d;
+      const double mx = *std::max_element(row, row + T);
+      double sum = 0;
+      double* pr = p.data() + (h * nq + i) * T;
+      for (int64_t t = 0; t < T; ++t) sum += pr[t] = std::exp(static_cast<double>(row[t]) - mx);
+      for (int64_t t = 0; t < T; ++t) pr[t] /= sum;
+    }
+  }
+  return p;
+}
+
+AttentionMetrics attention_metrics(const float* q, int64_t q_heads, const SideStore& k_ref,
+                                   const SideStore& v_ref, const SideStore& k, const SideStore& v,
+                                   int topk) {
+  const int64_t T = k.tokens(), D = k.dim();
+  KVQ_CHECK(k_ref.tokens() == T, "attention_metrics: caches hold {} and {} tokens", k_ref.tokens(), T);
+  const auto pr = attention_probs(q, q_heads, k_ref), pq = attention_probs(q, q_heads, k);
+  AttentionMetrics m;
+  const int64_t kk = std::min<int64_t>(topk, T);
+  std::vector<int64_t> ia(static_cast<size_t>(T)), ib(static_cast<size_t>(T));
+  for (int64_t j = 0; j < q_heads; ++j) {
+    const double* a = pr.data() + j * T;
+    const double* b = pq.data() + j * T;
+    double kl = 0;
+    for (int64_t t = 0; t < T; ++t)
+      if (a[t] > 0) kl += a[t] * (std::log(a[t]) - std::log(std::max(b[t], 1e-300)));
+    m.kl += kl / static_cast<double>(q_heads);
+    std::iota(ia.begin(), ia.end(), 0);
+    std::iota(ib.begin(), ib.end(), 0);
+    auto by = [](const double* p) { return [p](int64_t x, int64_t y) { return p[x] > p[y] || (p[x] == p[y] && x < y); }; };
+    std::partial_sort(ia.begin(), ia.begin() + kk, ia.end(), by(a));
+    std::partial_sort(ib.begin(), ib.begin() + kk, ib.end(), by(b));
+    std::sort(ia.begin(), ia.begin() + kk);
+    std::sort(ib.begin(), ib.begin() + kk);
+    std::vector<int64_t> common;
+    std::set_intersection(ia.begin(), ia.begin() + kk, ib.begin(), ib.begin() + kk, std::back_inserter(common));
+    m.topk_overlap += static_cast<double>(common.size()) / static_cast<double>(kk) / static_cast<double>(q_heads);
+  }
+  std::vector<float> o_ref(static_cast<size_t>(q_heads * D)), o(o_ref.size());
+  decode_attention(q, q_heads, k_ref, v_ref, o_ref.data());
+  decode_attention(q, q_heads, k, v, o.data());
+  double se = 0, sr = 0;
+  for (size_t i = 0; i < o.size(); ++i) {
+    se += (static_cast<double>(o[i]) - o_ref[i]) * (static_cast<double>(o[i]) - o_ref[i]);
+    sr += static_cast<double>(o_ref[i]) * o_ref[i];
+  }
+  m.output_nmse = sr > 0 ? se / sr : 0;
+  return m;
+}
+
+}  // namespace kvq

@@ -1,0 +1,227 @@
+#include "reference_cpu/kv_cache.h"
+
+#include <array>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "fp8/scale.h"
+#include "reference_cpu/dense_ops.h"
+#include "reference_cpu/int_side.h"
+
+namespace kvq {
+namespace {
+
+// ---- dense: fp32, bf16, fp16 ----------------------------------------------------------------
+
+class Fp32Side final : public SideStore {
+ public:
+  Fp32Side(int64_t H, int64_t D) : H_(H), D_(D) {}
+  void append(const float* x, int64_t n) override { x_.insert(x_.end(), x, x + n * H_ * D_); }
+  int64_t tokens() const override { return static_cast<int64_t>(x_.size()) / (H_ * D_); }
+  int64_t heads() const override { return H_; }
+  int64_t dim() const override { return D_; }
+  int64_t quantized_tokens_at(int64_t t) const override { return t; }
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s, int64_t ld) const override {
+    dense_dot(x_.data(), H_, D_, h, q, nq, t0, t1, s, ld);
+  }
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld, float* out) const override {
+    dense_accumulate(x_.data(), H_, D_, h, p, nq, t0, t1, ld, out);
+  }
+  Tensor3 dequantize() const override {
+    Tensor3 y({tokens(), H_, D_});
+    y.data = x_;
+    return y;
+  }
+  Footprint footprint() const override { return kvq::footprint(parse_spec("fp32"), Role::Key, {tokens(), H_, D_}); }
+
+ private:
+  int64_t H_, D_;
+  std::vector<float> x_;
+};
+
+// bf16 or fp16 stored as 16-bit patterns; widened in registers.
+template <bool kBf16>
+class Half16Side final : public SideStore {
+ public:
+  Half16Side(int64_t H, int64_t D) : H_(H), D_(D) {}
+  static float widen(uint16_t b) { return kBf16 ? bf16_bits_to_float(b) : half_bits_to_float(b); }
+  void append(const float* x, int64_t n) override {
+    for (int64_t i = 0; i < n * H_ * D_; ++i) x_.push_back(kBf16 ? float_to_bf16_bits(x[i]) : float_to_half_bits(x[i]));
+  }
+  int64_t tokens() const override { return static_cast<int64_t>(x_.size()) / (H_ * D_); }
+  int64_t heads() const override { return H_; }
+  int64_t dim() const override { return D_; }
+  int64_t quantized_tokens_at(int64_t t) const override { return t; }
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s, int64_t ld) const override {
+    std::vector<float> row(static_cast<size_t>(D_));
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint16_t* r = x_.data() + (t * H_ + h) * D_;
+      for (int64_t d = 0; d < D_; ++d) row[static_cast<size_t>(d)] = widen(r[d]);
+      for (int i = 0; i < nq; ++i) {
+        const float* qi = q + i * D_;
+        float acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t d = 0; d < D_; ++d) acc += qi[d] * row[static_cast<size_t>(d)];
+        s[i * ld + (t - t0)] = acc;
+      }
+    }
+  }
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld, float* out) const override {
+    std::vector<float> row(static_cast<size_t>(D_));
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint16_t* r = x_.data() + (t * H_ + h) * D_;
+      for (int64_t d = 0; d < D_; ++d) row[static_cast<size_t>(d)] = widen(r[d]);
+      for (int i = 0; i < nq; ++i) {
+        const float w = p[i * ld + (t - t0)];
+        float* o = out + i * D_;
+#pragma omp simd
+        for (int64_t d = 0; d < D_; ++d) o[d] += w * row[static_cast<size_t>(d)];
+      }
+    }
+  }
+  Tensor3 dequantize() const override {
+    Tensor3 y({tokens(), H_, D_});
+    for (size_t i = 0; i < x_.size(); ++i) y.data[i] = widen(x_[i]);
+    return y;
+  }
+  Footprint footprint() const override {
+    return kvq::footprint(parse_spec(kBf16 ? "bf16" : "fp16"), Role::Key, {tokens(), H_, D_});
+  }
+
+ private:
+  int64_t H_, D_;
+  std::vector<uint16_t> x_;
+};
+
+// ---- fp8 -------------------------------------------------------------------------------------
+
+class Fp8Side final : public SideStore {
+ public:
+  Fp8Side(const SchemeSpec& spec, Role role, int64_t H, int64_t D, int layer)
+      : spec_(spec), role_(role), H_(H), D_(D) {
+    const Fp8Spec& f = spec.fp8;
+    for (int c = 0; c < 256; ++c) lut_[static_cast<size_t>(c)] = fp8::decode(f.format, static_cast<uint8_t>(c));
+    gran_ = f.source == ScaleSource::Constant ? Granularity::Tensor : f.gran;
+    if (f.source == ScaleSource::Constant || f.source == ScaleSource::Calib) {
+      // Fixed scales: a zero-token tensor is enough to read them (calib ignores the data).
+      scales_ = fp8::compute_scales(f, role, Tensor3({0, H, D}), layer);
+      frozen_ = true;
+    }
+  }
+  void append(const float* x, int64_t n) override {
+    if (n == 0) return;
+    Tensor3 chunk({n, H_, D_});
+    std::copy(x, x + n * H_ * D_, chunk.data.begin());
+    if (gran_ == Granularity::Token) {
+      const auto s = fp8::compute_scales(spec_.fp8, role_, chunk);  // per (token, head): streaming-safe
+      scales_.insert(scales_.end(), s.begin(), s.end());
+      std::vector<uint8_t> c;
+      fp8::quantize(spec_.fp8, s, chunk, c);
+      codes_.insert(codes_.end(), c.begin(), c.end());
+      return;
+    }
+    if (!frozen_) {  // tensor / head / channel dynamic: the first append (prefill) sets them
+      scales_ = fp8::compute_scales(spec_.fp8, role_, chunk);
+      frozen_ = true;
+    }
+    std::vector<uint8_t> c;
+    fp8::quantize(spec_.fp8, scales_, chunk, c);
+    codes_.insert(codes_.end(), c.begin(), c.end());
+  }
+  int64_t tokens() const override { return static_cast<int64_t>(codes_.size()) / (H_ * D_); }
+  int64_t heads() const override { return H_; }
+  int64_t dim() const override { return D_; }
+  int64_t quantized_tokens_at(int64_t t) const override { return t; }
+
+  // Scale of element (t, h, d) factors as token_factor(t) * channel_factor(d).
+  float token_factor(int64_t t, int64_t h) const {
+    switch (gran_) {
+      case Granularity::Tensor: return scales_[0];
+      case Granularity::Head: return scales_[static_cast<size_t>(h)];
+      case Granularity::Token: return scales_[static_cast<size_t>(t * H_ + h)];
+      case Granularity::Channel: return 1.0f;
+    }
+    return 1.0f;
+  }
+  const float* channel_factors(int64_t h) const {
+    return gran_ == Granularity::Channel ? scales_.data() + h * D_ : nullptr;
+  }
+
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s, int64_t ld) const override {
+    std::vector<float> qs(q, q + nq * D_), row(static_cast<size_t>(D_));
+    if (const float* cf = channel_factors(h))  // fold per-channel scales into the query once
+      for (int i = 0; i < nq; ++i)
+        for (int64_t d = 0; d < D_; ++d) qs[static_cast<size_t>(i * D_ + d)] *= cf[d];
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* c = codes_.data() + (t * H_ + h) * D_;
+      for (int64_t d = 0; d < D_; ++d) row[static_cast<size_t>(d)] = lut_[c[d]];
+      const float f = token_factor(t, h);
+      for (int i = 0; i < nq; ++i) {
+        const float* qi = qs.data() + i * D_;
+        float acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t d = 0; d < D_; ++d) acc += qi[d] * row[static_cast<size_t>(d)];
+        s[i * ld + (t - t0)] = f * acc;
+      }
+    }
+  }
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld, float* out) const override {
+    std::vector<float> acc(static_cast<size_t>(nq * D_), 0.0f), row(static_cast<size_t>(D_));
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* c = codes_.data() + (t * H_ + h) * D_;
+      for (int64_t d = 0; d < D_; ++d) row[static_cast<size_t>(d)] = lut_[c[d]];
+      const float f = token_factor(t, h);
+      for (int i = 0; i < nq; ++i) {
+        const float w = p[i * ld + (t - t0)] * f;
+        float* a = acc.data() + i * D_;
+#pragma omp simd
+        for (int64_t d = 0; d < D_; ++d) a[d] += w * row[static_cast<size_t>(d)];
+      }
+    }
+    const float* cf = channel_factors(h);  // per-channel scales multiply the sum once
+    for (int i = 0; i < nq; ++i)
+      for (int64_t d = 0; d < D_; ++d)
+        out[i * D_ + d] += acc[static_cast<size_t>(i * D_ + d)] * (cf ? cf[d] : 1.0f);
+  }
+  Tensor3 dequantize() const override {
+    Tensor3 y({tokens(), H_, D_});
+    if (tokens() == 0) return y;
+    fp8::dequantize(spec_.fp8, scales_, codes_, y);
+    return y;
+  }
+  Footprint footprint() const override { return kvq::footprint(spec_, role_, {tokens(), H_, D_}); }
+
+ private:
+  SchemeSpec spec_;
+  Role role_;
+  int64_t H_, D_;
+  Granularity gran_;
+  bool frozen_ = false;
+  std::array<float, 256> lut_{};
+  std::vector<float> scales_;
+  std::vector<uint8_t> codes_;
+};
+
+}  // namespace
+
+std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim, int layer) {
+  KVQ_CHECK(heads > 0 && dim > 0, "cache shape: heads {} and head_dim {} must be positive", heads, dim);
+  switch (spec.kind) {
+    case SchemeKind::Fp32: return std::make_unique<Fp32Side>(heads, dim);
+    case SchemeKind::Bf16: return std::make_unique<Half16Side<true>>(heads, dim);
+    case SchemeKind::Fp16: return std::make_unique<Half16Side<false>>(heads, dim);
+    case SchemeKind::Fp8: return std::make_unique<Fp8Side>(spec, role, heads, dim, layer);
+    case SchemeKind::Int: return make_int_side(spec, role, heads, dim);
+  }
+  fail("make_side: unknown scheme kind");
+}
+
+std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, const Tensor3& x, int layer) {
+  auto s = make_side(spec, role, x.shape.heads, x.shape.dim, layer);
+  s->append(x.data.data(), x.shape.tokens);
+  return s;
+}
+
+}  // namespace kvq

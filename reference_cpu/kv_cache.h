@@ -1,0 +1,57 @@
+// One side (K or V) of one layer's KV cache in any scheme, with the two reads attention needs.
+// Attention reads the stored codes directly: the dequantized cache is never built on this path.
+//
+//   dense  fp32 / bf16 / fp16 values as stored (bf16/fp16 as 16-bit patterns)
+//   fp8    one code per element + scales (token scales grow per token; tensor/head/channel
+//          dynamic scales are computed from the first append - the prefill - and then frozen,
+//          as vLLM's calculate-kv-scales; constant and calib scales are fixed)
+//   int    the streaming KIVI cache (kivi/cache.h): codes outside the residual window
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/footprint.h"
+#include "core/spec.h"
+#include "core/tensor.h"
+
+namespace kvq {
+
+/// \brief One side of one layer's cache. Every read covers tokens [t0, t1) of kv head h for nq
+/// query vectors at once (the GQA group shares each unpacked code).
+class SideStore {
+ public:
+  virtual ~SideStore() = default;
+
+  /// \brief Appends n tokens, x = [n, heads, dim] in C order.
+  virtual void append(const float* x, int64_t n) = 0;
+  virtual int64_t tokens() const = 0;
+  virtual int64_t heads() const = 0;
+  virtual int64_t dim() const = 0;
+  /// \brief How many of the first `t` tokens a cache holding exactly t tokens keeps quantized
+  /// (t for schemes without a residual window). Causal prefill uses it.
+  virtual int64_t quantized_tokens_at(int64_t t) const = 0;
+
+  /// \brief scores[i * ld + (t - t0)] = <q_i, K[t, h, :]> for t in [t0, t1), i < nq; q is
+  /// [nq, dim]. Unscaled (no 1/sqrt(d)).
+  virtual void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* scores,
+                   int64_t ld) const = 0;
+  /// \brief out[i * dim + d] += sum_t p[i * ld + (t - t0)] * V[t, h, d] for t in [t0, t1).
+  virtual void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
+                          float* out) const = 0;
+
+  /// \brief The values the cache reads back, [tokens, heads, dim] (tests and metrics only).
+  virtual Tensor3 dequantize() const = 0;
+  /// \brief Bytes stored (the one accounting formula).
+  virtual Footprint footprint() const = 0;
+};
+
+/// \brief A cache side for `spec` in `role`; `layer` selects calib scales.
+std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim,
+                                     int layer = 0);
+
+/// \brief A cache side preloaded with `x` in one append (the whole prompt at once).
+std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, const Tensor3& x,
+                                     int layer = 0);
+
+}  // namespace kvq
