@@ -1,6 +1,118 @@
-// kvq plan: placeholder until the planner lands in this file.
+// kvq plan: how many tokens and requests fit in the KV memory, and how much faster a decode step
+// bound by memory reads gets, for each KV format (REFERENCE.md sections 1 and 5).
+#include <fmt/format.h>
+
 #include "experiments/commands.h"
+#include "experiments/planner.h"
 
 namespace kvq::cli {
-void register_plan(CLI::App& app) { app.add_subcommand("plan", "capacity and bandwidth planner"); }
+namespace {
+
+constexpr const char* kPlanFooter = R"(
+How the numbers are made (GB = 10^9 bytes, TB/s = 10^12 bytes/s, KiB = 1,024 bytes):
+  bytes of a request of N tokens = layers x (footprint(K, [N, kv_heads, head_dim])
+                                           + footprint(V, [N, kv_heads, head_dim]))
+    the same kvq::footprint the quantizers use: codes, scale and zero bytes per group, and the
+    R most recent tokens of kivi/int schemes kept at 2 bytes per element.
+  KiB/token   = bytes of one --ctx request / --ctx (per-request scales and the window spread
+                over the request: 128 KiB for bf16 and 64 KiB for fp8 on llama-3.1-8b, where fp8's
+                per-tensor scales add 1/16 byte per token at --ctx 4096)
+  bits/elem   = codes + scales + zeros per quantized element (the recent window not counted)
+  tokens      = --mem / KiB/token (rounded); reqs = floor(--mem / bytes of one --ctx request)
+  KV read     = --batch x bytes of one --decode-ctx request
+  min step    = (weight bytes + KV read) / bandwidth; speedup = first row's min step / this row's
+
+KV formats (--kv): bf16, fp16, fp32; fp8 (= fp8_e4m3, one dynamic scale per layer tensor; also
+  fp8:gran=head); any fp8_e4m3|fp8_e4m3fnuz|fp8_e5m2[:gran=...,scale=...]; int2, int3, int4, int8
+  (= int<B>:k=channel,v=token,g=32,r=0); kivi2/kivi4 (= g=32, r=128); any full spec such as
+  kivi2:g=32,r=128 or int4:k=token,v=token,g=64.
+)";
+
+constexpr const char* kPlanExamples = R"(
+Examples:
+  kvq plan                      the design note's scenario (llama-3.1-8b, 55 GB, h100-sxm)
+  kvq plan --model llama-3.1-70b --gpu h200 --weights-bytes 70.6 --mem 60GB --ctx 32768
+           --kv bf16 fp8 kivi2:g=32,r=128 int4:k=channel,v=token,g=64
+  kvq plan --layers 30 --kv-heads 3 --head-dim 64 --params 0.135 --bandwidth 0.3 --json)";
+
+// The footer: how the numbers are made, the presets (from the planner's tables), examples.
+std::string plan_footer() {
+  std::string s = kPlanFooter;
+  s += "\nModel presets (--model):       layers  kv heads  head dim  params\n";
+  for (const auto& m : planner::model_presets())
+    s += fmt::format("  {:<28} {:>6}  {:>8}  {:>8}  {:>5.3g} B\n", m.name, m.layers, m.kv_heads,
+                     m.head_dim, m.params / 1e9);
+  s += "GPU presets (--gpu):           memory  bandwidth\n";
+  for (const auto& g : planner::gpu_presets())
+    s += fmt::format("  {:<28} {:>3.0f} GB  {:>4.2f} TB/s\n", g.name, g.mem_bytes / 1e9,
+                     g.bandwidth / 1e12);
+  return s + kPlanExamples;
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app) {
+  struct Opts {
+    planner::PlanInput in;
+    std::string model, gpu, mem = "55", weights;
+    int64_t layers = 0, kv_heads = 0, head_dim = 0;
+    double params = 0, bandwidth = 0;
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* c = app.add_subcommand(
+      "plan",
+      "Capacity and bandwidth planner: per KV format, the bytes per token, how many tokens and\n"
+      "requests fit in the KV memory, and the lower bound of a decode step that reads the weights\n"
+      "and the KV cache once. With no options it prints the design note's scenario (Llama 3.1 8B,\n"
+      "55 GB of KV memory, 4,096-token requests, decode batch 64 x 2,000 tokens, H100 SXM).\n"
+      "Example: kvq plan --model mistral-7b --gpu a100-80gb --kv bf16 fp8 kivi2");
+  c->footer(plan_footer());
+  auto* model = c->add_option("--model", o->model,
+                              "model preset (default llama-3.1-8b; presets below), or a custom "
+                              "model: all of the next four");
+  auto* layers = c->add_option("--layers", o->layers, "custom model: decoder layers (e.g. 32)");
+  auto* kv_heads = c->add_option("--kv-heads", o->kv_heads, "custom model: KV heads (e.g. 8)");
+  auto* head_dim = c->add_option("--head-dim", o->head_dim, "custom model: head dim (e.g. 128)");
+  auto* params = c->add_option("--params", o->params,
+                               "custom model: parameters in billions (e.g. 8.03); sets the "
+                               "weight bytes to params x 2 (bf16)");
+  c->add_option("--kv", o->in.kv, "KV formats, space separated, one row each (see below)")
+      ->capture_default_str();
+  c->add_option("--mem", o->mem, "memory for the KV cache in GB (55, 55GB, 80GiB, 500MB)")
+      ->capture_default_str();
+  c->add_option("--ctx", o->in.ctx, "tokens per request for the capacity columns")
+      ->capture_default_str();
+  c->add_option("--batch", o->in.batch, "requests in the decode batch")->capture_default_str();
+  c->add_option("--decode-ctx", o->in.decode_ctx, "tokens of context per decode-batch request")
+      ->capture_default_str();
+  auto* gpu = c->add_option("--gpu", o->gpu, "GPU preset (default h100-sxm; presets below)");
+  auto* bw = c->add_option("--bandwidth", o->bandwidth,
+                           "memory bandwidth in TB/s instead of --gpu (e.g. 3.35)");
+  auto* weights = c->add_option(
+      "--weights-bytes", o->weights,
+      "weight bytes read per decode step, in GB like --mem (default params x 2 bytes; 0: KV only)");
+  c->add_flag("--json", o->json, "print the plan as JSON instead of the table");
+
+  c->callback([o, model, layers, kv_heads, head_dim, params, gpu, bw, weights] {
+    planner::ModelArgs a;
+    if (model->count()) a.preset = o->model;
+    if (layers->count()) a.layers = o->layers;
+    if (kv_heads->count()) a.kv_heads = o->kv_heads;
+    if (head_dim->count()) a.head_dim = o->head_dim;
+    if (params->count()) a.params_billions = o->params;
+    planner::PlanInput in = o->in;
+    in.model = planner::resolve_model(a, weights->count() > 0);
+    in.gpu = planner::resolve_gpu(gpu->count() ? std::optional<std::string>(o->gpu) : std::nullopt,
+                                  bw->count() ? std::optional<double>(o->bandwidth) : std::nullopt);
+    in.mem_bytes = planner::parse_gb(o->mem, "--mem");
+    if (weights->count()) in.weight_bytes = planner::parse_gb(o->weights, "--weights-bytes", true);
+    const planner::Plan p = planner::make_plan(in);
+    if (o->json)
+      fmt::print("{}\n", planner::plan_json(p).dump(2));
+    else
+      fmt::print("{}", planner::format_plan(p));
+  });
+}
+
 }  // namespace kvq::cli
