@@ -1,0 +1,85 @@
+#include "core/safetensors.h"
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/io.h"
+
+namespace kvq {
+
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json h;
+  if (!metadata.empty()) h["__metadata__"] = metadata;
+  uint64_t off = 0;
+  for (const auto& t : tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    KVQ_CHECK(n == static_cast<int64_t>(t.data.size()), "safetensors: tensor {} has {} values for shape of {}",
+              t.name, t.data.size(), n);
+    h[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + 4 * static_cast<uint64_t>(n)}}};
+    off += 4 * static_cast<uint64_t>(n);
+  }
+  std::string header = h.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  const uint64_t len = header.size();
+  std::memcpy(out.data(), &len, 8);
+  out += header;
+  for (const auto& t : tensors) out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size() * 4);
+  write_file_atomic(path, out);
+}
+
+std::vector<NamedTensor> read_safetensors(const std::string& path) {
+  const std::string b = read_file(path);
+  KVQ_CHECK(b.size() >= 8, "{}: not a safetensors file (shorter than 8 bytes)", path);
+  uint64_t len = 0;
+  std::memcpy(&len, b.data(), 8);
+  KVQ_CHECK(len <= b.size() - 8, "{}: header length {} exceeds the file size", path, len);
+  nlohmann::json h;
+  try {
+    h = nlohmann::json::parse(b.substr(8, len));
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: safetensors header is not valid JSON", path);
+  }
+  KVQ_CHECK(h.is_object(), "{}: safetensors header is not a JSON object", path);
+  const uint64_t data0 = 8 + len, data_len = b.size() - data0;
+  std::vector<NamedTensor> out;
+  for (const auto& [name, e] : h.items()) {
+    if (name == "__metadata__") continue;
+    KVQ_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"),
+              "{}: tensor '{}' lacks dtype, shape or data_offsets", path, name);
+    const std::string dt = e["dtype"].get<std::string>();
+    const size_t item = dt == "F32" ? 4 : (dt == "F16" || dt == "BF16") ? 2 : 0;
+    KVQ_CHECK(item, "{}: tensor '{}' has dtype {} (supported: F32, F16, BF16)", path, name, dt);
+    NamedTensor t;
+    t.name = name;
+    uint64_t n = 1;
+    for (const auto& d : e["shape"]) {
+      KVQ_CHECK(d.is_number_unsigned() && d.get<uint64_t>() < (1ull << 40), "{}: tensor '{}' has a bad shape", path, name);
+      t.shape.push_back(d.get<int64_t>());
+      n *= d.get<uint64_t>();
+      KVQ_CHECK(n < (1ull << 40), "{}: tensor '{}' is too large", path, name);
+    }
+    const uint64_t a = e["data_offsets"][0].get<uint64_t>(), z = e["data_offsets"][1].get<uint64_t>();
+    KVQ_CHECK(a <= z && z <= data_len, "{}: tensor '{}' data [{}, {}) lies outside the {} data bytes", path, name, a, z, data_len);
+    KVQ_CHECK(z - a == n * item, "{}: tensor '{}' has {} bytes for {} values of {}", path, name, z - a, n, dt);
+    t.data.resize(n);
+    const char* p = b.data() + data0 + a;
+    for (uint64_t i = 0; i < n; ++i) {
+      if (item == 4) {
+        std::memcpy(&t.data[i], p + 4 * i, 4);
+      } else {
+        uint16_t u;
+        std::memcpy(&u, p + 2 * i, 2);
+        t.data[i] = dt == "F16" ? half_bits_to_float(u) : bf16_bits_to_float(u);
+      }
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace kvq

@@ -1,0 +1,28 @@
+// safetensors files: an 8-byte little-endian header length, a JSON header
+// {"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}},
+// then the raw little-endian data. kvq writes and reads F32 (and reads F16/BF16).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kvq {
+
+/// \brief A named float32 tensor for safetensors I/O.
+struct NamedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<float> data;
+};
+
+/// \brief Writes tensors (F32) and string metadata atomically.
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+/// \brief Reads every tensor (F32, F16 and BF16 widened to float); errors name the file and the
+/// bad entry (bad header length, JSON, dtype, offsets outside the data, shape/size mismatch).
+std::vector<NamedTensor> read_safetensors(const std::string& path);
+
+}  // namespace kvq
