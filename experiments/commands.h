@@ -9,5 +9,6 @@ void register_quant(CLI::App& app);
 void register_compare(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_plan(CLI::App& app);
+void register_model(CLI::App& app);
 
 }  // namespace kvq::cli

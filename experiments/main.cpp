@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   kvq::cli::register_quant(app);
   kvq::cli::register_compare(app);
   kvq::cli::register_synth(app);
+  kvq::cli::register_model(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

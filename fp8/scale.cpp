@@ -1,7 +1,9 @@
 #include "fp8/scale.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -19,12 +21,44 @@ int64_t scale_count(Granularity g, Shape3 s) {
   return 1;
 }
 
+namespace {
+
+/// The scales of one (t, h) row r = t * H + h: element d uses scales[base + d * step].
+/// Derived from scale_index (the one definition), which is affine in d for every granularity
+/// (step 0 for tensor/head/token, 1 for channel); looping by rows avoids a per-element switch.
+struct RowScales {
+  int64_t base;
+  int64_t step;
+};
+RowScales row_scales(Granularity g, int64_t r, Shape3 s) {
+  const int64_t t = r / s.heads, h = r % s.heads;
+  const int64_t base = scale_index(g, t, h, 0, s.heads, s.dim);
+  const int64_t step = scale_index(g, t, h, 1, s.heads, s.dim) - base;
+  if (step != 0 && step != 1)
+    fail("fp8: scale_index step {} along head_dim (expected 0 or 1)", step);
+  return {base, step};
+}
+
+/// A constant scale is one scale for the whole tensor, whatever `gran` says.
+Granularity effective_granularity(const Fp8Spec& spec) {
+  return spec.source == ScaleSource::Constant ? Granularity::Tensor : spec.gran;
+}
+
+void check_scale_count(Granularity g, Shape3 s, const std::vector<float>& sc) {
+  const int64_t want = scale_count(g, s);
+  KVQ_CHECK(static_cast<int64_t>(sc.size()) == want,
+            "fp8: {} scales given, gran={} needs {} for shape [{}, {}, {}]", sc.size(),
+            to_string(g), want, s.tokens, s.heads, s.dim);
+}
+
+}  // namespace
+
 Calibration read_calibration(const std::string& path) {
   const std::string text = read_file(path);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for 1e999
     fail("{}: not valid JSON ({})", path, e.what());
   }
   if (!j.is_object() || !j.contains("kvq_calibration"))
@@ -45,9 +79,14 @@ Calibration read_calibration(const std::string& path) {
       std::vector<float> v;
       for (size_t h = 0; h < L[key].size(); ++h) {
         const auto& x = L[key][h];
-        if (!x.is_number() || !std::isfinite(x.get<double>()) || x.get<double>() <= 0)
-          fail("{}: layers[{}].{}[{}] = {} is not a positive finite number", path, l, key, h, x.dump());
-        v.push_back(x.get<float>());
+        // Checked as the float32 it is stored as: 1e300 or 1e-300 would become inf or 0.
+        const double d = x.is_number() ? x.get<double>() : 0.0;
+        const float a =
+            d > 0 && d <= std::numeric_limits<float>::max() ? static_cast<float>(d) : 0.0f;
+        if (!x.is_number() || !(a > 0.0f))
+          fail("{}: layers[{}].{}[{}] = {} is not a positive finite float32", path, l, key, h,
+               x.dump());
+        v.push_back(a);
       }
       if (heads == 0) heads = v.size();
       if (v.size() != heads)
@@ -90,13 +129,22 @@ std::vector<float> compute_scales(const Fp8Spec& spec, Role role, const Tensor3&
     return out;
   }
   std::vector<float> amax(static_cast<size_t>(scale_count(spec.gran, s)), 0.0f);
-  for (int64_t t = 0; t < s.tokens; ++t)
-    for (int64_t h = 0; h < s.heads; ++h)
-      for (int64_t d = 0; d < s.dim; ++d) {
-        float& a = amax[static_cast<size_t>(scale_index(spec.gran, t, h, d, s.heads, s.dim))];
-        const float v = std::fabs(x.at(t, h, d));
-        if (!(v <= a)) a = v;  // NaN propagates into the scale: visible, never silently finite
-      }
+  // NaN sticks and reaches the scale: visible, never silently finite.
+  const auto take = [](float& a, float x) {
+    const float v = std::fabs(x);
+    if (v > a || std::isnan(v)) a = v;
+  };
+  for (int64_t r = 0; r < s.tokens * s.heads; ++r) {
+    const RowScales rs = row_scales(spec.gran, r, s);
+    const float* xr = x.data.data() + r * s.dim;
+    if (rs.step == 0) {
+      float& a = amax[static_cast<size_t>(rs.base)];
+      for (int64_t d = 0; d < s.dim; ++d) take(a, xr[d]);
+    } else {
+      float* ar = amax.data() + rs.base;
+      for (int64_t d = 0; d < s.dim; ++d) take(ar[d], xr[d]);
+    }
+  }
   for (float& a : amax) a = scale_from_amax(a, spec.format);
   return amax;
 }
@@ -107,25 +155,54 @@ template <Fp8Format F>
 void quantize_t(const Fp8Spec& spec, const std::vector<float>& sc, const Tensor3& x,
                 std::vector<uint8_t>& codes) {
   const Shape3 s = x.shape;
-  const Granularity g = spec.source == ScaleSource::Constant ? Granularity::Tensor : spec.gran;
+  const Granularity g = effective_granularity(spec);
+  check_scale_count(g, s, sc);
   codes.resize(x.data.size());
-  size_t i = 0;
-  for (int64_t t = 0; t < s.tokens; ++t)
-    for (int64_t h = 0; h < s.heads; ++h)
-      for (int64_t d = 0; d < s.dim; ++d, ++i)
-        codes[i] = quantize_value<F>(x.data[i], sc[static_cast<size_t>(scale_index(g, t, h, d, s.heads, s.dim))]);
+  for (int64_t r = 0; r < s.tokens * s.heads; ++r) {
+    const RowScales rs = row_scales(g, r, s);
+    const float* xr = x.data.data() + r * s.dim;
+    uint8_t* cr = codes.data() + r * s.dim;
+    const float* sr = sc.data() + rs.base;
+    if (rs.step == 0) {
+      for (int64_t d = 0; d < s.dim; ++d) cr[d] = quantize_value<F>(xr[d], sr[0]);
+    } else {
+      for (int64_t d = 0; d < s.dim; ++d) cr[d] = quantize_value<F>(xr[d], sr[d]);
+    }
+  }
+}
+
+/// decode<F> of all 256 codes: s * table[c] is dequantize_value<F>(c, s) bit for bit (decode is
+/// exact and the one multiply is the same), without decode's branches in the loop.
+template <Fp8Format F>
+const std::array<float, 256>& decode_table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[static_cast<size_t>(c)] = decode<F>(static_cast<uint8_t>(c));
+    return t;
+  }();
+  return table;
 }
 
 template <Fp8Format F>
-void dequantize_t(const Fp8Spec& spec, const std::vector<float>& sc, const std::vector<uint8_t>& codes,
-                  Tensor3& y) {
+void dequantize_t(const Fp8Spec& spec, const std::vector<float>& sc,
+                  const std::vector<uint8_t>& codes, Tensor3& y) {
   const Shape3 s = y.shape;
-  const Granularity g = spec.source == ScaleSource::Constant ? Granularity::Tensor : spec.gran;
-  size_t i = 0;
-  for (int64_t t = 0; t < s.tokens; ++t)
-    for (int64_t h = 0; h < s.heads; ++h)
-      for (int64_t d = 0; d < s.dim; ++d, ++i)
-        y.data[i] = dequantize_value<F>(codes[i], sc[static_cast<size_t>(scale_index(g, t, h, d, s.heads, s.dim))]);
+  const Granularity g = effective_granularity(spec);
+  check_scale_count(g, s, sc);
+  KVQ_CHECK(codes.size() == y.data.size(), "fp8::dequantize: {} codes for a tensor of {} values",
+            codes.size(), y.data.size());
+  for (int64_t r = 0; r < s.tokens * s.heads; ++r) {
+    const RowScales rs = row_scales(g, r, s);
+    const uint8_t* cr = codes.data() + r * s.dim;
+    float* yr = y.data.data() + r * s.dim;
+    const float* sr = sc.data() + rs.base;
+    const float* table = decode_table<F>().data();
+    if (rs.step == 0) {
+      for (int64_t d = 0; d < s.dim; ++d) yr[d] = sr[0] * table[cr[d]];
+    } else {
+      for (int64_t d = 0; d < s.dim; ++d) yr[d] = sr[d] * table[cr[d]];
+    }
+  }
 }
 
 }  // namespace

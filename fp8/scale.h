@@ -31,9 +31,13 @@ KVQ_HD int64_t scale_index(Granularity g, int64_t t, int64_t h, int64_t d, int64
 int64_t scale_count(Granularity g, Shape3 s);
 
 /// \brief A dynamic scale from the amax of its group: amax / max_finite, or 1 for an all-zero
-/// group (so zeros stay zeros and nothing divides by zero).
+/// group (so zeros stay zeros and nothing divides by zero). A NaN amax gives a NaN scale. A
+/// subnormal amax whose quotient underflows to 0 gets the smallest float instead (0 / 0 would be
+/// NaN; amax / 2^-149 < max_finite / 2 there, so nothing saturates).
 KVQ_HD float scale_from_amax(float amax, Fp8Format f) {
-  return amax > 0.0f ? amax / max_finite(f) : 1.0f;
+  if (amax == 0.0f) return 1.0f;
+  const float s = amax / max_finite(f);
+  return s == 0.0f ? bits_float(1u) : s;
 }
 
 /// \brief Quantizes one value with its scale: the one formula both backends use.
@@ -49,7 +53,7 @@ KVQ_HD float dequantize_value(uint8_t c, float s) { return s * decode<F>(c); }
 /// JSON file format (version 1):
 ///   { "kvq_calibration": 1, "model": "...", "source": "...",
 ///     "layers": [ { "k_amax": [h0, h1, ...], "v_amax": [h0, h1, ...] }, ... ] }
-/// Every amax is a positive finite number; every layer has the same head count.
+/// Every amax is a positive finite float32; every layer has the same head count.
 struct Calibration {
   std::string model;
   std::string source;

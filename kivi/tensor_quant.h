@@ -1,5 +1,6 @@
 // Integer group quantization of a whole tensor (KIVI axes), the CPU reference of what the
-// streaming cache stores. Implemented with issue 3.
+// streaming cache stores: it is the cache (kivi/cache.h) after one append of every token, read
+// back. The group routine itself is kivi/group.h (formula: kivi/minmax.h, bits: kivi/pack.h).
 #pragma once
 
 #include "core/spec.h"

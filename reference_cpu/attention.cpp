@@ -12,6 +12,9 @@
 namespace kvq {
 namespace {
 
+// Tokens per block of the decode loop: a multiple of every group size (G <= 256).
+constexpr int64_t kBlock = 256;
+
 void check_shapes(int64_t q_heads, const SideStore& k, const SideStore& v) {
   KVQ_CHECK(k.heads() == v.heads() && k.dim() == v.dim() && k.tokens() == v.tokens(),
             "attention: K cache [{}, {}, {}] and V cache [{}, {}, {}] differ", k.tokens(), k.heads(),
@@ -36,63 +39,101 @@ void softmax_row(float* s, int64_t n) {
 
 }  // namespace
 
+// Token-major decode (flash-decoding on the CPU): every cache layout is token-major, so each
+// thread streams one contiguous slice of the context through all heads - sequential memory
+// traffic instead of one strided pass per head. Pass 1 writes scores for the slice, pass 2 takes
+// the softmax of each (head, query) row over the whole context, pass 3 accumulates the slice's
+// values into a per-thread output that is summed at the end.
 void decode_attention(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,
-                      float* out, int threads) {
+                      float* out, int threads, int64_t t_end) {
   check_shapes(q_heads, k, v);
-  const int64_t H = k.heads(), D = k.dim(), T = k.tokens();
+  KVQ_CHECK(t_end <= k.tokens() && t_end != 0, "decode_attention: t_end {} outside [1, {}]", t_end, k.tokens());
+  const int64_t H = k.heads(), D = k.dim(), T = t_end > 0 ? t_end : k.tokens();
   const int nq = static_cast<int>(q_heads / H);
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
-  std::fill(out, out + q_heads * D, 0.0f);
+  const int nt = static_cast<int>(std::min<int64_t>(threads > 0 ? threads : omp_get_max_threads(),
+                                                    (T + kBlock - 1) / kBlock));
+  std::vector<float> s(static_cast<size_t>(q_heads * T));
+  std::vector<float> partial(static_cast<size_t>(nt * q_heads * D), 0.0f);
+  // Slices are whole blocks (multiples of 256 tokens, so of every group size G).
+  const int64_t blocks = (T + kBlock - 1) / kBlock;
+#pragma omp parallel num_threads(nt)
+  {
+    const int me = omp_get_thread_num();
+    const int64_t b0 = blocks * me / nt, b1 = blocks * (me + 1) / nt;
+    const int64_t a = b0 * kBlock, b = std::min(T, b1 * kBlock);
+    for (int64_t t0 = a; t0 < b; t0 += kBlock) {
+      const int64_t t1 = std::min(b, t0 + kBlock);
+      for (int64_t h = 0; h < H; ++h) k.dot(h, q + h * nq * D, nq, t0, t1, s.data() + h * nq * T + t0, T);
+    }
+#pragma omp barrier
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < q_heads; ++r) {
+      float* row = s.data() + r * T;
+      for (int64_t t = 0; t < T; ++t) row[t] *= inv_sqrt_d;
+      softmax_row(row, T);
+    }
+    float* o = partial.data() + me * q_heads * D;
+    for (int64_t t0 = a; t0 < b; t0 += kBlock) {
+      const int64_t t1 = std::min(b, t0 + kBlock);
+      for (int64_t h = 0; h < H; ++h)
+        v.accumulate(h, s.data() + h * nq * T + t0, nq, t0, t1, T, o + h * nq * D);
+    }
+  }
+  for (int64_t i = 0; i < q_heads * D; ++i) {
+    float acc = 0;
+    for (int th = 0; th < nt; ++th) acc += partial[static_cast<size_t>(th * q_heads * D + i)];
+    out[i] = acc;
+  }
+}
+
+void causal_attention(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
+                      const SideStore& k, const SideStore& v, ExactTail k_exact, ExactTail v_exact,
+                      float* out, int threads) {
+  check_shapes(q_heads, k, v);
+  const int64_t H = k.heads(), D = k.dim(), T = t_begin + n;
+  KVQ_CHECK(k.tokens() == T, "causal_attention: the cache holds {} tokens, expected {} + {}",
+            k.tokens(), t_begin, n);
+  KVQ_CHECK(n > 0 && k_exact.begin <= k.quantized_tokens_at(t_begin + 1) &&
+                v_exact.begin <= v.quantized_tokens_at(t_begin + 1),
+            "causal_attention: exact tails start at {} / {}, after the window of position {}",
+            k_exact.begin, v_exact.begin, t_begin);
+  const int nq = static_cast<int>(q_heads / H);
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
   const int nt = threads > 0 ? threads : omp_get_max_threads();
 #pragma omp parallel num_threads(nt)
   {
     std::vector<float> s(static_cast<size_t>(nq * T));
-#pragma omp for schedule(static)
-    for (int64_t h = 0; h < H; ++h) {
-      const float* qh = q + h * nq * D;
-      k.dot(h, qh, nq, 0, T, s.data(), T);
-      for (int i = 0; i < nq; ++i) {
-        float* row = s.data() + i * T;
-        for (int64_t t = 0; t < T; ++t) row[t] *= inv_sqrt_d;
-        softmax_row(row, T);
+#pragma omp for schedule(dynamic, 4) collapse(2)
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t len = t_begin + r + 1;
+        const int64_t qk = k.quantized_tokens_at(len), qv = v.quantized_tokens_at(len);
+        const float* qh = q + (r * q_heads + h * nq) * D;
+        float* oh = out + (r * q_heads + h * nq) * D;
+        // Scores: codes below qk, exact above (the exact tail indexed from its own start).
+        k.dot(h, qh, nq, 0, qk, s.data(), len);
+        dense_dot(k_exact.data - k_exact.begin * H * D, H, D, h, qh, nq, qk, len, s.data() + qk, len);
+        for (int i = 0; i < nq; ++i) {
+          float* row = s.data() + i * len;
+          for (int64_t t = 0; t < len; ++t) row[t] *= inv_sqrt_d;
+          softmax_row(row, len);
+        }
+        std::fill(oh, oh + nq * D, 0.0f);
+        v.accumulate(h, s.data(), nq, 0, qv, len, oh);
+        dense_accumulate(v_exact.data - v_exact.begin * H * D, H, D, h, s.data() + qv, nq, qv, len,
+                         len, oh);
       }
-      v.accumulate(h, s.data(), nq, 0, T, T, out + h * nq * D);
-    }
   }
 }
 
 void prefill_attention(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,
                        const Tensor3& k_raw, const Tensor3& v_raw, float* out, int threads) {
-  check_shapes(q_heads, k, v);
-  const int64_t H = k.heads(), D = k.dim(), T = k.tokens();
-  KVQ_CHECK(k_raw.shape == (Shape3{T, H, D}) && v_raw.shape == (Shape3{T, H, D}),
-            "prefill_attention: raw K/V must be [{}, {}, {}] like the cache", T, H, D);
-  const int nq = static_cast<int>(q_heads / H);
-  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
-  const int nt = threads > 0 ? threads : omp_get_max_threads();
-#pragma omp parallel num_threads(nt)
-  {
-    std::vector<float> s(static_cast<size_t>(nq * T));
-#pragma omp for schedule(dynamic, 8) collapse(2)
-    for (int64_t i = 0; i < T; ++i)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t n = i + 1;
-        const int64_t qk = k.quantized_tokens_at(n), qv = v.quantized_tokens_at(n);
-        const float* qh = q + (i * q_heads + h * nq) * D;
-        float* oh = out + (i * q_heads + h * nq) * D;
-        // Scores: codes below qk, exact window above.
-        k.dot(h, qh, nq, 0, qk, s.data(), n);
-        dense_dot(k_raw.data.data(), H, D, h, qh, nq, qk, n, s.data() + qk, n);
-        for (int r = 0; r < nq; ++r) {
-          float* row = s.data() + r * n;
-          for (int64_t t = 0; t < n; ++t) row[t] *= inv_sqrt_d;
-          softmax_row(row, n);
-        }
-        std::fill(oh, oh + nq * D, 0.0f);
-        v.accumulate(h, s.data(), nq, 0, qv, n, oh);
-        dense_accumulate(v_raw.data.data(), H, D, h, s.data() + qv, nq, qv, n, n, oh);
-      }
-  }
+  const int64_t T = k.tokens();
+  KVQ_CHECK(k_raw.shape == (Shape3{T, k.heads(), k.dim()}) && v_raw.shape == k_raw.shape,
+            "prefill_attention: raw K/V must be [{}, {}, {}] like the cache", T, k.heads(), k.dim());
+  causal_attention(q, T, q_heads, 0, k, v, {k_raw.data.data(), 0}, {v_raw.data.data(), 0}, out,
+                   threads);
 }
 
 std::vector<double> attention_probs(const float* q, int64_t q_heads, const SideStore& k) {

@@ -13,13 +13,30 @@ namespace kvq {
 /// \brief o = softmax(q K^T / sqrt(d)) V for every query head over the whole cache.
 /// q and out are [q_heads, dim] with q_heads a multiple of the kv heads (GQA: query head j reads
 /// kv head j / (q_heads / kv_heads)). Parallel over kv heads with `threads` (0: all cores).
+/// `t_end` >= 0 attends to the first t_end tokens only (a prefix of the cache).
 void decode_attention(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,
+                      float* out, int threads = 1, int64_t t_end = -1);
+
+/// \brief Exact (unquantized) values of the most recent tokens [begin, end) of one side,
+/// [end - begin, heads, dim] C order.
+struct ExactTail {
+  const float* data = nullptr;
+  int64_t begin = 0;
+};
+
+/// \brief Causal attention for n new positions t_begin .. t_begin + n - 1 over a cache that now
+/// holds t_begin + n tokens. Position i attends to tokens 0..i exactly as a cache holding i + 1
+/// tokens stores them: tokens below quantized_tokens_at(i + 1) from the codes, the rest exact from
+/// k_exact / v_exact (which must start at or below quantized_tokens_at(t_begin + 1)). q and out are
+/// [n, q_heads, dim]. With t_begin = 0 and the raw tensors as exact tails this is causal prefill;
+/// a chunk after earlier ones passes the cache's exact tail from before the append (see
+/// SideStore::exact_tail) followed by the chunk's raw values.
+void causal_attention(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
+                      const SideStore& k, const SideStore& v, ExactTail k_exact, ExactTail v_exact,
                       float* out, int threads = 1);
 
-/// \brief Causal prefill: q is [T, q_heads, dim] for the cache's T tokens; position i attends
-/// to tokens 0..i as a cache holding i + 1 tokens stores them: tokens below
-/// quantized_tokens_at(i + 1) from codes, the rest exact from the raw k_raw / v_raw
-/// ([T, heads, dim], the tokens that were appended). out is [T, q_heads, dim].
+/// \brief Causal prefill of a cache holding exactly the T tokens of k_raw / v_raw ([T, H, D]):
+/// causal_attention with t_begin = 0 and the raw tensors as exact tails.
 void prefill_attention(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,
                        const Tensor3& k_raw, const Tensor3& v_raw, float* out, int threads = 1);
 

@@ -29,6 +29,7 @@ class Fp32Side final : public SideStore {
   void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld, float* out) const override {
     dense_accumulate(x_.data(), H_, D_, h, p, nq, t0, t1, ld, out);
   }
+  void exact_tail(std::vector<float>&) const override {}
   Tensor3 dequantize() const override {
     Tensor3 y({tokens(), H_, D_});
     y.data = x_;
@@ -81,6 +82,7 @@ class Half16Side final : public SideStore {
       }
     }
   }
+  void exact_tail(std::vector<float>&) const override {}
   Tensor3 dequantize() const override {
     Tensor3 y({tokens(), H_, D_});
     for (size_t i = 0; i < x_.size(); ++i) y.data[i] = widen(x_[i]);
@@ -185,6 +187,7 @@ class Fp8Side final : public SideStore {
       for (int64_t d = 0; d < D_; ++d)
         out[i * D_ + d] += acc[static_cast<size_t>(i * D_ + d)] * (cf ? cf[d] : 1.0f);
   }
+  void exact_tail(std::vector<float>&) const override {}
   Tensor3 dequantize() const override {
     Tensor3 y({tokens(), H_, D_});
     if (tokens() == 0) return y;
@@ -204,7 +207,37 @@ class Fp8Side final : public SideStore {
   std::vector<uint8_t> codes_;
 };
 
+// Fixed fp32 values with another side's window rule.
+class ViewSide final : public SideStore {
+ public:
+  ViewSide(const SideStore& base, Tensor3 values) : base_(base), x_(std::move(values)) {
+    KVQ_CHECK(x_.shape == (Shape3{base.tokens(), base.heads(), base.dim()}), "make_view: shape mismatch");
+  }
+  void append(const float*, int64_t) override { fail("make_view: a view is read-only"); }
+  int64_t tokens() const override { return x_.shape.tokens; }
+  int64_t heads() const override { return x_.shape.heads; }
+  int64_t dim() const override { return x_.shape.dim; }
+  int64_t quantized_tokens_at(int64_t t) const override { return base_.quantized_tokens_at(t); }
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s, int64_t ld) const override {
+    dense_dot(x_.data.data(), heads(), dim(), h, q, nq, t0, t1, s, ld);
+  }
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld, float* out) const override {
+    dense_accumulate(x_.data.data(), heads(), dim(), h, p, nq, t0, t1, ld, out);
+  }
+  void exact_tail(std::vector<float>& out) const override { base_.exact_tail(out); }
+  Tensor3 dequantize() const override { return x_; }
+  Footprint footprint() const override { return base_.footprint(); }
+
+ private:
+  const SideStore& base_;
+  Tensor3 x_;
+};
+
 }  // namespace
+
+std::unique_ptr<SideStore> make_view(const SideStore& base, Tensor3 values) {
+  return std::make_unique<ViewSide>(base, std::move(values));
+}
 
 std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim, int layer) {
   KVQ_CHECK(heads > 0 && dim > 0, "cache shape: heads {} and head_dim {} must be positive", heads, dim);

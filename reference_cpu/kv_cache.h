@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/footprint.h"
 #include "core/spec.h"
@@ -40,6 +41,10 @@ class SideStore {
   virtual void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
                           float* out) const = 0;
 
+  /// \brief Appends the exact values of the tokens not yet quantized, [quantized_tokens_at(T), T)
+  /// ([n, heads, dim]); nothing for schemes without a residual window.
+  virtual void exact_tail(std::vector<float>& out) const = 0;
+
   /// \brief The values the cache reads back, [tokens, heads, dim] (tests and metrics only).
   virtual Tensor3 dequantize() const = 0;
   /// \brief Bytes stored (the one accounting formula).
@@ -53,5 +58,9 @@ std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, int64_t 
 /// \brief A cache side preloaded with `x` in one append (the whole prompt at once).
 std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, const Tensor3& x,
                                      int layer = 0);
+
+/// \brief A read-only fp32 side holding `values` ([tokens, heads, dim] of `base`) that keeps
+/// `base`'s window rule (quantized_tokens_at): attention over keys rotated after reading.
+std::unique_ptr<SideStore> make_view(const SideStore& base, Tensor3 values);
 
 }  // namespace kvq

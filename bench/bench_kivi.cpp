@@ -1,0 +1,100 @@
+// KIVI quantize + pack throughput on the CPU: appending a [4096, 8, 128] float32 tensor (Llama-3.1
+// 8B's kv heads and head dim; 16 MiB) to a streaming SideCache in one append (prefill) and one
+// token at a time (decode), per scheme and side, in GB/s (10^9 B/s) of float32 input, next to a
+// memcpy of the same bytes (BM_Copy): the ratio is the figure that matters.
+//   build/<preset>/bench/bench_kivi [--benchmark_filter=kivi2]
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/spec.h"
+#include "kivi/cache.h"
+
+namespace {
+
+constexpr int64_t kTokens = 4096, kHeads = 8, kDim = 128;
+constexpr int64_t kRow = kHeads * kDim;
+constexpr int64_t kBytes = kTokens * kRow * static_cast<int64_t>(sizeof(float));
+
+// Gaussian input with two outlier channels per head (fixed seed).
+const std::vector<float>& input() {
+  static const std::vector<float> x = [] {
+    std::vector<float> v(static_cast<size_t>(kTokens * kRow));
+    std::mt19937_64 rng(42);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const int64_t d = static_cast<int64_t>(i) % kDim;
+      v[i] = normal(rng) * (d == 3 || d == 77 ? 20.0f : 1.0f);
+    }
+    return v;
+  }();
+  return x;
+}
+
+void set_rate(benchmark::State& state) {
+  state.SetBytesProcessed(state.iterations() * kBytes);
+  state.counters["GB/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * kBytes / 1e9, benchmark::Counter::kIsRate);
+}
+
+void BM_Copy(benchmark::State& state) {
+  const std::vector<float>& x = input();
+  std::vector<float> dst(x.size(), 1.0f);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), x.data(), kBytes);
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  set_rate(state);
+}
+
+void BM_Append(benchmark::State& state, const std::string& spec_text, kvq::Role role,
+               bool per_token) {
+  const kvq::SchemeSpec spec = kvq::parse_spec(spec_text);
+  const std::vector<float>& x = input();
+  int64_t quantized = 0;
+  for (auto _ : state) {
+    kvq::kivi::SideCache cache(spec.q, role, kHeads, kDim);
+    if (per_token) {
+      for (int64_t t = 0; t < kTokens; ++t) cache.append(x.data() + t * kRow, 1);
+    } else {
+      cache.append(x.data(), kTokens);
+    }
+    quantized = cache.quantized_tokens();
+    benchmark::DoNotOptimize(cache.words().data());
+    benchmark::ClobberMemory();
+  }
+  set_rate(state);
+  state.counters["quantized_tokens"] = static_cast<double>(quantized);
+}
+
+void register_all() {
+  benchmark::RegisterBenchmark("BM_Copy/16MiB", BM_Copy)->Unit(benchmark::kMillisecond);
+  const char* specs[][2] = {{"kivi2", "kivi2"},
+                            {"kivi4", "kivi4"},
+                            {"int3", "int3:k=channel,v=token"},
+                            {"int8", "int8:k=channel,v=token"}};
+  for (const auto& s : specs)
+    for (kvq::Role role : {kvq::Role::Key, kvq::Role::Value})
+      for (bool per_token : {false, true}) {
+        const std::string name = std::string("BM_Append/") + s[0] +
+                                 (role == kvq::Role::Key ? "/key_channel" : "/value_token") +
+                                 (per_token ? "/token_by_token" : "/one_append");
+        benchmark::RegisterBenchmark(name.c_str(), BM_Append, std::string(s[1]), role, per_token)
+            ->Unit(benchmark::kMillisecond);
+      }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

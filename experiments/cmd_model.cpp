@@ -1,0 +1,384 @@
+// kvq model ...: the real model (SmolLM2-135M-Instruct GGUF) with a quantized KV cache.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/gguf.h"
+#include "core/io.h"
+#include "core/safetensors.h"
+#include "experiments/commands.h"
+#include "experiments/model_eval.h"
+#include "experiments/model_files.h"
+#include "fp8/scale.h"
+#include "reference_cpu/llama.h"
+#include "reference_cpu/tokenizer.h"
+
+namespace kvq::cli {
+namespace {
+
+struct Common {
+  std::string model_file, kv = "kivi2", json;
+  bool pre_rope = false;
+  int threads = 0;
+};
+
+// The loaded model and tokenizer (loaded once per process).
+struct Loaded {
+  gguf::GgufFile file;
+  LlamaModel model;
+  Tokenizer tok;
+};
+
+const Loaded& load(const Common& c) {
+  static std::unique_ptr<Loaded> l;
+  if (!l) {
+    const std::string path = model_path(c.model_file);
+    const auto t0 = std::chrono::steady_clock::now();
+    gguf::GgufFile f = gguf::GgufFile::open(path);
+    LlamaModel m = LlamaModel::load(f);
+    Tokenizer t = Tokenizer::from_gguf(f);
+    l = std::make_unique<Loaded>(Loaded{std::move(f), std::move(m), std::move(t)});
+    fmt::print(stderr, "loaded {} ({} layers, {} kv heads x {}) in {:.1f} s\n", path, l->model.config().layers,
+               l->model.config().kv_heads, l->model.config().head_dim,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return *l;
+}
+
+CacheOptions cache_options(const std::string& spec, bool pre_rope) {
+  CacheOptions o;
+  o.spec = parse_spec(spec);
+  o.pre_rope = pre_rope;
+  return o;
+}
+
+void add_common(CLI::App* c, Common& o, bool with_kv = true) {
+  c->add_option("--model-file", o.model_file,
+                "GGUF model (default: $KVQ_MODEL_DIR or ~/.cache/kvq /SmolLM2-135M-Instruct.Q4_1.gguf, "
+                "fetched by scripts/fetch-model.sh)");
+  if (with_kv) {
+    c->add_option("--kv", o.kv, "KV-cache scheme spec (fp32, bf16, fp8_e4m3:gran=token, kivi2, int4:k=channel,v=token,...)")
+        ->capture_default_str();
+    c->add_flag("--pre-rope", o.pre_rope, "quantize keys before RoPE and rotate them when reading (KVQuant)");
+  }
+  c->add_option("--threads", o.threads, "threads (0 = all cores)")->capture_default_str();
+  c->add_option("--json", o.json, "also write the result as JSON to this file (atomically)");
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  if (!path.empty()) write_file_atomic(path, j.dump(2) + "\n");
+}
+
+std::string prompt_text(const std::string& prompt, const std::string& file) {
+  if (!prompt.empty() && !file.empty()) fail("give --prompt or --prompt-file, not both");
+  if (!file.empty()) return read_file(file);
+  if (prompt.empty()) fail("no prompt: give --prompt TEXT or --prompt-file FILE");
+  return prompt;
+}
+
+std::vector<int32_t> encode_prompt(const Tokenizer& t, const std::string& text, bool chat) {
+  auto ids = chat ? t.encode(t.chat({{"user", text}}, true), true) : t.encode(text);
+  if (ids.empty()) fail("the prompt is empty after tokenization");
+  return ids;
+}
+
+void register_generate(CLI::App* model) {
+  struct O : Common {
+    std::string prompt, prompt_file;
+    int n = 64;
+    bool chat = false;
+  };
+  auto o = std::make_shared<O>();
+  o->kv = "fp32";
+  auto* c = model->add_subcommand("generate", "Greedy generation with a quantized KV cache.\n"
+                                              "Example: kvq model generate --kv kivi2 --chat --prompt 'What is gravity?' -n 80");
+  add_common(c, *o);
+  c->add_option("--prompt", o->prompt, "prompt text");
+  c->add_option("--prompt-file", o->prompt_file, "file holding the prompt");
+  c->add_option("-n", o->n, "tokens to generate")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_flag("--chat", o->chat, "wrap the prompt in the instruct chat template");
+  c->callback([o] {
+    const CacheOptions co = cache_options(o->kv, o->pre_rope);
+    const std::string text = prompt_text(o->prompt, o->prompt_file);
+    const Loaded& L = load(*o);
+    const auto ids = encode_prompt(L.tok, text, o->chat);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string out;
+    const auto gen = eval::generate(L.model, co, ids, o->n, {L.tok.eos()}, o->threads, [&](int32_t t) {
+      if (t == L.tok.eos()) return;
+      const std::string piece = L.tok.decode(std::span<const int32_t>(&t, 1));
+      out += piece;
+      std::fputs(piece.c_str(), stdout);
+      std::fflush(stdout);
+    });
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fputs("\n", stdout);
+    fmt::print(stderr, "[{}] {} prompt + {} generated tokens in {:.2f} s\n", co.spec.canonical(), ids.size(), gen.size(), s);
+    write_json(o->json, {{"kv", co.spec.canonical()}, {"prompt_tokens", ids.size()}, {"tokens", gen}, {"text", out}, {"seconds", s}});
+  });
+}
+
+void register_ppl(CLI::App* model) {
+  struct O : Common {
+    std::string text = "kjv";
+    eval::PplOptions p;
+  };
+  auto o = std::make_shared<O>();
+  o->p.max_tokens = 4096;
+  auto* c = model->add_subcommand(
+      "ppl",
+      "Perplexity of a text with the scheme's KV cache, plus KL divergence of every next-token\n"
+      "distribution against the fp32 cache and top-1 agreement (llama-perplexity's KL mode).\n"
+      "Teacher forcing is streaming-consistent: each position sees exactly the cache a token-by-token\n"
+      "decode would hold. Example: kvq model ppl --kv kivi2 --text kjv --ctx 1024 --max-tokens 8192");
+  add_common(c, *o);
+  c->add_option("--text", o->text, "text file, or 'kjv' (King James Bible, scripts/fetch-text.sh)")->capture_default_str();
+  c->add_option("--ctx", o->p.ctx, "window length (tokens)")->capture_default_str();
+  c->add_option("--stride", o->p.stride, "window step; 0 = --ctx (non-overlapping)")->capture_default_str();
+  c->add_option("--chunk", o->p.chunk, "prefill chunk (tokens)")->capture_default_str();
+  c->add_option("--max-tokens", o->p.max_tokens, "use the first N tokens of the text (0 = all)")->capture_default_str();
+  c->callback([o] {
+    const CacheOptions co = cache_options(o->kv, o->pre_rope);
+    const std::string text = read_file(text_path(o->text));
+    const Loaded& L = load(*o);
+    const auto ids = L.tok.encode(text);
+    o->p.threads = o->threads;
+    const auto r = eval::perplexity(L.model, co, ids, o->p, [](const std::string& m) { fmt::print(stderr, "[ppl] {}\n", m); });
+    fmt::print("kv          {}{}\n", co.spec.canonical(), co.pre_rope ? " (pre-RoPE keys)" : "");
+    fmt::print("text        {} ({} tokens used of {})\n", o->text, r.windows * o->p.ctx, ids.size());
+    fmt::print("windows     {} x {} tokens, {} scored positions\n", r.windows, o->p.ctx, r.scored);
+    fmt::print("ppl         {:.4f}   (fp32 cache {:.4f}, delta {:+.4f})\n", r.ppl, r.ppl_ref, r.ppl - r.ppl_ref);
+    fmt::print("KLD         mean {:.6f}, p99 {:.6f}\n", r.kld, r.kld_p99);
+    fmt::print("same top-1  {:.2f}%\n", 100.0 * r.top1);
+    fmt::print("time        {:.1f} s\n", r.seconds);
+    write_json(o->json, {{"kv", co.spec.canonical()}, {"pre_rope", co.pre_rope}, {"text", o->text}, {"ctx", o->p.ctx},
+                         {"stride", o->p.stride}, {"windows", r.windows}, {"scored", r.scored}, {"ppl", r.ppl},
+                         {"ppl_fp32", r.ppl_ref}, {"kld", r.kld}, {"kld_p99", r.kld_p99}, {"top1", r.top1},
+                         {"seconds", r.seconds}});
+  });
+}
+
+void register_diverge(CLI::App* model) {
+  struct O : Common {
+    std::string vs = "fp32", prompt, prompt_file;
+    int n = 64;
+    bool chat = false;
+  };
+  auto o = std::make_shared<O>();
+  auto* c = model->add_subcommand("diverge",
+                                  "Greedy outputs of two caches side by side: the index of the first differing token\n"
+                                  "and teacher-forced per-step top-1 agreement.\n"
+                                  "Example: kvq model diverge --kv kivi2 --vs fp32 --prompt-file p.txt -n 100");
+  add_common(c, *o);
+  c->add_option("--vs", o->vs, "reference scheme")->capture_default_str();
+  c->add_option("--prompt", o->prompt, "prompt text");
+  c->add_option("--prompt-file", o->prompt_file, "file holding the prompt");
+  c->add_option("-n", o->n, "tokens to generate")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_flag("--chat", o->chat, "wrap the prompt in the instruct chat template");
+  c->callback([o] {
+    const CacheOptions test = cache_options(o->kv, o->pre_rope), ref = cache_options(o->vs, false);
+    const std::string text = prompt_text(o->prompt, o->prompt_file);
+    const Loaded& L = load(*o);
+    const auto ids = encode_prompt(L.tok, text, o->chat);
+    const auto r = eval::diverge(L.model, ref, test, ids, o->n, o->threads);
+    fmt::print("{:>5}  {:<28} {:<28}\n", "step", ref.spec.canonical(), test.spec.canonical());
+    for (size_t i = 0; i < r.ref.size(); ++i) {
+      auto show = [&](int32_t t) {
+        std::string s = L.tok.decode(std::span<const int32_t>(&t, 1));
+        for (char& ch : s)
+          if (ch == '\n') ch = ' ';
+        return fmt::format("{:>6} {:<21}", t, "'" + s + "'");
+      };
+      fmt::print("{:>5}  {} {} {}\n", i, show(r.ref[i]), i < r.test.size() ? show(r.test[i]) : "",
+                 i < r.test.size() && r.ref[i] != r.test[i] ? "<-" : "");
+    }
+    fmt::print("first divergence: {}\n", r.first_diff < 0 ? std::string("none") : fmt::format("step {}", r.first_diff));
+    fmt::print("teacher-forced top-1 agreement: {:.2f}%\n", 100.0 * r.top1);
+    write_json(o->json, {{"kv", test.spec.canonical()}, {"vs", ref.spec.canonical()}, {"prompt_tokens", ids.size()},
+                         {"ref", r.ref}, {"test", r.test}, {"first_diff", r.first_diff}, {"top1", r.top1}});
+  });
+}
+
+void register_needle(CLI::App* model) {
+  struct O : Common {
+    std::vector<int> ctx{1024, 2048, 4096, 8192};
+    std::vector<double> depth{0.1, 0.5, 0.9};
+    int trials = 1;
+    uint64_t seed = 1;
+    std::string text = "kjv";
+  };
+  auto o = std::make_shared<O>();
+  auto* c = model->add_subcommand(
+      "needle",
+      "Passkey retrieval in KJV text: a 5-digit pass key hidden at each depth of a haystack of each\n"
+      "context length; accuracy of greedy retrieval and the mean log-probability of the key's tokens,\n"
+      "for the scheme and the fp32 cache. Example: kvq model needle --kv kivi2 --ctx 1024,4096 --depth 0.1,0.5,0.9");
+  add_common(c, *o);
+  c->add_option("--ctx", o->ctx, "context lengths (comma separated, <= 8192)")->delimiter(',')->capture_default_str();
+  c->add_option("--depth", o->depth, "needle depths in [0, 1] (comma separated)")->delimiter(',')->capture_default_str();
+  c->add_option("--trials", o->trials, "pass keys per (ctx, depth)")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--seed", o->seed, "pass key seed")->capture_default_str();
+  c->add_option("--text", o->text, "haystack text file, or 'kjv'")->capture_default_str();
+  c->callback([o] {
+    const CacheOptions test = cache_options(o->kv, o->pre_rope), ref = cache_options("fp32", false);
+    for (double d : o->depth) KVQ_CHECK(d >= 0 && d <= 1, "--depth {} outside [0, 1]", d);
+    const std::string hay_text = read_file(text_path(o->text));
+    const Loaded& L = load(*o);
+    for (int cx : o->ctx)
+      KVQ_CHECK(cx >= 256 && cx <= L.model.config().context, "--ctx {} outside [256, {}]", cx, L.model.config().context);
+    const auto hay = L.tok.encode(hay_text.substr(0, 400000));
+    const auto intro = L.tok.encode(
+        "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
+        "I will quiz you about the pass key.\n\n");
+    const auto question = L.tok.encode("\n\nWhat is the pass key? The pass key is");
+    nlohmann::json rows = nlohmann::json::array();
+    fmt::print("{:>6} {:>6} {:>7}  {:>8} {:>9}  {:>8} {:>9}\n", "ctx", "depth", "key", "fp32", "logprob", "scheme", "logprob");
+    uint64_t st = o->seed * 0x9e3779b97f4a7c15ULL + 17;
+    std::map<int, std::pair<int, int>> acc;  // ctx -> (fp32 correct, scheme correct)
+    for (int cx : o->ctx)
+      for (double d : o->depth)
+        for (int trial = 0; trial < o->trials; ++trial) {
+          st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+          const int key = 10000 + static_cast<int>((st >> 33) % 90000);
+          const auto needle = L.tok.encode(fmt::format("\nThe pass key is {}. Remember it. {} is the pass key.\n", key, key));
+          const auto answer = L.tok.encode(fmt::format(" {}", key));
+          const int64_t fill = cx - static_cast<int64_t>(intro.size() + needle.size() + question.size());
+          KVQ_CHECK(fill > 0 && fill <= static_cast<int64_t>(hay.size()), "--ctx {} leaves no room for the haystack", cx);
+          const int64_t at = static_cast<int64_t>(std::llround(d * static_cast<double>(fill)));
+          std::vector<int32_t> p = intro;
+          p.insert(p.end(), hay.begin(), hay.begin() + at);
+          p.insert(p.end(), needle.begin(), needle.end());
+          p.insert(p.end(), hay.begin() + at, hay.begin() + fill);
+          p.insert(p.end(), question.begin(), question.end());
+          const auto a = eval::needle_trial(L.model, ref, p, answer, 256, o->threads);
+          const auto b = eval::needle_trial(L.model, test, p, answer, 256, o->threads);
+          acc[cx].first += a.correct;
+          acc[cx].second += b.correct;
+          fmt::print("{:>6} {:>6.2f} {:>7}  {:>8} {:>9.3f}  {:>8} {:>9.3f}\n", cx, d, key, a.correct ? "yes" : "no",
+                     a.logprob, b.correct ? "yes" : "no", b.logprob);
+          std::fflush(stdout);
+          rows.push_back({{"ctx", cx}, {"depth", d}, {"key", key}, {"fp32_correct", a.correct}, {"fp32_logprob", a.logprob},
+                          {"correct", b.correct}, {"logprob", b.logprob}});
+        }
+    const int per = static_cast<int>(o->depth.size()) * o->trials;
+    for (const auto& [cx, ab] : acc)
+      fmt::print("ctx {:>5}: accuracy fp32 {}/{}, {} {}/{}\n", cx, ab.first, per, test.spec.canonical(), ab.second, per);
+    write_json(o->json, {{"kv", test.spec.canonical()}, {"pre_rope", test.pre_rope}, {"rows", rows}});
+  });
+}
+
+void register_dump(CLI::App* model) {
+  struct O : Common {
+    std::string prompt, prompt_file, out;
+    int64_t max_tokens = 2048;
+  };
+  auto o = std::make_shared<O>();
+  auto* c = model->add_subcommand("dump", "Per-layer K (post-RoPE and pre-RoPE) and V of a prompt, as safetensors\n"
+                                          "(layer.L.k, layer.L.k_pre, layer.L.v: [tokens, kv_heads, head_dim] float32).\n"
+                                          "Example: kvq model dump --prompt-file p.txt --out kv.safetensors");
+  add_common(c, *o, false);
+  c->add_option("--prompt", o->prompt, "prompt text");
+  c->add_option("--prompt-file", o->prompt_file, "file holding the prompt ('kjv' for the Bible)");
+  c->add_option("--max-tokens", o->max_tokens, "truncate the prompt to N tokens")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--out", o->out, "output .safetensors")->required();
+  c->callback([o] {
+    const std::string text = o->prompt_file.empty() ? prompt_text(o->prompt, "") : read_file(text_path(o->prompt_file));
+    const Loaded& L = load(*o);
+    auto ids = L.tok.encode(text);
+    if (static_cast<int64_t>(ids.size()) > o->max_tokens) ids.resize(static_cast<size_t>(o->max_tokens));
+    KVQ_CHECK(!ids.empty(), "the prompt is empty after tokenization");
+    const auto& cfg = L.model.config();
+    const int64_t T = static_cast<int64_t>(ids.size()), H = cfg.kv_heads, D = cfg.head_dim;
+    std::vector<NamedTensor> ts;
+    for (int l = 0; l < cfg.layers; ++l)
+      for (const char* n : {"k", "k_pre", "v"})
+        ts.push_back({fmt::format("layer.{}.{}", l, n), {T, H, D}, std::vector<float>(static_cast<size_t>(T * H * D))});
+    LlamaCache cache(cfg, cache_options("fp32", false));
+    std::vector<float> logits;
+    for (int64_t a = 0; a < T; a += 256) {
+      const int64_t len = std::min<int64_t>(256, T - a);
+      L.model.forward({ids.data() + a, static_cast<size_t>(len)}, cache, logits, false, o->threads,
+                      [&](int l, int64_t pos0, int64_t n, const float* kpre, const float* k, const float* v) {
+                        const size_t off = static_cast<size_t>(pos0 * H * D), cnt = static_cast<size_t>(n * H * D);
+                        std::copy(k, k + cnt, ts[static_cast<size_t>(3 * l)].data.begin() + static_cast<long>(off));
+                        std::copy(kpre, kpre + cnt, ts[static_cast<size_t>(3 * l + 1)].data.begin() + static_cast<long>(off));
+                        std::copy(v, v + cnt, ts[static_cast<size_t>(3 * l + 2)].data.begin() + static_cast<long>(off));
+                      });
+    }
+    write_safetensors(o->out, ts, {{"model", "SmolLM2-135M-Instruct.Q4_1"}, {"tokens", std::to_string(T)}});
+    fmt::print("wrote {}: {} layers x (k, k_pre, v) [{}, {}, {}]\n", o->out, cfg.layers, T, H, D);
+  });
+}
+
+void register_calibrate(CLI::App* model) {
+  struct O : Common {
+    std::string text = "kjv", out;
+    int64_t tokens = 4096;
+    int ctx = 1024;
+  };
+  auto o = std::make_shared<O>();
+  auto* c = model->add_subcommand("calibrate",
+                                  "Per-layer, per-head amax of K and V over calibration text, for FP8 scale=calib:FILE.\n"
+                                  "Example: kvq model calibrate --text kjv --out scales.json; then\n"
+                                  "         kvq model ppl --kv fp8_e4m3:gran=head,scale=calib:scales.json");
+  add_common(c, *o, false);
+  c->add_flag("--pre-rope", o->pre_rope, "record keys before RoPE (for --pre-rope runs)");
+  c->add_option("--text", o->text, "text file, or 'kjv'")->capture_default_str();
+  c->add_option("--tokens", o->tokens, "calibration tokens")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--ctx", o->ctx, "window length")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--out", o->out, "output JSON")->required();
+  c->callback([o] {
+    const std::string text = read_file(text_path(o->text));
+    const Loaded& L = load(*o);
+    auto ids = L.tok.encode(text);
+    if (static_cast<int64_t>(ids.size()) > o->tokens) ids.resize(static_cast<size_t>(o->tokens));
+    const auto& cfg = L.model.config();
+    KVQ_CHECK(o->ctx <= cfg.context, "--ctx {} exceeds the model's context {}", o->ctx, cfg.context);
+    const int64_t H = cfg.kv_heads, D = cfg.head_dim;
+    fp8::Calibration cal;
+    cal.model = "SmolLM2-135M-Instruct.Q4_1";
+    cal.source = fmt::format("{}: {} tokens, windows of {}{}", o->text, ids.size(), o->ctx, o->pre_rope ? ", pre-RoPE keys" : "");
+    cal.k_amax.assign(static_cast<size_t>(cfg.layers), std::vector<float>(static_cast<size_t>(H), 0.0f));
+    cal.v_amax = cal.k_amax;
+    std::vector<float> logits;
+    for (size_t w = 0; w < ids.size(); w += static_cast<size_t>(o->ctx)) {
+      LlamaCache cache(cfg, cache_options("fp32", false));
+      const size_t len = std::min<size_t>(static_cast<size_t>(o->ctx), ids.size() - w);
+      for (size_t a = 0; a < len; a += 256)
+        L.model.forward({ids.data() + w + a, std::min<size_t>(256, len - a)}, cache, logits, false, o->threads,
+                        [&](int l, int64_t, int64_t n, const float* kpre, const float* k, const float* v) {
+                          const float* kk = o->pre_rope ? kpre : k;
+                          for (int64_t i = 0; i < n * H * D; ++i) {
+                            auto& ka = cal.k_amax[static_cast<size_t>(l)][static_cast<size_t>(i / D % H)];
+                            auto& va = cal.v_amax[static_cast<size_t>(l)][static_cast<size_t>(i / D % H)];
+                            ka = std::max(ka, std::fabs(kk[i]));
+                            va = std::max(va, std::fabs(v[i]));
+                          }
+                        });
+      fmt::print(stderr, "[calibrate] {}/{} tokens\n", w + len, ids.size());
+    }
+    fp8::write_calibration(o->out, cal);
+    fmt::print("wrote {}: {} layers x {} heads (K and V amax)\n", o->out, cfg.layers, H);
+  });
+}
+
+}  // namespace
+
+void register_model(CLI::App& app) {
+  auto* model = app.add_subcommand("model", "Run SmolLM2-135M-Instruct (GGUF) with a quantized KV cache:\n"
+                                            "generate, ppl, diverge, needle, dump, calibrate.");
+  model->require_subcommand(1);
+  register_generate(model);
+  register_ppl(model);
+  register_diverge(model);
+  register_needle(model);
+  register_dump(model);
+  register_calibrate(model);
+}
+
+}  // namespace kvq::cli

@@ -1,0 +1,73 @@
+// Model-level quality of a KV-cache scheme on the real model (REFERENCE.md section 4):
+// perplexity with KL divergence and top-1 agreement against the fp32 cache, greedy divergence,
+// passkey retrieval. Every run pairs the scheme with an fp32-cache run on the same tokens.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "reference_cpu/llama.h"
+
+namespace kvq::eval {
+
+/// \brief Called with a one-line progress message on long runs.
+using Progress = std::function<void(const std::string&)>;
+
+struct PplOptions {
+  int ctx = 512;     ///< window length in tokens
+  int stride = 0;    ///< window step; 0 = ctx (non-overlapping). Windows after the first score
+                     ///< only their last `stride` positions (the rest is context), like
+                     ///< llama-perplexity's strided mode.
+  int chunk = 256;   ///< prefill chunk: the cache is appended chunk by chunk
+  int64_t max_tokens = 0;  ///< use only the first max_tokens tokens of the text (0 = all)
+  int threads = 0;
+};
+
+struct PplResult {
+  int64_t windows = 0, scored = 0;
+  double ppl = 0, ppl_ref = 0;  ///< exp(mean NLL) for the scheme and for the fp32 cache
+  double kld = 0;               ///< mean KL(p_fp32 || p_scheme) of next-token distributions
+  double kld_p99 = 0;           ///< 99th percentile of the per-token KL
+  double top1 = 0;              ///< fraction of positions where both argmaxes agree
+  double seconds = 0;
+};
+
+/// \brief Perplexity of `tokens` with the scheme's cache, with KL and top-1 agreement against
+/// the fp32 cache on the same windows.
+PplResult perplexity(const LlamaModel& m, const CacheOptions& cache, const std::vector<int32_t>& tokens,
+                     const PplOptions& o, const Progress& progress = {});
+
+struct DivergeResult {
+  std::vector<int32_t> ref, test;  ///< greedy continuations (vs spec, kv spec)
+  int64_t first_diff = -1;         ///< index of the first differing generated token; -1 if none
+  double top1 = 0;  ///< teacher-forced: the test cache's argmax equals the ref's next token
+};
+
+/// \brief Greedy generation of n tokens after `prompt` with two caches, side by side.
+DivergeResult diverge(const LlamaModel& m, const CacheOptions& ref, const CacheOptions& test,
+                      const std::vector<int32_t>& prompt, int n, int threads = 0);
+
+/// \brief Greedy generation (stops at `stop` ids).
+std::vector<int32_t> generate(const LlamaModel& m, const CacheOptions& cache,
+                              const std::vector<int32_t>& prompt, int n,
+                              const std::vector<int32_t>& stop, int threads = 0,
+                              const std::function<void(int32_t)>& on_token = {});
+
+struct NeedleResult {
+  int64_t ctx = 0;      ///< prompt tokens
+  double depth = 0;     ///< where the needle sits, as a fraction of the haystack
+  bool correct = false; ///< greedy decoding reproduces every passkey token
+  double logprob = 0;   ///< mean log-probability of the passkey tokens (teacher forced)
+};
+
+/// \brief One passkey trial: `prompt` holds the needle; `answer` are the passkey's tokens.
+NeedleResult needle_trial(const LlamaModel& m, const CacheOptions& cache,
+                          const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
+                          int chunk = 256, int threads = 0);
+
+/// \brief log-softmax of one logits row, in double.
+std::vector<double> log_softmax(const float* logits, int64_t n);
+
+}  // namespace kvq::eval

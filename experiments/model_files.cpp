@@ -1,0 +1,30 @@
+#include "experiments/model_files.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace kvq::cli {
+
+std::string model_dir() {
+  if (const char* d = std::getenv("KVQ_MODEL_DIR"); d && *d) return d;
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : ".") + "/.cache/kvq";
+}
+
+std::string model_path(const std::string& flag) {
+  const std::string p = flag.empty() ? model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf" : flag;
+  if (!std::filesystem::exists(p))
+    fail("model file {} not found; run scripts/fetch-model.sh (or pass --model-file)", p);
+  return p;
+}
+
+std::string text_path(const std::string& arg) {
+  const std::string p = arg == "kjv" ? model_dir() + "/kjv.txt" : arg;
+  if (!std::filesystem::exists(p))
+    fail("text file {} not found{}", p, arg == "kjv" ? "; run scripts/fetch-text.sh" : "");
+  return p;
+}
+
+}  // namespace kvq::cli

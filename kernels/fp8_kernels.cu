@@ -1,0 +1,304 @@
+// FP8 kernels: ports of fp8/scale.cpp's compute_scales (dynamic), quantize and dequantize.
+//
+// Every per-element formula is the shared header's (fp8::scale_index, scale_from_amax,
+// quantize_value, dequantize_value), so the device computes exactly what the CPU computes.
+// amax is a max over |x| taken on the float bits (|x| as uint32 orders like the float, and a
+// NaN's bits exceed +inf's, so a NaN wins and reaches the scale, as on the CPU).
+#include <algorithm>
+#include <cub/block/block_reduce.cuh>
+#include <cub/warp/warp_reduce.cuh>
+#include <cuda/functional>
+#include <string>
+#include <type_traits>
+
+#include "core/error.h"
+#include "fp8/scale.h"
+#include "kernels/cuda_check.h"
+#include "kernels/fp8_kernels.cuh"
+
+namespace kvq::cuda {
+namespace {
+
+constexpr int kBlock = 256;              // threads per block
+constexpr int kWarps = kBlock / 32;      // one warp per (token, head) row of D values
+constexpr int64_t kMaxBlocks = 1 << 16;  // grid-stride loops cover the rest
+
+__device__ __forceinline__ uint32_t abs_bits(float v) { return float_bits(v) & 0x7fffffffu; }
+
+int grid_for(int64_t work, int64_t per_block) {
+  return static_cast<int>(std::clamp<int64_t>((work + per_block - 1) / per_block, 1, kMaxBlocks));
+}
+
+// ---- amax -------------------------------------------------------------------------------------
+
+/// Token granularity: one warp reduces one (t, h) row and writes its scale directly.
+template <Fp8Format F>
+__global__ void __launch_bounds__(kBlock)
+    scales_token_kernel(const float* x, int64_t tokens, int64_t heads, int64_t dim, float* scales) {
+  using WarpReduce = cub::WarpReduce<uint32_t>;
+  __shared__ typename WarpReduce::TempStorage temp[kWarps];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t rows = tokens * heads;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const float* r = x + row * dim;
+    uint32_t m = 0;
+    for (int64_t d = lane; d < dim; d += 32) m = max(m, abs_bits(r[d]));
+    m = WarpReduce(temp[warp]).Reduce(m, ::cuda::maximum<>{});
+    const int64_t t = row / heads, h = row - t * heads;
+    if (lane == 0)
+      scales[fp8::scale_index(Granularity::Token, t, h, 0, heads, dim)] =
+          fp8::scale_from_amax(bits_float(m), F);
+    __syncwarp();  // temp[warp] is reused by the next row
+  }
+}
+
+/// Tensor granularity: a block reduces its grid-stride share, then one atomicMax.
+__global__ void __launch_bounds__(kBlock)
+    amax_tensor_kernel(const float* x, int64_t n, uint32_t* amax) {
+  using BlockReduce = cub::BlockReduce<uint32_t, kBlock>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  uint32_t m = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * kBlock)
+    m = max(m, abs_bits(x[i]));
+  m = BlockReduce(temp).Reduce(m, ::cuda::maximum<>{});
+  if (threadIdx.x == 0) atomicMax(amax, m);
+}
+
+/// Head granularity: block (bx, by) covers heads by, by + gridDim.y, ...; its warps walk the
+/// tokens bx * kWarps + warp, ... of that head, lanes the channels; a block reduce, one atomicMax.
+__global__ void __launch_bounds__(kBlock)
+    amax_head_kernel(const float* x, int64_t tokens, int64_t heads, int64_t dim, uint32_t* amax) {
+  using BlockReduce = cub::BlockReduce<uint32_t, kBlock>;
+  __shared__ typename BlockReduce::TempStorage temp;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  for (int64_t h = blockIdx.y; h < heads; h += gridDim.y) {
+    uint32_t m = 0;
+    for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < tokens;
+         t += static_cast<int64_t>(gridDim.x) * kWarps) {
+      const float* r = x + (t * heads + h) * dim;
+      for (int64_t d = lane; d < dim; d += 32) m = max(m, abs_bits(r[d]));
+    }
+    m = BlockReduce(temp).Reduce(m, ::cuda::maximum<>{});
+    if (threadIdx.x == 0)
+      atomicMax(&amax[fp8::scale_index(Granularity::Head, 0, h, 0, heads, dim)], m);
+    __syncthreads();  // temp is reused for the next head
+  }
+}
+
+/// Channel granularity: x is a [T, H*D] matrix and a group is one column; a thread walks its
+/// column over the tokens blockIdx.y, blockIdx.y + gridDim.y, ... (neighbouring threads read
+/// neighbouring columns: coalesced), then one atomicMax per column and block row.
+__global__ void __launch_bounds__(kBlock)
+    amax_channel_kernel(const float* x, int64_t tokens, int64_t heads, int64_t dim,
+                        uint32_t* amax) {
+  const int64_t cols = heads * dim;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; c < cols;
+       c += static_cast<int64_t>(gridDim.x) * kBlock) {
+    uint32_t m = 0;
+    for (int64_t t = blockIdx.y; t < tokens; t += gridDim.y) m = max(m, abs_bits(x[t * cols + c]));
+    const int64_t h = c / dim, d = c - h * dim;
+    atomicMax(&amax[fp8::scale_index(Granularity::Channel, 0, h, d, heads, dim)], m);
+  }
+}
+
+/// amax bits (as left by the atomicMax kernels) -> scales, in place.
+template <Fp8Format F>
+__global__ void amax_to_scale_kernel(const uint32_t* amax, float* scales, int64_t count) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * kBlock) {
+    const uint32_t a = amax[i];
+    scales[i] = fp8::scale_from_amax(bits_float(a), F);
+  }
+}
+
+// ---- quantize / dequantize --------------------------------------------------------------------
+
+/// One warp per (t, h) row: lanes take channels d = lane, lane + 32, ... (coalesced).
+template <Fp8Format F, Granularity G>
+__global__ void __launch_bounds__(kBlock)
+    quantize_kernel(const float* x, const float* scales, uint8_t* codes, int64_t tokens,
+                    int64_t heads, int64_t dim) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t rows = tokens * heads;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t t = row / heads, h = row - t * heads;
+    for (int64_t d = lane; d < dim; d += 32) {
+      const int64_t i = row * dim + d;
+      codes[i] = fp8::quantize_value<F>(x[i], scales[fp8::scale_index(G, t, h, d, heads, dim)]);
+    }
+  }
+}
+
+template <Fp8Format F, Granularity G>
+__global__ void __launch_bounds__(kBlock)
+    dequantize_kernel(const uint8_t* codes, const float* scales, float* y, int64_t tokens,
+                      int64_t heads, int64_t dim) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t rows = tokens * heads;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t t = row / heads, h = row - t * heads;
+    for (int64_t d = lane; d < dim; d += 32) {
+      const int64_t i = row * dim + d;
+      y[i] = fp8::dequantize_value<F>(codes[i], scales[fp8::scale_index(G, t, h, d, heads, dim)]);
+    }
+  }
+}
+
+// ---- configuration checks and dispatch --------------------------------------------------------
+
+template <Fp8Format F>
+using FormatC = std::integral_constant<Fp8Format, F>;
+template <Granularity G>
+using GranC = std::integral_constant<Granularity, G>;
+
+[[noreturn]] void bad_config(const char* fn, const std::string& what) {
+  throw Error(std::string("kvq::cuda::") + fn + ": " + what);
+}
+
+/// Turns the runtime format into a template argument (STYLE 8); the default names the value.
+template <typename Fn>
+cudaError_t with_format(const char* fn, Fp8Format f, Fn&& body) {
+  switch (f) {
+    case Fp8Format::E4M3:
+      return body(FormatC<Fp8Format::E4M3>{});
+    case Fp8Format::E4M3FNUZ:
+      return body(FormatC<Fp8Format::E4M3FNUZ>{});
+    case Fp8Format::E5M2:
+      return body(FormatC<Fp8Format::E5M2>{});
+  }
+  bad_config(fn, "unknown Fp8Format value " + std::to_string(static_cast<int>(f)));
+}
+
+template <typename Fn>
+cudaError_t with_granularity(const char* fn, Granularity g, Fn&& body) {
+  switch (g) {
+    case Granularity::Tensor:
+      return body(GranC<Granularity::Tensor>{});
+    case Granularity::Head:
+      return body(GranC<Granularity::Head>{});
+    case Granularity::Token:
+      return body(GranC<Granularity::Token>{});
+    case Granularity::Channel:
+      return body(GranC<Granularity::Channel>{});
+  }
+  bad_config(fn, "unknown Granularity value " + std::to_string(static_cast<int>(g)));
+}
+
+void check_format(const char* fn, Fp8Format f) {
+  if (f != Fp8Format::E4M3 && f != Fp8Format::E4M3FNUZ && f != Fp8Format::E5M2)
+    bad_config(fn, "unknown Fp8Format value " + std::to_string(static_cast<int>(f)));
+}
+
+void check_shape(const char* fn, Shape3 s) {
+  if (s.tokens < 0 || s.heads < 0 || s.dim < 0)
+    bad_config(fn, "shape [T=" + std::to_string(s.tokens) + ", H=" + std::to_string(s.heads) +
+                       ", D=" + std::to_string(s.dim) + "] has a negative size");
+}
+
+void check_ptr(const char* fn, const void* p, const char* name, int64_t count) {
+  if (count > 0 && p == nullptr)
+    bad_config(fn,
+               std::string(name) + " is null but must hold " + std::to_string(count) + " values");
+}
+
+int64_t checked_scale_count(const char* fn, Granularity g, Shape3 s) {
+  switch (g) {
+    case Granularity::Tensor:
+    case Granularity::Head:
+    case Granularity::Token:
+    case Granularity::Channel:
+      return fp8::scale_count(g, s);
+  }
+  bad_config(fn, "unknown Granularity value " + std::to_string(static_cast<int>(g)));
+}
+
+}  // namespace
+
+cudaError_t fp8_dynamic_scales(Fp8Format format, Granularity gran, Shape3 shape, const float* x,
+                               float* scales, cudaStream_t stream) {
+  constexpr const char* kFn = "fp8_dynamic_scales";
+  check_format(kFn, format);
+  check_shape(kFn, shape);
+  const int64_t n = shape.numel(), count = checked_scale_count(kFn, gran, shape);
+  check_ptr(kFn, x, "x", n);
+  check_ptr(kFn, scales, "scales", count);
+  if (count == 0) return cudaSuccess;
+  return with_format(kFn, format, [&](auto fc) -> cudaError_t {
+    constexpr Fp8Format F = decltype(fc)::value;
+    if (gran == Granularity::Token) {  // no atomics: each warp owns its scale
+      scales_token_kernel<F><<<grid_for(count, kWarps), kBlock, 0, stream>>>(
+          x, shape.tokens, shape.heads, shape.dim, scales);
+      return cudaGetLastError();
+    }
+    // amax bits accumulate in the scales buffer itself (0 bits == 0.0f), then become scales.
+    uint32_t* amax = reinterpret_cast<uint32_t*>(scales);
+    KVQ_CUDA_CALL(cudaMemsetAsync(amax, 0, static_cast<size_t>(count) * sizeof(uint32_t), stream));
+    if (n > 0) {
+      if (gran == Granularity::Tensor) {
+        amax_tensor_kernel<<<grid_for(n, kBlock * 8), kBlock, 0, stream>>>(x, n, amax);
+      } else if (gran == Granularity::Head) {
+        const dim3 grid(static_cast<unsigned>(grid_for(shape.tokens, kWarps * 8)),
+                        static_cast<unsigned>(std::min<int64_t>(shape.heads, 65535)));
+        amax_head_kernel<<<grid, kBlock, 0, stream>>>(x, shape.tokens, shape.heads, shape.dim,
+                                                      amax);
+      } else {
+        const dim3 grid(
+            static_cast<unsigned>(grid_for(count, kBlock)),
+            static_cast<unsigned>(std::clamp<int64_t>((shape.tokens + 15) / 16, 1, 1024)));
+        amax_channel_kernel<<<grid, kBlock, 0, stream>>>(x, shape.tokens, shape.heads, shape.dim,
+                                                         amax);
+      }
+      KVQ_CUDA_CALL(cudaGetLastError());
+    }
+    amax_to_scale_kernel<F><<<grid_for(count, kBlock), kBlock, 0, stream>>>(amax, scales, count);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t fp8_quantize(Fp8Format format, Granularity gran, Shape3 shape, const float* x,
+                         const float* scales, uint8_t* codes, cudaStream_t stream) {
+  constexpr const char* kFn = "fp8_quantize";
+  check_format(kFn, format);
+  check_shape(kFn, shape);
+  const int64_t n = shape.numel(), count = checked_scale_count(kFn, gran, shape);
+  check_ptr(kFn, x, "x", n);
+  check_ptr(kFn, scales, "scales", count);
+  check_ptr(kFn, codes, "codes", n);
+  if (n == 0) return cudaSuccess;
+  return with_format(kFn, format, [&](auto fc) {
+    return with_granularity(kFn, gran, [&](auto gc) -> cudaError_t {
+      constexpr Fp8Format F = decltype(fc)::value;
+      constexpr Granularity G = decltype(gc)::value;
+      quantize_kernel<F, G><<<grid_for(shape.tokens * shape.heads, kWarps), kBlock, 0, stream>>>(
+          x, scales, codes, shape.tokens, shape.heads, shape.dim);
+      return cudaGetLastError();
+    });
+  });
+}
+
+cudaError_t fp8_dequantize(Fp8Format format, Granularity gran, Shape3 shape, const uint8_t* codes,
+                           const float* scales, float* y, cudaStream_t stream) {
+  constexpr const char* kFn = "fp8_dequantize";
+  check_format(kFn, format);
+  check_shape(kFn, shape);
+  const int64_t n = shape.numel(), count = checked_scale_count(kFn, gran, shape);
+  check_ptr(kFn, codes, "codes", n);
+  check_ptr(kFn, scales, "scales", count);
+  check_ptr(kFn, y, "y", n);
+  if (n == 0) return cudaSuccess;
+  return with_format(kFn, format, [&](auto fc) {
+    return with_granularity(kFn, gran, [&](auto gc) -> cudaError_t {
+      constexpr Fp8Format F = decltype(fc)::value;
+      constexpr Granularity G = decltype(gc)::value;
+      dequantize_kernel<F, G><<<grid_for(shape.tokens * shape.heads, kWarps), kBlock, 0, stream>>>(
+          codes, scales, y, shape.tokens, shape.heads, shape.dim);
+      return cudaGetLastError();
+    });
+  });
+}
+
+}  // namespace kvq::cuda
