@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/gguf.h"
 #include "core/io.h"
+#include "core/npy.h"
 #include "core/safetensors.h"
 #include "experiments/commands.h"
 #include "experiments/model_eval.h"
@@ -367,6 +368,38 @@ void register_calibrate(CLI::App* model) {
   });
 }
 
+void register_logits(CLI::App* model) {
+  struct O : Common {
+    std::string prompt, prompt_file, out, ids_out;
+    int64_t max_tokens = 256;
+  };
+  auto o = std::make_shared<O>();
+  o->kv = "fp32";
+  auto* c = model->add_subcommand("logits", "Next-token logits of every position of a text (float32 npy [tokens, vocab]) and\n"
+                                            "its token ids (JSON), for comparison with other implementations.\n"
+                                            "Example: kvq model logits --prompt-file kjv --max-tokens 300 --out l.npy --ids-out ids.json");
+  add_common(c, *o);
+  c->add_option("--prompt", o->prompt, "prompt text");
+  c->add_option("--prompt-file", o->prompt_file, "file holding the text ('kjv' for the Bible)");
+  c->add_option("--max-tokens", o->max_tokens, "truncate to N tokens")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--out", o->out, "output logits .npy")->required();
+  c->add_option("--ids-out", o->ids_out, "also write the token ids as a JSON array");
+  c->callback([o] {
+    const CacheOptions co = cache_options(o->kv, o->pre_rope);
+    const std::string text = o->prompt_file.empty() ? prompt_text(o->prompt, "") : read_file(text_path(o->prompt_file));
+    const Loaded& L = load(*o);
+    auto ids = L.tok.encode(text);
+    if (static_cast<int64_t>(ids.size()) > o->max_tokens) ids.resize(static_cast<size_t>(o->max_tokens));
+    KVQ_CHECK(!ids.empty(), "the text is empty after tokenization");
+    LlamaCache cache(L.model.config(), co);
+    std::vector<float> logits;
+    L.model.forward(ids, cache, logits, true, o->threads);
+    write_npy(o->out, {static_cast<int64_t>(ids.size()), L.model.config().vocab}, logits.data());
+    if (!o->ids_out.empty()) write_file_atomic(o->ids_out, nlohmann::json(ids).dump() + "\n");
+    fmt::print("wrote {}: [{}, {}] logits ({})\n", o->out, ids.size(), L.model.config().vocab, co.spec.canonical());
+  });
+}
+
 }  // namespace
 
 void register_model(CLI::App& app) {
@@ -379,6 +412,7 @@ void register_model(CLI::App& app) {
   register_needle(model);
   register_dump(model);
   register_calibrate(model);
+  register_logits(model);
 }
 
 }  // namespace kvq::cli

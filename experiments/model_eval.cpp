@@ -65,7 +65,9 @@ PplResult perplexity(const LlamaModel& m, const CacheOptions& cache, const std::
     LlamaCache ref(m.config(), fp32_cache(cache)), test(m.config(), cache);
     run_chunks(m, ref, tok, o.ctx, o.chunk, o.threads, lr);
     run_chunks(m, test, tok, o.ctx, o.chunk, o.threads, lq);
-    const int64_t first = w == 0 ? 0 : o.ctx - stride - 1;  // predicts tokens first+1 .. ctx-1
+    // Positions first .. ctx-2 predict tokens first+1 .. ctx-1: the whole window at first (and
+    // for non-overlapping windows), then only the last `stride` tokens of overlapping ones.
+    const int64_t first = w == 0 ? 0 : std::max<int64_t>(0, o.ctx - stride - 1);
     for (int64_t p = first; p < o.ctx - 1; ++p) {
       const auto a = log_softmax(lr.data() + p * V, V), b = log_softmax(lq.data() + p * V, V);
       const int32_t next = tok[p + 1];

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "reference_cpu/attention.h"
+#include "reference_cpu/matmul.h"
 
 namespace kvq {
 
@@ -24,6 +25,22 @@ Mat load_matrix(const GgufFile& f, const std::string& name, int64_t rows, int64_
             fmt::format("{}", fmt::join(t.dims, ", ")), cols, rows);
   const std::vector<float> v = f.dequantize(t);  // memory order: dims[0] (= cols) fastest
   return Eigen::Map<const Mat>(v.data(), rows, cols);
+}
+
+// A [rows=out, cols=in] weight as a transposed [in][out] Linear.
+LlamaModel::Linear transposed(const Mat& w) {
+  LlamaModel::Linear l;
+  l.out = w.rows();
+  l.in = w.cols();
+  l.wt.resize(static_cast<size_t>(l.in * l.out));
+  Eigen::Map<Mat>(l.wt.data(), l.in, l.out) = w.transpose();
+  return l;
+}
+
+// y [n, out] = x [n, in] * W^T (or += when accumulate).
+void apply(const LlamaModel::Linear& l, const Mat& x, Mat& y, bool accumulate = false) {
+  if (!accumulate) y.resize(x.rows(), l.out);
+  matmul(x.data(), x.rows(), l.in, l.wt.data(), l.out, y.data(), accumulate);
 }
 
 Eigen::VectorXf load_vector(const GgufFile& f, const std::string& name, int64_t n) {
@@ -79,7 +96,7 @@ LlamaModel LlamaModel::load(const GgufFile& f) {
             f.name(), c.hidden);
   c.vocab = static_cast<int>(emb.dims[1]);
   m.embed_ = load_matrix(f, "token_embd.weight", c.vocab, c.hidden);
-  if (f.find_tensor("output.weight")) m.output_ = load_matrix(f, "output.weight", c.vocab, c.hidden);
+  m.head_ = transposed(f.find_tensor("output.weight") ? load_matrix(f, "output.weight", c.vocab, c.hidden) : m.embed_);
   m.out_norm_ = load_vector(f, "output_norm.weight", c.hidden);
   const int64_t kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim;
   for (int l = 0; l < c.layers; ++l) {
@@ -87,13 +104,13 @@ LlamaModel LlamaModel::load(const GgufFile& f) {
     Block b;
     b.attn_norm = load_vector(f, p + "attn_norm.weight", c.hidden);
     b.ffn_norm = load_vector(f, p + "ffn_norm.weight", c.hidden);
-    b.wq = load_matrix(f, p + "attn_q.weight", c.hidden, c.hidden);
-    b.wk = load_matrix(f, p + "attn_k.weight", kvd, c.hidden);
-    b.wv = load_matrix(f, p + "attn_v.weight", kvd, c.hidden);
-    b.wo = load_matrix(f, p + "attn_output.weight", c.hidden, c.hidden);
-    b.w_gate = load_matrix(f, p + "ffn_gate.weight", c.ffn, c.hidden);
-    b.w_up = load_matrix(f, p + "ffn_up.weight", c.ffn, c.hidden);
-    b.w_down = load_matrix(f, p + "ffn_down.weight", c.hidden, c.ffn);
+    b.wq = transposed(load_matrix(f, p + "attn_q.weight", c.hidden, c.hidden));
+    b.wk = transposed(load_matrix(f, p + "attn_k.weight", kvd, c.hidden));
+    b.wv = transposed(load_matrix(f, p + "attn_v.weight", kvd, c.hidden));
+    b.wo = transposed(load_matrix(f, p + "attn_output.weight", c.hidden, c.hidden));
+    b.w_gate = transposed(load_matrix(f, p + "ffn_gate.weight", c.ffn, c.hidden));
+    b.w_up = transposed(load_matrix(f, p + "ffn_up.weight", c.ffn, c.hidden));
+    b.w_down = transposed(load_matrix(f, p + "ffn_down.weight", c.hidden, c.ffn));
     m.blocks_.push_back(std::move(b));
   }
   for (int i = 0; i < c.head_dim / 2; ++i)
@@ -138,9 +155,10 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache, std
     const Block& b = blocks_[static_cast<size_t>(l)];
     auto& side = cache.layers()[static_cast<size_t>(l)];
     const Mat xn = rms_norm(x, b.attn_norm, c.rms_eps);
-    Mat q = xn * b.wq.transpose();
-    Mat k = xn * b.wk.transpose();
-    const Mat v = xn * b.wv.transpose();
+    Mat q, k, v;
+    apply(b.wq, xn, q);
+    apply(b.wk, xn, k);
+    apply(b.wv, xn, v);
     rope(q.data(), n, c.heads, pos0);
     Mat k_pre;
     if (pre || observe) k_pre = k;
@@ -170,23 +188,18 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache, std
       causal_attention(q.data(), n, c.heads, pos0, *view, *side.v, {ktail.data(), kbeg},
                        {vtail.data(), vbeg}, attn.data(), nt);
     }
-    x += Eigen::Map<const Mat>(attn.data(), n, c.hidden) * b.wo.transpose();
+    const Mat a = Eigen::Map<const Mat>(attn.data(), n, c.hidden);
+    apply(b.wo, a, x, true);
     const Mat hn = rms_norm(x, b.ffn_norm, c.rms_eps);
-    Mat g = hn * b.w_gate.transpose();
-    const Mat u = hn * b.w_up.transpose();
+    Mat g, u;
+    apply(b.w_gate, hn, g);
+    apply(b.w_up, hn, u);
     g = g.unaryExpr([](float z) { return z / (1.0f + std::exp(-z)); }).cwiseProduct(u);
-    x += g * b.w_down.transpose();
+    apply(b.w_down, g, x, true);
   }
-  const Mat& head = output_.size() ? output_ : embed_;
-  if (all_logits) {
-    const Mat y = rms_norm(x, out_norm_, c.rms_eps);
-    logits.resize(static_cast<size_t>(n * c.vocab));
-    Eigen::Map<Mat>(logits.data(), n, c.vocab).noalias() = y * head.transpose();
-  } else {
-    const Mat y = rms_norm(x.bottomRows(1), out_norm_, c.rms_eps);
-    logits.resize(static_cast<size_t>(c.vocab));
-    Eigen::Map<Mat>(logits.data(), 1, c.vocab).noalias() = y * head.transpose();
-  }
+  const Mat y = rms_norm(all_logits ? Mat(x) : Mat(x.bottomRows(1)), out_norm_, c.rms_eps);
+  logits.resize(static_cast<size_t>(y.rows() * c.vocab));
+  matmul(y.data(), y.rows(), head_.in, head_.wt.data(), head_.out, logits.data());
 }
 
 }  // namespace kvq

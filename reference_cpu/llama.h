@@ -60,6 +60,11 @@ using KvObserver = std::function<void(int layer, int64_t pos0, int64_t n, const 
 class LlamaModel {
  public:
   using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  /// A weight stored transposed, [in][out] row-major, for kvq::matmul.
+  struct Linear {
+    int64_t in = 0, out = 0;
+    std::vector<float> wt;
+  };
 
   /// \brief Loads a llama-architecture GGUF; errors name the missing key or tensor.
   static LlamaModel load(const gguf::GgufFile& f);
@@ -78,11 +83,11 @@ class LlamaModel {
  private:
   struct Block {
     Eigen::VectorXf attn_norm, ffn_norm;
-    Mat wq, wk, wv, wo, w_gate, w_up, w_down;
+    Linear wq, wk, wv, wo, w_gate, w_up, w_down;
   };
   LlamaConfig cfg_;
-  Mat embed_;  ///< [vocab, hidden]; tied output head unless output_ is non-empty
-  Mat output_;
+  Mat embed_;     ///< [vocab, hidden] token embeddings
+  Linear head_;   ///< output head (the tied embeddings unless the file has output.weight)
   Eigen::VectorXf out_norm_;
   std::vector<Block> blocks_;
   std::vector<float> inv_freq_;

@@ -1,0 +1,550 @@
+// Tests for kernels/attention_kernels.cu (fused decode attention) against the CPU reference,
+// kvq::decode_attention (reference_cpu/attention.cpp) over caches built by kvq::make_side.
+//
+// Where expected values come from: the CPU reference reads the same stored bytes: the test
+// builds each cache on the host (bf16 bits, fp8::compute_scales + fp8::quantize, kivi::SideCache)
+// exactly as make_side stores it (checked: both read back bit-equal) and uploads those bytes.
+//
+// Tolerances (STYLE 3): both backends accumulate in float32 over the same stored values, in a
+// different order (the kernel splits the context and merges partial softmaxes; the CPU takes one
+// softmax with a double sum). Per-operation relative error is 2^-24; scores over <= 128 channels
+// with |s| of a few units carry absolute errors ~1e-6, so probabilities carry relative errors
+// ~1e-6 and the output NMSE is ~1e-12. kNmseExact = 1e-6 (bf16, fp8) leaves a 10^5 margin. Int
+// caches also fold scales differently (per-token values: the CPU sums p * scale * code and
+// p * min apart, the kernel dequantizes code * scale + min first), which adds a cancellation
+// error of ~ulp(|min|) per value: kNmseInt = 1e-5. Max |error| is bounded relative to max |V|
+// (outputs are convex combinations of V rows): 1e-5 and 1e-4.
+//
+// No vacuous pass (STYLE 4): output buffers carry sentinel bytes on both sides, every output
+// must be finite, and its norm > 0. Without a device the device tests skip with a visible
+// message; the decoder and configuration tests run everywhere.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/npy.h"
+#include "core/spec.h"
+#include "core/tensor.h"
+#include "fp8/format.h"
+#include "fp8/scale.h"
+#include "kernels/attention_kernels.cuh"
+#include "kernels/cuda_check.h"
+#include "kernels/dispatch.h"
+#include "kivi/cache.h"
+#include "reference_cpu/attention.h"
+#include "reference_cpu/kv_cache.h"
+
+namespace kvq::cuda {
+namespace {
+
+constexpr double kNmseExact = 1e-6;    // bf16 and fp8 caches
+constexpr double kNmseInt = 1e-5;      // int caches (scale / min folded differently)
+constexpr double kMaxAbsExact = 1e-5;  // x max |V|
+constexpr double kMaxAbsInt = 1e-4;    // x max |V|
+
+/// Empty when a device is usable, else why not.
+std::string no_device_reason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(e);
+  if (n == 0) return "cudaGetDeviceCount returned 0";
+  return "";
+}
+
+#define KVQ_SKIP_WITHOUT_DEVICE()                                  \
+  do {                                                             \
+    const std::string why_ = no_device_reason();                   \
+    if (!why_.empty()) GTEST_SKIP() << "no CUDA device: " << why_; \
+  } while (0)
+
+/// Device allocations of one test case, freed together.
+class Arena {
+ public:
+  Arena() = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  /// A device copy of `x` (null when empty).
+  template <typename T>
+  const T* upload(std::span<const T> x) {
+    if (x.empty()) return nullptr;
+    void* p = nullptr;
+    KVQ_CUDA_CHECK(cudaMalloc(&p, x.size_bytes()));
+    ptrs_.push_back(p);
+    KVQ_CUDA_CHECK(cudaMemcpy(p, x.data(), x.size_bytes(), cudaMemcpyHostToDevice));
+    return static_cast<const T*>(p);
+  }
+  template <typename T>
+  const T* upload(const std::vector<T>& x) {
+    return upload(std::span<const T>(x));
+  }
+  void* scratch(size_t bytes) {
+    void* p = nullptr;
+    KVQ_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+    ptrs_.push_back(p);
+    return p;
+  }
+
+ private:
+  std::vector<void*> ptrs_;
+};
+
+/// A float device buffer with kGuard sentinel bytes before and after it.
+class GuardedOutput {
+ public:
+  static constexpr size_t kGuard = 256;
+  static constexpr uint8_t kSentinel = 0xA5;
+  explicit GuardedOutput(size_t count) : count_(count) {
+    KVQ_CUDA_CHECK(cudaMalloc(&base_, bytes()));
+    KVQ_CUDA_CHECK(cudaMemset(base_, kSentinel, bytes()));  // the payload too: unwritten shows
+  }
+  ~GuardedOutput() { cudaFree(base_); }
+  GuardedOutput(const GuardedOutput&) = delete;
+  GuardedOutput& operator=(const GuardedOutput&) = delete;
+  float* get() { return reinterpret_cast<float*>(base_ + kGuard); }
+  std::vector<float> download() {
+    std::vector<float> v(count_);
+    KVQ_CUDA_CHECK(cudaMemcpy(v.data(), get(), count_ * sizeof(float), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  size_t damaged_guard_bytes() {
+    std::vector<uint8_t> all(bytes());
+    KVQ_CUDA_CHECK(cudaMemcpy(all.data(), base_, bytes(), cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t i = 0; i < kGuard; ++i) bad += all[i] != kSentinel;
+    for (size_t i = kGuard + count_ * sizeof(float); i < all.size(); ++i) bad += all[i] != kSentinel;
+    return bad;
+  }
+
+ private:
+  size_t bytes() const { return count_ * sizeof(float) + 2 * kGuard; }
+  size_t count_;
+  uint8_t* base_ = nullptr;
+};
+
+// ---- inputs (STYLE 5): fixed seeds, outlier key channels, a constant token group -------------
+
+Tensor3 make_kv(Shape3 s, uint32_t seed, bool keys) {
+  Tensor3 x(s);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t t = 0; t < s.tokens; ++t)
+    for (int64_t h = 0; h < s.heads; ++h)
+      for (int64_t d = 0; d < s.dim; ++d) {
+        const float outlier = keys && d % 17 == 5 ? 8.0f : 1.0f;  // KIVI's outlier key channels
+        x.at(t, h, d) = round_to_bf16(normal(rng) * outlier + (keys ? 0.5f : 0.0f));
+      }
+  // A constant stretch (zero-scale groups on both axes): tokens 32..63 of head 0, channel 3.
+  for (int64_t t = 32; t < std::min<int64_t>(s.tokens, 64); ++t) x.at(t, 0, 3) = 0.75f;
+  if (s.tokens > 5)
+    for (int64_t d = 0; d < s.dim; ++d) x.at(5, 0, d) = -1.25f;
+  return x;
+}
+
+std::vector<float> make_q(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(n));
+  for (float& v : q) v = normal(rng);
+  return q;
+}
+
+// ---- caches: host bytes as make_side stores them, uploaded -------------------------------------
+
+void expect_same_readback(const SideStore& cpu, const Tensor3& mine, const char* what) {
+  const Tensor3 want = cpu.dequantize();
+  ASSERT_EQ(want.data.size(), mine.data.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < want.data.size(); ++i)
+    bad += float_bits(want.data[i]) != float_bits(mine.data[i]) &&
+           !(std::isnan(want.data[i]) && std::isnan(mine.data[i]));
+  ASSERT_EQ(bad, 0) << what << ": the uploaded bytes are not what make_side stores";
+}
+
+Bf16SideView upload_side(Arena& arena, const SchemeSpec&, Role, const Tensor3& x, const SideStore& cpu,
+                         Bf16SideView*) {
+  std::vector<uint16_t> bits(x.data.size());
+  Tensor3 back(x.shape);
+  for (size_t i = 0; i < bits.size(); ++i) {
+    bits[i] = float_to_bf16_bits(x.data[i]);
+    back.data[i] = bf16_bits_to_float(bits[i]);
+  }
+  expect_same_readback(cpu, back, "bf16");
+  return Bf16SideView{arena.upload(bits), x.shape.tokens};
+}
+
+Fp8SideView upload_side(Arena& arena, const SchemeSpec& spec, Role role, const Tensor3& x,
+                        const SideStore& cpu, Fp8SideView*) {
+  const std::vector<float> scales = fp8::compute_scales(spec.fp8, role, x);
+  std::vector<uint8_t> codes;
+  fp8::quantize(spec.fp8, scales, x, codes);
+  Tensor3 back(x.shape);
+  fp8::dequantize(spec.fp8, scales, codes, back);
+  expect_same_readback(cpu, back, "fp8");
+  return Fp8SideView{arena.upload(codes), arena.upload(scales), x.shape.tokens, spec.fp8.format,
+                     spec.fp8.gran};
+}
+
+IntSideView upload_side(Arena& arena, const SchemeSpec& spec, Role role, const Tensor3& x,
+                        const SideStore& cpu, IntSideView*) {
+  kivi::SideCache c(spec.q, role, x.shape.heads, x.shape.dim);
+  c.append(x.data.data(), x.shape.tokens);
+  expect_same_readback(cpu, c.dequantize(), "int");
+  IntSideView v;
+  v.words = arena.upload(c.words());
+  v.scales = arena.upload(c.scales());
+  v.mins = c.sym() ? nullptr : arena.upload(c.mins());
+  v.residual = arena.upload(c.residual());
+  v.quantized_tokens = c.quantized_tokens();
+  v.tokens = c.tokens();
+  v.group = c.group();
+  v.bits = c.bits();
+  v.axis = c.axis();
+  v.sym = c.sym();
+  return v;
+}
+
+// ---- one launch over a batch, compared per sequence ----------------------------------------------
+
+struct Comparison {
+  double nmse = 0, max_abs = 0, max_v = 0;
+};
+
+template <class View>
+void run_batch(const std::string& spec_text, const std::vector<int64_t>& lengths, int64_t heads,
+               int gqa, int dim, const std::string& name) {
+  const SchemeSpec spec = parse_spec(spec_text);
+  const bool is_int = spec.kind == SchemeKind::Int;
+  const int batch = static_cast<int>(lengths.size());
+  const int q_heads = static_cast<int>(heads) * gqa;
+  Arena arena;
+  std::vector<View> kv, vv;
+  std::vector<float> q_all;
+  std::vector<std::vector<float>> refs;
+  std::vector<double> vmax;
+  for (int b = 0; b < batch; ++b) {
+    const Shape3 s{lengths[static_cast<size_t>(b)], heads, dim};
+    const uint32_t seed = static_cast<uint32_t>(lengths[static_cast<size_t>(b)] * 7919 + b * 31 + dim + gqa);
+    const Tensor3 k = make_kv(s, seed, true), v = make_kv(s, seed + 1, false);
+    const auto kc = make_side(spec, Role::Key, k), vc = make_side(spec, Role::Value, v);
+    const std::vector<float> q = make_q(q_heads * dim, seed + 2);
+    std::vector<float> ref(q.size());
+    kvq::decode_attention(q.data(), q_heads, *kc, *vc, ref.data(), 0);
+    kv.push_back(upload_side(arena, spec, Role::Key, k, *kc, static_cast<View*>(nullptr)));
+    vv.push_back(upload_side(arena, spec, Role::Value, v, *vc, static_cast<View*>(nullptr)));
+    if (::testing::Test::HasFatalFailure()) return;
+    q_all.insert(q_all.end(), q.begin(), q.end());
+    refs.push_back(ref);
+    double m = 0;
+    for (float x : vc->dequantize().data) m = std::max(m, static_cast<double>(std::fabs(x)));
+    vmax.push_back(m);
+  }
+  const DecodeShape shape{batch, static_cast<int>(heads), q_heads, dim};
+  const DecodePlan plan = plan_decode(shape, std::span<const View>(kv), std::span<const View>(vv));
+  ASSERT_EQ(plan.workspace_bytes, static_cast<size_t>(batch) * q_heads * plan.splits * (dim + 2) * 4);
+  const float* dq = arena.upload(q_all);
+  void* ws = arena.scratch(plan.workspace_bytes);
+  GuardedOutput out(q_all.size());
+  KVQ_CUDA_CHECK(decode_attention(shape, std::span<const View>(kv), std::span<const View>(vv), dq,
+                                  out.get(), ws, plan.workspace_bytes));
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = out.download();
+  EXPECT_EQ(out.damaged_guard_bytes(), 0u) << "writes outside the output";
+
+  const double nmse_limit = is_int ? kNmseInt : kNmseExact;
+  const double abs_limit = is_int ? kMaxAbsInt : kMaxAbsExact;
+  const size_t per = static_cast<size_t>(q_heads) * dim;
+  for (int b = 0; b < batch; ++b) {
+    const std::vector<float>& ref = refs[static_cast<size_t>(b)];
+    Comparison c;
+    double se = 0, sr = 0, sg = 0;
+    size_t worst = 0;
+    int64_t nonfinite = 0;
+    for (size_t i = 0; i < per; ++i) {
+      const double g = got[b * per + i], r = ref[i];
+      nonfinite += !std::isfinite(g);
+      se += (g - r) * (g - r);
+      sr += r * r;
+      sg += g * g;
+      if (std::fabs(g - r) > c.max_abs || !std::isfinite(g)) {
+        c.max_abs = std::isfinite(g) ? std::fabs(g - r) : INFINITY;
+        worst = i;
+      }
+    }
+    c.nmse = sr > 0 ? se / sr : se;
+    const std::string where = name + " sequence " + std::to_string(b) + " (T=" +
+                              std::to_string(lengths[static_cast<size_t>(b)]) + ", split " +
+                              std::to_string(plan.split_tokens) + ")";
+    EXPECT_EQ(nonfinite, 0) << where;
+    EXPECT_GT(sg, 0.0) << where << ": all-zero output";
+    EXPECT_LE(c.nmse, nmse_limit) << where;
+    EXPECT_LE(c.max_abs, abs_limit * vmax[static_cast<size_t>(b)])
+        << where << ": worst element " << worst << " (query head " << worst / dim << ", channel "
+        << worst % dim << ") device " << got[b * per + worst] << " cpu " << ref[worst];
+    if (::testing::Test::HasFailure()) {
+      const std::string base = ::testing::TempDir() + "attention_kernel_test_" + name + "_b" + std::to_string(b);
+      write_npy(base + "_got.npy", {q_heads, dim}, got.data() + b * per);
+      write_npy(base + "_ref.npy", {q_heads, dim}, ref.data());
+      ADD_FAILURE() << "outputs written to " << base << "_{got,ref}.npy";
+      return;
+    }
+  }
+}
+
+/// Runs `spec` through the view type its kind needs.
+void run_spec(const std::string& spec, const std::vector<int64_t>& lengths, int64_t heads, int gqa,
+              int dim, const std::string& name) {
+  switch (parse_spec(spec).kind) {
+    case SchemeKind::Bf16: return run_batch<Bf16SideView>(spec, lengths, heads, gqa, dim, name);
+    case SchemeKind::Fp8: return run_batch<Fp8SideView>(spec, lengths, heads, gqa, dim, name);
+    case SchemeKind::Int: return run_batch<IntSideView>(spec, lengths, heads, gqa, dim, name);
+    default: FAIL() << "no device attention for " << spec;
+  }
+}
+
+// ---- the sweep: specs from the dispatch lists x odd lengths x GQA x head_dim -------------------
+
+std::vector<std::string> all_specs() {
+  std::vector<std::string> s{"bf16"};
+  for (Fp8Format f : kFp8Formats)
+    for (const char* g : {"tensor", "head", "token", "channel"})
+      s.push_back(std::string(to_string(f)) + ":gran=" + g);
+  for (int b : BitWidths::values) s.push_back("kivi" + std::to_string(b));  // g=32, r=128
+  // Layout corners (G: a power of two 8..256, or g=dim): per-token keys and per-channel
+  // values; 3-bit words (10 codes) that do not divide the group (G=8: one partial word; G=64:
+  // 7 words); groups wider than a warp (G=128: lanes take several tokens); g=dim; R=0; sym.
+  s.push_back("int4:k=token,v=channel,g=32,r=0");
+  s.push_back("int3:k=channel,v=token,g=8,r=40");
+  s.push_back("int4:k=token,v=token,g=dim,r=16");
+  s.push_back("int2:k=channel,v=channel,g=16,r=32,sym");
+  s.push_back("int2:k=channel,v=channel,g=128,r=0");
+  s.push_back("int8:k=channel,v=token,g=64,r=0");
+  s.push_back("int3:k=token,v=token,g=64,r=5,sym");
+  return s;
+}
+
+std::string sanitize(std::string s) {
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+using SweepCase = std::tuple<std::string, int64_t, int, int>;  // spec, T, gqa, head_dim
+
+std::string sweep_name(const ::testing::TestParamInfo<SweepCase>& p) {
+  const auto& [spec, T, gqa, dim] = p.param;
+  return sanitize(spec) + "_T" + std::to_string(T) + "_gqa" + std::to_string(gqa) + "_d" +
+         std::to_string(dim);
+}
+
+class DecodeAttention : public ::testing::TestWithParam<SweepCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_DEVICE(); }
+};
+
+// Expected: kvq::decode_attention on the CPU over the same cache (see the file comment).
+TEST_P(DecodeAttention, MatchesCpuReference) {
+  const auto& [spec, T, gqa, dim] = GetParam();
+  run_spec(spec, {T}, 2, gqa, dim, sweep_name({GetParam(), 0}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, DecodeAttention,
+                         ::testing::Combine(::testing::ValuesIn(all_specs()),
+                                            ::testing::Values<int64_t>(1, 37, 1000, 4099),
+                                            ::testing::Values(1, 4, 8),
+                                            ::testing::ValuesIn(HeadDims::values)),
+                         sweep_name);
+
+// ---- batches of different lengths -------------------------------------------------------------
+
+class DecodeAttentionBatch : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_DEVICE(); }
+};
+
+// Expected: each sequence equals the CPU reference over its own cache; lengths differ so some
+// blocks of the grid have no tokens (shorter sequences) and the merge counts splits per sequence.
+TEST_P(DecodeAttentionBatch, FiveSequencesOfDifferentLengths) {
+  run_spec(GetParam(), {1000, 37, 4099, 1, 300}, 3, 4, 128, sanitize(GetParam()) + "_batch5");
+}
+
+// Expected: as above at the largest batch the launcher takes (kMaxBatch), short contexts.
+TEST_P(DecodeAttentionBatch, LargestBatch) {
+  std::vector<int64_t> lengths;
+  for (int b = 0; b < kMaxBatch; ++b) lengths.push_back(1 + (b * 37) % 300);
+  run_spec(GetParam(), lengths, 2, 8, 64, sanitize(GetParam()) + "_batch64");
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, DecodeAttentionBatch,
+                         ::testing::Values("bf16", "fp8_e4m3:gran=token", "fp8_e5m2:gran=channel",
+                                           "kivi2", "kivi4", "int3:k=token,v=channel,g=8,r=0"),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return sanitize(p.param); });
+
+// ---- host-only: register decoders ----------------------------------------------------------------
+
+// Expected: fp8::decode<F> (fp8/format.h, the one definition) for all 256 codes of every format;
+// NaN codes decode to NaN.
+TEST(AttentionDecoders, Fp8BitArithmeticEqualsFormatDecode) {
+  auto check = [](auto fc) {
+    constexpr Fp8Format F = decltype(fc)::value;
+    for (uint32_t c = 0; c < 256; ++c) {
+      const float want = fp8::decode<F>(static_cast<uint8_t>(c)), got = fp8_to_float<F>(c);
+      if (std::isnan(want))
+        EXPECT_TRUE(std::isnan(got)) << to_string(F) << " code " << c;
+      else
+        EXPECT_EQ(float_bits(got), float_bits(want)) << to_string(F) << " code " << c << ": " << got
+                                                     << " vs " << want;
+    }
+    return 0;
+  };
+  for (Fp8Format f : kFp8Formats) dispatch_fp8_format("test", f, check);
+}
+
+// Expected: float(c) for every code of up to 8 bits and a few up to 2^23 - 1.
+TEST(AttentionDecoders, CodeToFloatIsExact) {
+  for (uint32_t c = 0; c < 256; ++c) EXPECT_EQ(code_to_float(c), static_cast<float>(c)) << c;
+  for (uint32_t c : {1000u, 65535u, 8388607u}) EXPECT_EQ(code_to_float(c), static_cast<float>(c)) << c;
+}
+
+// ---- host-only: plans and configuration errors -------------------------------------------------
+
+template <typename Fn>
+void expect_config_error(Fn fn, const std::string& piece) {
+  try {
+    fn();
+    ADD_FAILURE() << "no kvq::Error; expected one mentioning '" << piece << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(piece), std::string::npos) << e.what();
+  }
+}
+
+// Fake (never dereferenced) device pointers: every check below throws before any CUDA call.
+alignas(16) uint16_t g_fake16[8];
+alignas(16) float g_fake32[8];
+alignas(16) uint32_t g_fake_words[8];
+
+IntSideView int_view(int64_t tokens, int64_t quantized, int group, Axis axis) {
+  IntSideView v;
+  v.words = g_fake_words;
+  v.scales = g_fake16;
+  v.mins = g_fake16;
+  v.residual = g_fake32;
+  v.quantized_tokens = quantized;
+  v.tokens = tokens;
+  v.group = group;
+  v.bits = 2;
+  v.axis = axis;
+  return v;
+}
+
+// Expected: splits hold whole per-channel groups, cover the longest context, fit the shared
+// score buffer, and the workspace is batch * q_heads * splits * (D + 2) floats.
+TEST(AttentionPlan, SplitsAlignToGroupsAndCoverTheContext) {
+  for (int gqa : {1, 4, 8})
+    for (int64_t T : {1, 37, 1000, 4099, 131072})
+      for (int G : {16, 32, 48, 128}) {
+        const IntSideView k = int_view(T, T / G * G, G, Axis::Channel);
+        const IntSideView v = int_view(T, 0, 32, Axis::Token);
+        const DecodeShape s{1, 8, 8 * gqa, 128};
+        const DecodePlan p = plan_decode(s, std::span<const IntSideView>(&k, 1),
+                                         std::span<const IntSideView>(&v, 1));
+        EXPECT_EQ(p.split_tokens % G, 0) << "G=" << G << " T=" << T;
+        EXPECT_GE(p.split_tokens * p.splits, T);
+        EXPECT_LT(p.split_tokens * (p.splits - 1), T);
+        EXPECT_LE(p.split_tokens * gqa, 4096);
+        EXPECT_EQ(p.workspace_bytes, static_cast<size_t>(8 * gqa) * p.splits * 130 * 4);
+      }
+}
+
+// Expected: each bad value is named in the message (STYLE 9).
+TEST(AttentionConfig, BadConfigurationThrowsNamingTheValue) {
+  const Bf16SideView b{g_fake16, 10};
+  const std::span<const Bf16SideView> one(&b, 1);
+  float q = 0, o = 0;
+  char ws[1 << 12];
+  auto bf16 = [&](DecodeShape s, std::span<const Bf16SideView> k, std::span<const Bf16SideView> v,
+                  size_t ws_bytes = sizeof ws) {
+    (void)decode_attention(s, k, v, &q, &o, ws, ws_bytes);
+  };
+  expect_config_error([&] { bf16({1, 2, 4, 96}, one, one); }, "unsupported head_dim 96 (supported: 64, 128)");
+  expect_config_error([&] { bf16({0, 2, 4, 64}, {}, {}); }, "batch 0");
+  expect_config_error([&] { bf16({65, 2, 4, 64}, one, one); }, "batch 65");
+  expect_config_error([&] { bf16({1, 2, 5, 64}, one, one); }, "q_heads 5 is not a positive multiple of kv_heads 2");
+  expect_config_error([&] { bf16({1, 2, 32, 64}, one, one); }, "GQA ratio 16");
+  expect_config_error([&] { bf16({2, 2, 4, 64}, one, one); }, "batch 2 but 1 K and 1 V views");
+  const Bf16SideView shorter{g_fake16, 9}, empty{g_fake16, 0}, null{nullptr, 10};
+  expect_config_error([&] { bf16({1, 2, 4, 64}, one, std::span<const Bf16SideView>(&shorter, 1)); },
+                      "tokens 10 != V tokens 9");
+  expect_config_error([&] {
+    bf16({1, 2, 4, 64}, std::span<const Bf16SideView>(&empty, 1), std::span<const Bf16SideView>(&empty, 1));
+  }, "tokens 0");
+  expect_config_error([&] { bf16({1, 2, 4, 64}, std::span<const Bf16SideView>(&null, 1), one); },
+                      "sequence 0 K: data is null");
+  expect_config_error([&] { bf16({1, 2, 4, 64}, one, one, 16); }, "workspace of 16 bytes");
+
+  const Fp8SideView f8{reinterpret_cast<const uint8_t*>(g_fake16), g_fake32, 10, Fp8Format::E4M3,
+                       Granularity::Token};
+  Fp8SideView f8b = f8;
+  f8b.format = Fp8Format::E5M2;
+  expect_config_error([&] {
+    (void)decode_attention(DecodeShape{1, 2, 4, 64}, std::span<const Fp8SideView>(&f8, 1),
+                           std::span<const Fp8SideView>(&f8b, 1), &q, &o, ws, sizeof ws);
+  }, "one format per launch");
+  f8b = f8;
+  f8b.gran = static_cast<Granularity>(7);
+  expect_config_error([&] {
+    (void)decode_attention(DecodeShape{1, 2, 4, 64}, std::span<const Fp8SideView>(&f8, 1),
+                           std::span<const Fp8SideView>(&f8b, 1), &q, &o, ws, sizeof ws);
+  }, "unknown Granularity value 7");
+
+  auto run_int = [&](IntSideView k, IntSideView v) {
+    (void)decode_attention(DecodeShape{1, 2, 4, 64}, std::span<const IntSideView>(&k, 1),
+                           std::span<const IntSideView>(&v, 1), &q, &o, ws, sizeof ws);
+  };
+  IntSideView k = int_view(100, 96, 32, Axis::Channel), v = int_view(100, 90, 32, Axis::Token);
+  IntSideView bad = k;
+  bad.bits = 5;
+  expect_config_error([&] { run_int(bad, v); }, "unsupported bits 5 (supported: 2, 3, 4, 8)");
+  bad = v;
+  bad.bits = 4;
+  expect_config_error([&] { run_int(k, bad); }, "bits 4 differ from sequence 0's K bits 2");
+  bad = k;
+  bad.quantized_tokens = 90;
+  expect_config_error([&] { run_int(bad, v); }, "quantized_tokens 90 is not a multiple of group 32");
+  bad = k;
+  bad.quantized_tokens = 101;
+  expect_config_error([&] { run_int(bad, v); }, "quantized_tokens 101 outside [0, 100]");
+  bad = v;
+  bad.group = 65;
+  expect_config_error([&] { run_int(k, bad); }, "per-token group 65 exceeds head_dim 64");
+  bad = v;
+  bad.mins = nullptr;
+  expect_config_error([&] { run_int(k, bad); }, "sequence 0 V: mins is null");
+  bad = k;
+  bad.residual = nullptr;
+  expect_config_error([&] { run_int(bad, v); }, "sequence 0 K: residual is null");
+  bad = k;
+  bad.group = 4096;
+  bad.quantized_tokens = 0;
+  expect_config_error([&] { run_int(bad, v); }, "group 4096 exceeds the 2048 tokens a split holds");
+  bad = k;
+  bad.axis = static_cast<Axis>(3);
+  expect_config_error([&] { run_int(bad, v); }, "unknown Axis value 3");
+}
+
+}  // namespace
+}  // namespace kvq::cuda

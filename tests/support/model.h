@@ -1,0 +1,40 @@
+// The real model for tests: loaded once per test binary, or nullptr (tests skip) when
+// scripts/fetch-model.sh has not run.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "core/gguf.h"
+#include "experiments/model_files.h"
+#include "reference_cpu/llama.h"
+#include "reference_cpu/tokenizer.h"
+
+namespace kvq::testing {
+
+struct RealModel {
+  gguf::GgufFile file;
+  LlamaModel model;
+  Tokenizer tok;
+};
+
+/// \brief The SmolLM2 GGUF from the model cache, or nullptr if it is absent.
+inline const RealModel* real_model() {
+  static std::unique_ptr<RealModel> m = []() -> std::unique_ptr<RealModel> {
+    const std::string p = cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!std::filesystem::exists(p)) return nullptr;
+    auto f = gguf::GgufFile::open(p);
+    auto model = LlamaModel::load(f);
+    auto tok = Tokenizer::from_gguf(f);
+    return std::make_unique<RealModel>(RealModel{std::move(f), std::move(model), std::move(tok)});
+  }();
+  return m.get();
+}
+
+#define KVQ_REQUIRE_MODEL()                                                                  \
+  const ::kvq::testing::RealModel* M = ::kvq::testing::real_model();                         \
+  if (!M) GTEST_SKIP() << "model file absent: run scripts/fetch-model.sh (the README's setup " \
+                          "does)"
+
+}  // namespace kvq::testing
