@@ -1,0 +1,249 @@
+// CUDA bench: KIVI quantize + pack throughput (kvq::cuda::kivi_quantize, kernels/kivi_kernels.cu)
+// for kivi2 / kivi4 (asymmetric, G = 32), both axes, on one layer's [32768 tokens, 8 heads,
+// 128 dim] float32 tensor, against a device-to-device copy of the same tensor in the same run.
+//
+// Reported per case (STYLE 10): the bytes it moves (input read + packed words + fp16 scales and
+// minima written), the median kernel time over --runs runs timed with cudaEvents, each run after
+// the L2 cache was flushed by writing a buffer of twice its size, GB/s (10^9 bytes / s), the
+// fraction of peak DRAM bandwidth (2 * memory clock * bus width, from the device; or
+// --peak-gbps), and the ratio to the copy's GB/s. --json PATH writes the same as JSON.
+// Without a CUDA device it prints "no CUDA device" and exits 0.
+#include <cuda_runtime_api.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/spec.h"
+#include "core/tensor.h"
+#include "kernels/cuda_check.h"
+#include "kernels/kivi_kernels.cuh"
+#include "kivi/layout.h"
+
+namespace {
+
+using kvq::Axis;
+using kvq::Shape3;
+
+/// A device allocation freed on scope exit.
+template <typename T>
+struct DeviceArray {
+  T* ptr = nullptr;
+  explicit DeviceArray(size_t count) {
+    void* p = nullptr;
+    KVQ_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
+    ptr = static_cast<T*>(p);
+  }
+  ~DeviceArray() { cudaFree(ptr); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+};
+
+struct Device {
+  std::string name;
+  double peak_gbps = 0;  ///< 2 * memory clock * bus width (DDR), or --peak-gbps
+  std::string peak_source;
+  size_t l2_bytes = 0;
+};
+
+Device query_device(double peak_flag) {
+  int dev = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  KVQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  // CUDA 13 dropped cudaDeviceProp::memoryClockRate; the attribute still reports it (kHz).
+  int clock_khz = 0;
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, dev));
+  Device d;
+  d.name = prop.name;
+  d.l2_bytes = static_cast<size_t>(prop.l2CacheSize);
+  if (peak_flag > 0) {
+    d.peak_gbps = peak_flag;
+    d.peak_source = "flag";
+  } else {
+    d.peak_gbps = 2.0 * clock_khz * 1e3 * (prop.memoryBusWidth / 8.0) / 1e9;
+    d.peak_source = "device: 2 x " + std::to_string(clock_khz / 1000) + " MHz x " +
+                    std::to_string(prop.memoryBusWidth) + " bit";
+  }
+  return d;
+}
+
+struct Result {
+  std::string name;
+  int bits = 0;
+  std::string axis;
+  int group = 0;
+  double bytes = 0;
+  double median_ms = 0;
+  double gbps = 0;
+  double pct_peak = 0;
+  double vs_copy = 0;
+};
+
+/// Median over `runs` of `launch`'s time, each run after writing `flush` (cold L2).
+template <typename Launch>
+double median_ms(int runs, DeviceArray<uint8_t>& flush, size_t flush_bytes, Launch&& launch) {
+  cudaEvent_t start, stop;
+  KVQ_CUDA_CHECK(cudaEventCreate(&start));
+  KVQ_CUDA_CHECK(cudaEventCreate(&stop));
+  KVQ_CUDA_CHECK(launch());  // warm-up: module load, first-touch of the outputs
+  std::vector<float> ms;
+  for (int r = 0; r < runs; ++r) {
+    KVQ_CUDA_CHECK(cudaMemsetAsync(flush.ptr, r & 0xff, flush_bytes));
+    KVQ_CUDA_CHECK(cudaEventRecord(start));
+    KVQ_CUDA_CHECK(launch());
+    KVQ_CUDA_CHECK(cudaEventRecord(stop));
+    KVQ_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    KVQ_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  return n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"KIVI quantize+pack CUDA throughput vs peak DRAM bandwidth"};
+  std::string json_path;
+  double peak_flag = 0;
+  int runs = 21;
+  int64_t tokens = 32768, heads = 8, dim = 128;
+  int group = 32;
+  app.add_option("--json", json_path, "write the results as JSON to this path");
+  app.add_option("--peak-gbps", peak_flag, "peak DRAM bandwidth in GB/s (default: from the device)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--runs", runs, "timed runs per case (median reported)")->check(CLI::Range(1, 10000));
+  app.add_option("--tokens", tokens, "tokens T")->check(CLI::PositiveNumber);
+  app.add_option("--heads", heads, "kv heads H")->check(CLI::PositiveNumber);
+  app.add_option("--dim", dim, "head_dim D")->check(CLI::PositiveNumber);
+  app.add_option("--group", group, "group size G")->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("no CUDA device\n");
+    if (!json_path.empty()) {  // a record that the bench ran and measured nothing
+      std::ofstream out(json_path);
+      out << nlohmann::json{{"bench", "bench_kivi_cuda"}, {"skipped", "no CUDA device"}}.dump(2)
+          << "\n";
+    }
+    return 0;
+  }
+  if (tokens % group != 0 || group > dim)
+    throw kvq::Error("--tokens must be a multiple of --group and --group <= --dim (got T=" +
+                     std::to_string(tokens) + ", G=" + std::to_string(group) +
+                     ", D=" + std::to_string(dim) + ")");
+  const Device dev = query_device(peak_flag);
+  const Shape3 shape{tokens, heads, dim};
+  const size_t n = static_cast<size_t>(shape.numel());
+
+  std::vector<float> host(n);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : host) v = normal(rng);
+  DeviceArray<float> x(n), copy(n);
+  KVQ_CUDA_CHECK(cudaMemcpy(x.ptr, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  const size_t flush_bytes = std::max<size_t>(2 * dev.l2_bytes, size_t{64} << 20);
+  DeviceArray<uint8_t> flush(flush_bytes);
+
+  // Baseline: a device-to-device copy of the input (reads and writes n floats).
+  const double copy_ms = median_ms(runs, flush, flush_bytes, [&] {
+    return cudaMemcpyAsync(copy.ptr, x.ptr, n * sizeof(float), cudaMemcpyDeviceToDevice);
+  });
+  const double copy_bytes = 2.0 * n * sizeof(float);
+  const double copy_gbps = copy_bytes / 1e9 / (copy_ms / 1e3);
+
+  std::vector<Result> results;
+  results.push_back({"copy_fp32", 32, "-", 0, copy_bytes, copy_ms, copy_gbps,
+                     100.0 * copy_gbps / dev.peak_gbps, 1.0});
+  for (int bits : {2, 4})
+    for (Axis axis : {Axis::Channel, Axis::Token}) {
+      int64_t words = 0, params = 0;
+      if (axis == Axis::Channel) {
+        const kvq::kivi::ChannelLayout lay{heads, dim, group, bits};
+        words = lay.words_for_tokens(tokens);
+        params = lay.params_for_tokens(tokens);
+      } else {
+        const kvq::kivi::TokenLayout lay{heads, dim, group, bits};
+        words = lay.words_for_tokens(tokens);
+        params = lay.params_for_tokens(tokens);
+      }
+      DeviceArray<uint32_t> w(static_cast<size_t>(words));
+      DeviceArray<uint16_t> s(static_cast<size_t>(params)), m(static_cast<size_t>(params));
+      const double ms = median_ms(runs, flush, flush_bytes, [&] {
+        return kvq::cuda::kivi_quantize(axis, bits, false, group, shape, x.ptr, w.ptr, s.ptr,
+                                        m.ptr);
+      });
+      Result r;
+      r.name = "kivi" + std::to_string(bits) + "_" + std::string(kvq::to_string(axis)) + "_g" +
+               std::to_string(group);
+      r.bits = bits;
+      r.axis = std::string(kvq::to_string(axis));
+      r.group = group;
+      r.bytes = n * 4.0 + words * 4.0 + params * 2.0 * 2.0;  // x, words, scales + mins
+      r.median_ms = ms;
+      r.gbps = r.bytes / 1e9 / (ms / 1e3);
+      r.pct_peak = 100.0 * r.gbps / dev.peak_gbps;
+      r.vs_copy = r.gbps / copy_gbps;
+      results.push_back(r);
+    }
+
+  std::printf("%s, peak %.0f GB/s (%s), L2 %zu MiB flushed with %zu MiB, median of %d runs\n",
+              dev.name.c_str(), dev.peak_gbps, dev.peak_source.c_str(), dev.l2_bytes >> 20,
+              flush_bytes >> 20, runs);
+  std::printf("shape [T=%lld, H=%lld, D=%lld]\n", static_cast<long long>(tokens),
+              static_cast<long long>(heads), static_cast<long long>(dim));
+  std::printf("%-22s %12s %10s %9s %8s %8s\n", "case", "MB moved", "ms", "GB/s", "% peak",
+              "vs copy");
+  for (const Result& r : results)
+    std::printf("%-22s %12.2f %10.4f %9.1f %8.1f %8.2f\n", r.name.c_str(), r.bytes / 1e6,
+                r.median_ms, r.gbps, r.pct_peak, r.vs_copy);
+
+  if (!json_path.empty()) {
+    nlohmann::json j;
+    j["bench"] = "bench_kivi_cuda";
+    j["device"] = dev.name;
+    j["peak_gbps"] = dev.peak_gbps;
+    j["peak_source"] = dev.peak_source;
+    j["l2_bytes"] = dev.l2_bytes;
+    j["flush_bytes"] = flush_bytes;
+    j["shape"] = {tokens, heads, dim};
+    j["runs"] = runs;
+    j["cases"] = nlohmann::json::array();
+    for (const Result& r : results)
+      j["cases"].push_back({{"name", r.name},
+                            {"bits", r.bits},
+                            {"axis", r.axis},
+                            {"group", r.group},
+                            {"bytes", r.bytes},
+                            {"median_ms", r.median_ms},
+                            {"gbps", r.gbps},
+                            {"pct_peak", r.pct_peak},
+                            {"vs_copy", r.vs_copy}});
+    std::ofstream out(json_path);
+    out << j.dump(2) << "\n";
+    if (!out) throw kvq::Error("cannot write --json " + json_path);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_kivi_cuda: %s\n", e.what());
+    return 1;
+  }
+}
