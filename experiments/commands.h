@@ -10,5 +10,6 @@ void register_compare(CLI::App& app);
 void register_synth(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_model(CLI::App& app);
+void register_run(CLI::App& app);
 
 }  // namespace kvq::cli

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   kvq::cli::register_compare(app);
   kvq::cli::register_synth(app);
   kvq::cli::register_model(app);
+  kvq::cli::register_run(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -104,7 +104,6 @@ class Fp8Side final : public SideStore {
   Fp8Side(const SchemeSpec& spec, Role role, int64_t H, int64_t D, int layer)
       : spec_(spec), role_(role), H_(H), D_(D) {
     const Fp8Spec& f = spec.fp8;
-    for (int c = 0; c < 256; ++c) lut_[static_cast<size_t>(c)] = fp8::decode(f.format, static_cast<uint8_t>(c));
     gran_ = f.source == ScaleSource::Constant ? Granularity::Tensor : f.gran;
     if (f.source == ScaleSource::Constant || f.source == ScaleSource::Calib) {
       // Fixed scales: a zero-token tensor is enough to read them (calib ignores the data).
@@ -137,6 +136,20 @@ class Fp8Side final : public SideStore {
   int64_t dim() const override { return D_; }
   int64_t quantized_tokens_at(int64_t t) const override { return t; }
 
+  // One row of codes as floats (fp8::decode<F>, vectorized per format).
+  template <Fp8Format F>
+  static void widen_t(const uint8_t* c, float* out, int64_t n) {
+#pragma omp simd
+    for (int64_t d = 0; d < n; ++d) out[d] = fp8::decode<F>(c[d]);
+  }
+  void widen(const uint8_t* c, float* out) const {
+    switch (spec_.fp8.format) {
+      case Fp8Format::E4M3: return widen_t<Fp8Format::E4M3>(c, out, D_);
+      case Fp8Format::E4M3FNUZ: return widen_t<Fp8Format::E4M3FNUZ>(c, out, D_);
+      case Fp8Format::E5M2: return widen_t<Fp8Format::E5M2>(c, out, D_);
+    }
+  }
+
   // Scale of element (t, h, d) factors as token_factor(t) * channel_factor(d).
   float token_factor(int64_t t, int64_t h) const {
     switch (gran_) {
@@ -158,7 +171,7 @@ class Fp8Side final : public SideStore {
         for (int64_t d = 0; d < D_; ++d) qs[static_cast<size_t>(i * D_ + d)] *= cf[d];
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* c = codes_.data() + (t * H_ + h) * D_;
-      for (int64_t d = 0; d < D_; ++d) row[static_cast<size_t>(d)] = lut_[c[d]];
+      widen(c, row.data());
       const float f = token_factor(t, h);
       for (int i = 0; i < nq; ++i) {
         const float* qi = qs.data() + i * D_;
@@ -173,7 +186,7 @@ class Fp8Side final : public SideStore {
     std::vector<float> acc(static_cast<size_t>(nq * D_), 0.0f), row(static_cast<size_t>(D_));
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* c = codes_.data() + (t * H_ + h) * D_;
-      for (int64_t d = 0; d < D_; ++d) row[static_cast<size_t>(d)] = lut_[c[d]];
+      widen(c, row.data());
       const float f = token_factor(t, h);
       for (int i = 0; i < nq; ++i) {
         const float w = p[i * ld + (t - t0)] * f;
@@ -202,7 +215,6 @@ class Fp8Side final : public SideStore {
   int64_t H_, D_;
   Granularity gran_;
   bool frozen_ = false;
-  std::array<float, 256> lut_{};
   std::vector<float> scales_;
   std::vector<uint8_t> codes_;
 };

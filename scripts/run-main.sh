@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# The main job: set up, build, then run kvq on its default scenario:
-#  1. the capacity/bandwidth planner on the design note's scenario (Llama 3.1 8B, H100 SXM);
-#  2. every FP8 scheme on a synthetic KV tensor with outlier channels, keys then values.
+# The main job: set up (packages, model, text, plot venv, build), then
+#  1. kvq plan: the design note's capacity/bandwidth scenario (Llama 3.1 8B on an H100 SXM);
+#  2. kvq compare: every FP8 and KIVI scheme on a synthetic key tensor with outlier channels;
+#  3. kvq run experiments/configs/default.toml: the default experiment - synthetic K/V metrics for
+#     14 schemes and SmolLM2-135M perplexity / KLD vs the fp32 cache on KJV text for 6 of them
+#     (results/default/*.csv, resumable: rerunning skips finished rows);
+#  4. plots of those results (results/default/*.png).
+# Takes about 15 minutes on a 2-core machine, most of it the model runs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-scripts/setup.sh
+KVQ_WITH_PY=1 scripts/setup.sh
 KVQ=build/${KVQ_PRESET:-default}/experiments/kvq
 echo; echo "== kvq plan =="; "$KVQ" plan
-echo; echo "== kvq compare --role key =="; "$KVQ" compare --role key
-echo; echo "== kvq compare --role value =="; "$KVQ" compare --role value --outliers 0
+echo; echo "== kvq compare --role key =="
+"$KVQ" compare --role key --schemes bf16 fp8_e4m3:gran=tensor fp8_e4m3:gran=head fp8_e4m3:gran=token \
+  fp8_e4m3:gran=channel fp8_e5m2:gran=token kivi8 kivi4 kivi2 int2:k=token,v=token
+echo; echo "== kvq run experiments/configs/default.toml =="
+"$KVQ" run experiments/configs/default.toml
+echo; .venv/bin/python experiments/plots/plot_results.py results/default
+column -s, -t < results/default/model.csv | cut -c1-220

@@ -33,7 +33,7 @@ if [ -n "${KVQ_WITH_PY:-}" ]; then
   # Plot environment (matplotlib etc.), pinned.
   if [ ! -x .venv/bin/python ] || ! cmp -s experiments/plots/requirements.txt .venv/.requirements; then
     python3 -m venv .venv
-    .venv/bin/pip install -q -r experiments/plots/requirements.txt
+    .venv/bin/pip install -q --only-binary :all: -r experiments/plots/requirements.txt
     cp experiments/plots/requirements.txt .venv/.requirements
   fi
 fi

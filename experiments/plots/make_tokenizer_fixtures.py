@@ -13,7 +13,7 @@ for the cases that parse them. Chat cases are rendered from the GGUF's own Jinja
 (tokenizer.chat_template) with `jinja2`. It also records the token count and an FNV-1a hash of
 the ids of the whole King James Bible (Debian's bible-kjv) for the C++ test's timing run.
 
-Run (from the repository root; the packages are pinned in experiments/plots/requirements.txt
+Run (from the repository root; the packages are pinned in experiments/plots/requirements-fixtures.txt
 under "# fixture generators"):
     python3 -m venv /tmp/tokvenv
     /tmp/tokvenv/bin/pip install --only-binary :all: gguf==0.19.0 tokenizers==0.23.3 \
