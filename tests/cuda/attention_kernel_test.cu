@@ -17,7 +17,7 @@
 //
 // No vacuous pass (STYLE 4): output buffers carry sentinel bytes on both sides, every output
 // must be finite, and its norm > 0. Without a device the device tests skip with a visible
-// message; the decoder and configuration tests run everywhere.
+// message; the helper, plan and configuration tests run everywhere.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -37,7 +37,6 @@
 #include "core/npy.h"
 #include "core/spec.h"
 #include "core/tensor.h"
-#include "fp8/format.h"
 #include "fp8/scale.h"
 #include "kernels/attention_kernels.cuh"
 #include "kernels/cuda_check.h"
@@ -394,28 +393,10 @@ INSTANTIATE_TEST_SUITE_P(Kinds, DecodeAttentionBatch,
                                            "kivi2", "kivi4", "int3:k=token,v=channel,g=8,r=0"),
                          [](const ::testing::TestParamInfo<std::string>& p) { return sanitize(p.param); });
 
-// ---- host-only: register decoders ----------------------------------------------------------------
-
-// Expected: fp8::decode<F> (fp8/format.h, the one definition) for all 256 codes of every format;
-// NaN codes decode to NaN.
-TEST(AttentionDecoders, Fp8BitArithmeticEqualsFormatDecode) {
-  auto check = [](auto fc) {
-    constexpr Fp8Format F = decltype(fc)::value;
-    for (uint32_t c = 0; c < 256; ++c) {
-      const float want = fp8::decode<F>(static_cast<uint8_t>(c)), got = fp8_to_float<F>(c);
-      if (std::isnan(want))
-        EXPECT_TRUE(std::isnan(got)) << to_string(F) << " code " << c;
-      else
-        EXPECT_EQ(float_bits(got), float_bits(want)) << to_string(F) << " code " << c << ": " << got
-                                                     << " vs " << want;
-    }
-    return 0;
-  };
-  for (Fp8Format f : kFp8Formats) dispatch_fp8_format("test", f, check);
-}
+// ---- host-only: register helpers ---------------------------------------------------------------
 
 // Expected: float(c) for every code of up to 8 bits and a few up to 2^23 - 1.
-TEST(AttentionDecoders, CodeToFloatIsExact) {
+TEST(AttentionHelpers, CodeToFloatIsExact) {
   for (uint32_t c = 0; c < 256; ++c) EXPECT_EQ(code_to_float(c), static_cast<float>(c)) << c;
   for (uint32_t c : {1000u, 65535u, 8388607u}) EXPECT_EQ(code_to_float(c), static_cast<float>(c)) << c;
 }
@@ -449,6 +430,41 @@ IntSideView int_view(int64_t tokens, int64_t quantized, int group, Axis axis) {
   v.bits = 2;
   v.axis = axis;
   return v;
+}
+
+/// A stand-in with the accessors of kernels/kivi_cache_device.cuh's KiviSideCache.
+struct FakeDeviceCache {
+  bool is_sym = false;
+  const uint32_t* words() const { return g_fake_words; }
+  const uint16_t* scales() const { return g_fake16; }
+  const uint16_t* mins() const { return g_fake16 + 1; }
+  const float* residual() const { return g_fake32; }
+  int64_t quantized_tokens() const { return 96; }
+  int64_t tokens() const { return 100; }
+  int group() const { return 32; }
+  int bits() const { return 3; }
+  Axis axis() const { return Axis::Token; }
+  bool sym() const { return is_sym; }
+};
+
+// Expected: int_side_view copies every accessor of a device cache, and drops mins for sym.
+TEST(AttentionViews, IntSideViewFromDeviceCacheAccessors) {
+  FakeDeviceCache c;
+  IntSideView v = int_side_view(c);
+  EXPECT_EQ(v.words, g_fake_words);
+  EXPECT_EQ(v.scales, g_fake16);
+  EXPECT_EQ(v.mins, g_fake16 + 1);
+  EXPECT_EQ(v.residual, g_fake32);
+  EXPECT_EQ(v.quantized_tokens, 96);
+  EXPECT_EQ(v.tokens, 100);
+  EXPECT_EQ(v.group, 32);
+  EXPECT_EQ(v.bits, 3);
+  EXPECT_EQ(v.axis, Axis::Token);
+  EXPECT_FALSE(v.sym);
+  c.is_sym = true;
+  v = int_side_view(c);
+  EXPECT_TRUE(v.sym);
+  EXPECT_EQ(v.mins, nullptr);
 }
 
 // Expected: splits hold whole per-channel groups, cover the longest context, fit the shared

@@ -1,0 +1,541 @@
+// Decode attention on the GPU (kernels/attention_kernels.cu): time, bytes read, effective GB/s,
+// fraction of peak bandwidth and speedup over the bf16 cache at the same (context, batch).
+//
+// A plain program (no Google Benchmark, so it builds with nvcc alone:
+//   nvcc -std=c++20 -O3 -arch=native -I. kernels/attention_kernels.cu bench/bench_attention_cuda.cu
+// ), timing with cudaEvents. Every case: 8 kv heads, head_dim 128, GQA 4 (32 query heads), all
+// sequences of the batch at the full context. Caches hold synthetic codes (finite values; the
+// kernels' work does not depend on them). Before every timed run the L2 is flushed by writing a
+// buffer of 4x its size, so the cache is read from DRAM; the figure is the median of the runs.
+//
+// Bytes read = the cache's codes + scales (+ minima) + residual window, both sides (what the
+// kernel must read; q, partials and outputs are < 1% and not counted). GB/s = 10^9 bytes/s.
+// Peak = 2 * memory clock * bus width (cudaDevAttrMemoryClockRate, GlobalMemoryBusWidth), or
+// --peak-gbps. Cases that do not fit in free device memory are skipped and listed.
+//
+// Without a device: prints "no CUDA device: ..." and exits 0.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/attention_kernels.cuh"
+#include "kernels/cuda_check.h"
+#include "kivi/layout.h"
+
+namespace kvq::cuda {
+namespace {
+
+constexpr int kKvHeads = 8, kHeadDim = 128, kGqa = 4;
+constexpr int kGroup = 32, kResidual = 128;  // kivi<B>: G = 32, R = 128, K per-channel, V per-token
+
+// ---- options ------------------------------------------------------------------------------------
+
+struct Options {
+  std::vector<int64_t> contexts{1024, 4096, 16384, 32768, 65536, 131072};
+  std::vector<int> batches{1, 16, 64};
+  std::vector<std::string> kinds{"bf16", "fp8_e4m3_token", "fp8_e4m3_tensor", "kivi4", "kivi2"};
+  int reps = 10;
+  int warmup = 2;
+  std::optional<double> peak_gbps;
+  std::string json;
+};
+
+template <typename T>
+std::vector<T> parse_list(const std::string& s, const char* flag) {
+  std::vector<T> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    if constexpr (std::is_same_v<T, std::string>) {
+      out.push_back(item);
+    } else {
+      char* end = nullptr;
+      const long long v = std::strtoll(item.c_str(), &end, 10);
+      if (end == item.c_str() || *end != '\0' || v <= 0)
+        throw Error(std::string(flag) + ": '" + item + "' is not a positive integer");
+      out.push_back(static_cast<T>(v));
+    }
+  }
+  if (out.empty()) throw Error(std::string(flag) + ": empty list");
+  return out;
+}
+
+void usage() {
+  std::printf(
+      "bench_attention_cuda [--json PATH] [--peak-gbps X] [--reps N] [--warmup N]\n"
+      "                     [--contexts 1024,4096,...] [--batches 1,16,64]\n"
+      "                     [--kinds bf16,fp8_e4m3_token,fp8_e4m3_tensor,kivi4,kivi2]\n"
+      "Decode attention (8 kv heads, head_dim 128, GQA 4) per cache kind; bf16 always runs\n"
+      "first at each (context, batch) as the baseline of the speedup column.\n");
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw Error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      usage();
+      std::exit(0);
+    } else if (a == "--json") {
+      o.json = value();
+    } else if (a == "--peak-gbps") {
+      const std::string v = value();
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !(x > 0)) throw Error("--peak-gbps: '" + v + "' is not a positive number");
+      o.peak_gbps = x;
+    } else if (a == "--reps") {
+      o.reps = parse_list<int>(value(), "--reps").front();
+    } else if (a == "--warmup") {
+      const std::string v = value();
+      o.warmup = v == "0" ? 0 : parse_list<int>(v, "--warmup").front();
+    } else if (a == "--contexts") {
+      o.contexts = parse_list<int64_t>(value(), "--contexts");
+    } else if (a == "--batches") {
+      o.batches = parse_list<int>(value(), "--batches");
+    } else if (a == "--kinds") {
+      o.kinds = parse_list<std::string>(value(), "--kinds");
+    } else {
+      throw Error("unknown argument '" + a + "' (see --help)");
+    }
+  }
+  for (const std::string& k : o.kinds)
+    if (k != "bf16" && k != "fp8_e4m3_token" && k != "fp8_e4m3_tensor" && k != "kivi2" &&
+        k != "kivi3" && k != "kivi4" && k != "kivi8")
+      throw Error("--kinds: unknown kind '" + k + "' (bf16, fp8_e4m3_token, fp8_e4m3_tensor, kivi2|3|4|8)");
+  for (int b : o.batches)
+    if (b > kMaxBatch) throw Error("--batches: " + std::to_string(b) + " exceeds " + std::to_string(kMaxBatch));
+  if (std::find(o.kinds.begin(), o.kinds.end(), "bf16") == o.kinds.end()) o.kinds.insert(o.kinds.begin(), "bf16");
+  std::stable_partition(o.kinds.begin(), o.kinds.end(), [](const std::string& k) { return k == "bf16"; });
+  return o;
+}
+
+// ---- device memory and synthetic contents -------------------------------------------------------
+
+/// One device allocation, freed on scope exit.
+class DeviceMem {
+ public:
+  explicit DeviceMem(size_t bytes) { KVQ_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(bytes, 16))); }
+  ~DeviceMem() { cudaFree(p_); }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+__global__ void fill_words(uint32_t* p, size_t n, uint32_t seed, uint32_t and_mask, uint32_t or_mask) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 0x9E3779B9u ^ seed;  // a cheap integer hash
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    p[i] = (x & and_mask) | or_mask;
+  }
+}
+
+/// Fills `bytes` (a multiple of 4) at p with hashed words masked to finite patterns.
+void fill(void* p, size_t bytes, uint32_t seed, uint32_t and_mask, uint32_t or_mask) {
+  const size_t n = bytes / 4;
+  if (n == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 65536));
+  fill_words<<<blocks, 256>>>(static_cast<uint32_t*>(p), n, seed, and_mask, or_mask);
+  KVQ_CUDA_CHECK(cudaGetLastError());
+}
+
+// Word patterns: every value finite and moderate.
+constexpr uint32_t kBf16And = 0x807f807fu, kBf16Or = 0x3f003f00u;      // +-[0.5, 1) pairs
+constexpr uint32_t kFloatAnd = 0x807fffffu, kFloatOr = 0x3f000000u;    // +-[0.5, 1)
+constexpr uint32_t kFp8And = 0xb7b7b7b7u;                              // e4m3 exponents <= 6, no NaN
+constexpr uint32_t kHalfScale = 0x2a662a66u, kHalfMin = 0xb800b800u;   // 0.05, -0.5
+
+// ---- one case -------------------------------------------------------------------------------------
+
+struct Result {
+  std::string kind;
+  int64_t ctx = 0;
+  int batch = 0;
+  double time_us = 0, bytes = 0, gbps = 0, pct_peak = 0, speedup = 0;
+  int64_t split_tokens = 0;
+  int splits = 0;
+};
+
+struct Skip {
+  std::string kind;
+  int64_t ctx;
+  int batch;
+  std::string reason;
+};
+
+struct Env {
+  double peak_gbps = 0;
+  size_t l2_bytes = 0;
+  DeviceMem* flush = nullptr;
+  size_t flush_bytes = 0;
+  cudaEvent_t start{}, stop{};
+};
+
+/// Times fn (one decode-attention call) `reps` times after `warmup` runs, each after an L2 flush.
+template <typename Fn>
+double median_us(const Env& env, const Options& o, Fn&& fn) {
+  std::vector<float> ms;
+  for (int r = 0; r < o.warmup + o.reps; ++r) {
+    KVQ_CUDA_CHECK(cudaMemsetAsync(env.flush->as<void>(), r & 0xff, env.flush_bytes));
+    KVQ_CUDA_CHECK(cudaEventRecord(env.start));
+    KVQ_CUDA_CHECK(fn());
+    KVQ_CUDA_CHECK(cudaEventRecord(env.stop));
+    KVQ_CUDA_CHECK(cudaEventSynchronize(env.stop));
+    float t = 0;
+    KVQ_CUDA_CHECK(cudaEventElapsedTime(&t, env.start, env.stop));
+    if (r >= o.warmup) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  return 1e3 * (n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]));
+}
+
+/// Sizes of one sequence's side of a kivi<B> cache (kivi/layout.h), in elements.
+struct IntSizes {
+  int64_t qt = 0, words = 0, params = 0, resid = 0;
+};
+
+IntSizes int_sizes(int bits, Axis axis, int64_t T) {
+  IntSizes s;
+  if (axis == Axis::Channel) {
+    s.qt = T / kResidual * kResidual;  // B = R: whole blocks of R tokens
+    const kivi::ChannelLayout L{kKvHeads, kHeadDim, kGroup, bits};
+    s.words = L.words_for_tokens(s.qt);
+    s.params = L.params_for_tokens(s.qt);
+  } else {
+    s.qt = std::max<int64_t>(T - kResidual, 0);  // a sliding window of R
+    const kivi::TokenLayout L{kKvHeads, kHeadDim, kGroup, bits};
+    s.words = L.words_for_tokens(s.qt);
+    s.params = L.params_for_tokens(s.qt);
+  }
+  s.resid = (T - s.qt) * kKvHeads * kHeadDim;
+  return s;
+}
+
+double case_bytes(const std::string& kind, int64_t T, int batch) {
+  const double n = static_cast<double>(T) * kKvHeads * kHeadDim;
+  double per_seq = 0;
+  if (kind == "bf16") {
+    per_seq = 2 * n * 2;
+  } else if (kind == "fp8_e4m3_token") {
+    per_seq = 2 * (n + 4.0 * T * kKvHeads);
+  } else if (kind == "fp8_e4m3_tensor") {
+    per_seq = 2 * (n + 4.0);
+  } else {
+    const int bits = kind.back() - '0';
+    for (Axis a : {Axis::Channel, Axis::Token}) {
+      const IntSizes s = int_sizes(bits, a, T);
+      per_seq += 4.0 * s.words + 2.0 * 2.0 * s.params + 4.0 * s.resid;  // scales + mins
+    }
+  }
+  return per_seq * batch;
+}
+
+/// Allocates and fills one case's cache, runs it; nullopt (with `why`) when it does not fit.
+std::optional<Result> run_case(const Env& env, const Options& o, const std::string& kind, int64_t T,
+                               int batch, std::string& why) {
+  const DecodeShape shape{batch, kKvHeads, kKvHeads * kGqa, kHeadDim};
+  const double bytes = case_bytes(kind, T, batch);
+  size_t free_b = 0, total_b = 0;
+  KVQ_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const double q_bytes = 4.0 * batch * shape.q_heads * kHeadDim;
+  // Partials: at most one split per 64 tokens (kMinSplit) per sequence and query head.
+  const double ws_bound = 4.0 * batch * shape.q_heads * ((T + 63) / 64) * (kHeadDim + 2);
+  const double need = bytes + 2 * q_bytes + ws_bound + (256 << 20);
+  if (need > 0.92 * static_cast<double>(free_b)) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "needs %.1f GB, %.1f GB free", need / 1e9, free_b / 1e9);
+    why = buf;
+    return std::nullopt;
+  }
+  const size_t n = static_cast<size_t>(T) * kKvHeads * kHeadDim;  // elements per sequence side
+  DeviceMem q(static_cast<size_t>(q_bytes)), out(static_cast<size_t>(q_bytes));
+  fill(q.as<void>(), static_cast<size_t>(q_bytes), 7, kFloatAnd, kFloatOr);
+  std::vector<DeviceMem*> owned;
+  auto alloc = [&](size_t b, uint32_t seed, uint32_t and_mask, uint32_t or_mask) {
+    owned.push_back(new DeviceMem(b));
+    fill(owned.back()->as<void>(), b, seed, and_mask, or_mask);
+    return owned.back();
+  };
+  struct Cleanup {
+    std::vector<DeviceMem*>& v;
+    ~Cleanup() {
+      for (DeviceMem* m : v) delete m;
+    }
+  } cleanup{owned};
+
+  Result r;
+  r.kind = kind;
+  r.ctx = T;
+  r.batch = batch;
+  r.bytes = bytes;
+  std::function<cudaError_t()> call;
+  DecodePlan plan;
+  std::optional<DeviceMem> ws;
+  if (kind == "bf16") {
+    std::vector<Bf16SideView> k, v;
+    for (int side = 0; side < 2; ++side) {
+      const DeviceMem* m = alloc(2 * n * batch, 11 + side, kBf16And, kBf16Or);
+      for (int b = 0; b < batch; ++b)
+        (side ? v : k).push_back({m->as<uint16_t>() + b * n, T});
+    }
+    plan = plan_decode(shape, std::span<const Bf16SideView>(k), std::span<const Bf16SideView>(v));
+    ws.emplace(plan.workspace_bytes);
+    call = [=, &ws, &q, &out] {
+      return decode_attention(shape, std::span<const Bf16SideView>(k), std::span<const Bf16SideView>(v),
+                              q.as<float>(), out.as<float>(), ws->as<void>(), plan.workspace_bytes);
+    };
+  } else if (kind.rfind("fp8", 0) == 0) {
+    const bool token = kind == "fp8_e4m3_token";
+    std::vector<Fp8SideView> k, v;
+    const uint32_t scale_bits = 0x3c23d70au;  // 0.01f
+    for (int side = 0; side < 2; ++side) {
+      const DeviceMem* codes = alloc(n * batch, 21 + side, kFp8And, 0);
+      const size_t ns = token ? static_cast<size_t>(T) * kKvHeads : 1;
+      const DeviceMem* scales = alloc(4 * ns * batch, 0, 0, scale_bits);
+      for (int b = 0; b < batch; ++b)
+        (side ? v : k).push_back({codes->as<uint8_t>() + b * n, scales->as<float>() + b * ns, T,
+                                  Fp8Format::E4M3, token ? Granularity::Token : Granularity::Tensor});
+    }
+    plan = plan_decode(shape, std::span<const Fp8SideView>(k), std::span<const Fp8SideView>(v));
+    ws.emplace(plan.workspace_bytes);
+    call = [=, &ws, &q, &out] {
+      return decode_attention(shape, std::span<const Fp8SideView>(k), std::span<const Fp8SideView>(v),
+                              q.as<float>(), out.as<float>(), ws->as<void>(), plan.workspace_bytes);
+    };
+  } else {
+    const int bits = kind.back() - '0';
+    std::vector<IntSideView> k, v;
+    for (int side = 0; side < 2; ++side) {
+      const Axis axis = side == 0 ? Axis::Channel : Axis::Token;
+      const IntSizes s = int_sizes(bits, axis, T);
+      const DeviceMem* words = alloc(4 * static_cast<size_t>(s.words) * batch, 31 + side, ~0u, 0);
+      const DeviceMem* scales = alloc(2 * static_cast<size_t>(s.params) * batch + 4, 0, 0, kHalfScale);
+      const DeviceMem* mins = alloc(2 * static_cast<size_t>(s.params) * batch + 4, 0, 0, kHalfMin);
+      const DeviceMem* resid = alloc(4 * static_cast<size_t>(s.resid) * batch, 41 + side, kFloatAnd, kFloatOr);
+      for (int b = 0; b < batch; ++b) {
+        IntSideView x;
+        x.words = words->as<uint32_t>() + b * s.words;
+        x.scales = scales->as<uint16_t>() + b * s.params;
+        x.mins = mins->as<uint16_t>() + b * s.params;
+        x.residual = resid->as<float>() + b * s.resid;
+        x.quantized_tokens = s.qt;
+        x.tokens = T;
+        x.group = kGroup;
+        x.bits = bits;
+        x.axis = axis;
+        (side ? v : k).push_back(x);
+      }
+    }
+    plan = plan_decode(shape, std::span<const IntSideView>(k), std::span<const IntSideView>(v));
+    ws.emplace(plan.workspace_bytes);
+    call = [=, &ws, &q, &out] {
+      return decode_attention(shape, std::span<const IntSideView>(k), std::span<const IntSideView>(v),
+                              q.as<float>(), out.as<float>(), ws->as<void>(), plan.workspace_bytes);
+    };
+  }
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  r.split_tokens = plan.split_tokens;
+  r.splits = plan.splits;
+  r.time_us = median_us(env, o, call);
+  r.gbps = bytes / (r.time_us * 1e-6) / 1e9;
+  r.pct_peak = 100.0 * r.gbps / env.peak_gbps;
+  return r;
+}
+
+// ---- output ----------------------------------------------------------------------------------------
+
+struct Goal {
+  std::string name;
+  std::string metric;
+  double target = 0;
+  std::optional<double> value;
+};
+
+const Result* find(const std::vector<Result>& rs, const std::string& kind, int64_t ctx, int batch) {
+  for (const Result& r : rs)
+    if (r.kind == kind && r.ctx == ctx && r.batch == batch) return &r;
+  return nullptr;
+}
+
+std::vector<Goal> goals(const std::vector<Result>& rs) {
+  auto speedup = [&](const char* kind) -> std::optional<double> {
+    const Result* r = find(rs, kind, 32768, 16);
+    return r ? std::optional<double>(r->speedup) : std::nullopt;
+  };
+  const Result* bf = find(rs, "bf16", 32768, 16);
+  return {
+      {"kivi2 >= 3x bf16 (ctx 32k, batch 16)", "speedup", 3.0, speedup("kivi2")},
+      {"kivi4 >= 2x bf16 (ctx 32k, batch 16)", "speedup", 2.0, speedup("kivi4")},
+      {"fp8_e4m3 token scales >= 1.7x bf16 (ctx 32k, batch 16)", "speedup", 1.7, speedup("fp8_e4m3_token")},
+      {"fp8_e4m3 tensor scale >= 1.7x bf16 (ctx 32k, batch 16)", "speedup", 1.7, speedup("fp8_e4m3_tensor")},
+      {"bf16 kernel >= 70% of peak (ctx 32k, batch 16)", "pct_peak", 70.0,
+       bf ? std::optional<double>(bf->pct_peak) : std::nullopt},
+  };
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    o += c;
+  }
+  return o;
+}
+
+void write_json(const std::string& path, const std::string& device, const Env& env, bool peak_flag,
+                const Options& o, const std::vector<Result>& rs, const std::vector<Skip>& skips) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) throw Error("--json: cannot write '" + path + "': " + std::strerror(errno));
+  std::fprintf(f, "{\n  \"bench\": \"attention_cuda\",\n  \"device\": \"%s\",\n", json_escape(device).c_str());
+  std::fprintf(f, "  \"peak_gbps\": %.3f,\n  \"peak_source\": \"%s\",\n", env.peak_gbps, peak_flag ? "flag" : "device");
+  std::fprintf(f, "  \"config\": {\"kv_heads\": %d, \"head_dim\": %d, \"gqa\": %d, \"group\": %d, "
+                  "\"residual\": %d, \"reps\": %d, \"warmup\": %d, \"l2_flush_bytes\": %zu},\n",
+               kKvHeads, kHeadDim, kGqa, kGroup, kResidual, o.reps, o.warmup, env.flush_bytes);
+  std::fprintf(f, "  \"results\": [\n");
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const Result& r = rs[i];
+    std::fprintf(f,
+                 "    {\"kind\": \"%s\", \"ctx\": %lld, \"batch\": %d, \"time_us\": %.3f, \"bytes\": %.0f, "
+                 "\"gbps\": %.3f, \"pct_peak\": %.3f, \"speedup_vs_bf16\": %.4f, \"split_tokens\": %lld, "
+                 "\"splits\": %d}%s\n",
+                 r.kind.c_str(), static_cast<long long>(r.ctx), r.batch, r.time_us, r.bytes, r.gbps,
+                 r.pct_peak, r.speedup, static_cast<long long>(r.split_tokens), r.splits,
+                 i + 1 < rs.size() ? "," : "");
+  }
+  std::fprintf(f, "  ],\n  \"skipped\": [\n");
+  for (size_t i = 0; i < skips.size(); ++i)
+    std::fprintf(f, "    {\"kind\": \"%s\", \"ctx\": %lld, \"batch\": %d, \"reason\": \"%s\"}%s\n",
+                 skips[i].kind.c_str(), static_cast<long long>(skips[i].ctx), skips[i].batch,
+                 json_escape(skips[i].reason).c_str(), i + 1 < skips.size() ? "," : "");
+  std::fprintf(f, "  ],\n  \"goals\": [\n");
+  const std::vector<Goal> gs = goals(rs);
+  for (size_t i = 0; i < gs.size(); ++i) {
+    const Goal& g = gs[i];
+    if (g.value)
+      std::fprintf(f, "    {\"goal\": \"%s\", \"metric\": \"%s\", \"target\": %.3f, \"value\": %.4f, \"met\": %s}%s\n",
+                   g.name.c_str(), g.metric.c_str(), g.target, *g.value, *g.value >= g.target ? "true" : "false",
+                   i + 1 < gs.size() ? "," : "");
+    else
+      std::fprintf(f, "    {\"goal\": \"%s\", \"metric\": \"%s\", \"target\": %.3f, \"value\": null, \"met\": null}%s\n",
+                   g.name.c_str(), g.metric.c_str(), g.target, i + 1 < gs.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  if (std::fclose(f) != 0) throw Error("--json: error writing '" + path + "'");
+}
+
+int run(int argc, char** argv) {
+  const Options o = parse_args(argc, argv);
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    std::printf("no CUDA device: %s\n", e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount returned 0");
+    return 0;
+  }
+  int dev = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  KVQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  int mem_khz = 0, bus_bits = 0, l2 = 0;
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev));
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev));
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  Env env;
+  env.peak_gbps = o.peak_gbps ? *o.peak_gbps : 2.0 * mem_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+  if (!(env.peak_gbps > 0)) throw Error("the device reports no memory clock / bus width; pass --peak-gbps");
+  env.l2_bytes = static_cast<size_t>(l2);
+  env.flush_bytes = std::max<size_t>(4 * env.l2_bytes, 64u << 20);
+  DeviceMem flush(env.flush_bytes);
+  env.flush = &flush;
+  KVQ_CUDA_CHECK(cudaEventCreate(&env.start));
+  KVQ_CUDA_CHECK(cudaEventCreate(&env.stop));
+
+  std::printf("# Decode attention (CUDA)\n\n");
+  std::printf("Device: %s (sm_%d%d), %zu MB L2, peak %.0f GB/s (%s)\n", prop.name, prop.major, prop.minor,
+              env.l2_bytes >> 20, env.peak_gbps, o.peak_gbps ? "--peak-gbps" : "memory clock x bus width");
+  std::printf("Shape: %d kv heads, head_dim %d, GQA %d; kivi<B>: G=%d, R=%d (K per-channel, V per-token).\n",
+              kKvHeads, kHeadDim, kGqa, kGroup, kResidual);
+  std::printf("Median of %d runs after %d warm-up, L2 flushed (%zu MB write) before each run.\n\n", o.reps,
+              o.warmup, env.flush_bytes >> 20);
+  std::printf("| ctx | batch | kind | time (us) | MB read | GB/s | %% of peak | speedup vs bf16 | splits |\n");
+  std::printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  std::fflush(stdout);
+
+  std::vector<Result> results;
+  std::vector<Skip> skips;
+  for (int64_t T : o.contexts)
+    for (int batch : o.batches) {
+      double bf16_us = 0;
+      for (const std::string& kind : o.kinds) {
+        std::string why;
+        std::optional<Result> r = run_case(env, o, kind, T, batch, why);
+        if (!r) {
+          skips.push_back({kind, T, batch, why});
+          std::printf("| %lld | %d | %s | skipped: %s | | | | | |\n", static_cast<long long>(T), batch,
+                      kind.c_str(), why.c_str());
+          continue;
+        }
+        if (kind == "bf16") bf16_us = r->time_us;
+        r->speedup = bf16_us > 0 ? bf16_us / r->time_us : 0.0;
+        std::printf("| %lld | %d | %s | %.1f | %.1f | %.0f | %.1f | %.2f | %d x %lld |\n",
+                    static_cast<long long>(T), batch, kind.c_str(), r->time_us, r->bytes / 1e6, r->gbps,
+                    r->pct_peak, r->speedup, r->splits, static_cast<long long>(r->split_tokens));
+        std::fflush(stdout);
+        results.push_back(*r);
+      }
+    }
+
+  std::printf("\n## Goals\n\n| goal | value | met |\n|---|---:|---|\n");
+  for (const Goal& g : goals(results)) {
+    if (g.value)
+      std::printf("| %s | %.2f%s | %s |\n", g.name.c_str(), *g.value, g.metric == "pct_peak" ? "%" : "x",
+                  *g.value >= g.target ? "met" : "missed");
+    else
+      std::printf("| %s | not measured | - |\n", g.name.c_str());
+  }
+  if (!o.json.empty()) write_json(o.json, prop.name, env, o.peak_gbps.has_value(), o, results, skips);
+  cudaEventDestroy(env.start);
+  cudaEventDestroy(env.stop);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvq::cuda
+
+int main(int argc, char** argv) {
+  try {
+    return kvq::cuda::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_attention_cuda: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,948 @@
+// Fused decode attention (flash-decoding): ports of reference_cpu/attention.cpp's decode_attention
+// with the reads of kv_cache.cpp (bf16, fp8) and int_side.cpp (packed int codes).
+//
+// One block = (split, kv head h, sequence b), kThreads threads, all nq query heads of h:
+//   1. scores  s[i][t] = <q_i, K[t, h]> / sqrt(D) for the split's tokens into shared memory.
+//      Token-major rows (bf16, fp8, per-token int, the float32 residual): one thread per token
+//      walks its row in 8-channel chunks (q from shared memory, broadcast). Per-channel int
+//      groups: one warp per group of G tokens, one lane per token, the group's scales folded
+//      into q once (as int_side.cpp's dot_channel).
+//   2. softmax partial: one warp per query head takes m = max s, p = e^(s - m), l = sum p.
+//   3. values  o[i][d] = sum_t p[i][t] V[t, h, d]. Token-major rows: a token's D channels are
+//      spread over D/4 lanes (4 channels each, coalesced); per-channel int groups: one warp per
+//      group, one lane per channel (as int_side.cpp's acc_channel). Warp partials go through
+//      shared memory and are summed in a fixed order (deterministic).
+//   4. the partial (m, l, o) goes to the workspace; merge_kernel combines the splits.
+// Accumulation is float32 throughout (the CPU reference accumulates in float too, with the
+// softmax sum in double). Per-token int sides and fp8 rows are dequantized in registers
+// (code * scale + min; s * decode(code)) and then dotted / weighted, where the CPU folds
+// p * scale and p * min apart: the same sums, rounded differently (tests/cuda/ says how much).
+// FP8 codes decode with the sm_89+ conversion instruction where it exists (e4m3, e5m2, both
+// exact through fp16), else with fp8::decode<F> (fp8/format.h, the one definition).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "fp8/format.h"
+#include "kernels/attention_kernels.cuh"
+#include "kernels/cuda_check.h"
+#include "kivi/layout.h"
+#include "kivi/minmax.h"
+#include "kivi/pack.h"
+
+namespace kvq::cuda {
+namespace {
+
+constexpr int kThreads = 128;               // threads per split block
+constexpr int kWarps = kThreads / 32;
+constexpr int kScoreFloats = 4096;          // shared scores per block: nq * split_tokens <= this
+constexpr int64_t kTargetBlocks = 1024;     // splits aim for this many blocks per launch
+constexpr int64_t kMinSplit = 64;           // ... but no split shorter than this
+constexpr int kKChunk = 8;                  // channels per step of a token-major score row
+constexpr int kVChunk = 4;                  // channels per lane in a token-major value row
+constexpr int kIntUnroll = 2;               // value rows in flight per warp, int caches (bf16 /
+                                            // fp8: 4; more would cost int kernels occupancy)
+constexpr unsigned kFullMask = 0xffffffffu;
+
+
+// ---- parameters ------------------------------------------------------------------------------
+
+/// Everything a split block reads; per-sequence views travel in the kernel's parameter space
+/// (__grid_constant__: read in place, never copied to local memory).
+template <class View>
+struct SplitParams {
+  View k[kMaxBatch];
+  View v[kMaxBatch];
+  const float* q;   // [batch, q_heads, D]
+  float* part_o;    // [batch, q_heads, splits, D]
+  float* part_ml;   // [batch, q_heads, splits, 2]: m, l
+  int64_t split_tokens;
+  int splits;
+  int kv_heads;
+  int nq;
+  float inv_sqrt_d;
+};
+
+struct MergeParams {
+  int64_t tokens[kMaxBatch];
+  const float* part_o;
+  const float* part_ml;
+  float* out;
+  int64_t split_tokens;
+  int splits;
+  int q_heads;
+  int dim;
+};
+
+/// What one block works on, and its shared memory.
+struct Block {
+  int64_t s0 = 0, s1 = 0;  // tokens [s0, s1) of the sequence
+  int h = 0, H = 0, nq = 0;
+  int ld = 0;              // row stride of `scores` (split_tokens)
+  float inv_sqrt_d = 0;
+  float* q_s = nullptr;      // [nq, D]: q of the GQA group (key-channel scales folded in)
+  float* scratch = nullptr;  // [kWarps, nq, D]: per-warp folded q (phase 1), partial o (phase 3)
+  float* scores = nullptr;   // [nq, ld]: scores, then e^(s - m)
+  int tid = 0, lane = 0, warp = 0;
+};
+
+// ---- small device helpers ----------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFullMask, x, o);
+  return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));
+  return x;
+}
+
+__device__ __forceinline__ float half_at(const uint16_t* p, int64_t i) {
+  return half_bits_to_float(__ldg(p + i));
+}
+
+/// The effective min of an int group: the stored one, or -2^(b-1) * scale for sym
+/// (int_side.cpp's params()).
+template <int B>
+__device__ __forceinline__ float group_min(const IntSideView& v, int64_t i, float scale) {
+  return v.sym ? -static_cast<float>(kivi::sym_offset(B)) * scale : half_at(v.mins, i);
+}
+
+/// bf16 pair (one 32-bit word, element 0 low) -> two floats.
+__device__ __forceinline__ void bf16x2(uint32_t w, float& a, float& b) {
+  a = bits_float(w << 16);
+  b = bits_float(w & 0xffff0000u);
+}
+
+/// Two FP8 codes (low 16 bits, element 0 low) -> two floats. sm_89+ converts e4m3 / e5m2 in
+/// hardware (exact: both widen to fp16 exactly); elsewhere, and for e4m3fnuz, fp8::decode<F>.
+template <Fp8Format F>
+__device__ __forceinline__ void fp8x2(uint32_t w, float& a, float& b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  constexpr bool kHardware = F != Fp8Format::E4M3FNUZ;
+#else
+  constexpr bool kHardware = false;
+#endif
+  if constexpr (kHardware) {
+    const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu),
+                                                     F == Fp8Format::E5M2 ? __NV_E5M2 : __NV_E4M3);
+    const float2 f = __half22float2(__half2(r));
+    a = f.x;
+    b = f.y;
+  } else {
+    a = fp8::decode<F>(static_cast<uint8_t>(w & 0xffu));
+    b = fp8::decode<F>(static_cast<uint8_t>((w >> 8) & 0xffu));
+  }
+}
+
+template <Fp8Format F>
+__device__ __forceinline__ void fp8x4(uint32_t w, float* v) {
+  fp8x2<F>(w, v[0], v[1]);
+  fp8x2<F>(w >> 16, v[2], v[3]);
+}
+
+/// acc[i] += <q_i[d0 .. d0+8), v> for every query head i < nq (q_s rows of D floats).
+template <int D>
+__device__ __forceinline__ void dot8(const float* q_s, int nq, int d0, const float (&v)[kKChunk],
+                                     float (&acc)[kMaxGqa]) {
+#pragma unroll
+  for (int i = 0; i < kMaxGqa; ++i) {
+    if (i < nq) {
+      const float4 a = *reinterpret_cast<const float4*>(q_s + i * D + d0);
+      const float4 b = *reinterpret_cast<const float4*>(q_s + i * D + d0 + 4);
+      float s = acc[i];
+      s = fmaf(a.x, v[0], s);
+      s = fmaf(a.y, v[1], s);
+      s = fmaf(a.z, v[2], s);
+      s = fmaf(a.w, v[3], s);
+      s = fmaf(b.x, v[4], s);
+      s = fmaf(b.y, v[5], s);
+      s = fmaf(b.z, v[6], s);
+      s = fmaf(b.w, v[7], s);
+      acc[i] = s;
+    }
+  }
+}
+
+// ---- generic phases ----------------------------------------------------------------------------
+
+/// Phase 1 over token-major rows: one thread per token t in [t0, t1); row(t, acc) adds
+/// <q_i, K[t]> into acc[i] (and may scale it), the score is acc * 1/sqrt(D).
+template <class RowDot>
+__device__ void scores_rows(const Block& bk, int64_t t0, int64_t t1, RowDot row) {
+  for (int64_t t = t0 + bk.tid; t < t1; t += kThreads) {
+    float acc[kMaxGqa];
+#pragma unroll
+    for (int i = 0; i < kMaxGqa; ++i) acc[i] = 0.0f;
+    row(t, acc);
+#pragma unroll
+    for (int i = 0; i < kMaxGqa; ++i)
+      if (i < bk.nq) bk.scores[i * bk.ld + (t - bk.s0)] = acc[i] * bk.inv_sqrt_d;
+  }
+}
+
+/// Phase 3 over token-major rows: D/kVChunk lanes share a token, lane chunk c reads channels
+/// [4c, 4c + 4) through vals(t, d0, v) (dequantized in registers). Adds this warp's sums into
+/// scratch[warp] (which the caller zeroed).
+template <int D, int kUnroll = 4, class Vals>
+__device__ void values_rows(const Block& bk, int64_t t0, int64_t t1, Vals vals) {
+  constexpr int kLanes = D / kVChunk;          // lanes per token: 16 or 32
+  constexpr int kPerWarp = 32 / kLanes;        // tokens per warp step: 2 or 1
+  constexpr int kSlots = kWarps * kPerWarp;
+  static_assert(kLanes <= 32 && 32 % kLanes == 0, "a token's lanes sit in one warp");
+  const int d0 = (bk.lane % kLanes) * kVChunk;
+  const int slot = bk.warp * kPerWarp + bk.lane / kLanes;
+  float acc[kMaxGqa][kVChunk];
+#pragma unroll
+  for (int i = 0; i < kMaxGqa; ++i)
+#pragma unroll
+    for (int c = 0; c < kVChunk; ++c) acc[i][c] = 0.0f;
+  // Unrolled so each warp has several rows' loads in flight (one 256-byte bf16 row per warp
+  // step would leave the loop latency-bound).
+#pragma unroll kUnroll
+  for (int64_t t = t0 + slot; t < t1; t += kSlots) {
+    float v[kVChunk];
+    vals(t, d0, v);
+    const float* p = bk.scores + (t - bk.s0);
+#pragma unroll
+    for (int i = 0; i < kMaxGqa; ++i) {
+      if (i < bk.nq) {
+        const float pi = p[i * bk.ld];
+#pragma unroll
+        for (int c = 0; c < kVChunk; ++c) acc[i][c] = fmaf(pi, v[c], acc[i][c]);
+      }
+    }
+  }
+  // Tokens of one warp step sit in lanes that differ in the bits at and above kLanes.
+#pragma unroll
+  for (int o = kLanes; o < 32; o <<= 1)
+#pragma unroll
+    for (int i = 0; i < kMaxGqa; ++i)
+      if (i < bk.nq)
+#pragma unroll
+        for (int c = 0; c < kVChunk; ++c) acc[i][c] += __shfl_xor_sync(kFullMask, acc[i][c], o);
+  if (bk.lane < kLanes) {
+    float* red = bk.scratch + bk.warp * bk.nq * D + d0;
+#pragma unroll
+    for (int i = 0; i < kMaxGqa; ++i)
+      if (i < bk.nq)
+#pragma unroll
+        for (int c = 0; c < kVChunk; ++c) red[i * D + c] += acc[i][c];
+  }
+}
+
+/// Phase 1 over the float32 residual window: K[t] = residual[t - first].
+template <int D>
+__device__ void scores_residual(const Block& bk, const float* residual, int64_t first, int64_t t0,
+                                int64_t t1) {
+  scores_rows(bk, t0, t1, [&](int64_t t, float (&acc)[kMaxGqa]) {
+    const float4* r = reinterpret_cast<const float4*>(residual + ((t - first) * bk.H + bk.h) * D);
+#pragma unroll 4
+    for (int c = 0; c < D / kKChunk; ++c) {
+      const float4 a = __ldg(r + 2 * c), b = __ldg(r + 2 * c + 1);
+      const float v[kKChunk] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+      dot8<D>(bk.q_s, bk.nq, c * kKChunk, v, acc);
+    }
+  });
+}
+
+template <int D>
+__device__ void values_residual(const Block& bk, const float* residual, int64_t first, int64_t t0,
+                                int64_t t1) {
+  values_rows<D, kIntUnroll>(bk, t0, t1, [&](int64_t t, int d0, float (&v)[kVChunk]) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(residual + ((t - first) * bk.H + bk.h) * D + d0));
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+  });
+}
+
+// ---- bf16 ------------------------------------------------------------------------------------
+
+struct Bf16Policy {
+  using View = Bf16SideView;
+  static constexpr int kMinBlocks = 1;  // 64-80 registers
+  __device__ static float key_channel_factor(const View&, int64_t) { return 1.0f; }
+  __device__ static float value_channel_factor(const View&, int64_t) { return 1.0f; }
+
+  template <int D>
+  __device__ static void scores(const Block& bk, const View& k) {
+    scores_rows(bk, bk.s0, bk.s1, [&](int64_t t, float (&acc)[kMaxGqa]) {
+      const uint4* r = reinterpret_cast<const uint4*>(k.data + (t * bk.H + bk.h) * D);
+#pragma unroll 4
+      for (int c = 0; c < D / kKChunk; ++c) {
+        const uint4 w = __ldg(r + c);
+        float v[kKChunk];
+        bf16x2(w.x, v[0], v[1]);
+        bf16x2(w.y, v[2], v[3]);
+        bf16x2(w.z, v[4], v[5]);
+        bf16x2(w.w, v[6], v[7]);
+        dot8<D>(bk.q_s, bk.nq, c * kKChunk, v, acc);
+      }
+    });
+  }
+
+  template <int D>
+  __device__ static void values(const Block& bk, const View& v) {
+    values_rows<D>(bk, bk.s0, bk.s1, [&](int64_t t, int d0, float (&x)[kVChunk]) {
+      const uint2 w = __ldg(reinterpret_cast<const uint2*>(v.data + (t * bk.H + bk.h) * D + d0));
+      bf16x2(w.x, x[0], x[1]);
+      bf16x2(w.y, x[2], x[3]);
+    });
+  }
+};
+
+// ---- fp8 -------------------------------------------------------------------------------------
+
+/// The scale of element (t, h, d) factors as token_factor(t, h) * channel factor (kv_cache.cpp's
+/// Fp8Side): tensor / head / token scales are token factors, channel scales channel factors.
+__device__ __forceinline__ float fp8_token_factor(const Fp8SideView& s, int64_t t, int h, int H) {
+  switch (s.gran) {
+    case Granularity::Tensor: return __ldg(s.scales);
+    case Granularity::Head: return __ldg(s.scales + h);
+    case Granularity::Token: return __ldg(s.scales + t * H + h);
+    case Granularity::Channel: return 1.0f;
+  }
+  return 1.0f;
+}
+
+template <Fp8Format F>
+struct Fp8Policy {
+  using View = Fp8SideView;
+  static constexpr int kMinBlocks = 1;  // 64-80 registers
+  /// Channel scales (index h * D + d, fp8/scale.h) fold into q for keys (Fp8Side::dot) ...
+  __device__ static float key_channel_factor(const View& k, int64_t hd) {
+    return k.gran == Granularity::Channel ? __ldg(k.scales + hd) : 1.0f;
+  }
+  /// ... and multiply the summed values once (Fp8Side::accumulate).
+  __device__ static float value_channel_factor(const View& v, int64_t hd) {
+    return v.gran == Granularity::Channel ? __ldg(v.scales + hd) : 1.0f;
+  }
+
+  template <int D>
+  __device__ static void scores(const Block& bk, const View& k) {
+    scores_rows(bk, bk.s0, bk.s1, [&](int64_t t, float (&acc)[kMaxGqa]) {
+      const uint2* r = reinterpret_cast<const uint2*>(k.codes + (t * bk.H + bk.h) * D);
+#pragma unroll 4
+      for (int c = 0; c < D / kKChunk; ++c) {
+        const uint2 w = __ldg(r + c);
+        float v[kKChunk];
+        fp8x4<F>(w.x, v);
+        fp8x4<F>(w.y, v + 4);
+        dot8<D>(bk.q_s, bk.nq, c * kKChunk, v, acc);
+      }
+      const float f = fp8_token_factor(k, t, bk.h, bk.H);  // s = f * <q, codes> (Fp8Side::dot)
+#pragma unroll
+      for (int i = 0; i < kMaxGqa; ++i) acc[i] *= f;
+    });
+  }
+
+  template <int D>
+  __device__ static void values(const Block& bk, const View& v) {
+    values_rows<D>(bk, bk.s0, bk.s1, [&](int64_t t, int d0, float (&x)[kVChunk]) {
+      const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(v.codes + (t * bk.H + bk.h) * D + d0));
+      fp8x4<F>(w, x);
+      const float f = fp8_token_factor(v, t, bk.h, bk.H);  // weight p * f (Fp8Side::accumulate)
+#pragma unroll
+      for (int c = 0; c < kVChunk; ++c) x[c] *= f;
+    });
+  }
+};
+
+// ---- int (kivi/layout.h) -----------------------------------------------------------------------
+
+template <int B>
+struct IntPolicy {
+  using View = IntSideView;
+  static constexpr int kMinBlocks = 4;  // <= 128 registers: no spills (ptxas -v)
+  static constexpr int kCpw = kivi::codes_per_word(B);
+  static constexpr uint32_t kMask = kivi::code_mask(B);
+
+  __device__ static float key_channel_factor(const View&, int64_t) { return 1.0f; }
+  __device__ static float value_channel_factor(const View&, int64_t) { return 1.0f; }
+
+  /// Per-channel keys, token groups [g0, g1): <q, k_t> = sum_d (q_d * scale_gd) * code_td +
+  /// sum_d q_d * min_gd (int_side.cpp's dot_channel). One warp per group, one lane per token.
+  template <int D>
+  __device__ static void scores_channel(const Block& bk, const View& k, int64_t g0, int64_t g1) {
+    const kivi::ChannelLayout L{bk.H, D, k.group, B};
+    const int G = k.group;
+    const int64_t wpg = L.words_per_group();
+    float* qs = bk.scratch + bk.warp * bk.nq * D;  // this warp's q * scale, [nq, D]
+    for (int64_t g = g0 + bk.warp; g < g1; g += kWarps) {
+      const int64_t pbase = L.param_index(g, bk.h, 0);
+      float base[kMaxGqa];
+#pragma unroll
+      for (int i = 0; i < kMaxGqa; ++i) base[i] = 0.0f;
+      for (int d = bk.lane; d < D; d += 32) {
+        const float sc = half_at(k.scales, pbase + d);
+        const float mn = group_min<B>(k, pbase + d, sc);
+#pragma unroll
+        for (int i = 0; i < kMaxGqa; ++i) {
+          if (i < bk.nq) {
+            const float qv = bk.q_s[i * D + d];
+            qs[i * D + d] = qv * sc;
+            base[i] = fmaf(qv, mn, base[i]);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kMaxGqa; ++i)
+        if (i < bk.nq) base[i] = warp_sum(base[i]);
+      __syncwarp();
+      const uint32_t* gw = k.words + L.word_index(g, bk.h, 0);  // channel d: gw[d * wpg + w]
+      for (int j = bk.lane; j < G; j += 32) {
+        const uint32_t* cw = gw + j / kCpw;
+        const int sh = (j % kCpw) * B;
+        float acc[kMaxGqa];
+#pragma unroll
+        for (int i = 0; i < kMaxGqa; ++i) acc[i] = 0.0f;
+#pragma unroll 2
+        for (int d = 0; d < D; d += 4) {
+          float c4[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) c4[e] = code_to_float((__ldg(cw + (d + e) * wpg) >> sh) & kMask);
+#pragma unroll
+          for (int i = 0; i < kMaxGqa; ++i) {
+            if (i < bk.nq) {
+              const float4 a = *reinterpret_cast<const float4*>(qs + i * D + d);
+              float s = acc[i];
+              s = fmaf(a.x, c4[0], s);
+              s = fmaf(a.y, c4[1], s);
+              s = fmaf(a.z, c4[2], s);
+              s = fmaf(a.w, c4[3], s);
+              acc[i] = s;
+            }
+          }
+        }
+        const int64_t t = g * G + j;
+#pragma unroll
+        for (int i = 0; i < kMaxGqa; ++i)
+          if (i < bk.nq) bk.scores[i * bk.ld + (t - bk.s0)] = (acc[i] + base[i]) * bk.inv_sqrt_d;
+      }
+      __syncwarp();  // qs is rewritten for the next group
+    }
+  }
+
+  /// Per-token keys, tokens [t0, t1): each channel group's codes dequantized as code * scale +
+  /// min in registers and dotted with q. The words of a group are read in order, so any G and b
+  /// (3-bit words hold 10 codes) work.
+  template <int D>
+  __device__ static void scores_token(const Block& bk, const View& k, int64_t t0, int64_t t1) {
+    const kivi::TokenLayout L{bk.H, D, k.group, B};
+    const int G = k.group;
+    const int ncg = static_cast<int>(L.channel_groups());
+    const int64_t wpg = kivi::words_for(G, B);
+    scores_rows(bk, t0, t1, [&](int64_t t, float (&acc)[kMaxGqa]) {
+      const uint32_t* row = k.words + L.word_index(t, bk.h, 0);
+      const int64_t pbase = L.param_index(t, bk.h, 0);
+      for (int c = 0; c < ncg; ++c) {
+        const float sc = half_at(k.scales, pbase + c);
+        const float mn = group_min<B>(k, pbase + c, sc);
+        const int len = L.group_len(c);
+        const uint32_t* gw = row + c * wpg;
+        for (int j0 = 0; j0 < len; j0 += kCpw) {
+          const uint32_t word = __ldg(gw + j0 / kCpw);
+#pragma unroll
+          for (int e = 0; e < kCpw; ++e) {
+            if (j0 + e < len) {
+              const int d = c * G + j0 + e;
+              const float x = fmaf(code_to_float((word >> (e * B)) & kMask), sc, mn);
+#pragma unroll
+              for (int i = 0; i < kMaxGqa; ++i)
+                if (i < bk.nq) acc[i] = fmaf(bk.q_s[i * D + d], x, acc[i]);
+            }
+          }
+        }
+      }
+    });
+  }
+
+  template <int D>
+  __device__ static void scores(const Block& bk, const View& k) {
+    const int64_t qe = min(bk.s1, k.quantized_tokens);
+    if (bk.s0 < qe) {
+      if (k.axis == Axis::Channel)
+        scores_channel<D>(bk, k, bk.s0 / k.group, qe / k.group);
+      else
+        scores_token<D>(bk, k, bk.s0, qe);
+    }
+    const int64_t r0 = max(bk.s0, k.quantized_tokens);
+    if (r0 < bk.s1) scores_residual<D>(bk, k.residual, k.quantized_tokens, r0, bk.s1);
+  }
+
+  /// Per-token values, tokens [t0, t1): lane chunk [d0, d0 + 4) dequantized as code * scale + min.
+  /// When every group starts on a word (G % codes_per_word == 0, b != 3), a token's codes form
+  /// one packed run and the chunk's 4 codes sit in one word; otherwise each code is located
+  /// through TokenLayout (offsets computed once per lane).
+  template <int D>
+  __device__ static void values_token(const Block& bk, const View& v, int64_t t0, int64_t t1) {
+    const kivi::TokenLayout L{bk.H, D, v.group, B};
+    const int G = v.group;
+    const int d0 = (bk.lane % (D / kVChunk)) * kVChunk;
+    const bool run = B != 3 && G % kCpw == 0;
+    const bool one_group = d0 / G == (d0 + kVChunk - 1) / G;
+    int woff[kVChunk], wsh[kVChunk], cg[kVChunk];
+#pragma unroll
+    for (int e = 0; e < kVChunk; ++e) {
+      const int d = d0 + e, c = d / G, j = d % G;
+      cg[e] = c;
+      woff[e] = static_cast<int>(L.word_offset(c)) + j / kCpw;
+      wsh[e] = (j % kCpw) * B;
+    }
+    values_rows<D, kIntUnroll>(bk, t0, t1, [&](int64_t t, int, float (&x)[kVChunk]) {
+      const uint32_t* row = v.words + L.word_index(t, bk.h, 0);
+      const int64_t pbase = L.param_index(t, bk.h, 0);
+      uint32_t code[kVChunk];
+      if (run) {
+        const uint32_t w = __ldg(row + d0 / kCpw) >> ((d0 % kCpw) * B);
+#pragma unroll
+        for (int e = 0; e < kVChunk; ++e) code[e] = (w >> (e * B)) & kMask;
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVChunk; ++e) code[e] = (__ldg(row + woff[e]) >> wsh[e]) & kMask;
+      }
+      if (one_group) {
+        const float sc = half_at(v.scales, pbase + cg[0]);
+        const float mn = group_min<B>(v, pbase + cg[0], sc);
+#pragma unroll
+        for (int e = 0; e < kVChunk; ++e) x[e] = fmaf(code_to_float(code[e]), sc, mn);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVChunk; ++e) {
+          const float sc = half_at(v.scales, pbase + cg[e]);
+          x[e] = fmaf(code_to_float(code[e]), sc, group_min<B>(v, pbase + cg[e], sc));
+        }
+      }
+    });
+  }
+
+  /// Per-channel values, token groups [g0, g1): o_d += scale_gd * sum_j p_j code_jd +
+  /// min_gd * sum_j p_j (int_side.cpp's acc_channel). One warp per group, lanes own channels
+  /// lane, lane + 32, ...; adds into scratch[warp].
+  template <int D>
+  __device__ static void values_channel(const Block& bk, const View& v, int64_t g0, int64_t g1) {
+    const kivi::ChannelLayout L{bk.H, D, v.group, B};
+    const int G = v.group;
+    const int64_t wpg = L.words_per_group();
+    constexpr int kPerLane = D / 32;
+    float acc[kMaxGqa][kPerLane];
+#pragma unroll
+    for (int i = 0; i < kMaxGqa; ++i)
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) acc[i][c] = 0.0f;
+    for (int64_t g = g0 + bk.warp; g < g1; g += kWarps) {
+      const float* p = bk.scores + (g * G - bk.s0);
+      float psum[kMaxGqa];
+#pragma unroll
+      for (int i = 0; i < kMaxGqa; ++i) {
+        psum[i] = 0.0f;
+        if (i < bk.nq)
+          for (int j = 0; j < G; ++j) psum[i] += p[i * bk.ld + j];
+      }
+      const int64_t pbase = L.param_index(g, bk.h, 0);
+      const uint32_t* gw = v.words + L.word_index(g, bk.h, 0);
+#pragma unroll
+      for (int c = 0; c < kPerLane; ++c) {
+        const int d = bk.lane + 32 * c;
+        const float sc = half_at(v.scales, pbase + d);
+        const float mn = group_min<B>(v, pbase + d, sc);
+        float a[kMaxGqa];
+#pragma unroll
+        for (int i = 0; i < kMaxGqa; ++i) a[i] = 0.0f;
+        for (int j0 = 0; j0 < G; j0 += kCpw) {
+          const uint32_t word = __ldg(gw + d * wpg + j0 / kCpw);
+#pragma unroll
+          for (int e = 0; e < kCpw; ++e) {
+            if (j0 + e < G) {
+              const float x = code_to_float((word >> (e * B)) & kMask);
+#pragma unroll
+              for (int i = 0; i < kMaxGqa; ++i)
+                if (i < bk.nq) a[i] = fmaf(p[i * bk.ld + j0 + e], x, a[i]);
+            }
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kMaxGqa; ++i) acc[i][c] += sc * a[i] + mn * psum[i];
+      }
+    }
+    float* red = bk.scratch + bk.warp * bk.nq * D;
+#pragma unroll
+    for (int i = 0; i < kMaxGqa; ++i)
+      if (i < bk.nq)
+#pragma unroll
+        for (int c = 0; c < kPerLane; ++c) red[i * D + bk.lane + 32 * c] += acc[i][c];
+  }
+
+  template <int D>
+  __device__ static void values(const Block& bk, const View& v) {
+    const int64_t qe = min(bk.s1, v.quantized_tokens);
+    if (bk.s0 < qe) {
+      if (v.axis == Axis::Token)
+        values_token<D>(bk, v, bk.s0, qe);
+      else
+        values_channel<D>(bk, v, bk.s0 / v.group, qe / v.group);
+    }
+    __syncwarp();  // both paths add into this warp's scratch
+    const int64_t r0 = max(bk.s0, v.quantized_tokens);
+    if (r0 < bk.s1) values_residual<D>(bk, v.residual, v.quantized_tokens, r0, bk.s1);
+  }
+};
+
+// ---- the kernels -------------------------------------------------------------------------------
+
+template <int D, class Policy>
+__global__ void __launch_bounds__(kThreads, Policy::kMinBlocks)
+    split_kernel(const __grid_constant__ SplitParams<typename Policy::View> p) {
+  const int split = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y),
+            b = static_cast<int>(blockIdx.z);
+  const auto& kv = p.k[b];
+  const auto& vv = p.v[b];
+  const int64_t T = kv.tokens;
+  Block bk;
+  bk.s0 = static_cast<int64_t>(split) * p.split_tokens;
+  if (bk.s0 >= T) return;  // this sequence is shorter than the longest one
+  bk.s1 = min(T, bk.s0 + p.split_tokens);
+  bk.h = h;
+  bk.H = p.kv_heads;
+  bk.nq = p.nq;
+  bk.ld = static_cast<int>(p.split_tokens);
+  bk.inv_sqrt_d = p.inv_sqrt_d;
+  bk.tid = static_cast<int>(threadIdx.x);
+  bk.lane = bk.tid % 32;
+  bk.warp = bk.tid / 32;
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  bk.q_s = smem;
+  bk.scratch = bk.q_s + bk.nq * D;
+  bk.scores = bk.scratch + kWarps * bk.nq * D;
+
+  const int q_heads = p.kv_heads * p.nq;
+  const int64_t qrow = static_cast<int64_t>(b) * q_heads + static_cast<int64_t>(h) * p.nq;
+  for (int x = bk.tid; x < bk.nq * D; x += kThreads)
+    bk.q_s[x] = __ldg(p.q + qrow * D + x) * Policy::key_channel_factor(kv, static_cast<int64_t>(h) * D + x % D);
+  __syncthreads();
+
+  Policy::template scores<D>(bk, kv);
+  __syncthreads();
+
+  // Softmax partial: one warp per query head.
+  const int n = static_cast<int>(bk.s1 - bk.s0);
+  for (int i = bk.warp; i < bk.nq; i += kWarps) {
+    float* row = bk.scores + i * bk.ld;
+    float m = -INFINITY;
+    for (int t = bk.lane; t < n; t += 32) m = fmaxf(m, row[t]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int t = bk.lane; t < n; t += 32) {
+      const float e = expf(row[t] - m);
+      row[t] = e;
+      l += e;
+    }
+    l = warp_sum(l);
+    if (bk.lane == 0) {
+      float* ml = p.part_ml + ((qrow + i) * p.splits + split) * 2;
+      ml[0] = m;
+      ml[1] = l;
+    }
+  }
+  for (int x = bk.tid; x < kWarps * bk.nq * D; x += kThreads) bk.scratch[x] = 0.0f;
+  __syncthreads();
+
+  Policy::template values<D>(bk, vv);
+  __syncthreads();
+
+  for (int x = bk.tid; x < bk.nq * D; x += kThreads) {
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += bk.scratch[w * bk.nq * D + x];
+    const int i = x / D, d = x % D;
+    p.part_o[((qrow + i) * p.splits + split) * D + d] = s * Policy::value_channel_factor(vv, static_cast<int64_t>(h) * D + d);
+  }
+}
+
+__global__ void merge_kernel(const __grid_constant__ MergeParams p) {
+  const int qh = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y);
+  const int ns = static_cast<int>((p.tokens[b] + p.split_tokens - 1) / p.split_tokens);
+  const int64_t row = static_cast<int64_t>(b) * p.q_heads + qh;
+  const float* ml = p.part_ml + row * p.splits * 2;
+  const float* o = p.part_o + row * p.splits * p.dim;
+  float m = -INFINITY;
+  for (int s = 0; s < ns; ++s) m = fmaxf(m, ml[2 * s]);
+  for (int d = static_cast<int>(threadIdx.x); d < p.dim; d += static_cast<int>(blockDim.x)) {
+    float l = 0.0f, acc = 0.0f;
+    for (int s = 0; s < ns; ++s) {
+      const float w = expf(ml[2 * s] - m);
+      l = fmaf(w, ml[2 * s + 1], l);
+      acc = fmaf(w, o[static_cast<int64_t>(s) * p.dim + d], acc);
+    }
+    p.out[row * p.dim + d] = acc / l;
+  }
+}
+
+// ---- host: checks, plan, launch ----------------------------------------------------------------
+
+constexpr const char* kFn = "kvq::cuda::decode_attention";
+
+[[noreturn]] void bad(const std::string& what) { throw Error(std::string(kFn) + ": " + what); }
+
+std::string seq_side(size_t b, const char* side) {
+  return "sequence " + std::to_string(b) + " " + side + ": ";
+}
+
+void check_aligned(const void* ptr, size_t align, const std::string& what) {
+  if (reinterpret_cast<uintptr_t>(ptr) % align != 0)
+    bad(what + " is not " + std::to_string(align) + "-byte aligned");
+}
+
+template <class View>
+int64_t check_common(const DecodeShape& s, std::span<const View> k, std::span<const View> v) {
+  if (s.batch < 1 || s.batch > kMaxBatch)
+    bad("batch " + std::to_string(s.batch) + " outside [1, " + std::to_string(kMaxBatch) + "]");
+  if (s.kv_heads < 1) bad("kv_heads " + std::to_string(s.kv_heads) + " must be positive");
+  if (s.q_heads < 1 || s.q_heads % s.kv_heads != 0)
+    bad("q_heads " + std::to_string(s.q_heads) + " is not a positive multiple of kv_heads " +
+        std::to_string(s.kv_heads));
+  if (s.q_heads / s.kv_heads > kMaxGqa)
+    bad("GQA ratio " + std::to_string(s.q_heads / s.kv_heads) + " (q_heads " +
+        std::to_string(s.q_heads) + " / kv_heads " + std::to_string(s.kv_heads) +
+        ") exceeds the supported " + std::to_string(kMaxGqa));
+  dispatch_head_dim(kFn, s.head_dim, [](auto) { return 0; });
+  if (k.size() != static_cast<size_t>(s.batch) || v.size() != static_cast<size_t>(s.batch))
+    bad("batch " + std::to_string(s.batch) + " but " + std::to_string(k.size()) + " K and " +
+        std::to_string(v.size()) + " V views");
+  int64_t max_tokens = 0;
+  for (size_t b = 0; b < k.size(); ++b) {
+    if (k[b].tokens < 1)
+      bad(seq_side(b, "K") + "tokens " + std::to_string(k[b].tokens) + " (a cache must hold >= 1)");
+    if (k[b].tokens != v[b].tokens)
+      bad(seq_side(b, "K") + "tokens " + std::to_string(k[b].tokens) + " != V tokens " +
+          std::to_string(v[b].tokens));
+    max_tokens = std::max(max_tokens, k[b].tokens);
+  }
+  return max_tokens;
+}
+
+void check_view(const Bf16SideView& x, size_t b, const char* side) {
+  if (x.data == nullptr) bad(seq_side(b, side) + "data is null");
+  check_aligned(x.data, 16, seq_side(b, side) + "data");
+}
+
+void check_view(const Fp8SideView& x, size_t b, const char* side) {
+  if (x.codes == nullptr) bad(seq_side(b, side) + "codes is null");
+  if (x.scales == nullptr) bad(seq_side(b, side) + "scales is null");
+  check_aligned(x.codes, 8, seq_side(b, side) + "codes");
+  if (x.gran != Granularity::Tensor && x.gran != Granularity::Head &&
+      x.gran != Granularity::Token && x.gran != Granularity::Channel)
+    bad(seq_side(b, side) + "unknown Granularity value " + std::to_string(static_cast<int>(x.gran)));
+}
+
+void check_view(const IntSideView& x, size_t b, const char* side, int64_t dim) {
+  const std::string where = seq_side(b, side);
+  dispatch_bits(kFn, x.bits, [](auto) { return 0; });
+  if (x.axis != Axis::Channel && x.axis != Axis::Token)
+    bad(where + "unknown Axis value " + std::to_string(static_cast<int>(x.axis)));
+  if (x.group < 1) bad(where + "group " + std::to_string(x.group) + " must be positive");
+  if (x.axis == Axis::Token && x.group > dim)
+    bad(where + "per-token group " + std::to_string(x.group) + " exceeds head_dim " +
+        std::to_string(dim));
+  if (x.quantized_tokens < 0 || x.quantized_tokens > x.tokens)
+    bad(where + "quantized_tokens " + std::to_string(x.quantized_tokens) + " outside [0, " +
+        std::to_string(x.tokens) + "]");
+  if (x.axis == Axis::Channel && x.quantized_tokens % x.group != 0)
+    bad(where + "per-channel quantized_tokens " + std::to_string(x.quantized_tokens) +
+        " is not a multiple of group " + std::to_string(x.group));
+  if (x.quantized_tokens > 0) {
+    if (x.words == nullptr) bad(where + "words is null");
+    if (x.scales == nullptr) bad(where + "scales is null");
+    if (!x.sym && x.mins == nullptr) bad(where + "mins is null (asymmetric codes need them)");
+    check_aligned(x.words, 4, where + "words");
+    check_aligned(x.scales, 2, where + "scales");
+    if (!x.sym) check_aligned(x.mins, 2, where + "mins");
+  }
+  if (x.tokens > x.quantized_tokens) {
+    if (x.residual == nullptr) bad(where + "residual is null");
+    check_aligned(x.residual, 16, where + "residual");
+  }
+}
+
+/// Splits (see DecodePlan): about kTargetBlocks blocks, at least kMinSplit tokens each, a
+/// multiple of `align`, and no more tokens than the shared score buffer holds.
+DecodePlan make_plan(const DecodeShape& s, int64_t max_tokens, int64_t align) {
+  const int nq = s.q_heads / s.kv_heads;
+  const int64_t cap = kScoreFloats / nq / align * align;
+  if (cap < 1)
+    bad("group " + std::to_string(align) + " exceeds the " + std::to_string(kScoreFloats / nq) +
+        " tokens a split holds at GQA ratio " + std::to_string(nq));
+  const int64_t per_split = static_cast<int64_t>(s.batch) * s.kv_heads;
+  const int64_t want = std::max<int64_t>(1, (kTargetBlocks + per_split - 1) / per_split);
+  int64_t split = std::max<int64_t>((max_tokens + want - 1) / want, kMinSplit);
+  split = std::min((split + align - 1) / align * align, cap);
+  DecodePlan plan;
+  plan.split_tokens = split;
+  const int64_t splits = (max_tokens + split - 1) / split;
+  if (splits > std::numeric_limits<int>::max())
+    bad("context " + std::to_string(max_tokens) + " needs more splits than a grid holds");
+  plan.splits = static_cast<int>(splits);
+  plan.workspace_bytes = static_cast<size_t>(s.batch) * static_cast<size_t>(s.q_heads) *
+                         static_cast<size_t>(splits) * static_cast<size_t>(s.head_dim + 2) *
+                         sizeof(float);
+  return plan;
+}
+
+template <class Policy, int D>
+cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
+                   std::span<const typename Policy::View> k, std::span<const typename Policy::View> v,
+                   const float* q, float* out, void* workspace, size_t workspace_bytes,
+                   cudaStream_t stream) {
+  if (q == nullptr) bad("q is null");
+  if (out == nullptr) bad("out is null");
+  if (workspace == nullptr || workspace_bytes < plan.workspace_bytes)
+    bad("workspace of " + std::to_string(workspace_bytes) + " bytes" +
+        (workspace == nullptr ? std::string(" (null)") : std::string()) + " but the plan needs " +
+        std::to_string(plan.workspace_bytes));
+  const int nq = s.q_heads / s.kv_heads;
+  SplitParams<typename Policy::View> sp{};
+  MergeParams mp{};
+  for (int b = 0; b < s.batch; ++b) {
+    sp.k[b] = k[static_cast<size_t>(b)];
+    sp.v[b] = v[static_cast<size_t>(b)];
+    mp.tokens[b] = k[static_cast<size_t>(b)].tokens;
+  }
+  float* part_o = static_cast<float*>(workspace);
+  float* part_ml = part_o + static_cast<size_t>(s.batch) * s.q_heads * plan.splits * D;
+  sp.q = q;
+  sp.part_o = part_o;
+  sp.part_ml = part_ml;
+  sp.split_tokens = plan.split_tokens;
+  sp.splits = plan.splits;
+  sp.kv_heads = s.kv_heads;
+  sp.nq = nq;
+  sp.inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+  const size_t smem =
+      (static_cast<size_t>(nq) * D * (1 + kWarps) + static_cast<size_t>(nq) * plan.split_tokens) *
+      sizeof(float);
+  const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(s.kv_heads),
+                  static_cast<unsigned>(s.batch));
+  split_kernel<D, Policy><<<grid, kThreads, smem, stream>>>(sp);
+  KVQ_CUDA_CALL(cudaGetLastError());
+  mp.part_o = part_o;
+  mp.part_ml = part_ml;
+  mp.out = out;
+  mp.split_tokens = plan.split_tokens;
+  mp.splits = plan.splits;
+  mp.q_heads = s.q_heads;
+  mp.dim = D;
+  merge_kernel<<<dim3(static_cast<unsigned>(s.q_heads), static_cast<unsigned>(s.batch)), D, 0,
+                 stream>>>(mp);
+  return cudaGetLastError();
+}
+
+Fp8Format common_format(std::span<const Fp8SideView> k, std::span<const Fp8SideView> v) {
+  const Fp8Format f = k[0].format;
+  for (size_t b = 0; b < k.size(); ++b) {
+    if (k[b].format != f || v[b].format != f)
+      bad(seq_side(b, "K/V") + "fp8 format " +
+          std::to_string(static_cast<int>(k[b].format != f ? k[b].format : v[b].format)) +
+          " differs from sequence 0's K format " + std::to_string(static_cast<int>(f)) +
+          " (one format per launch)");
+  }
+  return f;
+}
+
+int common_bits(std::span<const IntSideView> k, std::span<const IntSideView> v) {
+  const int bits = k[0].bits;
+  for (size_t b = 0; b < k.size(); ++b)
+    if (k[b].bits != bits || v[b].bits != bits)
+      bad(seq_side(b, "K/V") + "bits " + std::to_string(k[b].bits != bits ? k[b].bits : v[b].bits) +
+          " differ from sequence 0's K bits " + std::to_string(bits) + " (one width per launch)");
+  return bits;
+}
+
+/// lcm of the groups of the per-channel sides: splits must hold whole token groups.
+int64_t channel_align(std::span<const IntSideView> k, std::span<const IntSideView> v) {
+  int64_t a = 1;
+  for (auto side : {k, v})
+    for (const IntSideView& x : side)
+      if (x.axis == Axis::Channel && x.group > 0) a = std::lcm(a, static_cast<int64_t>(x.group));
+  return a;
+}
+
+}  // namespace
+
+// ---- public entry points -------------------------------------------------------------------------
+
+DecodePlan plan_decode(const DecodeShape& shape, std::span<const Bf16SideView> k,
+                       std::span<const Bf16SideView> v) {
+  return make_plan(shape, check_common(shape, k, v), 1);
+}
+
+DecodePlan plan_decode(const DecodeShape& shape, std::span<const Fp8SideView> k,
+                       std::span<const Fp8SideView> v) {
+  return make_plan(shape, check_common(shape, k, v), 1);
+}
+
+DecodePlan plan_decode(const DecodeShape& shape, std::span<const IntSideView> k,
+                       std::span<const IntSideView> v) {
+  const int64_t max_tokens = check_common(shape, k, v);
+  for (size_t b = 0; b < k.size(); ++b) {
+    check_view(k[b], b, "K", shape.head_dim);
+    check_view(v[b], b, "V", shape.head_dim);
+  }
+  return make_plan(shape, max_tokens, channel_align(k, v));
+}
+
+cudaError_t decode_attention(const DecodeShape& shape, std::span<const Bf16SideView> k,
+                             std::span<const Bf16SideView> v, const float* q, float* out,
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const DecodePlan plan = plan_decode(shape, k, v);
+  for (size_t b = 0; b < k.size(); ++b) {
+    check_view(k[b], b, "K");
+    check_view(v[b], b, "V");
+  }
+  return dispatch_head_dim(kFn, shape.head_dim, [&](auto dc) {
+    return launch<Bf16Policy, decltype(dc)::value>(shape, plan, k, v, q, out, workspace,
+                                                   workspace_bytes, stream);
+  });
+}
+
+cudaError_t decode_attention(const DecodeShape& shape, std::span<const Fp8SideView> k,
+                             std::span<const Fp8SideView> v, const float* q, float* out,
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const DecodePlan plan = plan_decode(shape, k, v);
+  for (size_t b = 0; b < k.size(); ++b) {
+    check_view(k[b], b, "K");
+    check_view(v[b], b, "V");
+  }
+  return dispatch_fp8_format(kFn, common_format(k, v), [&](auto fc) {
+    return dispatch_head_dim(kFn, shape.head_dim, [&](auto dc) {
+      return launch<Fp8Policy<decltype(fc)::value>, decltype(dc)::value>(
+          shape, plan, k, v, q, out, workspace, workspace_bytes, stream);
+    });
+  });
+}
+
+cudaError_t decode_attention(const DecodeShape& shape, std::span<const IntSideView> k,
+                             std::span<const IntSideView> v, const float* q, float* out,
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const DecodePlan plan = plan_decode(shape, k, v);
+  return dispatch_bits(kFn, common_bits(k, v), [&](auto bc) {
+    return dispatch_head_dim(kFn, shape.head_dim, [&](auto dc) {
+      return launch<IntPolicy<decltype(bc)::value>, decltype(dc)::value>(
+          shape, plan, k, v, q, out, workspace, workspace_bytes, stream);
+    });
+  });
+}
+
+}  // namespace kvq::cuda

@@ -1,0 +1,143 @@
+// Fused decode attention over a quantized KV cache (CUDA), flash-decoding style: one query token
+// per sequence, a batch of sequences of different lengths, GQA. The port of
+// reference_cpu/attention.cpp's decode_attention (and of the SideStore reads in kv_cache.cpp and
+// int_side.cpp): o = softmax(q K^T / sqrt(D)) V for every query head.
+//
+// Work split: the context of each sequence is cut into splits of `split_tokens` tokens (a multiple
+// of every per-channel group G); one thread block takes one (split, kv head, sequence) and all
+// nq = q_heads / kv_heads query heads of that kv head, so every code is loaded and unpacked once
+// for the whole GQA group. A block writes an unnormalized partial (max m, sum l, sum p v) to the
+// workspace; a merge kernel combines the splits of each (sequence, query head):
+//   M = max m_s,  o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
+// Codes are read straight from the cache and dequantized in registers; no dequantized copy of
+// the cache exists anywhere.
+//
+// Cache kinds (K and V of one launch are the same kind), layouts as the CPU stores them:
+//   bf16  [T, H, D] bf16 bits (the baseline)
+//   fp8   [T, H, D] codes + float32 scales in fp8/scale.h's layout (tensor [1], head [H],
+//         token [T*H], channel [H*D]); per-channel scales fold into q (keys) or multiply the
+//         partial output (values); tensor/head/token scales multiply the score / the value.
+//   int   kivi/layout.h: per-channel sides (codes packed along tokens) fold each group's scale
+//         into q and add sum_d q_d * min_d; per-token sides dequantize code * scale + min per
+//         channel group; sym codes read as (code - 2^(b-1)) * scale. Tokens at and after
+//         `quantized_tokens` come from the exact float32 residual window.
+//
+// Errors (STYLE 9): bad configuration throws kvq::Error naming the value (kernels/dispatch.h has
+// the supported lists); CUDA failures come back as cudaError_t. Launches are asynchronous on
+// `stream`; views hold device pointers, the view structs themselves are host values.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "core/hostdev.h"
+#include "core/spec.h"
+#include "kernels/dispatch.h"
+
+namespace kvq::cuda {
+
+/// \brief Shape of one decode-attention launch. q and out are [batch, q_heads, head_dim]
+/// float32 (device); query head j of a sequence reads kv head j / (q_heads / kv_heads).
+struct DecodeShape {
+  int batch = 1;      ///< sequences, 1 .. kMaxBatch
+  int kv_heads = 0;   ///< H
+  int q_heads = 0;    ///< a multiple of kv_heads, at most kMaxGqa times it
+  int head_dim = 0;   ///< D, one of HeadDims
+};
+
+/// \brief One side (K or V) of one sequence's bf16 cache: [tokens, H, D] bf16 bits.
+struct Bf16SideView {
+  const uint16_t* data = nullptr;
+  int64_t tokens = 0;
+};
+
+/// \brief One side of one sequence's FP8 cache: codes [tokens, H, D] and float32 scales laid out
+/// as fp8/scale.h says for `gran` (token: [tokens * H]). K and V must share the format.
+struct Fp8SideView {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+  int64_t tokens = 0;
+  Fp8Format format = Fp8Format::E4M3;
+  Granularity gran = Granularity::Tensor;
+};
+
+/// \brief One side of one sequence's int / KIVI cache, the device image of kivi::SideCache:
+/// packed words, fp16 scales / minima (kivi/layout.h, indexed by `axis`), and the exact float32
+/// residual window [tokens - quantized_tokens, H, D], oldest first. Filled from a host upload of
+/// a kivi::SideCache (tests) or from a device cache (int_side_view below). `bits` is a template
+/// parameter of the kernel, so K and V of every sequence of a launch share it; group, axis and
+/// sym are read per view.
+struct IntSideView {
+  const uint32_t* words = nullptr;   ///< packed codes of the quantized tokens
+  const uint16_t* scales = nullptr;  ///< fp16 bits, one per group
+  const uint16_t* mins = nullptr;    ///< fp16 bits, one per group; null (unused) when sym
+  const float* residual = nullptr;   ///< [tokens - quantized_tokens, H, D]
+  int64_t quantized_tokens = 0;      ///< per-channel: a multiple of group
+  int64_t tokens = 0;
+  int group = 0;                     ///< G (resolved: never kGroupWholeDim)
+  int bits = 0;                      ///< one of BitWidths
+  Axis axis = Axis::Channel;
+  bool sym = false;
+};
+
+/// \brief The view of a device-resident cache side exposing kivi::SideCache's accessors as
+/// device pointers: words(), scales(), mins() (null for sym), residual(), quantized_tokens(),
+/// tokens(), group(), bits(), axis(), sym() - e.g. kernels/kivi_cache_device.cuh's
+/// KiviSideCache (valid until its next append or reserve).
+template <class DeviceCache>
+IntSideView int_side_view(const DeviceCache& c) {
+  IntSideView v;
+  v.words = c.words();
+  v.scales = c.scales();
+  v.mins = c.sym() ? nullptr : c.mins();
+  v.residual = c.residual();
+  v.quantized_tokens = c.quantized_tokens();
+  v.tokens = c.tokens();
+  v.group = c.group();
+  v.bits = c.bits();
+  v.axis = c.axis();
+  v.sym = c.sym();
+  return v;
+}
+
+/// \brief How a launch splits its contexts, and the workspace it needs. Deterministic in the
+/// shape, the longest context and the group alignment only (not in the device), so results do
+/// not depend on the GPU they ran on.
+struct DecodePlan {
+  int64_t split_tokens = 0;    ///< tokens per split (a multiple of the per-channel group)
+  int splits = 0;              ///< splits of the longest sequence (grid x)
+  size_t workspace_bytes = 0;  ///< batch * q_heads * splits * (head_dim + 2) floats
+};
+
+/// \brief The plan of a launch over these views (throws kvq::Error on a bad configuration).
+DecodePlan plan_decode(const DecodeShape& shape, std::span<const Bf16SideView> k,
+                       std::span<const Bf16SideView> v);
+DecodePlan plan_decode(const DecodeShape& shape, std::span<const Fp8SideView> k,
+                       std::span<const Fp8SideView> v);
+DecodePlan plan_decode(const DecodeShape& shape, std::span<const IntSideView> k,
+                       std::span<const IntSideView> v);
+
+/// \brief out = decode attention of q over each sequence's (k[b], v[b]). `workspace` holds at
+/// least plan_decode(...).workspace_bytes bytes of device memory (contents are scratch).
+/// k and v hold shape.batch views each; every sequence holds >= 1 token and the same number of
+/// tokens on both sides.
+cudaError_t decode_attention(const DecodeShape& shape, std::span<const Bf16SideView> k,
+                             std::span<const Bf16SideView> v, const float* q, float* out,
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream = nullptr);
+cudaError_t decode_attention(const DecodeShape& shape, std::span<const Fp8SideView> k,
+                             std::span<const Fp8SideView> v, const float* q, float* out,
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream = nullptr);
+cudaError_t decode_attention(const DecodeShape& shape, std::span<const IntSideView> k,
+                             std::span<const IntSideView> v, const float* q, float* out,
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream = nullptr);
+
+// ---- register-level helpers (host and device; the host copies are what the tests check) -----
+
+/// \brief A code of at most 23 bits as float32 without an int -> float conversion instruction
+/// (a quarter-rate op on recent GPUs): the float 2^23 + c, minus 2^23 (both exact).
+KVQ_HD float code_to_float(uint32_t c) { return bits_float(c | 0x4b000000u) - 8388608.0f; }
+
+}  // namespace kvq::cuda

@@ -1,0 +1,387 @@
+#!/usr/bin/env bash
+# Device check on a GPU machine: build the CUDA kernels, run the CUDA tests and every CUDA bench,
+# and write OUTDIR/report.md (date, GPU, test summary, bench tables, goals met/missed from the
+# benches' JSON). Usage:
+#
+#   scripts/device-check.sh OUTDIR
+#
+# Designed for a bare H100/H200 box that has only this repo and a CUDA toolkit: it never
+# installs anything. It configures CMake (build/device-check, Release, KVQ_CUDA=ON, the GPU's own
+# architecture only, to halve nvcc time); when dependencies are missing it retries without the
+# Google Benchmark programs, and when CMake cannot configure at all (no GoogleTest, fmt, Eigen, ...)
+# it builds only the CUDA benches with nvcc directly (from the repo's kernels and whichever
+# scheme-library sources compile without the missing packages) and says so in the report. Test binaries (tests/cuda: cuda_*) run directly with JSON output
+# (their ctest names are gtest names, which do not carry the binary name); the `full`-labelled
+# binaries run only with KVQ_DC_FULL=1. Bench repetitions are capped so the whole run stays
+# under 8 minutes.
+#
+# Without a GPU (no nvidia-smi, or it lists none) it writes a report saying so and exits 2.
+# Environment: KVQ_DC_FORCE=1 carries on without a GPU (to exercise the build and report here);
+# KVQ_DC_FULL=1 adds the full test tier; KVQ_DC_JOBS overrides the build parallelism;
+# KVQ_DC_NO_CMAKE=1 takes the nvcc-only fallback directly (to exercise it); KVQ_DC_BUDGET_S
+# (default 450) is the time the steps are capped to.
+# Exit status: 0 all built and passed; 1 a build step, a test or a bench failed; 2 no GPU;
+# 3 no nvcc; 4 benches only (the tests could not be configured), nothing failed.
+set -uo pipefail
+
+if [[ $# -ne 1 || "$1" == -* ]]; then
+  echo "usage: scripts/device-check.sh OUTDIR" >&2
+  exit 64
+fi
+mkdir -p "$1" || exit 64
+OUT="$(cd "$1" && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 64
+LOGS="$OUT/logs"
+mkdir -p "$LOGS" "$OUT/tests"
+BUILD="$ROOT/build/device-check"
+NVBUILD="$ROOT/build/device-check-nvcc"
+START=$(date +%s)
+BUDGET=${KVQ_DC_BUDGET_S:-450}  # seconds for the whole run (the limit is 480)
+JOBS=${KVQ_DC_JOBS:-$(nproc 2>/dev/null || echo 4)}
+STATUS=0
+NOTES=()     # lines for the report's build section
+TESTS_MD=()  # lines for the report's test section
+
+elapsed() { echo $(( $(date +%s) - START )); }
+left() { echo $(( BUDGET - $(elapsed) )); }
+note() { NOTES+=("$*"); echo "device-check: $*" >&2; }
+# Timeout for a step: at most $1 seconds, and never past the budget (at least 10 s).
+cap() { local l; l=$(left); (( l < $1 )) && { (( l > 10 )) && echo "$l" || echo 10; } || echo "$1"; }
+
+# ---- machine ----------------------------------------------------------------------------------
+
+GPU_NAME="" GPU_INFO="" CC=""
+if command -v nvidia-smi >/dev/null 2>&1; then
+  GPU_INFO=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+  GPU_NAME=$(cut -d, -f1 <<<"$GPU_INFO" | sed 's/ *$//')
+  CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')
+fi
+NVCC=$(command -v nvcc || true)
+[[ -z "$NVCC" && -x /usr/local/cuda/bin/nvcc ]] && NVCC=/usr/local/cuda/bin/nvcc
+NVCC_VERSION=$([[ -n "$NVCC" ]] && "$NVCC" --version | grep -o 'release [0-9.]*' | head -1)
+PY=$(command -v python3 || true)
+
+write_header() {
+  {
+    echo "# kvq device check"
+    echo
+    echo "- Date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    echo "- Host: $(hostname 2>/dev/null || echo unknown)"
+    echo "- GPU: ${GPU_INFO:-none found}"
+    echo "- CUDA: ${NVCC:-no nvcc} ${NVCC_VERSION}"
+    echo "- Commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "- CPU cores used for the build: $JOBS"
+  } >"$OUT/report.md"
+}
+
+if [[ -z "$GPU_NAME" && "${KVQ_DC_FORCE:-0}" != 1 ]]; then
+  write_header
+  {
+    echo
+    echo "## Result: no GPU"
+    echo
+    if command -v nvidia-smi >/dev/null 2>&1; then
+      echo "nvidia-smi lists no GPU: $(nvidia-smi -L 2>&1 | head -3 | tr '\n' ' ')"
+    else
+      echo "nvidia-smi is not installed: this machine has no usable NVIDIA GPU (or no driver)."
+    fi
+    echo
+    echo "Nothing was built or run. Run this script on a machine with a GPU (set KVQ_DC_FORCE=1"
+    echo "to exercise the build and the report anyway)."
+  } >>"$OUT/report.md"
+  echo "device-check: no GPU; wrote $OUT/report.md" >&2
+  exit 2
+fi
+if [[ -z "$NVCC" ]]; then
+  write_header
+  printf '\n## Result: no CUDA compiler\n\nnvcc is neither on PATH nor in /usr/local/cuda/bin.\n' >>"$OUT/report.md"
+  echo "device-check: no nvcc; wrote $OUT/report.md" >&2
+  exit 3
+fi
+[[ -z "$GPU_NAME" ]] && note "KVQ_DC_FORCE=1: no GPU, running anyway (binaries will skip)."
+
+# CUDA architecture: the GPU's own (one arch halves nvcc time); 80;90 without a GPU.
+if [[ -n "$CC" ]]; then ARCH="$CC"; NVARCH="sm_$CC"; else ARCH="80;90"; NVARCH=""; fi
+
+# ---- configure and build ----------------------------------------------------------------------
+
+missing_deps() {  # package names CMake / pkg-config could not find, from a configure log
+  grep -oE 'provided by "[A-Za-z0-9_]+"|Could NOT find [A-Za-z0-9_]+|No package .[A-Za-z0-9_.+-]+. found|None of the required .[A-Za-z0-9_.+-]+. found' "$1" |
+    sed -E 's/provided by "([^"]+)"/\1/; s/Could NOT find //; s/No package .(.+). found/\1/; s/None of the required .(.+). found/\1/' |
+    sort -u | tr '\n' ' '
+}
+
+MODE=""
+GEN_ARGS=() KEEP_GOING=()
+if command -v ninja >/dev/null 2>&1; then GEN_ARGS=(-G Ninja); KEEP_GOING=(-k 0); else KEEP_GOING=(-k); fi
+configure() {  # $1: label, rest: extra cmake args. The first try keeps an earlier build (faster
+  local label=$1; shift  # reruns); a retry starts clean.
+  [[ "$label" != full ]] && rm -rf "$BUILD"
+  timeout "$(cap 120)" cmake -S . -B "$BUILD" "${GEN_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON \
+    "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" "$@" >"$LOGS/configure-$label.log" 2>&1
+}
+if [[ "${KVQ_DC_NO_CMAKE:-0}" == 1 ]]; then
+  MODE=nvcc
+  note "KVQ_DC_NO_CMAKE=1: skipping CMake; CUDA benches built with nvcc directly, no tests."
+elif configure full -DKVQ_BUILD_TESTS=ON -DKVQ_BUILD_BENCH=ON; then
+  MODE=cmake
+  note "CMake configured (tests and benches), CUDA architecture $ARCH."
+else
+  note "CMake configure with tests and benches failed; missing: $(missing_deps "$LOGS/configure-full.log")(log: logs/configure-full.log)."
+  if configure tests -DKVQ_BUILD_TESTS=ON -DKVQ_BUILD_BENCH=OFF; then
+    MODE=cmake-tests
+    note "CMake configured without the bench/ directory; CUDA benches are built with nvcc directly."
+  else
+    note "CMake configure without benches failed too; missing: $(missing_deps "$LOGS/configure-tests.log")(log: logs/configure-tests.log)."
+    note "Fallback: no tests (they need CMake, GoogleTest and the CPU reference); CUDA benches built with nvcc directly."
+    MODE=nvcc
+  fi
+fi
+
+TEST_TARGETS=() BENCH_TARGETS=()
+while read -r t; do
+  [[ -z "$t" || ( "$t" == *_full_test && "${KVQ_DC_FULL:-0}" != 1 ) ]] && continue
+  TEST_TARGETS+=("$t")
+done < <(grep -oE 'kvq_test\((cuda_[A-Za-z0-9_]+)' tests/cuda/CMakeLists.txt | sed 's/kvq_test(//' | sort -u)
+for f in bench/bench_*_cuda.cu; do [[ -e "$f" ]] && BENCH_TARGETS+=("$(basename "$f" .cu)"); done
+
+declare -A BENCH_BIN=()
+if [[ "$MODE" != nvcc ]]; then
+  targets=("${TEST_TARGETS[@]}")
+  [[ "$MODE" == cmake ]] && targets+=("${BENCH_TARGETS[@]}")
+  t0=$(elapsed)
+  if timeout "$(cap 330)" cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" -- "${KEEP_GOING[@]}" >"$LOGS/build.log" 2>&1; then
+    note "Built ${targets[*]} in $(( $(elapsed) - t0 )) s."
+  else
+    STATUS=1
+    note "Build failed or timed out after $(( $(elapsed) - t0 )) s (log: logs/build.log); running what was built."
+    grep -E 'error|Error' "$LOGS/build.log" | head -15 >"$LOGS/build-errors.txt"
+  fi
+  if [[ "$MODE" == cmake ]]; then
+    for b in "${BENCH_TARGETS[@]}"; do [[ -x "$BUILD/bench/$b" ]] && BENCH_BIN[$b]="$BUILD/bench/$b"; done
+  fi
+fi
+
+# CUDA benches CMake did not build: nvcc directly, from one static archive of the kernels and the
+# scheme libraries (core/, fp8/, kivi/: host C++, fmt header-only) - whatever compiles on its own;
+# the linker takes only the objects a bench uses, so a file that needs a missing package does not
+# matter unless a bench needs it.
+need_nvcc=()
+for b in "${BENCH_TARGETS[@]}"; do [[ -z "${BENCH_BIN[$b]:-}" ]] && need_nvcc+=("$b"); done
+if (( ${#need_nvcc[@]} > 0 )); then
+  rm -rf "$NVBUILD"
+  mkdir -p "$NVBUILD"
+  archflags=(-arch=native)
+  [[ -n "$NVARCH" ]] && archflags=(-arch="$NVARCH")
+  [[ -z "$GPU_NAME" ]] && archflags=("-gencode=arch=compute_90,code=sm_90")
+  CXX_BIN=${CXX:-c++}
+  srcs=(kernels/*.cu core/*.cpp fp8/*.cpp kivi/*.cpp)
+  for k in "${srcs[@]}"; do  # JOBS at a time; a file that does not compile alone is left out
+    while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n; done
+    o="$NVBUILD/$(tr / _ <<<"$k").o"
+    log="$LOGS/compile-$(tr / _ <<<"$k").log"
+    if [[ "$k" == *.cu ]]; then
+      ( timeout "$(cap 200)" "$NVCC" -std=c++20 -O3 "${archflags[@]}" -I. -c "$k" -o "$o" >"$log" 2>&1 || rm -f "$o" ) &
+    else
+      ( timeout "$(cap 200)" "$CXX_BIN" -std=c++20 -O2 -DFMT_HEADER_ONLY -I. -c "$k" -o "$o" >"$log" 2>&1 || rm -f "$o" ) &
+    fi
+  done
+  wait
+  objs=() left_out=()
+  for k in "${srcs[@]}"; do
+    o="$NVBUILD/$(tr / _ <<<"$k").o"
+    if [[ -s "$o" ]]; then objs+=("$o"); else left_out+=("$k"); fi
+  done
+  (( ${#left_out[@]} > 0 )) && note "Left out of the nvcc-built archive (do not compile here; logs/compile-*.log): ${left_out[*]}."
+  rm -f "$NVBUILD/libkvq_kernels_nvcc.a"
+  (( ${#objs[@]} > 0 )) && ar rcs "$NVBUILD/libkvq_kernels_nvcc.a" "${objs[@]}"
+  for b in "${need_nvcc[@]}"; do
+    if timeout "$(cap 200)" "$NVCC" -std=c++20 -O3 "${archflags[@]}" -I. "bench/$b.cu" "$NVBUILD/libkvq_kernels_nvcc.a" \
+        -o "$NVBUILD/$b" >"$LOGS/nvcc-$b.log" 2>&1; then
+      BENCH_BIN[$b]="$NVBUILD/$b"
+      note "Built $b with nvcc directly (${archflags[*]})."
+    else
+      STATUS=1
+      note "Could not build $b with nvcc (log: logs/nvcc-$b.log)."
+    fi
+  done
+fi
+
+# ---- tests ------------------------------------------------------------------------------------
+
+if [[ "$MODE" == nvcc ]]; then
+  TESTS_MD+=("Not run: CMake could not configure the test suite (see the build section).")
+else
+  # The binaries run side by side (one GPU, the CPU reference threads share the cores).
+  t0=$(elapsed)
+  limit=$(cap 240)
+  for t in "${TEST_TARGETS[@]}"; do
+    bin="$BUILD/tests/cuda/$t"
+    [[ -x "$bin" ]] || continue
+    ( timeout "$limit" "$bin" --gtest_brief=1 "--gtest_output=json:$OUT/tests/$t.json" >"$LOGS/$t.log" 2>&1
+      echo $? >"$LOGS/$t.rc" ) &
+  done
+  wait
+  note "Test binaries ran in $(( $(elapsed) - t0 )) s (limit $limit s each)."
+  for t in "${TEST_TARGETS[@]}"; do
+    if [[ ! -x "$BUILD/tests/cuda/$t" ]]; then
+      TESTS_MD+=("| $t | not built | | | |")
+      STATUS=1
+      continue
+    fi
+    rc=$(cat "$LOGS/$t.rc" 2>/dev/null || echo 1)
+    passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$LOGS/$t.log" | grep -oE '[0-9]+$' | tail -1)
+    failed=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$LOGS/$t.log" | grep -oE '[0-9]+' | tail -1)
+    skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+ test' "$LOGS/$t.log" | grep -oE '[0-9]+' | tail -1)
+    state=passed
+    (( rc == 124 )) && state="timed out"
+    (( rc != 0 && rc != 124 )) && state="failed (exit $rc)"
+    (( rc != 0 )) && STATUS=1
+    [[ -n "$GPU_NAME" && "${skipped:-0}" != 0 ]] && state="$state (skips on a GPU machine: see logs/$t.log)"
+    TESTS_MD+=("| $t | $state | ${passed:-0} | ${failed:-0} | ${skipped:-0} |")
+    if (( rc != 0 )); then
+      grep -E '^\[  FAILED  \] [A-Za-z]' "$LOGS/$t.log" | head -20 | sed 's/^/    /' >"$LOGS/$t.failed.txt"
+    fi
+  done
+fi
+
+# ---- benches ----------------------------------------------------------------------------------
+
+BENCH_ORDER=()
+for b in "${BENCH_TARGETS[@]}"; do
+  [[ -z "${BENCH_BIN[$b]:-}" ]] && continue
+  args=(--json "$OUT/$b.json")
+  [[ "$b" == bench_attention_cuda ]] && args+=(--reps 7 --warmup 2)
+  t0=$(elapsed)
+  timeout "$(cap 200)" "${BENCH_BIN[$b]}" "${args[@]}" >"$OUT/$b.md" 2>"$LOGS/$b.stderr"
+  rc=$?
+  (( rc != 0 )) && { STATUS=1; note "$b exited with $rc after $(( $(elapsed) - t0 )) s (stderr: logs/$b.stderr)."; }
+  (( rc == 0 )) && note "$b ran in $(( $(elapsed) - t0 )) s."
+  BENCH_ORDER+=("$b")
+done
+
+# ---- goals from the JSON ------------------------------------------------------------------------
+
+goals_md() {
+  if [[ -z "$PY" ]]; then
+    echo "python3 is not available: goals are not evaluated from the JSON here; bench_attention_cuda's"
+    echo "own goal table is in its section above."
+    return
+  fi
+  "$PY" - "$OUT" <<'EOF'
+import glob, json, os, re, statistics, sys
+out = sys.argv[1]
+rows = []
+att = os.path.join(out, "bench_attention_cuda.json")
+if os.path.exists(att):
+    try:
+        data = json.load(open(att))
+        for g in data.get("goals", []):
+            v = g.get("value")
+            unit = "%" if g.get("metric") == "pct_peak" else "x"
+            rows.append((g["goal"], "not measured" if v is None else f"{v:.2f}{unit}",
+                         "-" if v is None else ("met" if g.get("met") else "missed")))
+        bf = [r["pct_peak"] for r in data.get("results", []) if r["kind"] == "bf16"]
+        if bf:
+            rows.append(("(info) bf16 best % of peak over all cases", f"{max(bf):.1f}%", "-"))
+    except Exception as e:  # a truncated file from a timed-out run
+        rows.append(("attention goals", f"unreadable JSON: {e}", "-"))
+else:
+    for name in ("kivi2 >= 3x bf16", "kivi4 >= 2x bf16", "fp8_e4m3 >= 1.7x bf16", "bf16 kernel >= 70% of peak"):
+        rows.append((name + " (ctx 32k, batch 16)", "not measured (no bench_attention_cuda.json)", "-"))
+# Quantize kernels: any other bench JSON; every number under a key that names a fraction of peak,
+# except in records of a baseline (a name with "copy" / "memcpy" / "baseline").
+pct, base = [], []
+key_re = re.compile(r"(pct|percent|frac|fraction).*peak|peak.*(pct|percent|frac)", re.I)
+def walk(x):
+    if isinstance(x, dict):
+        is_base = any(isinstance(v, str) and re.search(r"copy|baseline", v, re.I) for v in x.values())
+        for k, v in x.items():
+            if key_re.search(k) and isinstance(v, (int, float)) and not isinstance(v, bool):
+                (base if is_base else pct).append(float(v))
+            else:
+                walk(v)
+    elif isinstance(x, list):
+        for v in x: walk(v)
+for f in sorted(glob.glob(os.path.join(out, "bench_*_cuda.json"))):
+    if os.path.basename(f) == "bench_attention_cuda.json": continue
+    try: walk(json.load(open(f)))
+    except Exception: pass
+if pct:
+    scale = 100 if max(pct + base) <= 1.5 else 1  # fractions, not percent
+    pct = [scale * p for p in pct]
+    rows.append(("quantize kernels >= 80% of peak (best case; worst and median in the info)",
+                 f"{max(pct):.1f}%", "met" if max(pct) >= 80 else "missed"))
+    rows.append(("(info) quantize kernels: worst / median % of peak", f"{min(pct):.1f}% / {statistics.median(pct):.1f}%", "-"))
+    if base:
+        rows.append(("(info) copy baseline % of peak", f"{scale * max(base):.1f}%", "-"))
+else:
+    rows.append(("quantize kernels >= 80% of peak", "not measured (no quantize bench JSON with a %-of-peak field)", "-"))
+print("| goal | value | met |")
+print("|---|---:|---|")
+for r in rows: print("| " + " | ".join(r) + " |")
+EOF
+}
+
+# ---- report -----------------------------------------------------------------------------------
+
+write_header
+{
+  case "$MODE" in
+    cmake) echo "- Build mode: cmake (tests and benches, build/device-check)" ;;
+    cmake-tests) echo "- Build mode: cmake-tests (tests by CMake; CUDA benches by nvcc directly)" ;;
+    *) echo "- Build mode: nvcc (CMake could not configure: CUDA benches only, no tests)" ;;
+  esac
+  echo "- Wall time: $(elapsed) s"
+  echo
+  echo "## Build"
+  echo
+  for n in "${NOTES[@]}"; do echo "- $n"; done
+  if [[ -s "$LOGS/build-errors.txt" ]]; then
+    echo
+    echo '```'
+    cat "$LOGS/build-errors.txt"
+    echo '```'
+  fi
+  echo
+  echo "## Tests (tests/cuda)"
+  echo
+  if [[ "$MODE" == nvcc ]]; then
+    echo "${TESTS_MD[0]}"
+  else
+    echo "| binary | status | passed | failed | skipped |"
+    echo "|---|---|---:|---:|---:|"
+    for l in "${TESTS_MD[@]}"; do echo "$l"; done
+    for t in "${TEST_TARGETS[@]}"; do
+      if [[ -s "$LOGS/$t.failed.txt" ]]; then
+        echo
+        echo "Failed in $t:"
+        echo
+        cat "$LOGS/$t.failed.txt"
+      fi
+    done
+    echo
+    echo "Full logs: logs/cuda_*.log; gtest JSON: tests/*.json."
+  fi
+  echo
+  echo "## Benchmarks"
+  if (( ${#BENCH_ORDER[@]} == 0 )); then
+    echo
+    echo "No CUDA bench was built."
+  fi
+  for b in "${BENCH_ORDER[@]}"; do
+    echo
+    echo "### $b"
+    echo
+    sed 's/^# /#### /; s/^## /#### /' "$OUT/$b.md"
+  done
+  echo
+  echo "## Goals"
+  echo
+  goals_md
+} >>"$OUT/report.md"
+
+(( STATUS == 0 )) && [[ "$MODE" == nvcc ]] && STATUS=4
+echo "device-check: wrote $OUT/report.md (status $STATUS, $(elapsed) s)" >&2
+exit "$STATUS"
