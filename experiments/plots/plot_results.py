@@ -97,11 +97,11 @@ def plot_model(rs, out):
             continue
         xs = [r["bits"] for r in sel]
         for ax, key in zip(axes, ["kld", "delta_ppl"]):
-            ys = [max(r[key], 1e-6) for r in sel]
+            ys = [max(abs(r[key]), 1e-6) for r in sel]
             ax.scatter(xs, ys, c=COLORS[fam], label=fam, s=18)
             label_points(ax, xs, ys, [short(r["scheme"]) for r in sel])
     axes[0].set_ylabel("mean KLD vs fp32 cache (nats/token)")
-    axes[1].set_ylabel("perplexity - fp32-cache perplexity")
+    axes[1].set_ylabel("|perplexity - fp32-cache perplexity|")
     s = rs[0]["settings"]
     for ax in axes:
         ax.set_yscale("log")
