@@ -41,6 +41,7 @@
 #include "kernels/attention_kernels.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/dispatch.h"
+#include "tests/cuda/cuda_test_util.h"
 #include "kivi/cache.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/kv_cache.h"
@@ -52,21 +53,6 @@ constexpr double kNmseExact = 1e-6;    // bf16 and fp8 caches
 constexpr double kNmseInt = 1e-5;      // int caches (scale / min folded differently)
 constexpr double kMaxAbsExact = 1e-5;  // x max |V|
 constexpr double kMaxAbsInt = 1e-4;    // x max |V|
-
-/// Empty when a device is usable, else why not.
-std::string no_device_reason() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(e);
-  if (n == 0) return "cudaGetDeviceCount returned 0";
-  return "";
-}
-
-#define KVQ_SKIP_WITHOUT_DEVICE()                                  \
-  do {                                                             \
-    const std::string why_ = no_device_reason();                   \
-    if (!why_.empty()) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
 
 /// Device allocations of one test case, freed together.
 class Arena {
@@ -102,38 +88,8 @@ class Arena {
   std::vector<void*> ptrs_;
 };
 
-/// A float device buffer with kGuard sentinel bytes before and after it.
-class GuardedOutput {
- public:
-  static constexpr size_t kGuard = 256;
-  static constexpr uint8_t kSentinel = 0xA5;
-  explicit GuardedOutput(size_t count) : count_(count) {
-    KVQ_CUDA_CHECK(cudaMalloc(&base_, bytes()));
-    KVQ_CUDA_CHECK(cudaMemset(base_, kSentinel, bytes()));  // the payload too: unwritten shows
-  }
-  ~GuardedOutput() { cudaFree(base_); }
-  GuardedOutput(const GuardedOutput&) = delete;
-  GuardedOutput& operator=(const GuardedOutput&) = delete;
-  float* get() { return reinterpret_cast<float*>(base_ + kGuard); }
-  std::vector<float> download() {
-    std::vector<float> v(count_);
-    KVQ_CUDA_CHECK(cudaMemcpy(v.data(), get(), count_ * sizeof(float), cudaMemcpyDeviceToHost));
-    return v;
-  }
-  size_t damaged_guard_bytes() {
-    std::vector<uint8_t> all(bytes());
-    KVQ_CUDA_CHECK(cudaMemcpy(all.data(), base_, bytes(), cudaMemcpyDeviceToHost));
-    size_t bad = 0;
-    for (size_t i = 0; i < kGuard; ++i) bad += all[i] != kSentinel;
-    for (size_t i = kGuard + count_ * sizeof(float); i < all.size(); ++i) bad += all[i] != kSentinel;
-    return bad;
-  }
-
- private:
-  size_t bytes() const { return count_ * sizeof(float) + 2 * kGuard; }
-  size_t count_;
-  uint8_t* base_ = nullptr;
-};
+/// A float device output with sentinel guard bytes around it.
+using GuardedOutput = testing::GuardedBuffer<float>;
 
 // ---- inputs (STYLE 5): fixed seeds, outlier key channels, a constant token group -------------
 

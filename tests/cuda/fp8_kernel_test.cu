@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "fp8/scale.h"
 #include "kernels/cuda_check.h"
+#include "tests/cuda/cuda_test_util.h"
 #include "kernels/fp8_kernels.cuh"
 
 namespace kvq {
@@ -32,60 +33,7 @@ namespace kvq {
 namespace kvq::cuda {
 namespace {
 
-/// Empty when a device is usable, else why not.
-std::string no_device_reason() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) return std::string("cudaGetDeviceCount failed: ") + cudaGetErrorString(e);
-  if (n == 0) return "cudaGetDeviceCount returned 0";
-  return "";
-}
-
-#define KVQ_SKIP_WITHOUT_DEVICE()                                  \
-  do {                                                             \
-    const std::string why_ = no_device_reason();                   \
-    if (!why_.empty()) GTEST_SKIP() << "no CUDA device: " << why_; \
-  } while (0)
-
-/// A device buffer of `count` T with kGuard sentinel bytes before and after it.
-template <typename T>
-class GuardedBuffer {
- public:
-  static constexpr size_t kGuard = 256;
-  static constexpr uint8_t kSentinel = 0xA5;
-
-  explicit GuardedBuffer(size_t count) : count_(count) {
-    KVQ_CUDA_CHECK(cudaMalloc(&base_, bytes()));
-    KVQ_CUDA_CHECK(cudaMemset(base_, kSentinel, bytes()));  // the payload too: unwritten shows
-  }
-  ~GuardedBuffer() { cudaFree(base_); }
-  GuardedBuffer(const GuardedBuffer&) = delete;
-  GuardedBuffer& operator=(const GuardedBuffer&) = delete;
-
-  T* get() { return reinterpret_cast<T*>(base_ + kGuard); }
-  void upload(const std::vector<T>& v) {
-    KVQ_CUDA_CHECK(cudaMemcpy(get(), v.data(), count_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() {
-    std::vector<T> v(count_);
-    KVQ_CUDA_CHECK(cudaMemcpy(v.data(), get(), count_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-  /// Number of guard bytes that no longer hold the sentinel.
-  size_t damaged_guard_bytes() {
-    std::vector<uint8_t> all(bytes());
-    KVQ_CUDA_CHECK(cudaMemcpy(all.data(), base_, bytes(), cudaMemcpyDeviceToHost));
-    size_t bad = 0;
-    for (size_t i = 0; i < kGuard; ++i) bad += all[i] != kSentinel;
-    for (size_t i = kGuard + count_ * sizeof(T); i < all.size(); ++i) bad += all[i] != kSentinel;
-    return bad;
-  }
-
- private:
-  size_t bytes() const { return count_ * sizeof(T) + 2 * kGuard; }
-  size_t count_;
-  uint8_t* base_ = nullptr;
-};
+using testing::GuardedBuffer;
 
 bool same_float(float a, float b) {
   return (std::isnan(a) && std::isnan(b)) || float_bits(a) == float_bits(b);
