@@ -140,8 +140,8 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache, std
   const int64_t n = static_cast<int64_t>(tokens.size());
   KVQ_CHECK(n > 0, "forward: no tokens");
   const int64_t pos0 = cache.tokens();
-  const int nt = threads > 0 ? threads : omp_get_max_threads();
-  Eigen::setNbThreads(nt);
+  const int nt = threads > 0 ? threads : omp_get_num_procs();
+  omp_set_num_threads(nt);  // kvq::matmul and the attention regions
   Mat x(n, c.hidden);
   for (int64_t t = 0; t < n; ++t) {
     const int32_t id = tokens[static_cast<size_t>(t)];

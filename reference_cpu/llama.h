@@ -28,7 +28,6 @@ struct LlamaConfig {
 struct CacheOptions {
   SchemeSpec spec;        ///< any scheme; the same for K and V (roles decide KIVI's axes)
   bool pre_rope = false;  ///< quantize keys before RoPE and rotate when reading (KVQuant)
-  std::string calib;      ///< unused unless spec has scale=calib: (the spec carries the path)
 };
 
 /// \brief One sequence's KV cache: a K and a V side per layer.
