@@ -1,6 +1,7 @@
 // core/gguf: GGUF files built byte by byte (layout per ggml's docs/gguf.md), every metadata type,
 // hand-made blocks of every decodable ggml type with values worked out by hand, every malformed
 // header, and the real SmolLM2 model file when scripts/fetch-model.sh has fetched it.
+#include "tests/support/model.h"
 #include "core/gguf.h"
 
 #include <gtest/gtest.h>
@@ -652,17 +653,8 @@ TEST(GgufMalformed, RandomHeaderCorruptionNeverCrashes) {
 
 // ---- the real model (REFERENCE.md section 7; scripts/fetch-model.sh fetches it) -------------
 
-std::string find_model() {
-  const char* name = "SmolLM2-135M-Instruct.Q4_1.gguf";
-  std::vector<std::string> dirs;
-  if (const char* d = std::getenv("KVQ_MODEL_DIR"); d && *d) dirs.emplace_back(d);
-  if (const char* h = std::getenv("HOME"); h && *h) dirs.push_back(std::string(h) + "/.cache/kvq");
-  for (const auto& d : dirs) {
-    const std::string p = d + "/" + name;
-    if (std::filesystem::is_regular_file(p)) return p;
-  }
-  return "";
-}
+// The fetched model, found where the commands look (tests/support/model.h).
+std::string find_model() { return kvq::testing::model_file(); }
 
 double rms(const std::vector<float>& v) {
   double s = 0;

@@ -2,6 +2,7 @@
 // tests/fixtures/tokenizer_cases.json, written by experiments/plots/make_tokenizer_fixtures.py
 // with Hugging Face's `tokenizers` over the same GGUF's vocabulary and merges. Needs the real
 // model (scripts/fetch-model.sh); every test skips without it.
+#include "tests/support/model.h"
 #include "reference_cpu/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -27,17 +28,8 @@ using nlohmann::json;
 
 constexpr int32_t kVocab = 49152;
 
-std::string find_model() {
-  const char* name = "SmolLM2-135M-Instruct.Q4_1.gguf";
-  std::vector<std::string> dirs;
-  if (const char* d = std::getenv("KVQ_MODEL_DIR"); d && *d) dirs.emplace_back(d);
-  if (const char* h = std::getenv("HOME"); h && *h) dirs.push_back(std::string(h) + "/.cache/kvq");
-  for (const auto& d : dirs) {
-    const std::string p = d + "/" + name;
-    if (std::filesystem::is_regular_file(p)) return p;
-  }
-  return "";
-}
+// The fetched model, found where the commands look (tests/support/model.h).
+std::string find_model() { return kvq::testing::model_file(); }
 
 const json& fixtures() {
   static const json doc = [] {

@@ -19,11 +19,17 @@ struct RealModel {
   Tokenizer tok;
 };
 
+/// \brief Path of the SmolLM2 GGUF in the model cache (cli::model_dir()), or "" if absent.
+inline std::string model_file() {
+  const std::string p = cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return std::filesystem::is_regular_file(p) ? p : "";
+}
+
 /// \brief The SmolLM2 GGUF from the model cache, or nullptr if it is absent.
 inline const RealModel* real_model() {
   static std::unique_ptr<RealModel> m = []() -> std::unique_ptr<RealModel> {
-    const std::string p = cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-    if (!std::filesystem::exists(p)) return nullptr;
+    const std::string p = model_file();
+    if (p.empty()) return nullptr;
     auto f = gguf::GgufFile::open(p);
     auto model = LlamaModel::load(f);
     auto tok = Tokenizer::from_gguf(f);
@@ -32,9 +38,10 @@ inline const RealModel* real_model() {
   return m.get();
 }
 
-#define KVQ_REQUIRE_MODEL()                                                                  \
-  const ::kvq::testing::RealModel* M = ::kvq::testing::real_model();                         \
-  if (!M) GTEST_SKIP() << "model file absent: run scripts/fetch-model.sh (the README's setup " \
-                          "does)"
+#define KVQ_REQUIRE_MODEL()                                                            \
+  const ::kvq::testing::RealModel* M = ::kvq::testing::real_model();                   \
+  if (!M)                                                                              \
+  GTEST_SKIP() << "model file absent: run scripts/fetch-model.sh (the README's setup " \
+                  "does)"
 
 }  // namespace kvq::testing
