@@ -1,7 +1,12 @@
 // kvq model ...: the real model (SmolLM2-135M-Instruct GGUF) with a quantized KV cache.
 #include <fmt/format.h>
 
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -16,8 +21,8 @@
 #include "experiments/model_eval.h"
 #include "experiments/model_files.h"
 #include "fp8/scale.h"
-#include "reference_cpu/llama.h"
-#include "reference_cpu/tokenizer.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
 
 namespace kvq::cli {
 namespace {
@@ -400,6 +405,93 @@ void register_logits(CLI::App* model) {
   });
 }
 
+void register_bench(CLI::App* model) {
+  struct O : Common {
+    std::string text = "kjv";
+    int prompt = 512, gen = 64, depth = 0, reps = 3;
+  };
+  auto o = std::make_shared<O>();
+  o->kv = "fp32";
+  auto* c = model->add_subcommand(
+      "bench",
+      "Model throughput, as llama-bench reports it: prefill of --prompt tokens in one call (pp) and\n"
+      "token-by-token decode of --gen tokens (tg), each after --depth tokens already in the cache.\n"
+      "Wall-clock tokens/s, median of --reps runs, plus CPU seconds and peak memory (RSS).\n"
+      "Example: kvq model bench --threads 2 --prompt 512 --gen 64 --depth 8192 --kv kivi2");
+  add_common(c, *o);
+  c->add_option("--text", o->text, "text the tokens come from, or 'kjv'")->capture_default_str();
+  c->add_option("--prompt", o->prompt, "prefill tokens (0 = skip pp)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  c->add_option("--gen", o->gen, "decoded tokens (0 = skip tg)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  c->add_option("--depth", o->depth, "tokens in the cache before each measurement")->check(CLI::NonNegativeNumber)->capture_default_str();
+  c->add_option("--reps", o->reps, "repetitions (the median is reported)")->check(CLI::PositiveNumber)->capture_default_str();
+  c->callback([o] {
+    const CacheOptions co = cache_options(o->kv, o->pre_rope);
+    const std::string text = read_file(text_path(o->text));
+    const Loaded& L = load(*o);
+    const auto ids = L.tok.encode(text);
+    const int64_t need = static_cast<int64_t>(o->depth) + std::max(o->prompt, o->gen);
+    KVQ_CHECK(need <= L.model.config().context, "bench: --depth {} + {} tokens exceed the model's context {}",
+              o->depth, std::max(o->prompt, o->gen), L.model.config().context);
+    KVQ_CHECK(static_cast<int64_t>(ids.size()) >= need, "bench: the text has {} tokens, {} needed", ids.size(), need);
+    const int threads = o->threads > 0 ? o->threads : omp_get_num_procs();
+    auto cpu_now = [] { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; };
+    auto fill = [&](LlamaCache& cache) {  // the untimed context
+      std::vector<float> logits;
+      for (int64_t a = 0; a < o->depth; a += 512)
+        L.model.forward({ids.data() + a, static_cast<size_t>(std::min<int64_t>(512, o->depth - a))}, cache, logits,
+                        false, threads);
+    };
+    struct Stat {
+      std::vector<double> tps, cpu;
+    } pp, tg;
+    for (int r = 0; r < o->reps; ++r) {
+      std::vector<float> logits;
+      if (o->prompt > 0) {
+        LlamaCache cache(L.model.config(), co);
+        fill(cache);
+        const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = cpu_now();
+        L.model.forward({ids.data() + o->depth, static_cast<size_t>(o->prompt)}, cache, logits, false, threads);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        pp.tps.push_back(o->prompt / s);
+        pp.cpu.push_back((cpu_now() - c0) / o->prompt * 1e3);
+      }
+      if (o->gen > 0) {
+        LlamaCache cache(L.model.config(), co);
+        fill(cache);
+        const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = cpu_now();
+        for (int i = 0; i < o->gen; ++i)
+          L.model.forward({ids.data() + o->depth + i, 1}, cache, logits, false, threads);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        tg.tps.push_back(o->gen / s);
+        tg.cpu.push_back((cpu_now() - c0) / o->gen * 1e3);
+      }
+      fmt::print(stderr, "[bench] rep {}/{}{}{}\n", r + 1, o->reps,
+                 pp.tps.empty() ? "" : fmt::format(": pp{} {:.1f} tok/s", o->prompt, pp.tps.back()),
+                 tg.tps.empty() ? "" : fmt::format(", tg{} {:.1f} tok/s", o->gen, tg.tps.back()));
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    };
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    const double rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;
+    fmt::print("model       {} ({}; {:.1f} MB of weights)\n", model_path(o->model_file), L.model.weight_formats(),
+               static_cast<double>(L.model.weight_bytes()) / 1e6);
+    fmt::print("kv          {}, threads {}, depth {}\n", co.spec.canonical(), threads, o->depth);
+    fmt::print("{:<8} {:>10} {:>14} {:>6}\n", "test", "tokens/s", "CPU ms/token", "reps");
+    if (!pp.tps.empty()) fmt::print("{:<8} {:>10.1f} {:>14.2f} {:>6}\n", fmt::format("pp{}", o->prompt), median(pp.tps), median(pp.cpu), o->reps);
+    if (!tg.tps.empty()) fmt::print("{:<8} {:>10.1f} {:>14.2f} {:>6}\n", fmt::format("tg{}", o->gen), median(tg.tps), median(tg.cpu), o->reps);
+    fmt::print("peak RSS    {:.0f} MB\n", rss_mb);
+    write_json(o->json, {{"kv", co.spec.canonical()}, {"threads", threads}, {"depth", o->depth}, {"prompt", o->prompt},
+                         {"gen", o->gen}, {"pp_tokens_per_s", median(pp.tps)}, {"tg_tokens_per_s", median(tg.tps)},
+                         {"pp_cpu_ms_per_token", median(pp.cpu)}, {"tg_cpu_ms_per_token", median(tg.cpu)},
+                         {"peak_rss_mb", rss_mb}, {"weights", L.model.weight_formats()}});
+  });
+}
+
 }  // namespace
 
 void register_model(CLI::App& app) {
@@ -413,6 +505,7 @@ void register_model(CLI::App& app) {
   register_dump(model);
   register_calibrate(model);
   register_logits(model);
+  register_bench(model);
 }
 
 }  // namespace kvq::cli

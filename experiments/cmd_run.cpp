@@ -27,7 +27,7 @@
 #include "reference_cpu/attention.h"
 #include "reference_cpu/metrics.h"
 #include "reference_cpu/quantize.h"
-#include "reference_cpu/tokenizer.h"
+#include "model/tokenizer.h"
 
 namespace kvq::cli {
 namespace {
@@ -219,15 +219,20 @@ void run_model(const toml::table& mt, const std::vector<SchemeSpec>& specs, cons
   const auto m = LlamaModel::load(f);
   const auto tok = Tokenizer::from_gguf(f);
   const auto ids = tok.encode(read_file(text_path(text)));
-  int i = 0;
+  std::vector<CacheOptions> caches;
   for (const SchemeSpec* s : todo) {
-    ++i;
     CacheOptions co;
     co.spec = *s;
     co.pre_rope = pre;
-    const auto r = eval::perplexity(m, co, ids, o, [&](const std::string& msg) {
-      fmt::print(stderr, "[model {}/{}] {}: {}\n", i, todo.size(), s->canonical(), msg);
-    });
+    caches.push_back(co);
+  }
+  // All schemes in one pass: the fp32 reference of each window is computed once.
+  const auto results = eval::perplexity(m, caches, ids, o, [&](const std::string& msg) {
+    fmt::print(stderr, "[model, {} schemes] {}\n", todo.size(), msg);
+  });
+  for (size_t i = 0; i < todo.size(); ++i) {
+    const SchemeSpec* s = todo[i];
+    const eval::PplResult& r = results[i];
     const Shape3 one{o.ctx, m.config().kv_heads, m.config().head_dim};
     const Footprint fk = footprint(*s, Role::Key, one), fv = footprint(*s, Role::Value, one);
     table.add({{"key", s->canonical()}, {"scheme", s->canonical()}, {"settings", settings},

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "reference_cpu/llama.h"
+#include "model/llama.h"
 
 namespace kvq::eval {
 
@@ -31,11 +31,16 @@ struct PplResult {
   double kld = 0;               ///< mean KL(p_fp32 || p_scheme) of next-token distributions
   double kld_p99 = 0;           ///< 99th percentile of the per-token KL
   double top1 = 0;              ///< fraction of positions where both argmaxes agree
-  double seconds = 0;
+  double seconds = 0;  ///< of the whole run (all schemes together)
 };
 
-/// \brief Perplexity of `tokens` with the scheme's cache, with KL and top-1 agreement against
-/// the fp32 cache on the same windows.
+/// \brief Perplexity of `tokens` with each scheme's cache, with KL and top-1 agreement against the
+/// fp32 cache on the same windows. The fp32 reference runs once per window for all schemes.
+std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOptions>& caches,
+                                  const std::vector<int32_t>& tokens, const PplOptions& o,
+                                  const Progress& progress = {});
+
+/// \brief perplexity() for one scheme.
 PplResult perplexity(const LlamaModel& m, const CacheOptions& cache, const std::vector<int32_t>& tokens,
                      const PplOptions& o, const Progress& progress = {});
 

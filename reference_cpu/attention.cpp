@@ -87,43 +87,53 @@ void decode_attention(const float* q, int64_t q_heads, const SideStore& k, const
   }
 }
 
-void causal_attention(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
-                      const SideStore& k, const SideStore& v, ExactTail k_exact, ExactTail v_exact,
-                      float* out, int threads) {
+void causal_attention_check(int64_t n, int64_t q_heads, int64_t t_begin, const SideStore& k,
+                            const SideStore& v, ExactTail k_exact, ExactTail v_exact) {
   check_shapes(q_heads, k, v);
-  const int64_t H = k.heads(), D = k.dim(), T = t_begin + n;
-  KVQ_CHECK(k.tokens() == T, "causal_attention: the cache holds {} tokens, expected {} + {}",
+  KVQ_CHECK(k.tokens() == t_begin + n, "causal_attention: the cache holds {} tokens, expected {} + {}",
             k.tokens(), t_begin, n);
   KVQ_CHECK(n > 0 && k_exact.begin <= k.quantized_tokens_at(t_begin + 1) &&
                 v_exact.begin <= v.quantized_tokens_at(t_begin + 1),
             "causal_attention: exact tails start at {} / {}, after the window of position {}",
             k_exact.begin, v_exact.begin, t_begin);
+}
+
+void causal_attention_item(const float* q, int64_t q_heads, int64_t t_begin, const SideStore& k,
+                           const SideStore& v, ExactTail k_exact, ExactTail v_exact, float* out,
+                           int64_t item, std::vector<float>& s) {
+  const int64_t H = k.heads(), D = k.dim();
+  const int64_t r = item / H, h = item % H;
   const int nq = static_cast<int>(q_heads / H);
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
-  const int nt = threads > 0 ? threads : omp_get_max_threads();
-#pragma omp parallel num_threads(nt)
+  const int64_t len = t_begin + r + 1;
+  if (s.size() < static_cast<size_t>(nq * len)) s.resize(static_cast<size_t>(nq * len));
+  const int64_t qk = k.quantized_tokens_at(len), qv = v.quantized_tokens_at(len);
+  const float* qh = q + (r * q_heads + h * nq) * D;
+  float* oh = out + (r * q_heads + h * nq) * D;
+  // Scores: codes below qk, exact above (the exact tail indexed from its own start).
+  k.dot(h, qh, nq, 0, qk, s.data(), len);
+  dense_dot(k_exact.data - k_exact.begin * H * D, H, D, h, qh, nq, qk, len, s.data() + qk, len);
+  for (int i = 0; i < nq; ++i) {
+    float* row = s.data() + i * len;
+    for (int64_t t = 0; t < len; ++t) row[t] *= inv_sqrt_d;
+    softmax_row(row, len);
+  }
+  std::fill(oh, oh + nq * D, 0.0f);
+  v.accumulate(h, s.data(), nq, 0, qv, len, oh);
+  dense_accumulate(v_exact.data - v_exact.begin * H * D, H, D, h, s.data() + qv, nq, qv, len, len, oh);
+}
+
+void causal_attention(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
+                      const SideStore& k, const SideStore& v, ExactTail k_exact, ExactTail v_exact,
+                      float* out, int threads) {
+  causal_attention_check(n, q_heads, t_begin, k, v, k_exact, v_exact);
+  const int64_t items = n * k.heads();
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
   {
-    std::vector<float> s(static_cast<size_t>(nq * T));
-#pragma omp for schedule(dynamic, 4) collapse(2)
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t len = t_begin + r + 1;
-        const int64_t qk = k.quantized_tokens_at(len), qv = v.quantized_tokens_at(len);
-        const float* qh = q + (r * q_heads + h * nq) * D;
-        float* oh = out + (r * q_heads + h * nq) * D;
-        // Scores: codes below qk, exact above (the exact tail indexed from its own start).
-        k.dot(h, qh, nq, 0, qk, s.data(), len);
-        dense_dot(k_exact.data - k_exact.begin * H * D, H, D, h, qh, nq, qk, len, s.data() + qk, len);
-        for (int i = 0; i < nq; ++i) {
-          float* row = s.data() + i * len;
-          for (int64_t t = 0; t < len; ++t) row[t] *= inv_sqrt_d;
-          softmax_row(row, len);
-        }
-        std::fill(oh, oh + nq * D, 0.0f);
-        v.accumulate(h, s.data(), nq, 0, qv, len, oh);
-        dense_accumulate(v_exact.data - v_exact.begin * H * D, H, D, h, s.data() + qv, nq, qv, len,
-                         len, oh);
-      }
+    std::vector<float> s;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t it = 0; it < items; ++it)
+      causal_attention_item(q, q_heads, t_begin, k, v, k_exact, v_exact, out, it, s);
   }
 }
 

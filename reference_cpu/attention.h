@@ -35,6 +35,18 @@ void causal_attention(const float* q, int64_t n, int64_t q_heads, int64_t t_begi
                       const SideStore& k, const SideStore& v, ExactTail k_exact, ExactTail v_exact,
                       float* out, int threads = 1);
 
+/// \brief The checks causal_attention makes (throws kvq::Error naming what is wrong).
+void causal_attention_check(int64_t n, int64_t q_heads, int64_t t_begin, const SideStore& k,
+                            const SideStore& v, ExactTail k_exact, ExactTail v_exact);
+
+/// \brief One work item of causal_attention, unchecked: position item / kv_heads, kv head
+/// item % kv_heads (its nq query heads). Items are independent and each is computed the same way
+/// on any thread, so a caller with its own thread team may hand them out in any order.
+/// `scratch` is resized as needed.
+void causal_attention_item(const float* q, int64_t q_heads, int64_t t_begin, const SideStore& k,
+                           const SideStore& v, ExactTail k_exact, ExactTail v_exact, float* out,
+                           int64_t item, std::vector<float>& scratch);
+
 /// \brief Causal prefill of a cache holding exactly the T tokens of k_raw / v_raw ([T, H, D]):
 /// causal_attention with t_begin = 0 and the raw tensors as exact tails.
 void prefill_attention(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,

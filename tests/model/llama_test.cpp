@@ -1,5 +1,5 @@
 // The real model (SmolLM2-135M-Instruct, Q4_1 GGUF) with quantized KV caches.
-#include "reference_cpu/llama.h"
+#include "model/llama.h"
 
 #include <gtest/gtest.h>
 

@@ -1,18 +1,22 @@
-// A Llama-family decoder (SmolLM2-135M-Instruct and kin) from a GGUF file, fp32 compute with
-// Eigen, whose KV cache is any kvq scheme. Prefill in chunks and single-token decode are the same
-// call: forward() appends the tokens to the cache and attends causally, so every position sees
-// exactly the cache a token-by-token decode would hold (quantized outside the residual window).
+// A Llama-family decoder (SmolLM2-135M-Instruct and kin) from a GGUF file: weights kept in their
+// GGUF block format (model/packed_matrix.h), fp32 activations, and a KV cache in any kvq scheme.
+// Prefill in chunks and single-token decode are the same call: forward() appends the tokens to the
+// cache and attends causally, so every position sees exactly the cache a token-by-token decode
+// would hold (quantized outside the residual window).
 #pragma once
 
 #include <Eigen/Dense>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/gguf.h"
 #include "core/spec.h"
+#include "model/packed_matrix.h"
+#include "model/thread_team.h"
 #include "reference_cpu/kv_cache.h"
 
 namespace kvq {
@@ -54,24 +58,38 @@ class LlamaCache {
 using KvObserver = std::function<void(int layer, int64_t pos0, int64_t n, const float* k_pre,
                                       const float* k_post, const float* v)>;
 
-/// \brief The model: dequantized fp32 weights (the file's weight quantization stays fixed, so it
-/// does not mix with the KV-cache comparison).
+/// \brief How the weights are held in memory.
+enum class WeightStore {
+  kPacked,  ///< the file's blocks in column panels, decoded in registers (the default)
+  kFp32,    ///< dequantized fp32 [in][out] multiplied by reference_cpu/matmul.h: the plain
+            ///< definition the packed path is tested against (about 4x the memory)
+};
+
+/// \brief The model. The file's weight quantization stays fixed, so it does not mix with the
+/// KV-cache comparison; both weight stores give bit-identical logits.
 class LlamaModel {
  public:
   using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  /// A weight stored transposed, [in][out] row-major, for kvq::matmul.
+  /// One weight matrix W [out][in].
   struct Linear {
     int64_t in = 0, out = 0;
-    std::vector<float> wt;
+    PackedMatrix packed;    ///< WeightStore::kPacked
+    std::vector<float> wt;  ///< WeightStore::kFp32: W transposed, [in][out]
   };
 
-  /// \brief Loads a llama-architecture GGUF; errors name the missing key or tensor.
-  static LlamaModel load(const gguf::GgufFile& f);
+  /// \brief Loads a llama-architecture GGUF; errors name the missing key or tensor. The model
+  /// keeps no reference to the file.
+  static LlamaModel load(const gguf::GgufFile& f, WeightStore store = WeightStore::kPacked);
   const LlamaConfig& config() const { return cfg_; }
+  /// \brief Bytes of weights held in memory.
+  size_t weight_bytes() const;
+  /// \brief "Q4_1 (panels) x 210, Q8_0 (panels) x 1"-style summary of the weight formats.
+  std::string weight_formats() const;
 
   /// \brief Runs `tokens` at positions cache.tokens() .. + n - 1, appending their K/V to the
   /// cache. Writes logits [n, vocab] for every position when `all_logits`, else only for the last
-  /// ([1, vocab]). `threads` 0 = all cores.
+  /// ([1, vocab]). `threads` 0 = all cores; one OpenMP team runs the whole pass (the matrix
+  /// products split output panels, attention splits (position, head) pairs).
   void forward(std::span<const int32_t> tokens, LlamaCache& cache, std::vector<float>& logits,
                bool all_logits, int threads = 0, const KvObserver& observe = {}) const;
 
@@ -84,9 +102,20 @@ class LlamaModel {
     Eigen::VectorXf attn_norm, ffn_norm;
     Linear wq, wk, wv, wo, w_gate, w_up, w_down;
   };
+  void apply(const Linear& l, const float* x, int64_t n, float* y, bool accumulate, int me,
+             int members) const;
+  void embed(int32_t id, float* out) const;
+
   LlamaConfig cfg_;
-  Mat embed_;     ///< [vocab, hidden] token embeddings
-  Linear head_;   ///< output head (the tied embeddings unless the file has output.weight)
+  WeightStore store_ = WeightStore::kPacked;
+  Linear head_;   ///< output head [vocab][hidden]: output.weight, or the token embeddings
+  Linear embed_;  ///< token embeddings when the file has its own output.weight (else head_)
+  bool tied_ = true;
+  struct TeamSlot {    // the forward pass's thread team, kept between calls
+    std::mutex mutex;  // one forward pass at a time per model
+    std::unique_ptr<ThreadTeam> team;
+  };
+  std::shared_ptr<TeamSlot> team_ = std::make_shared<TeamSlot>();
   Eigen::VectorXf out_norm_;
   std::vector<Block> blocks_;
   std::vector<float> inv_freq_;
