@@ -29,13 +29,13 @@ namespace {
 
 struct Common {
   std::string model_file, kv = "kivi2", json;
-  bool pre_rope = false;
+  bool pre_rope = false, hadamard = false;
   int threads = 0;
 };
 
-// The loaded model and tokenizer (loaded once per process).
+// The loaded model and tokenizer (loaded once per process). Neither keeps the file: its mapping is
+// released once the weights are packed.
 struct Loaded {
-  gguf::GgufFile file;
   LlamaModel model;
   Tokenizer tok;
 };
@@ -48,7 +48,7 @@ const Loaded& load(const Common& c) {
     gguf::GgufFile f = gguf::GgufFile::open(path);
     LlamaModel m = LlamaModel::load(f);
     Tokenizer t = Tokenizer::from_gguf(f);
-    l = std::make_unique<Loaded>(Loaded{std::move(f), std::move(m), std::move(t)});
+    l = std::make_unique<Loaded>(Loaded{std::move(m), std::move(t)});
     fmt::print(stderr, "loaded {} ({} layers, {} kv heads x {}) in {:.1f} s\n", path, l->model.config().layers,
                l->model.config().kv_heads, l->model.config().head_dim,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -56,10 +56,12 @@ const Loaded& load(const Common& c) {
   return *l;
 }
 
-CacheOptions cache_options(const std::string& spec, bool pre_rope) {
+CacheOptions cache_options(const std::string& spec, bool pre_rope, bool hadamard = false) {
   CacheOptions o;
   o.spec = parse_spec(spec);
   o.pre_rope = pre_rope;
+  o.hadamard = hadamard;
+  KVQ_CHECK(!(pre_rope && hadamard), "--hadamard and --pre-rope cannot be combined (the rotation acts on post-RoPE keys)");
   return o;
 }
 
@@ -71,6 +73,9 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
     c->add_option("--kv", o.kv, "KV-cache scheme spec (fp32, bf16, fp8_e4m3:gran=token, kivi2, int4:k=channel,v=token,...)")
         ->capture_default_str();
     c->add_flag("--pre-rope", o.pre_rope, "quantize keys before RoPE and rotate them when reading (KVQuant)");
+    c->add_flag("--hadamard", o.hadamard,
+                "store Walsh-Hadamard-rotated K and V (q, k, v rotated per head, the output rotated back), "
+                "as llama.cpp does for its quantized caches");
   }
   c->add_option("--threads", o.threads, "threads (0 = all cores)")->capture_default_str();
   c->add_option("--json", o.json, "also write the result as JSON to this file (atomically)");
@@ -109,7 +114,7 @@ void register_generate(CLI::App* model) {
   c->add_option("-n", o->n, "tokens to generate")->check(CLI::PositiveNumber)->capture_default_str();
   c->add_flag("--chat", o->chat, "wrap the prompt in the instruct chat template");
   c->callback([o] {
-    const CacheOptions co = cache_options(o->kv, o->pre_rope);
+    const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = prompt_text(o->prompt, o->prompt_file);
     const Loaded& L = load(*o);
     const auto ids = encode_prompt(L.tok, text, o->chat);
@@ -146,23 +151,30 @@ void register_ppl(CLI::App* model) {
   c->add_option("--text", o->text, "text file, or 'kjv' (King James Bible, scripts/fetch-text.sh)")->capture_default_str();
   c->add_option("--ctx", o->p.ctx, "window length (tokens)")->capture_default_str();
   c->add_option("--stride", o->p.stride, "window step; 0 = --ctx (non-overlapping)")->capture_default_str();
+  c->add_option("--score-from", o->p.score_from,
+                "score only positions >= N of every window (llama-perplexity scores the second half: "
+                "--score-from CTX/2); 0 = all")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   c->add_option("--chunk", o->p.chunk, "prefill chunk (tokens)")->capture_default_str();
   c->add_option("--max-tokens", o->p.max_tokens, "use the first N tokens of the text (0 = all)")->capture_default_str();
   c->callback([o] {
-    const CacheOptions co = cache_options(o->kv, o->pre_rope);
+    const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = read_file(text_path(o->text));
     const Loaded& L = load(*o);
     const auto ids = L.tok.encode(text);
     o->p.threads = o->threads;
     const auto r = eval::perplexity(L.model, co, ids, o->p, [](const std::string& m) { fmt::print(stderr, "[ppl] {}\n", m); });
-    fmt::print("kv          {}{}\n", co.spec.canonical(), co.pre_rope ? " (pre-RoPE keys)" : "");
+    fmt::print("kv          {}{}{}\n", co.spec.canonical(), co.pre_rope ? " (pre-RoPE keys)" : "",
+               co.hadamard ? " (Hadamard-rotated K/V)" : "");
     fmt::print("text        {} ({} tokens used of {})\n", o->text, r.windows * o->p.ctx, ids.size());
     fmt::print("windows     {} x {} tokens, {} scored positions\n", r.windows, o->p.ctx, r.scored);
     fmt::print("ppl         {:.4f}   (fp32 cache {:.4f}, delta {:+.4f})\n", r.ppl, r.ppl_ref, r.ppl - r.ppl_ref);
     fmt::print("KLD         mean {:.6f}, p99 {:.6f}\n", r.kld, r.kld_p99);
     fmt::print("same top-1  {:.2f}%\n", 100.0 * r.top1);
     fmt::print("time        {:.1f} s\n", r.seconds);
-    write_json(o->json, {{"kv", co.spec.canonical()}, {"pre_rope", co.pre_rope}, {"text", o->text}, {"ctx", o->p.ctx},
+    write_json(o->json, {{"kv", co.spec.canonical()}, {"pre_rope", co.pre_rope}, {"hadamard", co.hadamard}, {"text", o->text}, {"ctx", o->p.ctx},
+                         {"score_from", o->p.score_from},
                          {"stride", o->p.stride}, {"windows", r.windows}, {"scored", r.scored}, {"ppl", r.ppl},
                          {"ppl_fp32", r.ppl_ref}, {"kld", r.kld}, {"kld_p99", r.kld_p99}, {"top1", r.top1},
                          {"seconds", r.seconds}});
@@ -187,7 +199,7 @@ void register_diverge(CLI::App* model) {
   c->add_option("-n", o->n, "tokens to generate")->check(CLI::PositiveNumber)->capture_default_str();
   c->add_flag("--chat", o->chat, "wrap the prompt in the instruct chat template");
   c->callback([o] {
-    const CacheOptions test = cache_options(o->kv, o->pre_rope), ref = cache_options(o->vs, false);
+    const CacheOptions test = cache_options(o->kv, o->pre_rope, o->hadamard), ref = cache_options(o->vs, false);
     const std::string text = prompt_text(o->prompt, o->prompt_file);
     const Loaded& L = load(*o);
     const auto ids = encode_prompt(L.tok, text, o->chat);
@@ -231,7 +243,7 @@ void register_needle(CLI::App* model) {
   c->add_option("--seed", o->seed, "pass key seed")->capture_default_str();
   c->add_option("--text", o->text, "haystack text file, or 'kjv'")->capture_default_str();
   c->callback([o] {
-    const CacheOptions test = cache_options(o->kv, o->pre_rope), ref = cache_options("fp32", false);
+    const CacheOptions test = cache_options(o->kv, o->pre_rope, o->hadamard), ref = cache_options("fp32", false);
     for (double d : o->depth) KVQ_CHECK(d >= 0 && d <= 1, "--depth {} outside [0, 1]", d);
     const std::string hay_text = read_file(text_path(o->text));
     const Loaded& L = load(*o);
@@ -390,7 +402,7 @@ void register_logits(CLI::App* model) {
   c->add_option("--out", o->out, "output logits .npy")->required();
   c->add_option("--ids-out", o->ids_out, "also write the token ids as a JSON array");
   c->callback([o] {
-    const CacheOptions co = cache_options(o->kv, o->pre_rope);
+    const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = o->prompt_file.empty() ? prompt_text(o->prompt, "") : read_file(text_path(o->prompt_file));
     const Loaded& L = load(*o);
     auto ids = L.tok.encode(text);
@@ -425,7 +437,7 @@ void register_bench(CLI::App* model) {
   c->add_option("--depth", o->depth, "tokens in the cache before each measurement")->check(CLI::NonNegativeNumber)->capture_default_str();
   c->add_option("--reps", o->reps, "repetitions (the median is reported)")->check(CLI::PositiveNumber)->capture_default_str();
   c->callback([o] {
-    const CacheOptions co = cache_options(o->kv, o->pre_rope);
+    const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = read_file(text_path(o->text));
     const Loaded& L = load(*o);
     const auto ids = L.tok.encode(text);

@@ -1,10 +1,11 @@
 #include "experiments/model_eval.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
-#include <omp.h>
-#include <span>
 #include <cmath>
+#include <span>
 
 #include "core/error.h"
 #include "fmt/format.h"
@@ -12,7 +13,9 @@
 namespace kvq::eval {
 namespace {
 
-int32_t argmax(const float* x, int64_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
+int32_t argmax(const float* x, int64_t n) {
+  return static_cast<int32_t>(std::max_element(x, x + n) - x);
+}
 
 // Logits for every position of `tokens`, appended to `cache` in chunks.
 void run_chunks(const LlamaModel& m, LlamaCache& cache, const int32_t* tokens, int64_t n, int chunk,
@@ -44,12 +47,16 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
                                   const Progress& progress) {
   KVQ_CHECK(!caches.empty(), "ppl: no scheme to evaluate");
   KVQ_CHECK(o.ctx >= 2, "ppl: --ctx {} must be at least 2", o.ctx);
-  KVQ_CHECK(o.ctx <= m.config().context, "ppl: --ctx {} exceeds the model's context {}", o.ctx, m.config().context);
+  KVQ_CHECK(o.ctx <= m.config().context, "ppl: --ctx {} exceeds the model's context {}", o.ctx,
+            m.config().context);
   KVQ_CHECK(o.chunk >= 1, "ppl: --chunk {} must be positive", o.chunk);
   const int stride = o.stride > 0 ? o.stride : o.ctx;
   KVQ_CHECK(stride <= o.ctx, "ppl: --stride {} must not exceed --ctx {}", stride, o.ctx);
-  const int64_t n = o.max_tokens > 0 ? std::min<int64_t>(o.max_tokens, static_cast<int64_t>(all_tokens.size()))
-                                     : static_cast<int64_t>(all_tokens.size());
+  KVQ_CHECK(o.score_from >= 0 && o.score_from < o.ctx - 1,
+            "ppl: --score-from {} leaves nothing to score in windows of {}", o.score_from, o.ctx);
+  const int64_t n = o.max_tokens > 0
+                        ? std::min<int64_t>(o.max_tokens, static_cast<int64_t>(all_tokens.size()))
+                        : static_cast<int64_t>(all_tokens.size());
   KVQ_CHECK(n >= o.ctx, "ppl: the text has {} tokens, fewer than --ctx {}", n, o.ctx);
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t V = m.config().vocab;
@@ -69,7 +76,8 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
     for (const CacheOptions& c : caches) test.emplace_back(m.config(), c);
     // Positions first .. ctx-2 predict tokens first+1 .. ctx-1: the whole window at first (and
     // for non-overlapping windows), then only the last `stride` tokens of overlapping ones.
-    const int64_t first = w == 0 ? 0 : std::max<int64_t>(0, o.ctx - stride - 1);
+    const int64_t first =
+        std::max<int64_t>(o.score_from, w == 0 ? 0 : std::max<int64_t>(0, o.ctx - stride - 1));
     // Chunk by chunk, every cache in step: the reference logits of a chunk are computed once and
     // every scheme is scored against them, holding (schemes + 1) x chunk x vocab floats.
     for (int64_t a = 0; a < o.ctx; a += o.chunk) {
@@ -83,7 +91,8 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
       const int64_t np = p1 - p0;
       std::vector<double> r_nll(static_cast<size_t>(np)), q_nll(static_cast<size_t>(np) * S),
           q_kl(static_cast<size_t>(np) * S), q_agree(static_cast<size_t>(np) * S);
-#pragma omp parallel for schedule(dynamic, 4) num_threads(o.threads > 0 ? o.threads : omp_get_num_procs())
+#pragma omp parallel for schedule(dynamic, 4) \
+    num_threads(o.threads > 0 ? o.threads : omp_get_num_procs())
       for (int64_t i = 0; i < np; ++i) {
         const int64_t row = p0 + i - a;
         const auto la = log_softmax(lr.data() + row * V, V);
@@ -113,18 +122,22 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
       }
     }
     if (progress) {
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double scored = static_cast<double>(klds[0].size());
       std::string ppls;
-      for (size_t s = 0; s < S && s < 4; ++s) ppls += fmt::format(" {:.4f}", std::exp(nll[s] / scored));
+      for (size_t s = 0; s < S && s < 4; ++s)
+        ppls += fmt::format(" {:.4f}", std::exp(nll[s] / scored));
       if (S > 4) ppls += " ...";
-      progress(fmt::format("window {}/{}: ppl fp32 {:.4f}, schemes{}; {:.0f} tokens/s over {} caches, ETA {:.0f} s",
-                           w + 1, windows, std::exp(nll_ref / scored), ppls,
-                           static_cast<double>((w + 1) * o.ctx * static_cast<int64_t>(S + 1)) / sec, S + 1,
-                           sec / static_cast<double>(w + 1) * static_cast<double>(windows - w - 1)));
+      progress(fmt::format(
+          "window {}/{}: ppl fp32 {:.4f}, schemes{}; {:.0f} tokens/s over {} caches, ETA {:.0f} s",
+          w + 1, windows, std::exp(nll_ref / scored), ppls,
+          static_cast<double>((w + 1) * o.ctx * static_cast<int64_t>(S + 1)) / sec, S + 1,
+          sec / static_cast<double>(w + 1) * static_cast<double>(windows - w - 1)));
     }
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<PplResult> out(S);
   for (size_t s = 0; s < S; ++s) {
     PplResult& r = out[s];
@@ -136,25 +149,29 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
     for (double k : klds[s]) sum += k;
     r.kld = sum / static_cast<double>(r.scored);
     std::sort(klds[s].begin(), klds[s].end());
-    r.kld_p99 = klds[s][static_cast<size_t>(std::min<double>(static_cast<double>(klds[s].size() - 1),
-                                                             std::floor(0.99 * static_cast<double>(klds[s].size()))))];
+    r.kld_p99 = klds[s][static_cast<size_t>(
+        std::min<double>(static_cast<double>(klds[s].size() - 1),
+                         std::floor(0.99 * static_cast<double>(klds[s].size()))))];
     r.top1 = agree[s] / static_cast<double>(r.scored);
     r.seconds = seconds;
   }
   return out;
 }
 
-PplResult perplexity(const LlamaModel& m, const CacheOptions& cache, const std::vector<int32_t>& tokens,
-                     const PplOptions& o, const Progress& progress) {
+PplResult perplexity(const LlamaModel& m, const CacheOptions& cache,
+                     const std::vector<int32_t>& tokens, const PplOptions& o,
+                     const Progress& progress) {
   return perplexity(m, std::vector<CacheOptions>{cache}, tokens, o, progress).front();
 }
 
-std::vector<int32_t> generate(const LlamaModel& m, const CacheOptions& opts, const std::vector<int32_t>& prompt,
-                              int n, const std::vector<int32_t>& stop, int threads,
+std::vector<int32_t> generate(const LlamaModel& m, const CacheOptions& opts,
+                              const std::vector<int32_t>& prompt, int n,
+                              const std::vector<int32_t>& stop, int threads,
                               const std::function<void(int32_t)>& on_token) {
   KVQ_CHECK(!prompt.empty(), "generate: empty prompt");
   KVQ_CHECK(static_cast<int64_t>(prompt.size()) + n <= m.config().context,
-            "generate: {} prompt tokens + {} new exceed the model's context {}", prompt.size(), n, m.config().context);
+            "generate: {} prompt tokens + {} new exceed the model's context {}", prompt.size(), n,
+            m.config().context);
   LlamaCache cache(m.config(), opts);
   std::vector<float> logits;
   std::vector<int32_t> out;
@@ -196,8 +213,9 @@ DivergeResult diverge(const LlamaModel& m, const CacheOptions& ref, const CacheO
   return r;
 }
 
-NeedleResult needle_trial(const LlamaModel& m, const CacheOptions& opts, const std::vector<int32_t>& prompt,
-                          const std::vector<int32_t>& answer, int chunk, int threads) {
+NeedleResult needle_trial(const LlamaModel& m, const CacheOptions& opts,
+                          const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
+                          int chunk, int threads) {
   KVQ_CHECK(!answer.empty(), "needle: empty answer");
   LlamaCache cache(m.config(), opts);
   std::vector<float> logits;

@@ -65,7 +65,33 @@ void rms_norm_rows(const Mat& x, const Eigen::VectorXf& w, float eps, Mat& y, Ei
   }
 }
 
+// Block sizes of the K and V rotations for head_dim d (0: d does not allow them).
+int64_t hadamard_block_k(int64_t d) {
+  int64_t b = 0;
+  for (int64_t p = 64; p <= d; p *= 2)
+    if (d % p == 0) b = p;
+  return b;
+}
+
+// Every `block` values of x [rows, width] rotated in place.
+void rotate_blocks(float* x, int64_t count, int64_t block) {
+  for (int64_t i = 0; i < count; i += block) hadamard_transform(x + i, block);
+}
+
 }  // namespace
+
+void hadamard_transform(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t i = 0; i < n; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  // 1/sqrt(n): exact for n = 4^k (64: 1/8); otherwise the float nearest.
+  const float s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
 
 LlamaCache::LlamaCache(const LlamaConfig& c, const CacheOptions& o) : opts_(o) {
   for (int l = 0; l < c.layers; ++l)
@@ -202,7 +228,12 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
     embed(id, x.row(t).data());
   }
   const int64_t H = c.kv_heads, D = c.head_dim, kvd = H * D;
-  const bool pre = cache.options().pre_rope;
+  const bool pre = cache.options().pre_rope, rot = cache.options().hadamard;
+  const int64_t rot_k = rot ? hadamard_block_k(D) : 0, rot_v = 64;
+  KVQ_CHECK(!rot || (rot_k > 0 && D % rot_v == 0),
+            "--hadamard needs a head_dim that is a multiple of 64, not {}", D);
+  KVQ_CHECK(!(rot && pre),
+            "--hadamard and --pre-rope cannot be combined (the rotation acts on post-RoPE keys)");
   const int64_t rows_out = all_logits ? n : 1;
   logits.resize(static_cast<size_t>(rows_out * c.vocab));
   std::vector<float> ktail, vtail, attn(static_cast<size_t>(n * c.hidden));
@@ -250,6 +281,11 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
         if (pre || observe) k_pre = k;
         rope(k.data(), n, H, pos0);
         if (observe) observe(l, pos0, n, k_pre.data(), k.data(), v.data());
+        if (rot) {
+          rotate_blocks(q.data(), n * c.heads * D, rot_k);
+          rotate_blocks(k.data(), n * kvd, rot_k);
+          rotate_blocks(v.data(), n * kvd, rot_v);
+        }
         // Exact values the new positions may need: the cache's window before the append + the
         // chunk.
         ktail.clear();
@@ -281,6 +317,10 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
         causal_attention_item(q.data(), c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
                               {vtail.data(), vbeg}, attn.data(), it, scratch);
       team.barrier();
+      if (rot) {  // back from the rotated value space, each member its rows
+        rotate_blocks(attn.data() + r0 * c.hidden, (r1 - r0) * c.hidden, rot_v);
+        team.barrier();
+      }
       product(b.wo, attn.data(), x.data(), true, n);
       team.barrier();
       rms_norm_rows(x, b.ffn_norm, c.rms_eps, xn, r0, r1);

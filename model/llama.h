@@ -32,7 +32,18 @@ struct LlamaConfig {
 struct CacheOptions {
   SchemeSpec spec;        ///< any scheme; the same for K and V (roles decide KIVI's axes)
   bool pre_rope = false;  ///< quantize keys before RoPE and rotate when reading (KVQuant)
+  /// Store Hadamard-rotated K and V, as llama.cpp does for its quantized caches (since
+  /// 2026; LLAMA_ATTN_ROT_DISABLE=1 turns it off there): q and post-RoPE k of every head are
+  /// multiplied by the orthonormal Walsh-Hadamard matrix of the largest power-of-two block >= 64
+  /// dividing head_dim, v by blocks of 64, and the attention output of each head by the
+  /// 64-block matrix again (it is its own inverse). Scores and outputs are unchanged in exact
+  /// arithmetic; what changes is what the quantizer sees (outlier channels spread out).
+  bool hadamard = false;
 };
+
+/// \brief x[0..n) <- H_n x / sqrt(n) in place (Sylvester order), n a power of two: the
+/// orthonormal Walsh-Hadamard transform, its own inverse.
+void hadamard_transform(float* x, int64_t n);
 
 /// \brief One sequence's KV cache: a K and a V side per layer.
 class LlamaCache {

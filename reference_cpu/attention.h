@@ -58,9 +58,9 @@ std::vector<double> attention_probs(const float* q, int64_t q_heads, const SideS
 
 /// \brief Attention-level comparison of a cache against a reference cache for the same query.
 struct AttentionMetrics {
-  double kl = 0;           ///< mean over query heads of KL(p_ref || p)
-  double output_nmse = 0;  ///< ||o - o_ref||^2 / ||o_ref||^2 over all heads
-  double topk_overlap = 0; ///< mean |topk(p) & topk(p_ref)| / k
+  double kl = 0;            ///< mean over query heads of KL(p_ref || p)
+  double output_nmse = 0;   ///< ||o - o_ref||^2 / ||o_ref||^2 over all heads
+  double topk_overlap = 0;  ///< mean |topk(p) & topk(p_ref)| / k
 };
 
 /// \brief Compares attention of `q` over (k, v) against (k_ref, v_ref), with top-k overlap at k.
