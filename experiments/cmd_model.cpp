@@ -81,6 +81,22 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
   c->add_option("--json", o.json, "also write the result as JSON to this file (atomically)");
 }
 
+// The first `n` tokens of `text` (all of it for n <= 0) without encoding the whole text: a prefix
+// cut after a newline (no token spans one) is encoded, growing until it yields n tokens.
+std::vector<int32_t> encode_first(const Tokenizer& tok, const std::string& text, int64_t n) {
+  if (n <= 0) return tok.encode(text);
+  for (size_t bytes = static_cast<size_t>(n) * 6 + 1024;; bytes *= 2) {
+    if (bytes >= text.size()) return tok.encode(text);
+    const size_t cut = text.rfind('\n', bytes);
+    if (cut == std::string::npos || cut == 0) continue;
+    auto ids = tok.encode(std::string_view(text).substr(0, cut + 1));
+    if (static_cast<int64_t>(ids.size()) >= n) {
+      ids.resize(static_cast<size_t>(n));
+      return ids;
+    }
+  }
+}
+
 void write_json(const std::string& path, const nlohmann::json& j) {
   if (!path.empty()) write_file_atomic(path, j.dump(2) + "\n");
 }
@@ -137,6 +153,7 @@ void register_generate(CLI::App* model) {
 void register_ppl(CLI::App* model) {
   struct O : Common {
     std::string text = "kjv";
+    std::vector<std::string> also;
     eval::PplOptions p;
   };
   auto o = std::make_shared<O>();
@@ -158,26 +175,35 @@ void register_ppl(CLI::App* model) {
       ->capture_default_str();
   c->add_option("--chunk", o->p.chunk, "prefill chunk (tokens)")->capture_default_str();
   c->add_option("--max-tokens", o->p.max_tokens, "use the first N tokens of the text (0 = all)")->capture_default_str();
+  c->add_option("--also", o->also,
+                "more schemes scored in the same pass against the same fp32 reference (computed once per "
+                "window); one row each. Example: --kv fp8_e4m3 --also fp8_e4m3:first=16 kivi4");
   c->callback([o] {
-    const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
+    std::vector<CacheOptions> cos{cache_options(o->kv, o->pre_rope, o->hadamard)};
+    for (const auto& a : o->also) cos.push_back(cache_options(a, o->pre_rope, o->hadamard));
     const std::string text = read_file(text_path(o->text));
     const Loaded& L = load(*o);
-    const auto ids = L.tok.encode(text);
+    const auto ids = encode_first(L.tok, text, o->p.max_tokens);
     o->p.threads = o->threads;
-    const auto r = eval::perplexity(L.model, co, ids, o->p, [](const std::string& m) { fmt::print(stderr, "[ppl] {}\n", m); });
-    fmt::print("kv          {}{}{}\n", co.spec.canonical(), co.pre_rope ? " (pre-RoPE keys)" : "",
-               co.hadamard ? " (Hadamard-rotated K/V)" : "");
-    fmt::print("text        {} ({} tokens used of {})\n", o->text, r.windows * o->p.ctx, ids.size());
+    const auto rs = eval::perplexity(L.model, cos, ids, o->p, [](const std::string& m) { fmt::print(stderr, "[ppl] {}\n", m); });
+    const eval::PplResult& r = rs.front();
+    const std::string mods = std::string(o->pre_rope ? " (pre-RoPE keys)" : "") + (o->hadamard ? " (Hadamard-rotated K/V)" : "");
+    fmt::print("text        {} ({} tokens used)\n", o->text, r.windows * o->p.ctx);
     fmt::print("windows     {} x {} tokens, {} scored positions\n", r.windows, o->p.ctx, r.scored);
-    fmt::print("ppl         {:.4f}   (fp32 cache {:.4f}, delta {:+.4f})\n", r.ppl, r.ppl_ref, r.ppl - r.ppl_ref);
-    fmt::print("KLD         mean {:.6f}, p99 {:.6f}\n", r.kld, r.kld_p99);
-    fmt::print("same top-1  {:.2f}%\n", 100.0 * r.top1);
+    fmt::print("fp32 cache  ppl {:.4f}\n", r.ppl_ref);
+    nlohmann::json rows = nlohmann::json::array();
+    fmt::print("{:<44} {:>9} {:>9} {:>10} {:>10} {:>8}\n", "kv" + mods, "ppl", "delta", "mean KLD", "KLD p99", "top-1");
+    for (size_t i = 0; i < cos.size(); ++i) {
+      const eval::PplResult& x = rs[i];
+      fmt::print("{:<44} {:>9.4f} {:>+9.4f} {:>10.6f} {:>10.6f} {:>7.2f}%\n", cos[i].spec.canonical(), x.ppl,
+                 x.ppl - x.ppl_ref, x.kld, x.kld_p99, 100.0 * x.top1);
+      rows.push_back({{"kv", cos[i].spec.canonical()}, {"pre_rope", o->pre_rope}, {"hadamard", o->hadamard},
+                      {"text", o->text}, {"ctx", o->p.ctx}, {"score_from", o->p.score_from}, {"stride", o->p.stride},
+                      {"windows", x.windows}, {"scored", x.scored}, {"ppl", x.ppl}, {"ppl_fp32", x.ppl_ref},
+                      {"kld", x.kld}, {"kld_p99", x.kld_p99}, {"top1", x.top1}, {"seconds", x.seconds}});
+    }
     fmt::print("time        {:.1f} s\n", r.seconds);
-    write_json(o->json, {{"kv", co.spec.canonical()}, {"pre_rope", co.pre_rope}, {"hadamard", co.hadamard}, {"text", o->text}, {"ctx", o->p.ctx},
-                         {"score_from", o->p.score_from},
-                         {"stride", o->p.stride}, {"windows", r.windows}, {"scored", r.scored}, {"ppl", r.ppl},
-                         {"ppl_fp32", r.ppl_ref}, {"kld", r.kld}, {"kld_p99", r.kld_p99}, {"top1", r.top1},
-                         {"seconds", r.seconds}});
+    write_json(o->json, rows.size() == 1 ? rows[0] : nlohmann::json{{"rows", rows}});
   });
 }
 
@@ -273,8 +299,13 @@ void register_needle(CLI::App* model) {
           p.insert(p.end(), needle.begin(), needle.end());
           p.insert(p.end(), hay.begin() + at, hay.begin() + fill);
           p.insert(p.end(), question.begin(), question.end());
-          const auto a = eval::needle_trial(L.model, ref, p, answer, 256, o->threads);
-          const auto b = eval::needle_trial(L.model, test, p, answer, 256, o->threads);
+          auto show = [&](const CacheOptions& co) {
+            return [&, name = co.spec.canonical()](const std::string& msg) {
+              fmt::print(stderr, "[needle ctx {} depth {} {}] {}\n", cx, d, name, msg);
+            };
+          };
+          const auto a = eval::needle_trial(L.model, ref, p, answer, 256, o->threads, show(ref));
+          const auto b = eval::needle_trial(L.model, test, p, answer, 256, o->threads, show(test));
           acc[cx].first += a.correct;
           acc[cx].second += b.correct;
           fmt::print("{:>6} {:>6.2f} {:>7}  {:>8} {:>9.3f}  {:>8} {:>9.3f}\n", cx, d, key, a.correct ? "yes" : "no",
@@ -440,8 +471,8 @@ void register_bench(CLI::App* model) {
     const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = read_file(text_path(o->text));
     const Loaded& L = load(*o);
-    const auto ids = L.tok.encode(text);
     const int64_t need = static_cast<int64_t>(o->depth) + std::max(o->prompt, o->gen);
+    const auto ids = encode_first(L.tok, text, need);
     KVQ_CHECK(need <= L.model.config().context, "bench: --depth {} + {} tokens exceed the model's context {}",
               o->depth, std::max(o->prompt, o->gen), L.model.config().context);
     KVQ_CHECK(static_cast<int64_t>(ids.size()) >= need, "bench: the text has {} tokens, {} needed", ids.size(), need);

@@ -215,13 +215,24 @@ DivergeResult diverge(const LlamaModel& m, const CacheOptions& ref, const CacheO
 
 NeedleResult needle_trial(const LlamaModel& m, const CacheOptions& opts,
                           const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
-                          int chunk, int threads) {
+                          int chunk, int threads, const Progress& progress) {
   KVQ_CHECK(!answer.empty(), "needle: empty answer");
   LlamaCache cache(m.config(), opts);
   std::vector<float> logits;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last = t0;
   for (size_t a = 0; a < prompt.size(); a += static_cast<size_t>(chunk)) {
     const size_t len = std::min<size_t>(static_cast<size_t>(chunk), prompt.size() - a);
     m.forward({prompt.data() + a, len}, cache, logits, false, threads);
+    const auto now = std::chrono::steady_clock::now();
+    if (progress && std::chrono::duration<double>(now - last).count() > 10.0) {  // every ~10 s
+      last = now;
+      const double sec = std::chrono::duration<double>(now - t0).count(), done = static_cast<double>(a + len);
+      // Causal attention grows with position, so the remaining time is extrapolated quadratically.
+      const double total = sec * std::pow(static_cast<double>(prompt.size()) / done, 2.0);
+      progress(fmt::format("{}/{} prompt tokens, {:.0f} tokens/s, ETA {:.0f} s", a + len, prompt.size(),
+                           done / sec, std::max(0.0, total - sec)));
+    }
   }
   NeedleResult r;
   r.ctx = static_cast<int64_t>(prompt.size());

@@ -72,7 +72,7 @@ struct NeedleResult {
 /// \brief One passkey trial: `prompt` holds the needle; `answer` are the passkey's tokens.
 NeedleResult needle_trial(const LlamaModel& m, const CacheOptions& cache,
                           const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
-                          int chunk = 256, int threads = 0);
+                          int chunk = 256, int threads = 0, const Progress& progress = {});
 
 /// \brief log-softmax of one logits row, in double.
 std::vector<double> log_softmax(const float* logits, int64_t n);

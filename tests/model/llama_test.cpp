@@ -18,8 +18,10 @@ std::vector<int32_t> kjv_tokens(const Tokenizer& t, size_t n) {
   const std::string text =
       "In the beginning God created the heaven and the earth. And the earth was without form, and "
       "void; and darkness was upon the face of the deep. And the Spirit of God moved upon the face "
-      "of the waters. And God said, Let there be light: and there was light. And God saw the light, "
-      "that it was good: and God divided the light from the darkness. And God called the light Day, "
+      "of the waters. And God said, Let there be light: and there was light. And God saw the "
+      "light, "
+      "that it was good: and God divided the light from the darkness. And God called the light "
+      "Day, "
       "and the darkness he called Night. And the evening and the morning were the first day. ";
   std::vector<int32_t> ids;
   while (ids.size() < n) {
@@ -44,7 +46,8 @@ std::vector<float> run(const LlamaModel& m, const CacheOptions& o, const std::ve
   std::vector<float> all, part;
   size_t a = 0;
   for (size_t i = 0; a < ids.size(); ++i) {
-    const size_t len = std::min<size_t>(static_cast<size_t>(chunks[i % chunks.size()]), ids.size() - a);
+    const size_t len =
+        std::min<size_t>(static_cast<size_t>(chunks[i % chunks.size()]), ids.size() - a);
     m.forward({ids.data() + a, len}, cache, part, true, 2);
     all.insert(all.end(), part.begin(), part.end());
     a += len;
@@ -54,7 +57,8 @@ std::vector<float> run(const LlamaModel& m, const CacheOptions& o, const std::ve
 
 double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
+  for (size_t i = 0; i < a.size(); ++i)
+    m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
   return m;
 }
 
@@ -73,7 +77,8 @@ TEST_P(Streaming, ChunkedPrefillEqualsTokenByToken) {
   const auto single = run(M->model, o, ids, {1});
   const auto fp32 = run(M->model, opts("fp32"), ids, {19, 11, 5});
   const double d = max_abs_diff(chunked, single), q = max_abs_diff(chunked, fp32);
-  std::printf("%s%s: chunked vs token-by-token %.3g, vs fp32 cache %.3g\n", spec.c_str(), pre ? " pre-rope" : "", d, q);
+  std::printf("%s%s: chunked vs token-by-token %.3g, vs fp32 cache %.3g\n", spec.c_str(),
+              pre ? " pre-rope" : "", d, q);
   EXPECT_EQ(d, 0.0) << "streaming inconsistency";
   if (spec != "fp32") {
     EXPECT_GT(q, 0.01) << "vacuous: the scheme did not change the logits";
@@ -137,7 +142,78 @@ TEST(ModelEval, ShortKjvPerplexityIsPlausibleAndFp8TokenKlFarBelowKivi2) {
   EXPECT_GT(f8.kld, 0.0) << "vacuous: fp8 changed nothing";
   EXPECT_LT(10.0 * f8.kld, k2.kld) << "fp8 per-token KL " << f8.kld << " vs kivi2 " << k2.kld;
   EXPECT_GT(f8.top1, k2.top1);
-  std::printf("ppl fp32 %.4f, fp8 %.4f (KL %.5f), kivi2 %.4f (KL %.5f)\n", f8.ppl_ref, f8.ppl, f8.kld, k2.ppl, k2.kld);
+  std::printf("ppl fp32 %.4f, fp8 %.4f (KL %.5f), kivi2 %.4f (KL %.5f)\n", f8.ppl_ref, f8.ppl,
+              f8.kld, k2.ppl, k2.kld);
+}
+
+// Scoring several schemes in one pass against one fp32 reference gives exactly what scoring each
+// alone gives (the reference is deterministic, and each scheme's cache is its own).
+TEST(ModelEval, ManySchemesInOnePassEqualOneAtATime) {
+  KVQ_REQUIRE_MODEL();
+  const auto ids = kjv_tokens(M->tok, 96);
+  eval::PplOptions o;
+  o.ctx = 48;
+  o.chunk = 16;
+  o.score_from = 8;
+  o.threads = 2;
+  const std::vector<CacheOptions> both{opts("kivi4:g=8,r=8"), opts("fp8_e5m2:gran=head,first=12")};
+  const auto together = eval::perplexity(M->model, both, ids, o);
+  ASSERT_EQ(together.size(), 2u);
+  for (size_t i = 0; i < both.size(); ++i) {
+    const auto alone = eval::perplexity(M->model, both[i], ids, o);
+    EXPECT_EQ(alone.scored, 2 * (48 - 1 - 8));
+    EXPECT_EQ(together[i].scored, alone.scored);
+    EXPECT_EQ(together[i].ppl, alone.ppl) << both[i].spec.canonical();
+    EXPECT_EQ(together[i].ppl_ref, alone.ppl_ref);
+    EXPECT_EQ(together[i].kld, alone.kld);
+    EXPECT_EQ(together[i].top1, alone.top1);
+    EXPECT_GT(alone.kld, 0.0) << "vacuous: the scheme changed nothing";
+  }
+}
+
+// The Walsh-Hadamard transform (model/llama.h) against its definition: H_n x / sqrt(n) with
+// H_n[i][j] = (-1)^popcount(i & j) (Sylvester order), computed here directly in double.
+TEST(Hadamard, MatchesSylvesterDefinitionAndIsItsOwnInverse) {
+  for (int64_t n : {1, 2, 8, 64, 128}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      x[static_cast<size_t>(i)] = std::sin(0.7 * static_cast<double>(i) + 0.3) * 3.0f;
+    std::vector<float> y = x;
+    hadamard_transform(y.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      double want = 0;
+      for (int64_t j = 0; j < n; ++j)
+        want += (__builtin_popcountll(static_cast<uint64_t>(i & j)) % 2 ? -1.0 : 1.0) *
+                x[static_cast<size_t>(j)];
+      want /= std::sqrt(static_cast<double>(n));
+      EXPECT_NEAR(y[static_cast<size_t>(i)], want, 1e-5) << "n=" << n << " i=" << i;
+    }
+    hadamard_transform(y.data(), n);  // H is symmetric and orthonormal: H H = I
+    for (int64_t i = 0; i < n; ++i)
+      EXPECT_NEAR(y[static_cast<size_t>(i)], x[static_cast<size_t>(i)], 1e-5);
+  }
+}
+
+// Rotating q, k and v (and the output back) changes nothing in exact arithmetic: with an fp32
+// cache the logits move by float rounding only. With a per-token 4-bit cache the rotation must
+// change the logits (what the quantizer sees differs), and chunked prefill still equals decode.
+TEST(Hadamard, RotationIsInvisibleWithExactCacheAndStreamsWithQuantizedOne) {
+  KVQ_REQUIRE_MODEL();
+  const auto ids = kjv_tokens(M->tok, 24);
+  CacheOptions rot = opts("fp32");
+  rot.hadamard = true;
+  const auto plain = run(M->model, opts("fp32"), ids, {24});
+  const auto rotated = run(M->model, rot, ids, {24});
+  const double d = max_abs_diff(plain, rotated);
+  EXPECT_GT(d, 0.0) << "the rotation was not applied";
+  EXPECT_LT(d, 2e-3)
+      << "an orthonormal rotation must leave the logits (scale ~10) unchanged up to rounding";
+  CacheOptions q4 = opts("int4:k=token,v=token,g=32");
+  q4.hadamard = true;
+  const auto chunked = run(M->model, q4, ids, {7, 5});
+  EXPECT_EQ(max_abs_diff(chunked, run(M->model, q4, ids, {1})), 0.0);
+  EXPECT_GT(max_abs_diff(chunked, run(M->model, opts("int4:k=token,v=token,g=32"), ids, {7, 5})),
+            1e-3);
 }
 
 }  // namespace
