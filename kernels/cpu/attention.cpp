@@ -210,15 +210,33 @@ void softmax_step(float* s, int64_t n, float scale, float& m, float& l, float* o
   m = mn;
 }
 
-// Loaders: row j of a call (token t0 + j), channels d .. d + 7, as 8 floats.
+// Loaders: row j of a call (token t0 + j), channels d .. d + 7, as 8 floats. Token-major rows of
+// one head are H * D elements apart (2 KB for bf16 at H=8, D=128): a new page every other row,
+// which the hardware prefetchers do not follow, so the kernels prefetch a sub-block ahead.
+inline void prefetch_row(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+}
+template <class L>
+concept Prefetchable = requires(const L& l) {
+  l.prefetch(int64_t{0}, int64_t{0});
+};
+constexpr int64_t kSubRows = 32;  // rows per prefetch step
+/// Prefetches rows [j0, min(n, j0 + kSubRows)).
+template <class L>
+inline void prefetch_rows(const L& ld, int64_t j0, int64_t n, int64_t D) {
+  for (int64_t j = j0; j < std::min(n, j0 + kSubRows); ++j) ld.prefetch(j, D);
+}
 struct F32Rows {
   const float* base;
   int64_t stride;
+  void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D * 4); }
   __m256 operator()(int64_t j, int64_t d) const { return _mm256_loadu_ps(base + j * stride + d); }
 };
 struct Bf16Rows {
   const uint16_t* base;
   int64_t stride;
+  void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D * 2); }
   __m256 operator()(int64_t j, int64_t d) const {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + d));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -227,6 +245,7 @@ struct Bf16Rows {
 struct Fp16Rows {
   const uint16_t* base;
   int64_t stride;
+  void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D * 2); }
   __m256 operator()(int64_t j, int64_t d) const {
     return _mm256_cvtph_ps(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + d)));
@@ -266,6 +285,7 @@ template <Fp8Format F>
 struct Fp8Rows {
   const uint8_t* base;
   int64_t stride;
+  void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D); }
   __m256 operator()(int64_t j, int64_t d) const { return fp8_decode8<F>(base + j * stride + d); }
 };
 
@@ -328,6 +348,9 @@ void dot_rows(const float* q, int64_t D, int64_t n, const L& ld, float* s, int64
   for (; j + TT <= n; j += TT) {
     __m256 acc[NQ * TT];
     for (auto& a : acc) a = _mm256_setzero_ps();
+    if constexpr (Prefetchable<L>) {
+      if (j % kSubRows < TT) prefetch_rows(ld, j / kSubRows * kSubRows + kSubRows, n, D);
+    }
     for (int64_t d = 0; d < D; d += 8) {
       __m256 kv[TT];
       for (int u = 0; u < TT; ++u) kv[u] = ld(j + u, d);
@@ -353,15 +376,16 @@ void dot_rows(const float* q, int64_t D, int64_t n, const L& ld, float* s, int64
   }
 }
 
-/// o_i[d] += sum_j p[i * ldp + j] * row_j[d] for d in [d0, D), CW vectors of channels at a time.
+/// o_i[d] += sum_j p[i * ldp + j] * row_j[d] for rows [j0, j1), d in [d0, D), CW vectors of
+/// channels at a time (NQ * CW accumulators in registers).
 template <int NQ, int CW, class L>
-void acc_rows(const float* p, int64_t ldp, int64_t n, const L& ld, float* o, int64_t D,
-              int64_t d0) {
+void acc_chunks(const float* p, int64_t ldp, int64_t j0, int64_t j1, const L& ld, float* o,
+                int64_t D, int64_t d0) {
   for (; d0 + 8 * CW <= D; d0 += 8 * CW) {
     __m256 a[NQ * CW];
     for (int i = 0; i < NQ; ++i)
       for (int c = 0; c < CW; ++c) a[i * CW + c] = _mm256_loadu_ps(o + i * D + d0 + 8 * c);
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = j0; j < j1; ++j) {
       __m256 vv[CW];
       for (int c = 0; c < CW; ++c) vv[c] = ld(j, d0 + 8 * c);
       for (int i = 0; i < NQ; ++i) {
@@ -373,7 +397,18 @@ void acc_rows(const float* p, int64_t ldp, int64_t n, const L& ld, float* o, int
       for (int c = 0; c < CW; ++c) _mm256_storeu_ps(o + i * D + d0 + 8 * c, a[i * CW + c]);
   }
   if constexpr (CW > 1) {
-    if (d0 < D) acc_rows<NQ, 1>(p, ldp, n, ld, o, D, d0);
+    if (d0 < D) acc_chunks<NQ, 1>(p, ldp, j0, j1, ld, o, D, d0);
+  }
+}
+
+/// o_i += sum_j p[i * ldp + j] * row_j for j < n, in sub-blocks of kSubRows rows that stay in L1
+/// while every channel chunk passes over them; the next sub-block is prefetched meanwhile.
+template <int NQ, int CW, class L>
+void acc_rows(const float* p, int64_t ldp, int64_t n, const L& ld, float* o, int64_t D) {
+  if constexpr (Prefetchable<L>) prefetch_rows(ld, 0, n, D);
+  for (int64_t j0 = 0; j0 < n; j0 += kSubRows) {
+    if constexpr (Prefetchable<L>) prefetch_rows(ld, j0 + kSubRows, n, D);
+    acc_chunks<NQ, CW>(p, ldp, j0, std::min(n, j0 + kSubRows), ld, o, D, 0);
   }
 }
 
@@ -394,7 +429,7 @@ void dot(const float* q, int64_t D, int64_t n, const L& ld, float* s, int64_t ld
 }
 template <int NQ, class L>
 void accumulate(const float* p, int64_t ldp, int64_t n, const L& ld, float* o, int64_t D) {
-  acc_rows<NQ, kChannelVectors<NQ>>(p, ldp, n, ld, o, D, 0);
+  acc_rows<NQ, kChannelVectors<NQ>>(p, ldp, n, ld, o, D);
 }
 
 /// Runs f(loader) with the fp8 loader of the side's format.
