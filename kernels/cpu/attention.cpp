@@ -432,6 +432,100 @@ void accumulate(const float* p, int64_t ldp, int64_t n, const L& ld, float* o, i
   acc_rows<NQ, kChannelVectors<NQ>>(p, ldp, n, ld, o, D);
 }
 
+inline float hsum8(__m256 v) {
+  const __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 y = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
+}
+
+/// Int8 mode: the codes of one per-channel key group (words transposed to wt[w * D + d]) as
+/// token-major bytes c8[jj * D + d], 32 channels per step.
+template <int B>
+void transpose_codes(const uint32_t* wt, int64_t D, int G, uint8_t* c8) {
+  constexpr int kCpw = kivi::codes_per_word(B);
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(kivi::code_mask(B)));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t x = 0; x * kCpw < G; ++x)
+    for (int64_t d = 0; d < D; d += 32) {
+      const uint32_t* p = wt + x * D + d;
+      __m256i W[4];
+      for (int v = 0; v < 4; ++v)
+        W[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 8 * v));
+      for (int k = 0; k < kCpw && x * kCpw + k < G; ++k) {
+        const __m128i sh = _mm_cvtsi32_si128(k * B);
+        __m256i c[4];
+        for (int v = 0; v < 4; ++v) c[v] = _mm256_and_si256(_mm256_srl_epi32(W[v], sh), mask);
+        const __m256i b =
+            _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(c8 + (x * kCpw + k) * D + d),
+                            _mm256_permutevar8x32_epi32(b, order));
+      }
+    }
+}
+
+/// Int8 mode scores of n tokens of one key group: qs_i (q * scale, [NQ, D]) quantized to int8
+/// with one scale per query head (amax / 127), then s = qscale_i * sum_d q8_id * code_td + base_i
+/// with vpmaddubsw (codes unsigned, q signed; pair sums <= 2 * 15 * 127, and 8 of them at most
+/// are added in int16 before vpmaddwd widens) - exact integer arithmetic on the rounded query.
+template <int NQ>
+void dot_int8(const float* qs, int64_t D, int64_t n, const uint8_t* c8, const float* base, float* s,
+              int64_t lds, int8_t* q8) {
+  float qscale[NQ];
+  for (int i = 0; i < NQ; ++i) {
+    __m256 mx = _mm256_setzero_ps();
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t d = 0; d < D; d += 8)
+      mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(qs + i * D + d), abs));
+    const float amax = hmax8(mx);
+    qscale[i] = amax / 127.0f;
+    const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    for (int64_t d = 0; d < D; d += 32) {
+      __m256i v[4];
+      for (int u = 0; u < 4; ++u)
+        v[u] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(qs + i * D + d + 8 * u), inv));
+      const __m256i b =
+          _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(q8 + i * D + d),
+          _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+  }
+  constexpr int TT = NQ <= 4 ? 2 : 1;
+  const __m256i ones = _mm256_set1_epi16(1);
+  int64_t j = 0;
+  auto step = [&]<int U>(int64_t j0) {
+    __m256i acc[NQ * U];
+    for (auto& x : acc) x = _mm256_setzero_si256();
+    for (int64_t d0 = 0; d0 < D; d0 += 256) {
+      __m256i a16[NQ * U];
+      for (auto& x : a16) x = _mm256_setzero_si256();
+      for (int64_t d = d0; d < std::min(D, d0 + 256); d += 32) {
+        __m256i cb[U];
+        for (int u = 0; u < U; ++u)
+          cb[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c8 + (j0 + u) * D + d));
+        for (int i = 0; i < NQ; ++i) {
+          const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + i * D + d));
+          for (int u = 0; u < U; ++u)
+            a16[i * U + u] = _mm256_add_epi16(a16[i * U + u], _mm256_maddubs_epi16(cb[u], qv));
+        }
+      }
+      for (int x = 0; x < NQ * U; ++x)
+        acc[x] = _mm256_add_epi32(acc[x], _mm256_madd_epi16(a16[x], ones));
+    }
+    constexpr int kN = NQ * U, kPad = (kN + 3) / 4 * 4;
+    alignas(16) float r[kPad];
+    for (int x = 0; x < kN; x += 4) {
+      const __m256 z = _mm256_setzero_ps();
+      auto f = [&](int y) { return y < kN ? _mm256_cvtepi32_ps(acc[y]) : z; };
+      _mm_store_ps(r + x, hsum4(f(x), f(x + 1), f(x + 2), f(x + 3)));
+    }
+    for (int i = 0; i < NQ; ++i)
+      for (int u = 0; u < U; ++u) s[i * lds + j0 + u] = r[i * U + u] * qscale[i] + base[i];
+  };
+  for (; j + TT <= n; j += TT) step.template operator()<TT>(j);
+  for (; j < n; ++j) step.template operator()<1>(j);
+}
+
 /// Runs f(loader) with the fp8 loader of the side's format.
 template <class F>
 void with_fp8_rows(const StoredSide& s, const uint8_t* base, int64_t stride, F&& f) {
@@ -449,6 +543,8 @@ void with_fp8_rows(const StoredSide& s, const uint8_t* base, int64_t stride, F&&
 struct Scratch {
   std::vector<float> s, qs;
   std::vector<uint32_t> wt;
+  std::vector<uint8_t> c8;  // int8 mode: one key group's codes, token-major bytes [G, D]
+  std::vector<int8_t> q8;   // int8 mode: the quantized query [NQ, D]
 };
 
 /// Scores of kv head h over tokens [t0, t1) into s[i * lds + (t - t0)] (unscaled).
@@ -493,23 +589,42 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
   for (int64_t g = t0 / G; g * G < te; ++g) {
     const int64_t a = std::max(t0, g * G), b = std::min(te, (g + 1) * G);
     const int64_t p0 = L.param_index(g, h, 0);
-    float base[NQ] = {};
-    for (int64_t d = 0; d < D; ++d) {
-      const float sc = half_bits_to_float(k.scales[p0 + d]);
-      const float mn = k.sym ? -static_cast<float>(kivi::sym_offset(k.bits)) * sc
-                             : half_bits_to_float(k.mins[p0 + d]);
+    // q * scale per channel (scales folded into q once per group) and sum_d q_d * min_d.
+    __m256 bacc[NQ];
+    for (auto& x : bacc) x = _mm256_setzero_ps();
+    const __m256 off = _mm256_set1_ps(-static_cast<float>(kivi::sym_offset(k.bits)));
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 sc =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k.scales + p0 + d)));
+      const __m256 mn =
+          k.sym
+              ? _mm256_mul_ps(off, sc)
+              : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k.mins + p0 + d)));
       for (int i = 0; i < NQ; ++i) {
-        w.qs[static_cast<size_t>(i * D + d)] = q[i * D + d] * sc;
-        base[i] += q[i * D + d] * mn;
+        const __m256 qv = _mm256_loadu_ps(q + i * D + d);
+        _mm256_storeu_ps(w.qs.data() + i * D + d, _mm256_mul_ps(qv, sc));
+        bacc[i] = _mm256_fmadd_ps(qv, mn, bacc[i]);
       }
     }
+    float base[NQ];
+    for (int i = 0; i < NQ; ++i) base[i] = hsum8(bacc[i]);
     const uint32_t* words = k.words + L.word_index(g, h, 0);
     for (int64_t d = 0; d < D; ++d)
       for (int64_t x = 0; x < wpg; ++x) w.wt[static_cast<size_t>(x * D + d)] = words[d * wpg + x];
     float* sg = s + (a - t0);
     const int jj0 = static_cast<int>(a - g * G);
+    const bool int8 = c.mode == IntMode::Int8 && (k.bits == 2 || k.bits == 4) && D % 32 == 0;
     auto run = [&]<int B>() {
+      if constexpr (B == 2 || B == 4) {
+        if (int8) {
+          transpose_codes<B>(w.wt.data(), D, G, w.c8.data());
+          dot_int8<NQ>(w.qs.data(), D, b - a, w.c8.data() + jj0 * D, base, sg, lds, w.q8.data());
+          return;
+        }
+      }
       dot<NQ>(w.qs.data(), D, b - a, ChannelCodes<B>{w.wt.data(), D, jj0}, sg, lds);
+      for (int i = 0; i < NQ; ++i)
+        for (int64_t t = a; t < b; ++t) sg[i * lds + (t - a)] += base[i];
     };
     switch (k.bits) {
       case 2:
@@ -525,8 +640,6 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
         run.template operator()<8>();
         break;
     }
-    for (int i = 0; i < NQ; ++i)
-      for (int64_t t = a; t < b; ++t) sg[i * lds + (t - a)] += base[i];
   }
   const int64_t r0 = std::max(t0, qt);
   if (r0 < t1)
@@ -593,8 +706,11 @@ void simd_range(const Call& c, int64_t a, int64_t b, Partial& P) {
   Scratch w;
   w.s.assign(static_cast<size_t>(NQ * lds), 0.0f);
   w.qs.assign(static_cast<size_t>(NQ * D), 0.0f);
-  if (c.k.kind == SchemeKind::Int)
+  if (c.k.kind == SchemeKind::Int) {
     w.wt.assign(static_cast<size_t>(D * kivi::words_for(c.k.group, c.k.bits)), 0u);
+    w.c8.assign(static_cast<size_t>(D * (c.k.group + 32)), 0);
+    w.q8.assign(static_cast<size_t>(NQ * D), 0);
+  }
   for (int64_t t0 = a; t0 < b; t0 += c.block) {
     const int64_t t1 = std::min(b, t0 + c.block), n = t1 - t0;
     for (int64_t h = 0; h < c.H; ++h) {

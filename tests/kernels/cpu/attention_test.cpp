@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "experiments/synthetic.h"
 #include "kernels/cpu/isa.h"
+#include "kivi/layout.h"
 #include "reference_cpu/attention.h"
 
 namespace kvq::cpu {
@@ -120,6 +122,92 @@ std::vector<Case> grid() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttention, ::testing::ValuesIn(grid()), name_of);
+
+// Int8 mode (kivi keys of 2 and 4 bits, head_dim a multiple of 32): the definition, computed
+// here in double from the stored bytes: for each key group g, kv head h and query head j,
+//   qs_d = float(q_jd * scale_gd), amax = max_d |qs_d|, q8_d = rne(float(qs_d * float(127 /
+//   amax))), s_t = (sum_d q8_d * code_td) * amax / 127 + sum_d q_jd * min_gd        (quantized
+//   tokens) s_t = <q_j, k_t>                                                       (residual
+//   window)
+// then softmax(s / sqrt(D)) V in double. Backend cpu must equal it within kExactTol * max |V|
+// (the integer sums are exact; the rest is float arithmetic in another order). Its distance to
+// the exact reference is recorded (err_vs_exact_over_max_v) and reported in docs/benchmarks.md;
+// a worst-case bound on that distance, (e^(2 eps) - 1) max |V| with eps = 0.5 (amax / 127)
+// sum_d code_td / sqrt(D), is far too loose to test against keys with outlier channels.
+class cpuDecodeAttentionInt8 : public ::testing::TestWithParam<Case> {};
+
+TEST_P(cpuDecodeAttentionInt8, int8Mode_equalsItsDefinition) {
+  const Case c = GetParam();
+  const SchemeSpec spec = parse_spec(c.spec);
+  const Tensor3 kx = synthetic_kv({{c.tokens, c.heads, c.dim}, 2, 12.0f, 1});
+  const Tensor3 vx = synthetic_kv({{c.tokens, c.heads, c.dim}, 0, 1.0f, 2});
+  const auto k = make_side(spec, Role::Key, kx), v = make_side(spec, Role::Value, vx);
+  const StoredSide ks = k->stored();
+  const Tensor3 vv = v->dequantize();
+  const int64_t qh = c.heads * c.gqa, D = c.dim, T = c.tokens, H = c.heads;
+  const auto q = random_q(qh * D, 3);
+  const kivi::ChannelLayout L{H, D, ks.group, ks.bits};
+  std::vector<double> want(static_cast<size_t>(qh * D), 0.0);
+  for (int64_t j = 0; j < qh; ++j) {
+    const int64_t h = j / c.gqa;
+    const float* qj = q.data() + j * D;
+    std::vector<double> sc(static_cast<size_t>(T));
+    for (int64_t g = 0; g < ks.quantized_tokens / ks.group; ++g) {
+      std::vector<float> qs(static_cast<size_t>(D));
+      float amax = 0;
+      double base = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t pi = L.param_index(g, h, d);
+        const float scale = half_bits_to_float(ks.scales[pi]);
+        const float mn = ks.sym ? -static_cast<float>(1 << (ks.bits - 1)) * scale
+                                : half_bits_to_float(ks.mins[pi]);
+        qs[static_cast<size_t>(d)] = qj[d] * scale;
+        amax = std::max(amax, std::fabs(qs[static_cast<size_t>(d)]));
+        base += static_cast<double>(qj[d]) * mn;
+      }
+      const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+      for (int64_t t = g * ks.group; t < (g + 1) * ks.group; ++t) {
+        int64_t acc = 0;
+        for (int64_t d = 0; d < D; ++d)
+          acc += static_cast<int64_t>(std::nearbyint(qs[static_cast<size_t>(d)] * inv)) *
+                 L.code(ks.words, t, h, d);
+        sc[static_cast<size_t>(t)] = static_cast<double>(acc) * (amax / 127.0f) + base;
+      }
+    }
+    for (int64_t t = ks.quantized_tokens; t < T; ++t) {
+      double a = 0;
+      for (int64_t d = 0; d < D; ++d)
+        a += static_cast<double>(qj[d]) * ks.residual[((t - ks.quantized_tokens) * H + h) * D + d];
+      sc[static_cast<size_t>(t)] = a;
+    }
+    double mx = -INFINITY, z = 0;
+    for (double& x : sc) mx = std::max(mx, x /= std::sqrt(static_cast<double>(D)));
+    for (double& x : sc) z += x = std::exp(x - mx);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d)
+        want[static_cast<size_t>(j * D + d)] += sc[static_cast<size_t>(t)] / z * vv.at(t, h, d);
+  }
+  std::vector<float> got(want.size()), exact(want.size());
+  cpu::decode_attention(q.data(), qh, ks, v->stored(), got.data(), {c.threads, IntMode::Int8});
+  decode_attention(q.data(), qh, *k, *v, exact.data());
+  double max_v = 0, err = 0, err_exact = 0;
+  for (float x : vv.data) max_v = std::max(max_v, std::fabs(static_cast<double>(x)));
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::fabs(got[i] - want[i]));
+    err_exact = std::max(err_exact, std::fabs(static_cast<double>(got[i]) - exact[i]));
+  }
+  RecordProperty("err_vs_exact_over_max_v", std::to_string(err_exact / max_v));
+  EXPECT_GT(err_exact, 0.0);  // the int8 path really ran
+  EXPECT_LE(err, kExactTol * max_v) << "vs exact reference: " << err_exact / max_v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionInt8,
+                         ::testing::Values(Case{"kivi2", 1000, 2, 128, 4, 1, true},
+                                           Case{"kivi4", 1000, 2, 128, 4, 3, true},
+                                           Case{"kivi2", 555, 3, 64, 8, 1, true},
+                                           Case{"kivi4:g=64,r=64,sym", 300, 2, 128, 3, 2, true},
+                                           Case{"kivi2", 700, 1, 256, 2, 2, true}),
+                         name_of);
 
 TEST(cpuDecodeAttentionErrors, mismatchedSidesAndBadGqa_throw) {
   const auto k = make_side(parse_spec("bf16"), Role::Key, synthetic_kv({{8, 2, 64}, 0, 1.0f, 1}));
