@@ -307,39 +307,6 @@ struct ChannelCodes {
   }
 };
 
-/// Per-token int values (bits 2, 4, 8; G a multiple of 8), dequantized in registers:
-/// code * scale + min of the token's channel group.
-template <int B>
-struct TokenValues {
-  const uint32_t* words;     // token t0, head h
-  const uint16_t* scales;    // token t0, head h, group 0
-  const uint16_t* mins;      // same, null for sym
-  int64_t wstride, pstride;  // per token
-  int64_t group, wpg;
-  __m256 operator()(int64_t j, int64_t d) const {
-    const int64_t c = d / group, e = d % group;
-    const uint32_t* wr = words + j * wstride + c * wpg;
-    __m256i code;
-    if constexpr (B == 8) {
-      code = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + e / 4)));
-    } else if constexpr (B == 4) {
-      code = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(wr[e / 8])),
-                                                _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                              _mm256_set1_epi32(15));
-    } else {
-      const __m256i sh = _mm256_add_epi32(_mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
-                                          _mm256_set1_epi32(static_cast<int>((e % 16) * 2)));
-      code =
-          _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(wr[e / 16])), sh),
-                           _mm256_set1_epi32(3));
-    }
-    const int64_t pi = j * pstride + c;
-    const float sc = _cvtsh_ss(scales[pi]);
-    const float mn = mins ? _cvtsh_ss(mins[pi]) : -static_cast<float>(kivi::sym_offset(B)) * sc;
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(code), _mm256_set1_ps(sc), _mm256_set1_ps(mn));
-  }
-};
-
 /// s[i * lds + j] = <q_i, row j> for j < n, i < NQ; q is [NQ, D]. TT tokens at a time, so NQ * TT
 /// independent accumulators hide the FMA latency.
 template <int NQ, int TT, class L>
@@ -526,6 +493,116 @@ void dot_int8(const float* qs, int64_t D, int64_t n, const uint8_t* c8, const fl
   for (; j < n; ++j) step.template operator()<1>(j);
 }
 
+/// Raw codes (no scale, no min) of per-token int values (bits 2, 4, 8; G a multiple of 8): token j,
+/// channels d .. d + 7 of one channel group.
+template <int B>
+struct TokenCodes {
+  const uint32_t* words;  // token t0, head h
+  int64_t wstride;        // words per token
+  int64_t group, wpg;
+  __m256 operator()(int64_t j, int64_t d) const {
+    const int64_t c = d / group, e = d % group;
+    const uint32_t* wr = words + j * wstride + c * wpg;
+    __m256i code;
+    if constexpr (B == 8) {
+      code = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + e / 4)));
+    } else if constexpr (B == 4) {
+      code = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(wr[e / 8])),
+                                                _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                              _mm256_set1_epi32(15));
+    } else {
+      const __m256i sh = _mm256_add_epi32(_mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+                                          _mm256_set1_epi32(static_cast<int>((e % 16) * 2)));
+      code =
+          _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(wr[e / 16])), sh),
+                           _mm256_set1_epi32(3));
+    }
+    return _mm256_cvtepi32_ps(code);
+  }
+};
+
+/// o_i[d] += sum_j w[i * ldw + j - j0] * code_j[d] for rows [j0, j1) and d in [d0, d1), CW vectors
+/// of channels at a time.
+template <int NQ, int CW, class L>
+void acc_span(const float* w, int64_t ldw, int64_t j0, int64_t j1, const L& ld, float* o, int64_t D,
+              int64_t d0, int64_t d1) {
+  for (; d0 + 8 * CW <= d1; d0 += 8 * CW) {
+    __m256 a[NQ * CW];
+    for (int i = 0; i < NQ; ++i)
+      for (int c = 0; c < CW; ++c) a[i * CW + c] = _mm256_loadu_ps(o + i * D + d0 + 8 * c);
+    for (int64_t j = j0; j < j1; ++j) {
+      __m256 vv[CW];
+      for (int c = 0; c < CW; ++c) vv[c] = ld(j, d0 + 8 * c);
+      for (int i = 0; i < NQ; ++i) {
+        const __m256 pw = _mm256_broadcast_ss(w + i * ldw + (j - j0));
+        for (int c = 0; c < CW; ++c) a[i * CW + c] = _mm256_fmadd_ps(pw, vv[c], a[i * CW + c]);
+      }
+    }
+    for (int i = 0; i < NQ; ++i)
+      for (int c = 0; c < CW; ++c) _mm256_storeu_ps(o + i * D + d0 + 8 * c, a[i * CW + c]);
+  }
+  if constexpr (CW > 1) {
+    if (d0 < d1) acc_span<NQ, 1>(w, ldw, j0, j1, ld, o, D, d0, d1);
+  }
+}
+
+/// Per-token int values over rows [0, n), folded as the reference folds them: each code is
+/// weighted by p_ij * scale_jc (one multiply per token and channel group), and
+/// sum_j p_ij * min_jc is added to the group's channels once. pw: NQ * kSubRows * D / G floats,
+/// msum: NQ * D / G floats of scratch.
+template <int NQ, int B>
+void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B>& ld,
+                      const uint16_t* scales, const uint16_t* mins, int64_t pstride, float* o,
+                      int64_t D, float* pw, float* msum) {
+  const int64_t G = ld.group, ncg = (D + G - 1) / G;  // the last group may be shorter
+  const float sym_min = -static_cast<float>(kivi::sym_offset(B));
+  std::fill(msum, msum + NQ * ncg, 0.0f);
+  for (int64_t j0 = 0; j0 < n; j0 += kSubRows) {
+    const int64_t j1 = std::min(n, j0 + kSubRows);
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t c = 0; c < ncg; ++c) {
+        const float sc = _cvtsh_ss(scales[j * pstride + c]);
+        const float mn = mins ? _cvtsh_ss(mins[j * pstride + c]) : sym_min * sc;
+        for (int i = 0; i < NQ; ++i) {
+          const float pij = p[i * ldp + j];
+          pw[(c * NQ + i) * kSubRows + (j - j0)] = pij * sc;
+          msum[i * ncg + c] += pij * mn;
+        }
+      }
+    for (int64_t c = 0; c < ncg; ++c) {
+      const float* w = pw + c * NQ * kSubRows;
+      const int64_t d1 = std::min(D, (c + 1) * G);
+      if (G % (8 * kChannelVectors<NQ>) == 0)
+        acc_span<NQ, kChannelVectors<NQ>>(w, kSubRows, j0, j1, ld, o, D, c * G, d1);
+      else
+        acc_span<NQ, 1>(w, kSubRows, j0, j1, ld, o, D, c * G, d1);
+    }
+  }
+  for (int i = 0; i < NQ; ++i)
+    for (int64_t d = 0; d < D; ++d) o[i * D + d] += msum[i * ncg + d / G];
+}
+
+/// A key group's words, channel-major (words[d * wpg + x]), as wt[x * D + d]: word x of 8
+/// consecutive channels in one vector.
+inline void transpose_words(const uint32_t* words, int64_t D, int64_t wpg, uint32_t* wt) {
+  if (wpg == 2) {  // kivi2 at G=32: split even / odd words of 8 channels
+    const __m256i idx = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256i a = _mm256_permutevar8x32_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 2 * d)), idx);
+      const __m256i b = _mm256_permutevar8x32_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 2 * d + 8)), idx);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wt + d),
+                          _mm256_permute2x128_si256(a, b, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wt + D + d),
+                          _mm256_permute2x128_si256(a, b, 0x31));
+    }
+    return;
+  }
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t x = 0; x < wpg; ++x) wt[x * D + d] = words[d * wpg + x];
+}
+
 /// Runs f(loader) with the fp8 loader of the side's format.
 template <class F>
 void with_fp8_rows(const StoredSide& s, const uint8_t* base, int64_t stride, F&& f) {
@@ -543,8 +620,9 @@ void with_fp8_rows(const StoredSide& s, const uint8_t* base, int64_t stride, F&&
 struct Scratch {
   std::vector<float> s, qs;
   std::vector<uint32_t> wt;
-  std::vector<uint8_t> c8;  // int8 mode: one key group's codes, token-major bytes [G, D]
-  std::vector<int8_t> q8;   // int8 mode: the quantized query [NQ, D]
+  std::vector<uint8_t> c8;      // int8 mode: one key group's codes, token-major bytes [G, D]
+  std::vector<int8_t> q8;       // int8 mode: the quantized query [NQ, D]
+  std::vector<float> pw, msum;  // int values: weights per channel group, sums of p * min
 };
 
 /// Scores of kv head h over tokens [t0, t1) into s[i * lds + (t - t0)] (unscaled).
@@ -609,8 +687,7 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
     float base[NQ];
     for (int i = 0; i < NQ; ++i) base[i] = hsum8(bacc[i]);
     const uint32_t* words = k.words + L.word_index(g, h, 0);
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t x = 0; x < wpg; ++x) w.wt[static_cast<size_t>(x * D + d)] = words[d * wpg + x];
+    transpose_words(words, D, wpg, w.wt.data());
     float* sg = s + (a - t0);
     const int jj0 = static_cast<int>(a - g * G);
     const bool int8 = c.mode == IntMode::Int8 && (k.bits == 2 || k.bits == 4) && D % 32 == 0;
@@ -648,7 +725,8 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
 
 /// o_i += sum_t p_i[t - t0] * V[t, h, :] for kv head h over tokens [t0, t1); p may be rescaled.
 template <int NQ>
-void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t ldp, float* o) {
+void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t ldp, float* o,
+            Scratch& w) {
   const StoredSide& v = c.v;
   const int64_t H = c.H, D = c.D, n = t1 - t0, row = H * D;
   switch (v.kind) {
@@ -673,14 +751,11 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
   if (t0 < te) {
     const kivi::TokenLayout L{H, D, v.group, v.bits};
     auto run = [&]<int B>() {
-      const TokenValues<B> ld{v.words + L.word_index(t0, h, 0),
-                              v.scales + L.param_index(t0, h, 0),
+      const TokenCodes<B> ld{v.words + L.word_index(t0, h, 0), H * L.words_per_token_head(),
+                             v.group, kivi::words_for(v.group, B)};
+      acc_token_values<NQ, B>(p, ldp, te - t0, ld, v.scales + L.param_index(t0, h, 0),
                               v.sym ? nullptr : v.mins + L.param_index(t0, h, 0),
-                              H * L.words_per_token_head(),
-                              H * L.channel_groups(),
-                              v.group,
-                              kivi::words_for(v.group, B)};
-      accumulate<NQ>(p, ldp, te - t0, ld, o, D);
+                              H * L.channel_groups(), o, D, w.pw.data(), w.msum.data());
     };
     switch (v.bits) {
       case 2:
@@ -711,6 +786,10 @@ void simd_range(const Call& c, int64_t a, int64_t b, Partial& P) {
     w.c8.assign(static_cast<size_t>(D * (c.k.group + 32)), 0);
     w.q8.assign(static_cast<size_t>(NQ * D), 0);
   }
+  if (c.v.kind == SchemeKind::Int) {
+    w.pw.assign(static_cast<size_t>(NQ * kSubRows * (D / c.v.group + 1)), 0.0f);
+    w.msum.assign(static_cast<size_t>(NQ * (D / c.v.group + 1)), 0.0f);
+  }
   for (int64_t t0 = a; t0 < b; t0 += c.block) {
     const int64_t t1 = std::min(b, t0 + c.block), n = t1 - t0;
     for (int64_t h = 0; h < c.H; ++h) {
@@ -720,7 +799,7 @@ void simd_range(const Call& c, int64_t a, int64_t b, Partial& P) {
         softmax_step(w.s.data() + i * lds, n, c.scale, P.m[static_cast<size_t>(j)],
                      P.l[static_cast<size_t>(j)], P.o.data() + j * D, D);
       }
-      values<NQ>(c, h, t0, t1, w.s.data(), lds, P.o.data() + h * NQ * D);
+      values<NQ>(c, h, t0, t1, w.s.data(), lds, P.o.data() + h * NQ * D, w);
     }
   }
 }
