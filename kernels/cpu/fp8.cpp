@@ -184,4 +184,28 @@ void fp8_quantize(const Fp8Spec& spec, const std::vector<float>& scales, const T
     }
 }
 
+void fp8_quantize_dynamic(const Fp8Spec& spec, Role role, const Tensor3& x,
+                          std::vector<float>& scales, std::vector<uint8_t>& codes, int layer) {
+  if (spec.source != ScaleSource::Dynamic || spec.gran != Granularity::Token) {
+    scales = fp8_compute_scales(spec, role, x, layer);
+    fp8_quantize(spec, scales, x, codes);
+    return;
+  }
+  const Shape3 s = x.shape;
+  scales.resize(static_cast<size_t>(s.tokens * s.heads));
+  codes.resize(x.data.size());
+  for (int64_t r = 0; r < s.tokens * s.heads; ++r) {
+    const float* xr = x.data.data() + r * s.dim;
+    float a = 0.0f;
+    if (amax_row(xr, s.dim, a)) {  // a NaN: its payload is the reference's business
+      scales = fp8::compute_scales(spec, role, x, layer);
+      fp8_quantize(spec, scales, x, codes);
+      return;
+    }
+    scales[static_cast<size_t>(r)] = fp8::scale_from_amax(a, spec.format);
+    fp8_quantize_row(spec.format, xr, s.dim, scales[static_cast<size_t>(r)],
+                     codes.data() + r * s.dim);
+  }
+}
+
 }  // namespace kvq::cpu

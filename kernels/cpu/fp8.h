@@ -28,4 +28,10 @@ std::vector<float> fp8_compute_scales(const Fp8Spec& spec, Role role, const Tens
 void fp8_quantize(const Fp8Spec& spec, const std::vector<float>& scales, const Tensor3& x,
                   std::vector<uint8_t>& codes);
 
+/// \brief fp8_compute_scales then fp8_quantize (the same scales and codes, bit for bit); with
+/// dynamic per-token scales each row's amax and codes are computed in one pass while the row is in
+/// L1 (one read of x instead of two).
+void fp8_quantize_dynamic(const Fp8Spec& spec, Role role, const Tensor3& x,
+                          std::vector<float>& scales, std::vector<uint8_t>& codes, int layer = 0);
+
 }  // namespace kvq::cpu

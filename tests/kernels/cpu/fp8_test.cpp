@@ -178,6 +178,13 @@ TEST_P(cpuFp8Tensor, scalesAndCodes_everyGranularitySourceFormat_bitExact) {
         ASSERT_EQ(want.size(), got.size()) << name;
         for (size_t i = 0; i < want.size(); ++i)
           ASSERT_EQ(want[i], got[i]) << name << " code " << i << " x=" << x.data[i];
+        std::vector<float> fused_s;
+        std::vector<uint8_t> fused;
+        fp8_quantize_dynamic(spec, Role::Key, x, fused_s, fused);
+        ASSERT_EQ(fused_s.size(), want_s.size()) << name;
+        for (size_t i = 0; i < want_s.size(); ++i)
+          ASSERT_EQ(float_bits(want_s[i]), float_bits(fused_s[i])) << name << " fused scale " << i;
+        ASSERT_EQ(fused, want) << name << " fused codes";
       }
 }
 
