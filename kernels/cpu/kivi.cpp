@@ -174,7 +174,8 @@ inline __m128i lane_sums4(__m256i a, __m256i b, __m256i c, __m256i d) {
 // Packs len codes (len a multiple of 8; k[v] holds codes 8v .. 8v+7) into words_for(len, B)
 // words, as kivi::pack does.
 template <int B>
-void pack_vectors(const __m256i* k, int len, uint32_t* words) {
+inline __attribute__((always_inline)) void pack_vectors(const __m256i* k, int len,
+                                                        uint32_t* words) {
   const int nv = len / 8;
   if constexpr (B == 8) {  // code i is byte i of the little-endian words
     for (int v = 0; v < nv; ++v) {
@@ -184,23 +185,20 @@ void pack_vectors(const __m256i* k, int len, uint32_t* words) {
       words[2 * v + 1] = static_cast<uint32_t>(_mm256_extract_epi32(b8, 4));
     }
   } else if constexpr (B == 4 || B == 2) {
-    // One vector of shifted codes per word: B=4 holds 8 codes per word, B=2 16 (two vectors).
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i sh0 = _mm256_mullo_epi32(lane, _mm256_set1_epi32(B));
-    const __m256i sh1 = _mm256_add_epi32(sh0, _mm256_set1_epi32(8 * B));
+    // One vector of shifted codes per word (B=4: 8 codes; B=2: 16 codes from two vectors).
+    const __m256i sh0 = B == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)
+                               : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    const __m256i sh1 = _mm256_setr_epi32(16, 18, 20, 22, 24, 26, 28, 30);
     const int nw = static_cast<int>(words_for(len, B));
-    __m256i wv[64 + 3];
-    for (int w = 0; w < nw; ++w) {
-      if constexpr (B == 4) {
-        wv[w] = _mm256_sllv_epi32(k[w], sh0);
-      } else {
-        wv[w] = _mm256_sllv_epi32(k[2 * w], sh0);
-        if (2 * w + 1 < nv) wv[w] = _mm256_add_epi32(wv[w], _mm256_sllv_epi32(k[2 * w + 1], sh1));
-      }
-    }
-    for (int w = nw; w < nw + 3; ++w) wv[w] = _mm256_setzero_si256();
+    auto word = [&](int w) {
+      if (w >= nw) return _mm256_setzero_si256();
+      if constexpr (B == 4) return _mm256_sllv_epi32(k[w], sh0);
+      __m256i v = _mm256_sllv_epi32(k[2 * w], sh0);
+      if (2 * w + 1 < nv) v = _mm256_add_epi32(v, _mm256_sllv_epi32(k[2 * w + 1], sh1));
+      return v;
+    };
     for (int w = 0; w < nw; w += 4) {
-      const __m128i s = lane_sums4(wv[w], wv[w + 1], wv[w + 2], wv[w + 3]);
+      const __m128i s = lane_sums4(word(w), word(w + 1), word(w + 2), word(w + 3));
       if (w + 4 <= nw) {
         _mm_storeu_si128(reinterpret_cast<__m128i*>(words + w), s);
       } else {
