@@ -20,6 +20,7 @@
 #include <random>
 #include <sstream>
 
+#include "bench/bench_ratio.h"
 #include "experiments/synthetic.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
@@ -155,27 +156,12 @@ class RatioReporter : public benchmark::ConsoleReporter {
   std::map<std::string, double> times_, bw_;
 };
 
-// Takes this program's own flags out of argv.
-std::string take_flag(int& argc, char** argv, const std::string& name, const std::string& dflt) {
-  std::string value = dflt;
-  int out = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--" + name + "=", 0) == 0)
-      value = a.substr(name.size() + 3);
-    else
-      argv[out++] = argv[i];
-  }
-  argc = out;
-  return value;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string backend = take_flag(argc, argv, "backend", "both");
-  const std::string int_mode = take_flag(argc, argv, "int-mode", "both");
-  const std::string contexts = take_flag(argc, argv, "contexts", "");
+  const std::string backend = kvq::bench::take_flag(argc, argv, "backend", "both");
+  const std::string int_mode = kvq::bench::take_flag(argc, argv, "int-mode", "both");
+  const std::string contexts = kvq::bench::take_flag(argc, argv, "contexts", "");
   if (!contexts.empty()) {
     g_contexts.clear();
     std::stringstream ss(contexts);

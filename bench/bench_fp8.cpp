@@ -97,20 +97,6 @@ void BM_Copy(benchmark::State& state) {
   set_rate(state);
 }
 
-std::string take_flag(int& argc, char** argv, const std::string& name, const std::string& dflt) {
-  std::string value = dflt;
-  int out = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--" + name + "=", 0) == 0)
-      value = a.substr(name.size() + 3);
-    else
-      argv[out++] = argv[i];
-  }
-  argc = out;
-  return value;
-}
-
 void register_all(const std::string& backend) {
   benchmark::RegisterBenchmark("BM_Copy", BM_Copy)->Unit(benchmark::kMillisecond);
   const std::pair<Fp8Format, Granularity> cases[] = {
@@ -135,7 +121,7 @@ void register_all(const std::string& backend) {
 }  // namespace kvq
 
 int main(int argc, char** argv) {
-  const std::string backend = kvq::take_flag(argc, argv, "backend", "both");
+  const std::string backend = kvq::bench::take_flag(argc, argv, "backend", "both");
   kvq::register_all(backend);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

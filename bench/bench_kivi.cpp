@@ -5,7 +5,8 @@
 //   BM_Quantize/ref/...  kivi::SideCache with r=0, one append (every token quantized)
 //   BM_Quantize/cpu/...  cpu::kivi_quantize (kernels/cpu/kivi.h): the same bytes, bit for bit
 //   BM_Append/ref/...    the streaming cache with the spec's window, one append and token by token
-//   build/<preset>/bench/bench_kivi [--benchmark_filter=kivi2] [--benchmark_repetitions=3
+//   build/<preset>/bench/bench_kivi [--backend=ref|cpu|both] [--benchmark_filter=kivi2]
+//   [--benchmark_repetitions=3
 //       --benchmark_enable_random_interleaving=true]
 #include <benchmark/benchmark.h>
 
@@ -96,11 +97,12 @@ void BM_Quantize(benchmark::State& state, const std::string& spec_text, kvq::Rol
   set_rate(state);
 }
 
-void register_all() {
+void register_all(const std::string& backend) {
   benchmark::RegisterBenchmark("BM_Copy/16MiB", BM_Copy)->Unit(benchmark::kMillisecond);
   for (const char* s : {"kivi2", "kivi4", "int3:k=channel,v=token", "int8:k=channel,v=token"})
     for (kvq::Role role : {kvq::Role::Key, kvq::Role::Value})
       for (bool cpu : {false, true}) {
+        if ((cpu && backend == "ref") || (!cpu && backend == "cpu")) continue;
         std::string label = s;
         label = label.substr(0, label.find(':'));
         const std::string name = std::string("BM_Quantize/") + (cpu ? "cpu/" : "ref/") + label +
@@ -112,6 +114,7 @@ void register_all() {
                             {"kivi4", "kivi4"},
                             {"int3", "int3:k=channel,v=token"},
                             {"int8", "int8:k=channel,v=token"}};
+  if (backend == "cpu") return;  // the streaming appends below are backend ref
   for (const auto& s : specs)
     for (kvq::Role role : {kvq::Role::Key, kvq::Role::Value})
       for (bool per_token : {false, true}) {
@@ -126,7 +129,7 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  register_all();
+  register_all(kvq::bench::take_flag(argc, argv, "backend", "both"));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   kvq::bench::RatioTable table;

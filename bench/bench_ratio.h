@@ -1,7 +1,8 @@
-// A console reporter for the CPU benches that prints, after the runs, each case's GB/s (10^9 B/s of
-// float32 input), its fraction of the memcpy measured in the same run, and backend cpu's speedup
-// over backend ref for the same case. Case names are "BM_<what>/<backend>/<case>"; the copy is
-// "BM_Copy". With --benchmark_repetitions the medians are used.
+// Shared by the CPU benches: take_flag (a program's own --NAME=VALUE flags) and a console reporter
+// that prints, after the runs, each case's GB/s (10^9 B/s of float32 input), its fraction of the
+// memcpy measured in the same run, and backend cpu's speedup over backend ref for the same case.
+// Case names are "BM_<what>/<backend>/<case>"; the copy is "BM_Copy". With --benchmark_repetitions
+// the medians are used.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -12,6 +13,23 @@
 #include <vector>
 
 namespace kvq::bench {
+
+/// \brief Takes --NAME=VALUE out of argv (a bench's own flags, read before the benchmark ones);
+/// returns VALUE, or dflt when the flag is absent.
+inline std::string take_flag(int& argc, char** argv, const std::string& name,
+                             const std::string& dflt) {
+  std::string value = dflt;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--" + name + "=", 0) == 0)
+      value = a.substr(name.size() + 3);
+    else
+      argv[out++] = argv[i];
+  }
+  argc = out;
+  return value;
+}
 
 class RatioTable : public benchmark::ConsoleReporter {
  public:

@@ -500,8 +500,9 @@ struct TokenCodes {
   const uint32_t* words;  // token t0, head h
   int64_t wstride;        // words per token
   int64_t group, wpg;
-  __m256 operator()(int64_t j, int64_t d) const {
-    const int64_t c = d / group, e = d % group;
+  void prefetch(int64_t j, int64_t D) const { prefetch_row(words + j * wstride, D * B / 8); }
+  /// Codes e .. e + 7 of channel group c of token j.
+  __m256 code(int64_t j, int64_t c, int64_t e) const {
     const uint32_t* wr = words + j * wstride + c * wpg;
     __m256i code;
     if constexpr (B == 8) {
@@ -553,29 +554,47 @@ void acc_span(const float* w, int64_t ldw, int64_t j0, int64_t j1, const L& ld, 
 template <int NQ, int B>
 void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B>& ld,
                       const uint16_t* scales, const uint16_t* mins, int64_t pstride, float* o,
-                      int64_t D, float* pw, float* msum) {
+                      int64_t D, float* pw, float* msum, float* sct, float* mnt) {
   const int64_t G = ld.group, ncg = (D + G - 1) / G;  // the last group may be shorter
   const float sym_min = -static_cast<float>(kivi::sym_offset(B));
   std::fill(msum, msum + NQ * ncg, 0.0f);
   for (int64_t j0 = 0; j0 < n; j0 += kSubRows) {
-    const int64_t j1 = std::min(n, j0 + kSubRows);
+    const int64_t j1 = std::min(n, j0 + kSubRows), m = j1 - j0, m8 = m / 8 * 8;
+    prefetch_rows(ld, j0 + kSubRows, n, D);
+    // This sub-block's scales and minima as floats, [c][j - j0].
     for (int64_t j = j0; j < j1; ++j)
       for (int64_t c = 0; c < ncg; ++c) {
         const float sc = _cvtsh_ss(scales[j * pstride + c]);
-        const float mn = mins ? _cvtsh_ss(mins[j * pstride + c]) : sym_min * sc;
-        for (int i = 0; i < NQ; ++i) {
-          const float pij = p[i * ldp + j];
-          pw[(c * NQ + i) * kSubRows + (j - j0)] = pij * sc;
-          msum[i * ncg + c] += pij * mn;
+        sct[c * kSubRows + (j - j0)] = sc;
+        mnt[c * kSubRows + (j - j0)] = mins ? _cvtsh_ss(mins[j * pstride + c]) : sym_min * sc;
+      }
+    for (int64_t c = 0; c < ncg; ++c)
+      for (int i = 0; i < NQ; ++i) {
+        const float* pi = p + i * ldp + j0;
+        float* wi = pw + (c * NQ + i) * kSubRows;
+        const float* sc = sct + c * kSubRows;
+        const float* mn = mnt + c * kSubRows;
+        __m256 macc = _mm256_setzero_ps();
+        for (int64_t x = 0; x < m8; x += 8) {
+          const __m256 pv = _mm256_loadu_ps(pi + x);
+          _mm256_storeu_ps(wi + x, _mm256_mul_ps(pv, _mm256_loadu_ps(sc + x)));
+          macc = _mm256_fmadd_ps(pv, _mm256_loadu_ps(mn + x), macc);
         }
+        float tail = 0;
+        for (int64_t x = m8; x < m; ++x) {
+          wi[x] = pi[x] * sc[x];
+          tail += pi[x] * mn[x];
+        }
+        msum[i * ncg + c] += hsum8(macc) + tail;
       }
     for (int64_t c = 0; c < ncg; ++c) {
       const float* w = pw + c * NQ * kSubRows;
       const int64_t d1 = std::min(D, (c + 1) * G);
+      const auto lc = [&ld, c, G](int64_t j, int64_t d) { return ld.code(j, c, d - c * G); };
       if (G % (8 * kChannelVectors<NQ>) == 0)
-        acc_span<NQ, kChannelVectors<NQ>>(w, kSubRows, j0, j1, ld, o, D, c * G, d1);
+        acc_span<NQ, kChannelVectors<NQ>>(w, kSubRows, j0, j1, lc, o, D, c * G, d1);
       else
-        acc_span<NQ, 1>(w, kSubRows, j0, j1, ld, o, D, c * G, d1);
+        acc_span<NQ, 1>(w, kSubRows, j0, j1, lc, o, D, c * G, d1);
     }
   }
   for (int i = 0; i < NQ; ++i)
@@ -623,6 +642,7 @@ struct Scratch {
   std::vector<uint8_t> c8;      // int8 mode: one key group's codes, token-major bytes [G, D]
   std::vector<int8_t> q8;       // int8 mode: the quantized query [NQ, D]
   std::vector<float> pw, msum;  // int values: weights per channel group, sums of p * min
+  std::vector<float> sct, mnt;  // int values: a sub-block's scales and minima per channel group
 };
 
 /// Scores of kv head h over tokens [t0, t1) into s[i * lds + (t - t0)] (unscaled).
@@ -755,7 +775,8 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
                              v.group, kivi::words_for(v.group, B)};
       acc_token_values<NQ, B>(p, ldp, te - t0, ld, v.scales + L.param_index(t0, h, 0),
                               v.sym ? nullptr : v.mins + L.param_index(t0, h, 0),
-                              H * L.channel_groups(), o, D, w.pw.data(), w.msum.data());
+                              H * L.channel_groups(), o, D, w.pw.data(), w.msum.data(),
+                              w.sct.data(), w.mnt.data());
     };
     switch (v.bits) {
       case 2:
@@ -789,6 +810,8 @@ void simd_range(const Call& c, int64_t a, int64_t b, Partial& P) {
   if (c.v.kind == SchemeKind::Int) {
     w.pw.assign(static_cast<size_t>(NQ * kSubRows * (D / c.v.group + 1)), 0.0f);
     w.msum.assign(static_cast<size_t>(NQ * (D / c.v.group + 1)), 0.0f);
+    w.sct.assign(static_cast<size_t>(kSubRows * (D / c.v.group + 1)), 0.0f);
+    w.mnt.assign(w.sct.size(), 0.0f);
   }
   for (int64_t t0 = a; t0 < b; t0 += c.block) {
     const int64_t t1 = std::min(b, t0 + c.block), n = t1 - t0;
