@@ -11,7 +11,8 @@ namespace kvq {
 namespace {
 
 constexpr const char* kSchemes =
-    "fp32, bf16, fp16, fp8_e4m3, fp8_e4m3fnuz, fp8_e5m2, int2|int3|int4|int8, kivi2|kivi3|kivi4|kivi8";
+    "fp32, bf16, fp16, fp8_e4m3, fp8_e4m3fnuz, fp8_e5m2, int2|int3|int4|int8, "
+    "kivi2|kivi3|kivi4|kivi8";
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
   std::vector<std::string_view> out;
@@ -43,18 +44,25 @@ Axis parse_axis(std::string_view text, std::string_view key, std::string_view v)
 
 std::string_view to_string(Fp8Format f) {
   switch (f) {
-    case Fp8Format::E4M3: return "fp8_e4m3";
-    case Fp8Format::E4M3FNUZ: return "fp8_e4m3fnuz";
-    case Fp8Format::E5M2: return "fp8_e5m2";
+    case Fp8Format::E4M3:
+      return "fp8_e4m3";
+    case Fp8Format::E4M3FNUZ:
+      return "fp8_e4m3fnuz";
+    case Fp8Format::E5M2:
+      return "fp8_e5m2";
   }
   return "?";
 }
 std::string_view to_string(Granularity g) {
   switch (g) {
-    case Granularity::Tensor: return "tensor";
-    case Granularity::Head: return "head";
-    case Granularity::Token: return "token";
-    case Granularity::Channel: return "channel";
+    case Granularity::Tensor:
+      return "tensor";
+    case Granularity::Head:
+      return "head";
+    case Granularity::Token:
+      return "token";
+    case Granularity::Channel:
+      return "channel";
   }
   return "?";
 }
@@ -71,22 +79,33 @@ SchemeSpec parse_spec(std::string_view text) {
 
   SchemeSpec s;
   std::set<std::string> allowed;
-  if (name == "fp32") s.kind = SchemeKind::Fp32;
-  else if (name == "bf16") s.kind = SchemeKind::Bf16;
-  else if (name == "fp16") s.kind = SchemeKind::Fp16;
+  if (name == "fp32")
+    s.kind = SchemeKind::Fp32;
+  else if (name == "bf16")
+    s.kind = SchemeKind::Bf16;
+  else if (name == "fp16")
+    s.kind = SchemeKind::Fp16;
   else if (name.starts_with("fp8_")) {
     s.kind = SchemeKind::Fp8;
-    if (name == "fp8_e4m3") s.fp8.format = Fp8Format::E4M3;
-    else if (name == "fp8_e4m3fnuz") s.fp8.format = Fp8Format::E4M3FNUZ;
-    else if (name == "fp8_e5m2") s.fp8.format = Fp8Format::E5M2;
-    else fail("bad scheme spec '{}': unknown FP8 format '{}' (allowed: fp8_e4m3, fp8_e4m3fnuz, fp8_e5m2)", text, name);
-    allowed = {"gran", "scale"};
+    if (name == "fp8_e4m3")
+      s.fp8.format = Fp8Format::E4M3;
+    else if (name == "fp8_e4m3fnuz")
+      s.fp8.format = Fp8Format::E4M3FNUZ;
+    else if (name == "fp8_e5m2")
+      s.fp8.format = Fp8Format::E5M2;
+    else
+      fail(
+          "bad scheme spec '{}': unknown FP8 format '{}' (allowed: fp8_e4m3, fp8_e4m3fnuz, "
+          "fp8_e5m2)",
+          text, name);
+    allowed = {"gran", "scale", "first"};
   } else if (name.starts_with("int") || name.starts_with("kivi")) {
     s.kind = SchemeKind::Int;
     s.q.kivi = name.starts_with("kivi");
     const std::string_view b = name.substr(s.q.kivi ? 4 : 3);
     if (b != "2" && b != "3" && b != "4" && b != "8")
-      fail("bad scheme spec '{}': {} bits not supported (allowed: 2, 3, 4, 8)", text, b.empty() ? "missing" : b);
+      fail("bad scheme spec '{}': {} bits not supported (allowed: 2, 3, 4, 8)", text,
+           b.empty() ? "missing" : b);
     s.q.bits = b[0] - '0';
     s.q.residual = s.q.kivi ? 128 : 0;
     allowed = s.q.kivi ? std::set<std::string>{"g", "r", "sym"}
@@ -97,8 +116,7 @@ SchemeSpec parse_spec(std::string_view text) {
 
   std::set<std::string> seen;
   if (!params.empty()) {
-    if (allowed.empty())
-      fail("bad scheme spec '{}': {} takes no parameters", text, name);
+    if (allowed.empty()) fail("bad scheme spec '{}': {} takes no parameters", text, name);
     for (std::string_view kv : split(params, ',')) {
       const size_t eq = kv.find('=');
       const std::string key(kv.substr(0, eq));
@@ -107,8 +125,10 @@ SchemeSpec parse_spec(std::string_view text) {
       for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
       if (key.empty()) fail("bad scheme spec '{}': empty parameter (allowed: {})", text, list);
       if (!allowed.count(key))
-        fail("bad scheme spec '{}': unknown parameter '{}' for {} (allowed: {})", text, key, name, list);
-      if (!seen.insert(key).second) fail("bad scheme spec '{}': parameter '{}' given twice", text, key);
+        fail("bad scheme spec '{}': unknown parameter '{}' for {} (allowed: {})", text, key, name,
+             list);
+      if (!seen.insert(key).second)
+        fail("bad scheme spec '{}': parameter '{}' given twice", text, key);
       if (key == "sym") {
         if (eq != std::string_view::npos) fail("bad scheme spec '{}': 'sym' takes no value", text);
         s.q.sym = true;
@@ -117,11 +137,16 @@ SchemeSpec parse_spec(std::string_view text) {
       if (eq == std::string_view::npos || val.empty())
         fail("bad scheme spec '{}': parameter '{}' needs a value ({}=...)", text, key, key);
       if (key == "gran") {
-        if (val == "tensor") s.fp8.gran = Granularity::Tensor;
-        else if (val == "head") s.fp8.gran = Granularity::Head;
-        else if (val == "token") s.fp8.gran = Granularity::Token;
-        else if (val == "channel") s.fp8.gran = Granularity::Channel;
-        else fail("bad scheme spec '{}': gran={} (allowed: tensor, head, token, channel)", text, val);
+        if (val == "tensor")
+          s.fp8.gran = Granularity::Tensor;
+        else if (val == "head")
+          s.fp8.gran = Granularity::Head;
+        else if (val == "token")
+          s.fp8.gran = Granularity::Token;
+        else if (val == "channel")
+          s.fp8.gran = Granularity::Channel;
+        else
+          fail("bad scheme spec '{}': gran={} (allowed: tensor, head, token, channel)", text, val);
       } else if (key == "scale") {
         if (val == "dynamic") {
           s.fp8.source = ScaleSource::Dynamic;
@@ -135,10 +160,18 @@ SchemeSpec parse_spec(std::string_view text) {
           char* end = nullptr;
           const double x = std::strtod(v.c_str(), &end);
           if (end != v.c_str() + v.size() || !std::isfinite(x) || x <= 0 || x > 3.0e38)
-            fail("bad scheme spec '{}': scale={} (allowed: dynamic, a positive finite number, calib:FILE)", text, val);
+            fail(
+                "bad scheme spec '{}': scale={} (allowed: dynamic, a positive finite number, "
+                "calib:FILE)",
+                text, val);
           s.fp8.source = ScaleSource::Constant;
           s.fp8.constant = static_cast<float>(x);
         }
+      } else if (key == "first") {
+        const int n = parse_int(text, val, key);
+        if (n < 1 || n > (1 << 24))
+          fail("bad scheme spec '{}': first={} (allowed: 1 .. 16777216 tokens)", text, val);
+        s.fp8.first = n;
       } else if (key == "k") {
         s.q.key_axis = parse_axis(text, key, val);
       } else if (key == "v") {
@@ -149,7 +182,8 @@ SchemeSpec parse_spec(std::string_view text) {
         } else {
           const int g = parse_int(text, val, key);
           if (g < 8 || g > 256 || (g & (g - 1)) != 0)
-            fail("bad scheme spec '{}': g={} (allowed: a power of two from 8 to 256, or g=dim)", text, val);
+            fail("bad scheme spec '{}': g={} (allowed: a power of two from 8 to 256, or g=dim)",
+                 text, val);
           s.q.group = g;
         }
       } else if (key == "r") {
@@ -159,13 +193,23 @@ SchemeSpec parse_spec(std::string_view text) {
       }
     }
   }
+  if (s.kind == SchemeKind::Fp8 && seen.count("first") &&
+      (s.fp8.source != ScaleSource::Dynamic || s.fp8.gran == Granularity::Token))
+    fail(
+        "bad scheme spec '{}': first= sets where dynamic tensor/head/channel scales come from; it "
+        "has no "
+        "effect with {}",
+        text, s.fp8.source != ScaleSource::Dynamic ? "a fixed scale" : "gran=token");
   if (s.kind == SchemeKind::Int) {
     if (!s.q.kivi && (!seen.count("k") || !seen.count("v")))
-      fail("bad scheme spec '{}': {} needs both axes, e.g. {}:k=channel,v=token (or use kivi{})", text,
-           name, name, s.q.bits);
+      fail("bad scheme spec '{}': {} needs both axes, e.g. {}:k=channel,v=token (or use kivi{})",
+           text, name, name, s.q.bits);
     const bool channel_side = s.q.key_axis == Axis::Channel || s.q.value_axis == Axis::Channel;
     if (channel_side && s.q.group == kGroupWholeDim)
-      fail("bad scheme spec '{}': g=dim groups channels, but a per-channel side groups tokens; give g=G", text);
+      fail(
+          "bad scheme spec '{}': g=dim groups channels, but a per-channel side groups tokens; give "
+          "g=G",
+          text);
     if (channel_side && s.q.residual % s.q.group != 0)
       fail("bad scheme spec '{}': r={} must be a multiple of g={} on a per-channel side", text,
            s.q.residual, s.q.group);
@@ -175,14 +219,21 @@ SchemeSpec parse_spec(std::string_view text) {
 
 std::string SchemeSpec::canonical() const {
   switch (kind) {
-    case SchemeKind::Fp32: return "fp32";
-    case SchemeKind::Bf16: return "bf16";
-    case SchemeKind::Fp16: return "fp16";
+    case SchemeKind::Fp32:
+      return "fp32";
+    case SchemeKind::Bf16:
+      return "bf16";
+    case SchemeKind::Fp16:
+      return "fp16";
     case SchemeKind::Fp8: {
       std::string sc = fp8.source == ScaleSource::Dynamic ? "dynamic"
                        : fp8.source == ScaleSource::Calib ? "calib:" + fp8.calib_path
                                                           : fmt::format("{}", fp8.constant);
-      return fmt::format("{}:gran={},scale={}", to_string(fp8.format), to_string(fp8.gran), sc);
+      // first=N only when it is not the default, so the common specs keep their short names.
+      const bool first = fp8.source == ScaleSource::Dynamic && fp8.gran != Granularity::Token &&
+                         fp8.first != Fp8Spec::kFp8FirstDefault;
+      return fmt::format("{}:gran={},scale={}{}", to_string(fp8.format), to_string(fp8.gran), sc,
+                         first ? fmt::format(",first={}", fp8.first) : "");
     }
     case SchemeKind::Int: {
       const std::string g = q.group == kGroupWholeDim ? "dim" : std::to_string(q.group);

@@ -2,7 +2,10 @@
 // plot legends). Grammar: NAME[:key=value[,key=value...]] (flags such as `sym` take no value).
 //
 //   fp32 | bf16 | fp16
-//   fp8_e4m3 | fp8_e4m3fnuz | fp8_e5m2   [gran=tensor|head|token|channel] [scale=dynamic|<num>|calib:<file>]
+//   fp8_e4m3 | fp8_e4m3fnuz | fp8_e5m2   [gran=tensor|head|token|channel]
+//   [scale=dynamic|<num>|calib:<file>]
+//                                        [first=N]  (dynamic tensor/head/channel scales: from the
+//                                        first N tokens)
 //   int<B>  k=channel|token, v=channel|token  [g=G] [r=R] [sym]      B in {2,3,4,8}; g=32, r=0
 //   kivi<B> [g=G] [r=R] [sym]   == int<B>:k=channel,v=token with g=32, r=128
 #pragma once
@@ -30,8 +33,14 @@ struct Fp8Spec {
   Fp8Format format = Fp8Format::E4M3;
   Granularity gran = Granularity::Tensor;
   ScaleSource source = ScaleSource::Dynamic;
-  float constant = 1.0f;    ///< the scale when source == Constant
-  std::string calib_path;   ///< the calibration JSON when source == Calib
+  float constant = 1.0f;   ///< the scale when source == Constant
+  std::string calib_path;  ///< the calibration JSON when source == Calib
+  /// Dynamic tensor / head / channel scales are the amax of the first `first` tokens of the
+  /// sequence, whatever the chunking; a streaming cache keeps those tokens exact until the N-th
+  /// arrives, then quantizes everything with the frozen scale (vLLM's prefill-computed scales,
+  /// made independent of the prefill's length). Per-token scales ignore it.
+  int first = kFp8FirstDefault;
+  static constexpr int kFp8FirstDefault = 128;
 };
 
 /// \brief `g=dim` in a spec: the group is the whole head_dim (resolved when the shape is known).
@@ -47,7 +56,9 @@ struct IntSpec {
   bool kivi = false;  ///< spelled kivi<B> (only changes the canonical name)
   Axis axis(Role r) const { return r == Role::Key ? key_axis : value_axis; }
   /// \brief G for a tensor with head_dim `dim`.
-  int group_for(int64_t dim) const { return group == kGroupWholeDim ? static_cast<int>(dim) : group; }
+  int group_for(int64_t dim) const {
+    return group == kGroupWholeDim ? static_cast<int>(dim) : group;
+  }
 };
 
 /// \brief A parsed scheme spec.

@@ -1,7 +1,12 @@
 // kvq model ...: the real model (SmolLM2-135M-Instruct GGUF) with a quantized KV cache.
 #include <fmt/format.h>
 
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -16,21 +21,21 @@
 #include "experiments/model_eval.h"
 #include "experiments/model_files.h"
 #include "fp8/scale.h"
-#include "reference_cpu/llama.h"
-#include "reference_cpu/tokenizer.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
 
 namespace kvq::cli {
 namespace {
 
 struct Common {
   std::string model_file, kv = "kivi2", json;
-  bool pre_rope = false;
+  bool pre_rope = false, hadamard = false;
   int threads = 0;
 };
 
-// The loaded model and tokenizer (loaded once per process).
+// The loaded model and tokenizer (loaded once per process). Neither keeps the file: its mapping is
+// released once the weights are packed.
 struct Loaded {
-  gguf::GgufFile file;
   LlamaModel model;
   Tokenizer tok;
 };
@@ -43,7 +48,7 @@ const Loaded& load(const Common& c) {
     gguf::GgufFile f = gguf::GgufFile::open(path);
     LlamaModel m = LlamaModel::load(f);
     Tokenizer t = Tokenizer::from_gguf(f);
-    l = std::make_unique<Loaded>(Loaded{std::move(f), std::move(m), std::move(t)});
+    l = std::make_unique<Loaded>(Loaded{std::move(m), std::move(t)});
     fmt::print(stderr, "loaded {} ({} layers, {} kv heads x {}) in {:.1f} s\n", path, l->model.config().layers,
                l->model.config().kv_heads, l->model.config().head_dim,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -51,10 +56,12 @@ const Loaded& load(const Common& c) {
   return *l;
 }
 
-CacheOptions cache_options(const std::string& spec, bool pre_rope) {
+CacheOptions cache_options(const std::string& spec, bool pre_rope, bool hadamard = false) {
   CacheOptions o;
   o.spec = parse_spec(spec);
   o.pre_rope = pre_rope;
+  o.hadamard = hadamard;
+  KVQ_CHECK(!(pre_rope && hadamard), "--hadamard and --pre-rope cannot be combined (the rotation acts on post-RoPE keys)");
   return o;
 }
 
@@ -66,6 +73,9 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
     c->add_option("--kv", o.kv, "KV-cache scheme spec (fp32, bf16, fp8_e4m3:gran=token, kivi2, int4:k=channel,v=token,...)")
         ->capture_default_str();
     c->add_flag("--pre-rope", o.pre_rope, "quantize keys before RoPE and rotate them when reading (KVQuant)");
+    c->add_flag("--hadamard", o.hadamard,
+                "store Walsh-Hadamard-rotated K and V (q, k, v rotated per head, the output rotated back), "
+                "as llama.cpp does for its quantized caches");
   }
   c->add_option("--threads", o.threads, "threads (0 = all cores)")->capture_default_str();
   c->add_option("--json", o.json, "also write the result as JSON to this file (atomically)");
@@ -104,7 +114,7 @@ void register_generate(CLI::App* model) {
   c->add_option("-n", o->n, "tokens to generate")->check(CLI::PositiveNumber)->capture_default_str();
   c->add_flag("--chat", o->chat, "wrap the prompt in the instruct chat template");
   c->callback([o] {
-    const CacheOptions co = cache_options(o->kv, o->pre_rope);
+    const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = prompt_text(o->prompt, o->prompt_file);
     const Loaded& L = load(*o);
     const auto ids = encode_prompt(L.tok, text, o->chat);
@@ -141,23 +151,30 @@ void register_ppl(CLI::App* model) {
   c->add_option("--text", o->text, "text file, or 'kjv' (King James Bible, scripts/fetch-text.sh)")->capture_default_str();
   c->add_option("--ctx", o->p.ctx, "window length (tokens)")->capture_default_str();
   c->add_option("--stride", o->p.stride, "window step; 0 = --ctx (non-overlapping)")->capture_default_str();
+  c->add_option("--score-from", o->p.score_from,
+                "score only positions >= N of every window (llama-perplexity scores the second half: "
+                "--score-from CTX/2); 0 = all")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   c->add_option("--chunk", o->p.chunk, "prefill chunk (tokens)")->capture_default_str();
   c->add_option("--max-tokens", o->p.max_tokens, "use the first N tokens of the text (0 = all)")->capture_default_str();
   c->callback([o] {
-    const CacheOptions co = cache_options(o->kv, o->pre_rope);
+    const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = read_file(text_path(o->text));
     const Loaded& L = load(*o);
     const auto ids = L.tok.encode(text);
     o->p.threads = o->threads;
     const auto r = eval::perplexity(L.model, co, ids, o->p, [](const std::string& m) { fmt::print(stderr, "[ppl] {}\n", m); });
-    fmt::print("kv          {}{}\n", co.spec.canonical(), co.pre_rope ? " (pre-RoPE keys)" : "");
+    fmt::print("kv          {}{}{}\n", co.spec.canonical(), co.pre_rope ? " (pre-RoPE keys)" : "",
+               co.hadamard ? " (Hadamard-rotated K/V)" : "");
     fmt::print("text        {} ({} tokens used of {})\n", o->text, r.windows * o->p.ctx, ids.size());
     fmt::print("windows     {} x {} tokens, {} scored positions\n", r.windows, o->p.ctx, r.scored);
     fmt::print("ppl         {:.4f}   (fp32 cache {:.4f}, delta {:+.4f})\n", r.ppl, r.ppl_ref, r.ppl - r.ppl_ref);
     fmt::print("KLD         mean {:.6f}, p99 {:.6f}\n", r.kld, r.kld_p99);
     fmt::print("same top-1  {:.2f}%\n", 100.0 * r.top1);
     fmt::print("time        {:.1f} s\n", r.seconds);
-    write_json(o->json, {{"kv", co.spec.canonical()}, {"pre_rope", co.pre_rope}, {"text", o->text}, {"ctx", o->p.ctx},
+    write_json(o->json, {{"kv", co.spec.canonical()}, {"pre_rope", co.pre_rope}, {"hadamard", co.hadamard}, {"text", o->text}, {"ctx", o->p.ctx},
+                         {"score_from", o->p.score_from},
                          {"stride", o->p.stride}, {"windows", r.windows}, {"scored", r.scored}, {"ppl", r.ppl},
                          {"ppl_fp32", r.ppl_ref}, {"kld", r.kld}, {"kld_p99", r.kld_p99}, {"top1", r.top1},
                          {"seconds", r.seconds}});
@@ -182,7 +199,7 @@ void register_diverge(CLI::App* model) {
   c->add_option("-n", o->n, "tokens to generate")->check(CLI::PositiveNumber)->capture_default_str();
   c->add_flag("--chat", o->chat, "wrap the prompt in the instruct chat template");
   c->callback([o] {
-    const CacheOptions test = cache_options(o->kv, o->pre_rope), ref = cache_options(o->vs, false);
+    const CacheOptions test = cache_options(o->kv, o->pre_rope, o->hadamard), ref = cache_options(o->vs, false);
     const std::string text = prompt_text(o->prompt, o->prompt_file);
     const Loaded& L = load(*o);
     const auto ids = encode_prompt(L.tok, text, o->chat);
@@ -226,7 +243,7 @@ void register_needle(CLI::App* model) {
   c->add_option("--seed", o->seed, "pass key seed")->capture_default_str();
   c->add_option("--text", o->text, "haystack text file, or 'kjv'")->capture_default_str();
   c->callback([o] {
-    const CacheOptions test = cache_options(o->kv, o->pre_rope), ref = cache_options("fp32", false);
+    const CacheOptions test = cache_options(o->kv, o->pre_rope, o->hadamard), ref = cache_options("fp32", false);
     for (double d : o->depth) KVQ_CHECK(d >= 0 && d <= 1, "--depth {} outside [0, 1]", d);
     const std::string hay_text = read_file(text_path(o->text));
     const Loaded& L = load(*o);
@@ -385,7 +402,7 @@ void register_logits(CLI::App* model) {
   c->add_option("--out", o->out, "output logits .npy")->required();
   c->add_option("--ids-out", o->ids_out, "also write the token ids as a JSON array");
   c->callback([o] {
-    const CacheOptions co = cache_options(o->kv, o->pre_rope);
+    const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = o->prompt_file.empty() ? prompt_text(o->prompt, "") : read_file(text_path(o->prompt_file));
     const Loaded& L = load(*o);
     auto ids = L.tok.encode(text);
@@ -397,6 +414,93 @@ void register_logits(CLI::App* model) {
     write_npy(o->out, {static_cast<int64_t>(ids.size()), L.model.config().vocab}, logits.data());
     if (!o->ids_out.empty()) write_file_atomic(o->ids_out, nlohmann::json(ids).dump() + "\n");
     fmt::print("wrote {}: [{}, {}] logits ({})\n", o->out, ids.size(), L.model.config().vocab, co.spec.canonical());
+  });
+}
+
+void register_bench(CLI::App* model) {
+  struct O : Common {
+    std::string text = "kjv";
+    int prompt = 512, gen = 64, depth = 0, reps = 3;
+  };
+  auto o = std::make_shared<O>();
+  o->kv = "fp32";
+  auto* c = model->add_subcommand(
+      "bench",
+      "Model throughput, as llama-bench reports it: prefill of --prompt tokens in one call (pp) and\n"
+      "token-by-token decode of --gen tokens (tg), each after --depth tokens already in the cache.\n"
+      "Wall-clock tokens/s, median of --reps runs, plus CPU seconds and peak memory (RSS).\n"
+      "Example: kvq model bench --threads 2 --prompt 512 --gen 64 --depth 8192 --kv kivi2");
+  add_common(c, *o);
+  c->add_option("--text", o->text, "text the tokens come from, or 'kjv'")->capture_default_str();
+  c->add_option("--prompt", o->prompt, "prefill tokens (0 = skip pp)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  c->add_option("--gen", o->gen, "decoded tokens (0 = skip tg)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  c->add_option("--depth", o->depth, "tokens in the cache before each measurement")->check(CLI::NonNegativeNumber)->capture_default_str();
+  c->add_option("--reps", o->reps, "repetitions (the median is reported)")->check(CLI::PositiveNumber)->capture_default_str();
+  c->callback([o] {
+    const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
+    const std::string text = read_file(text_path(o->text));
+    const Loaded& L = load(*o);
+    const auto ids = L.tok.encode(text);
+    const int64_t need = static_cast<int64_t>(o->depth) + std::max(o->prompt, o->gen);
+    KVQ_CHECK(need <= L.model.config().context, "bench: --depth {} + {} tokens exceed the model's context {}",
+              o->depth, std::max(o->prompt, o->gen), L.model.config().context);
+    KVQ_CHECK(static_cast<int64_t>(ids.size()) >= need, "bench: the text has {} tokens, {} needed", ids.size(), need);
+    const int threads = o->threads > 0 ? o->threads : omp_get_num_procs();
+    auto cpu_now = [] { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; };
+    auto fill = [&](LlamaCache& cache) {  // the untimed context
+      std::vector<float> logits;
+      for (int64_t a = 0; a < o->depth; a += 512)
+        L.model.forward({ids.data() + a, static_cast<size_t>(std::min<int64_t>(512, o->depth - a))}, cache, logits,
+                        false, threads);
+    };
+    struct Stat {
+      std::vector<double> tps, cpu;
+    } pp, tg;
+    for (int r = 0; r < o->reps; ++r) {
+      std::vector<float> logits;
+      if (o->prompt > 0) {
+        LlamaCache cache(L.model.config(), co);
+        fill(cache);
+        const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = cpu_now();
+        L.model.forward({ids.data() + o->depth, static_cast<size_t>(o->prompt)}, cache, logits, false, threads);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        pp.tps.push_back(o->prompt / s);
+        pp.cpu.push_back((cpu_now() - c0) / o->prompt * 1e3);
+      }
+      if (o->gen > 0) {
+        LlamaCache cache(L.model.config(), co);
+        fill(cache);
+        const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = cpu_now();
+        for (int i = 0; i < o->gen; ++i)
+          L.model.forward({ids.data() + o->depth + i, 1}, cache, logits, false, threads);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        tg.tps.push_back(o->gen / s);
+        tg.cpu.push_back((cpu_now() - c0) / o->gen * 1e3);
+      }
+      fmt::print(stderr, "[bench] rep {}/{}{}{}\n", r + 1, o->reps,
+                 pp.tps.empty() ? "" : fmt::format(": pp{} {:.1f} tok/s", o->prompt, pp.tps.back()),
+                 tg.tps.empty() ? "" : fmt::format(", tg{} {:.1f} tok/s", o->gen, tg.tps.back()));
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    };
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    const double rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;
+    fmt::print("model       {} ({}; {:.1f} MB of weights)\n", model_path(o->model_file), L.model.weight_formats(),
+               static_cast<double>(L.model.weight_bytes()) / 1e6);
+    fmt::print("kv          {}, threads {}, depth {}\n", co.spec.canonical(), threads, o->depth);
+    fmt::print("{:<8} {:>10} {:>14} {:>6}\n", "test", "tokens/s", "CPU ms/token", "reps");
+    if (!pp.tps.empty()) fmt::print("{:<8} {:>10.1f} {:>14.2f} {:>6}\n", fmt::format("pp{}", o->prompt), median(pp.tps), median(pp.cpu), o->reps);
+    if (!tg.tps.empty()) fmt::print("{:<8} {:>10.1f} {:>14.2f} {:>6}\n", fmt::format("tg{}", o->gen), median(tg.tps), median(tg.cpu), o->reps);
+    fmt::print("peak RSS    {:.0f} MB\n", rss_mb);
+    write_json(o->json, {{"kv", co.spec.canonical()}, {"threads", threads}, {"depth", o->depth}, {"prompt", o->prompt},
+                         {"gen", o->gen}, {"pp_tokens_per_s", median(pp.tps)}, {"tg_tokens_per_s", median(tg.tps)},
+                         {"pp_cpu_ms_per_token", median(pp.cpu)}, {"tg_cpu_ms_per_token", median(tg.cpu)},
+                         {"peak_rss_mb", rss_mb}, {"weights", L.model.weight_formats()}});
   });
 }
 
@@ -413,6 +517,7 @@ void register_model(CLI::App& app) {
   register_dump(model);
   register_calibrate(model);
   register_logits(model);
+  register_bench(model);
 }
 
 }  // namespace kvq::cli

@@ -27,7 +27,7 @@
 #include "reference_cpu/attention.h"
 #include "reference_cpu/metrics.h"
 #include "reference_cpu/quantize.h"
-#include "reference_cpu/tokenizer.h"
+#include "model/tokenizer.h"
 
 namespace kvq::cli {
 namespace {
@@ -204,8 +204,9 @@ void run_model(const toml::table& mt, const std::vector<SchemeSpec>& specs, cons
   o.chunk = static_cast<int>(get_or<int64_t>(mt, "chunk", 256));
   o.max_tokens = get_or<int64_t>(mt, "max_tokens", 2048);
   const std::string text = get_or<std::string>(mt, "text", "kjv");
-  const bool pre = get_or<bool>(mt, "pre_rope", false);
-  const json settings = {{"text", text}, {"ctx", o.ctx}, {"stride", o.stride}, {"max_tokens", o.max_tokens}, {"pre_rope", pre}};
+  const bool pre = get_or<bool>(mt, "pre_rope", false), rot = get_or<bool>(mt, "hadamard", false);
+  json settings = {{"text", text}, {"ctx", o.ctx}, {"stride", o.stride}, {"max_tokens", o.max_tokens}, {"pre_rope", pre}};
+  if (rot) settings["hadamard"] = true;  // only when set, so rows of earlier runs still match
   ResultTable table(out, "model");
   std::vector<const SchemeSpec*> todo;
   for (const auto& s : specs)
@@ -215,19 +216,27 @@ void run_model(const toml::table& mt, const std::vector<SchemeSpec>& specs, cons
     return;
   }
   const std::string path = model_path(model_file);
-  const auto f = gguf::GgufFile::open(path);
-  const auto m = LlamaModel::load(f);
-  const auto tok = Tokenizer::from_gguf(f);
-  const auto ids = tok.encode(read_file(text_path(text)));
-  int i = 0;
+  std::vector<int32_t> ids;
+  const LlamaModel m = [&] {  // the file's mapping is released once the weights are packed
+    const auto f = gguf::GgufFile::open(path);
+    ids = Tokenizer::from_gguf(f).encode(read_file(text_path(text)));
+    return LlamaModel::load(f);
+  }();
+  std::vector<CacheOptions> caches;
   for (const SchemeSpec* s : todo) {
-    ++i;
     CacheOptions co;
     co.spec = *s;
     co.pre_rope = pre;
-    const auto r = eval::perplexity(m, co, ids, o, [&](const std::string& msg) {
-      fmt::print(stderr, "[model {}/{}] {}: {}\n", i, todo.size(), s->canonical(), msg);
-    });
+    co.hadamard = rot;
+    caches.push_back(co);
+  }
+  // All schemes in one pass: the fp32 reference of each window is computed once.
+  const auto results = eval::perplexity(m, caches, ids, o, [&](const std::string& msg) {
+    fmt::print(stderr, "[model, {} schemes] {}\n", todo.size(), msg);
+  });
+  for (size_t i = 0; i < todo.size(); ++i) {
+    const SchemeSpec* s = todo[i];
+    const eval::PplResult& r = results[i];
     const Shape3 one{o.ctx, m.config().kv_heads, m.config().head_dim};
     const Footprint fk = footprint(*s, Role::Key, one), fv = footprint(*s, Role::Value, one);
     table.add({{"key", s->canonical()}, {"scheme", s->canonical()}, {"settings", settings},

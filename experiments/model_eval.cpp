@@ -1,8 +1,11 @@
 #include "experiments/model_eval.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <span>
 
 #include "core/error.h"
 #include "fmt/format.h"
@@ -10,13 +13,9 @@
 namespace kvq::eval {
 namespace {
 
-CacheOptions fp32_cache(const CacheOptions& like) {
-  CacheOptions o = like;
-  o.spec = parse_spec("fp32");
-  return o;
+int32_t argmax(const float* x, int64_t n) {
+  return static_cast<int32_t>(std::max_element(x, x + n) - x);
 }
-
-int32_t argmax(const float* x, int64_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); }
 
 // Logits for every position of `tokens`, appended to `cache` in chunks.
 void run_chunks(const LlamaModel& m, LlamaCache& cache, const int32_t* tokens, int64_t n, int chunk,
@@ -43,69 +42,136 @@ std::vector<double> log_softmax(const float* logits, int64_t n) {
   return out;
 }
 
-PplResult perplexity(const LlamaModel& m, const CacheOptions& cache, const std::vector<int32_t>& all_tokens,
-                     const PplOptions& o, const Progress& progress) {
+std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOptions>& caches,
+                                  const std::vector<int32_t>& all_tokens, const PplOptions& o,
+                                  const Progress& progress) {
+  KVQ_CHECK(!caches.empty(), "ppl: no scheme to evaluate");
   KVQ_CHECK(o.ctx >= 2, "ppl: --ctx {} must be at least 2", o.ctx);
-  KVQ_CHECK(o.ctx <= m.config().context, "ppl: --ctx {} exceeds the model's context {}", o.ctx, m.config().context);
+  KVQ_CHECK(o.ctx <= m.config().context, "ppl: --ctx {} exceeds the model's context {}", o.ctx,
+            m.config().context);
   KVQ_CHECK(o.chunk >= 1, "ppl: --chunk {} must be positive", o.chunk);
   const int stride = o.stride > 0 ? o.stride : o.ctx;
   KVQ_CHECK(stride <= o.ctx, "ppl: --stride {} must not exceed --ctx {}", stride, o.ctx);
-  const int64_t n = o.max_tokens > 0 ? std::min<int64_t>(o.max_tokens, static_cast<int64_t>(all_tokens.size()))
-                                     : static_cast<int64_t>(all_tokens.size());
+  KVQ_CHECK(o.score_from >= 0 && o.score_from < o.ctx - 1,
+            "ppl: --score-from {} leaves nothing to score in windows of {}", o.score_from, o.ctx);
+  const int64_t n = o.max_tokens > 0
+                        ? std::min<int64_t>(o.max_tokens, static_cast<int64_t>(all_tokens.size()))
+                        : static_cast<int64_t>(all_tokens.size());
   KVQ_CHECK(n >= o.ctx, "ppl: the text has {} tokens, fewer than --ctx {}", n, o.ctx);
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t V = m.config().vocab;
-  PplResult r;
-  double nll = 0, nll_ref = 0, agree = 0;
-  std::vector<double> klds;
-  std::vector<float> lr, lq;
+  const size_t S = caches.size();
+  std::vector<double> nll(S, 0.0), agree(S, 0.0);
+  std::vector<std::vector<double>> klds(S);
+  double nll_ref = 0;
+  std::vector<float> lr;
+  std::vector<std::vector<float>> lq(S);
   const int64_t windows = (n - o.ctx) / stride + 1;
+  CacheOptions ref_opts;  // the unquantized reference: fp32 keys and values, post-RoPE
+  ref_opts.spec = parse_spec("fp32");
   for (int64_t w = 0; w < windows; ++w) {
     const int32_t* tok = all_tokens.data() + w * stride;
-    LlamaCache ref(m.config(), fp32_cache(cache)), test(m.config(), cache);
-    run_chunks(m, ref, tok, o.ctx, o.chunk, o.threads, lr);
-    run_chunks(m, test, tok, o.ctx, o.chunk, o.threads, lq);
+    LlamaCache ref(m.config(), ref_opts);
+    std::vector<LlamaCache> test;
+    for (const CacheOptions& c : caches) test.emplace_back(m.config(), c);
     // Positions first .. ctx-2 predict tokens first+1 .. ctx-1: the whole window at first (and
     // for non-overlapping windows), then only the last `stride` tokens of overlapping ones.
-    const int64_t first = w == 0 ? 0 : std::max<int64_t>(0, o.ctx - stride - 1);
-    for (int64_t p = first; p < o.ctx - 1; ++p) {
-      const auto a = log_softmax(lr.data() + p * V, V), b = log_softmax(lq.data() + p * V, V);
-      const int32_t next = tok[p + 1];
-      nll_ref -= a[static_cast<size_t>(next)];
-      nll -= b[static_cast<size_t>(next)];
-      double kl = 0;
-      for (int64_t i = 0; i < V; ++i) kl += std::exp(a[static_cast<size_t>(i)]) * (a[static_cast<size_t>(i)] - b[static_cast<size_t>(i)]);
-      klds.push_back(std::max(kl, 0.0));
-      agree += argmax(lr.data() + p * V, V) == argmax(lq.data() + p * V, V);
+    const int64_t first =
+        std::max<int64_t>(o.score_from, w == 0 ? 0 : std::max<int64_t>(0, o.ctx - stride - 1));
+    // Chunk by chunk, every cache in step: the reference logits of a chunk are computed once and
+    // every scheme is scored against them, holding (schemes + 1) x chunk x vocab floats.
+    for (int64_t a = 0; a < o.ctx; a += o.chunk) {
+      const int64_t len = std::min<int64_t>(o.chunk, o.ctx - a);
+      const std::span<const int32_t> part(tok + a, static_cast<size_t>(len));
+      m.forward(part, ref, lr, true, o.threads);
+      for (size_t s = 0; s < S; ++s) m.forward(part, test[s], lq[s], true, o.threads);
+      const int64_t p0 = std::max(first, a), p1 = std::min<int64_t>(a + len, o.ctx - 1);
+      if (p1 <= p0) continue;
+      // Score the chunk's positions in parallel; sums are taken in position order afterwards.
+      const int64_t np = p1 - p0;
+      std::vector<double> r_nll(static_cast<size_t>(np)), q_nll(static_cast<size_t>(np) * S),
+          q_kl(static_cast<size_t>(np) * S), q_agree(static_cast<size_t>(np) * S);
+#pragma omp parallel for schedule(dynamic, 4) \
+    num_threads(o.threads > 0 ? o.threads : omp_get_num_procs())
+      for (int64_t i = 0; i < np; ++i) {
+        const int64_t row = p0 + i - a;
+        const auto la = log_softmax(lr.data() + row * V, V);
+        std::vector<double> pa(la.size());
+        for (size_t j = 0; j < la.size(); ++j) pa[j] = std::exp(la[j]);
+        const auto next = static_cast<size_t>(tok[p0 + i + 1]);
+        r_nll[static_cast<size_t>(i)] = -la[next];
+        const int32_t top_ref = argmax(lr.data() + row * V, V);
+        for (size_t s = 0; s < S; ++s) {
+          const auto lb = log_softmax(lq[s].data() + row * V, V);
+          double kl = 0;
+          for (size_t j = 0; j < la.size(); ++j) kl += pa[j] * (la[j] - lb[j]);
+          const size_t at = static_cast<size_t>(i) * S + s;
+          q_nll[at] = -lb[next];
+          q_kl[at] = std::max(kl, 0.0);
+          q_agree[at] = argmax(lq[s].data() + row * V, V) == top_ref;
+        }
+      }
+      for (int64_t i = 0; i < np; ++i) {
+        nll_ref += r_nll[static_cast<size_t>(i)];
+        for (size_t s = 0; s < S; ++s) {
+          const size_t at = static_cast<size_t>(i) * S + s;
+          nll[s] += q_nll[at];
+          klds[s].push_back(q_kl[at]);
+          agree[s] += q_agree[at];
+        }
+      }
     }
-    r.windows = w + 1;
     if (progress) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      progress(fmt::format("window {}/{}: ppl {:.4f} (fp32 {:.4f}), {:.0f} tokens/s", w + 1, windows,
-                           std::exp(nll / static_cast<double>(klds.size())),
-                           std::exp(nll_ref / static_cast<double>(klds.size())),
-                           2.0 * static_cast<double>((w + 1) * o.ctx) / s));
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double scored = static_cast<double>(klds[0].size());
+      std::string ppls;
+      for (size_t s = 0; s < S && s < 4; ++s)
+        ppls += fmt::format(" {:.4f}", std::exp(nll[s] / scored));
+      if (S > 4) ppls += " ...";
+      progress(fmt::format(
+          "window {}/{}: ppl fp32 {:.4f}, schemes{}; {:.0f} tokens/s over {} caches, ETA {:.0f} s",
+          w + 1, windows, std::exp(nll_ref / scored), ppls,
+          static_cast<double>((w + 1) * o.ctx * static_cast<int64_t>(S + 1)) / sec, S + 1,
+          sec / static_cast<double>(w + 1) * static_cast<double>(windows - w - 1)));
     }
   }
-  r.scored = static_cast<int64_t>(klds.size());
-  r.ppl = std::exp(nll / static_cast<double>(r.scored));
-  r.ppl_ref = std::exp(nll_ref / static_cast<double>(r.scored));
-  double s = 0;
-  for (double k : klds) s += k;
-  r.kld = s / static_cast<double>(r.scored);
-  std::sort(klds.begin(), klds.end());
-  r.kld_p99 = klds[static_cast<size_t>(std::min<double>(static_cast<double>(klds.size() - 1), std::floor(0.99 * static_cast<double>(klds.size()))))];
-  r.top1 = agree / static_cast<double>(r.scored);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<PplResult> out(S);
+  for (size_t s = 0; s < S; ++s) {
+    PplResult& r = out[s];
+    r.windows = windows;
+    r.scored = static_cast<int64_t>(klds[s].size());
+    r.ppl = std::exp(nll[s] / static_cast<double>(r.scored));
+    r.ppl_ref = std::exp(nll_ref / static_cast<double>(r.scored));
+    double sum = 0;
+    for (double k : klds[s]) sum += k;
+    r.kld = sum / static_cast<double>(r.scored);
+    std::sort(klds[s].begin(), klds[s].end());
+    r.kld_p99 = klds[s][static_cast<size_t>(
+        std::min<double>(static_cast<double>(klds[s].size() - 1),
+                         std::floor(0.99 * static_cast<double>(klds[s].size()))))];
+    r.top1 = agree[s] / static_cast<double>(r.scored);
+    r.seconds = seconds;
+  }
+  return out;
 }
 
-std::vector<int32_t> generate(const LlamaModel& m, const CacheOptions& opts, const std::vector<int32_t>& prompt,
-                              int n, const std::vector<int32_t>& stop, int threads,
+PplResult perplexity(const LlamaModel& m, const CacheOptions& cache,
+                     const std::vector<int32_t>& tokens, const PplOptions& o,
+                     const Progress& progress) {
+  return perplexity(m, std::vector<CacheOptions>{cache}, tokens, o, progress).front();
+}
+
+std::vector<int32_t> generate(const LlamaModel& m, const CacheOptions& opts,
+                              const std::vector<int32_t>& prompt, int n,
+                              const std::vector<int32_t>& stop, int threads,
                               const std::function<void(int32_t)>& on_token) {
   KVQ_CHECK(!prompt.empty(), "generate: empty prompt");
   KVQ_CHECK(static_cast<int64_t>(prompt.size()) + n <= m.config().context,
-            "generate: {} prompt tokens + {} new exceed the model's context {}", prompt.size(), n, m.config().context);
+            "generate: {} prompt tokens + {} new exceed the model's context {}", prompt.size(), n,
+            m.config().context);
   LlamaCache cache(m.config(), opts);
   std::vector<float> logits;
   std::vector<int32_t> out;
@@ -147,8 +213,9 @@ DivergeResult diverge(const LlamaModel& m, const CacheOptions& ref, const CacheO
   return r;
 }
 
-NeedleResult needle_trial(const LlamaModel& m, const CacheOptions& opts, const std::vector<int32_t>& prompt,
-                          const std::vector<int32_t>& answer, int chunk, int threads) {
+NeedleResult needle_trial(const LlamaModel& m, const CacheOptions& opts,
+                          const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
+                          int chunk, int threads) {
   KVQ_CHECK(!answer.empty(), "needle: empty answer");
   LlamaCache cache(m.config(), opts);
   std::vector<float> logits;

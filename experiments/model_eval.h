@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "reference_cpu/llama.h"
+#include "model/llama.h"
 
 namespace kvq::eval {
 
@@ -16,11 +16,12 @@ namespace kvq::eval {
 using Progress = std::function<void(const std::string&)>;
 
 struct PplOptions {
-  int ctx = 512;     ///< window length in tokens
-  int stride = 0;    ///< window step; 0 = ctx (non-overlapping). Windows after the first score
-                     ///< only their last `stride` positions (the rest is context), like
-                     ///< llama-perplexity's strided mode.
-  int chunk = 256;   ///< prefill chunk: the cache is appended chunk by chunk
+  int ctx = 512;       ///< window length in tokens
+  int stride = 0;      ///< window step; 0 = ctx (non-overlapping). Windows after the first score
+                       ///< only their last `stride` positions (the rest is context), like
+                       ///< llama-perplexity's strided mode.
+  int score_from = 0;  ///< score only positions >= score_from of each window (0: as stride says)
+  int chunk = 256;     ///< prefill chunk: the cache is appended chunk by chunk
   int64_t max_tokens = 0;  ///< use only the first max_tokens tokens of the text (0 = all)
   int threads = 0;
 };
@@ -31,13 +32,19 @@ struct PplResult {
   double kld = 0;               ///< mean KL(p_fp32 || p_scheme) of next-token distributions
   double kld_p99 = 0;           ///< 99th percentile of the per-token KL
   double top1 = 0;              ///< fraction of positions where both argmaxes agree
-  double seconds = 0;
+  double seconds = 0;           ///< of the whole run (all schemes together)
 };
 
-/// \brief Perplexity of `tokens` with the scheme's cache, with KL and top-1 agreement against
-/// the fp32 cache on the same windows.
-PplResult perplexity(const LlamaModel& m, const CacheOptions& cache, const std::vector<int32_t>& tokens,
-                     const PplOptions& o, const Progress& progress = {});
+/// \brief Perplexity of `tokens` with each scheme's cache, with KL and top-1 agreement against the
+/// fp32 cache on the same windows. The fp32 reference runs once per window for all schemes.
+std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOptions>& caches,
+                                  const std::vector<int32_t>& tokens, const PplOptions& o,
+                                  const Progress& progress = {});
+
+/// \brief perplexity() for one scheme.
+PplResult perplexity(const LlamaModel& m, const CacheOptions& cache,
+                     const std::vector<int32_t>& tokens, const PplOptions& o,
+                     const Progress& progress = {});
 
 struct DivergeResult {
   std::vector<int32_t> ref, test;  ///< greedy continuations (vs spec, kv spec)
@@ -56,10 +63,10 @@ std::vector<int32_t> generate(const LlamaModel& m, const CacheOptions& cache,
                               const std::function<void(int32_t)>& on_token = {});
 
 struct NeedleResult {
-  int64_t ctx = 0;      ///< prompt tokens
-  double depth = 0;     ///< where the needle sits, as a fraction of the haystack
-  bool correct = false; ///< greedy decoding reproduces every passkey token
-  double logprob = 0;   ///< mean log-probability of the passkey tokens (teacher forced)
+  int64_t ctx = 0;       ///< prompt tokens
+  double depth = 0;      ///< where the needle sits, as a fraction of the haystack
+  bool correct = false;  ///< greedy decoding reproduces every passkey token
+  double logprob = 0;    ///< mean log-probability of the passkey tokens (teacher forced)
 };
 
 /// \brief One passkey trial: `prompt` holds the needle; `answer` are the passkey's tokens.

@@ -13,10 +13,14 @@ namespace kvq::fp8 {
 
 int64_t scale_count(Granularity g, Shape3 s) {
   switch (g) {
-    case Granularity::Tensor: return 1;
-    case Granularity::Head: return s.heads;
-    case Granularity::Token: return s.tokens * s.heads;
-    case Granularity::Channel: return s.heads * s.dim;
+    case Granularity::Tensor:
+      return 1;
+    case Granularity::Head:
+      return s.heads;
+    case Granularity::Token:
+      return s.tokens * s.heads;
+    case Granularity::Channel:
+      return s.heads * s.dim;
   }
   return 1;
 }
@@ -62,7 +66,10 @@ Calibration read_calibration(const std::string& path) {
     fail("{}: not valid JSON ({})", path, e.what());
   }
   if (!j.is_object() || !j.contains("kvq_calibration"))
-    fail("{}: not a kvq calibration file (no \"kvq_calibration\" key; `kvq model calibrate` writes one)", path);
+    fail(
+        "{}: not a kvq calibration file (no \"kvq_calibration\" key; `kvq model calibrate` writes "
+        "one)",
+        path);
   if (j["kvq_calibration"] != 1)
     fail("{}: unsupported calibration version {} (expected 1)", path, j["kvq_calibration"].dump());
   if (!j.contains("layers") || !j["layers"].is_array() || j["layers"].empty())
@@ -90,7 +97,8 @@ Calibration read_calibration(const std::string& path) {
       }
       if (heads == 0) heads = v.size();
       if (v.size() != heads)
-        fail("{}: layers[{}].{} has {} heads, earlier layers have {}", path, l, key, v.size(), heads);
+        fail("{}: layers[{}].{} has {} heads, earlier layers have {}", path, l, key, v.size(),
+             heads);
       (key[0] == 'k' ? c.k_amax : c.v_amax).push_back(std::move(v));
     }
   }
@@ -121,7 +129,8 @@ std::vector<float> compute_scales(const Fp8Spec& spec, Role role, const Tensor3&
       fail("{}: has {} layers, layer {} requested", spec.calib_path, table.size(), layer);
     const auto& amax = table[static_cast<size_t>(layer)];
     if (static_cast<int64_t>(amax.size()) != s.heads)
-      fail("{}: layer {} has {} heads but the tensor has {}", spec.calib_path, layer, amax.size(), s.heads);
+      fail("{}: layer {} has {} heads but the tensor has {}", spec.calib_path, layer, amax.size(),
+           s.heads);
     if (spec.gran == Granularity::Tensor)
       return {scale_from_amax(*std::max_element(amax.begin(), amax.end()), spec.format)};
     std::vector<float> out;
@@ -210,19 +219,35 @@ void dequantize_t(const Fp8Spec& spec, const std::vector<float>& sc,
 void quantize(const Fp8Spec& spec, const std::vector<float>& scales, const Tensor3& x,
               std::vector<uint8_t>& codes) {
   switch (spec.format) {
-    case Fp8Format::E4M3: return quantize_t<Fp8Format::E4M3>(spec, scales, x, codes);
-    case Fp8Format::E4M3FNUZ: return quantize_t<Fp8Format::E4M3FNUZ>(spec, scales, x, codes);
-    case Fp8Format::E5M2: return quantize_t<Fp8Format::E5M2>(spec, scales, x, codes);
+    case Fp8Format::E4M3:
+      return quantize_t<Fp8Format::E4M3>(spec, scales, x, codes);
+    case Fp8Format::E4M3FNUZ:
+      return quantize_t<Fp8Format::E4M3FNUZ>(spec, scales, x, codes);
+    case Fp8Format::E5M2:
+      return quantize_t<Fp8Format::E5M2>(spec, scales, x, codes);
   }
 }
 
 void dequantize(const Fp8Spec& spec, const std::vector<float>& scales,
                 const std::vector<uint8_t>& codes, Tensor3& y) {
   switch (spec.format) {
-    case Fp8Format::E4M3: return dequantize_t<Fp8Format::E4M3>(spec, scales, codes, y);
-    case Fp8Format::E4M3FNUZ: return dequantize_t<Fp8Format::E4M3FNUZ>(spec, scales, codes, y);
-    case Fp8Format::E5M2: return dequantize_t<Fp8Format::E5M2>(spec, scales, codes, y);
+    case Fp8Format::E4M3:
+      return dequantize_t<Fp8Format::E4M3>(spec, scales, codes, y);
+    case Fp8Format::E4M3FNUZ:
+      return dequantize_t<Fp8Format::E4M3FNUZ>(spec, scales, codes, y);
+    case Fp8Format::E5M2:
+      return dequantize_t<Fp8Format::E5M2>(spec, scales, codes, y);
   }
+}
+
+std::vector<float> prefill_scales(const Fp8Spec& spec, Role role, const Tensor3& x, int layer) {
+  const bool head_only = spec.source == ScaleSource::Dynamic && spec.gran != Granularity::Token &&
+                         x.shape.tokens > spec.first;
+  if (!head_only) return compute_scales(spec, role, x, layer);
+  Tensor3 head({spec.first, x.shape.heads, x.shape.dim});
+  std::copy(x.data.begin(), x.data.begin() + static_cast<std::ptrdiff_t>(head.data.size()),
+            head.data.begin());
+  return compute_scales(spec, role, head, layer);
 }
 
 }  // namespace kvq::fp8

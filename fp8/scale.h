@@ -19,10 +19,14 @@ namespace kvq::fp8 {
 KVQ_HD int64_t scale_index(Granularity g, int64_t t, int64_t h, int64_t d, int64_t heads,
                            int64_t dim) {
   switch (g) {
-    case Granularity::Tensor: return 0;
-    case Granularity::Head: return h;
-    case Granularity::Token: return t * heads + h;
-    case Granularity::Channel: return h * dim + d;
+    case Granularity::Tensor:
+      return 0;
+    case Granularity::Head:
+      return h;
+    case Granularity::Token:
+      return t * heads + h;
+    case Granularity::Channel:
+      return h * dim + d;
   }
   return 0;
 }
@@ -42,11 +46,15 @@ KVQ_HD float scale_from_amax(float amax, Fp8Format f) {
 
 /// \brief Quantizes one value with its scale: the one formula both backends use.
 template <Fp8Format F>
-KVQ_HD uint8_t quantize_value(float x, float s) { return encode<F>(x / s); }
+KVQ_HD uint8_t quantize_value(float x, float s) {
+  return encode<F>(x / s);
+}
 
 /// \brief Reads one value back: s * decode(code).
 template <Fp8Format F>
-KVQ_HD float dequantize_value(uint8_t c, float s) { return s * decode<F>(c); }
+KVQ_HD float dequantize_value(uint8_t c, float s) {
+  return s * decode<F>(c);
+}
 
 /// \brief Per-layer, per-head amax from calibration text (`kvq calibrate` writes it).
 ///
@@ -70,6 +78,12 @@ void write_calibration(const std::string& path, const Calibration& c);
 /// Dynamic: amax over each scale's group; constant: one scale; calib: the file's amax for `layer`
 /// (tensor: max over heads, head: per head; token/channel granularity is an error).
 std::vector<float> compute_scales(const Fp8Spec& spec, Role role, const Tensor3& x, int layer = 0);
+
+/// \brief The scales for quantizing all of `x` at once as a streaming cache would: dynamic
+/// tensor / head / channel scales from the first min(spec.first, T) tokens (core/spec.h), every
+/// other case as compute_scales. The reference round trip, one-shot caches and the CUDA tests use
+/// it.
+std::vector<float> prefill_scales(const Fp8Spec& spec, Role role, const Tensor3& x, int layer = 0);
 
 /// \brief Quantizes x with the given scales into one code per element (same order as x).
 void quantize(Fp8Spec const& spec, const std::vector<float>& scales, const Tensor3& x,

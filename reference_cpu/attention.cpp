@@ -17,8 +17,8 @@ constexpr int64_t kBlock = 256;
 
 void check_shapes(int64_t q_heads, const SideStore& k, const SideStore& v) {
   KVQ_CHECK(k.heads() == v.heads() && k.dim() == v.dim() && k.tokens() == v.tokens(),
-            "attention: K cache [{}, {}, {}] and V cache [{}, {}, {}] differ", k.tokens(), k.heads(),
-            k.dim(), v.tokens(), v.heads(), v.dim());
+            "attention: K cache [{}, {}, {}] and V cache [{}, {}, {}] differ", k.tokens(),
+            k.heads(), k.dim(), v.tokens(), v.heads(), v.dim());
   KVQ_CHECK(k.heads() > 0 && q_heads > 0 && q_heads % k.heads() == 0,
             "attention: {} query heads is not a multiple of {} kv heads", q_heads, k.heads());
   KVQ_CHECK(k.tokens() > 0, "attention: the cache is empty");
@@ -47,12 +47,13 @@ void softmax_row(float* s, int64_t n) {
 void decode_attention(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,
                       float* out, int threads, int64_t t_end) {
   check_shapes(q_heads, k, v);
-  KVQ_CHECK(t_end <= k.tokens() && t_end != 0, "decode_attention: t_end {} outside [1, {}]", t_end, k.tokens());
+  KVQ_CHECK(t_end <= k.tokens() && t_end != 0, "decode_attention: t_end {} outside [1, {}]", t_end,
+            k.tokens());
   const int64_t H = k.heads(), D = k.dim(), T = t_end > 0 ? t_end : k.tokens();
   const int nq = static_cast<int>(q_heads / H);
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
-  const int nt = static_cast<int>(std::min<int64_t>(threads > 0 ? threads : omp_get_max_threads(),
-                                                    (T + kBlock - 1) / kBlock));
+  const int nt = static_cast<int>(
+      std::min<int64_t>(threads > 0 ? threads : omp_get_max_threads(), (T + kBlock - 1) / kBlock));
   std::vector<float> s(static_cast<size_t>(q_heads * T));
   std::vector<float> partial(static_cast<size_t>(nt * q_heads * D), 0.0f);
   // Slices are whole blocks (multiples of 256 tokens, so of every group size G).
@@ -64,7 +65,8 @@ void decode_attention(const float* q, int64_t q_heads, const SideStore& k, const
     const int64_t a = b0 * kBlock, b = std::min(T, b1 * kBlock);
     for (int64_t t0 = a; t0 < b; t0 += kBlock) {
       const int64_t t1 = std::min(b, t0 + kBlock);
-      for (int64_t h = 0; h < H; ++h) k.dot(h, q + h * nq * D, nq, t0, t1, s.data() + h * nq * T + t0, T);
+      for (int64_t h = 0; h < H; ++h)
+        k.dot(h, q + h * nq * D, nq, t0, t1, s.data() + h * nq * T + t0, T);
     }
 #pragma omp barrier
 #pragma omp for schedule(static)
@@ -87,43 +89,55 @@ void decode_attention(const float* q, int64_t q_heads, const SideStore& k, const
   }
 }
 
-void causal_attention(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
-                      const SideStore& k, const SideStore& v, ExactTail k_exact, ExactTail v_exact,
-                      float* out, int threads) {
+void causal_attention_check(int64_t n, int64_t q_heads, int64_t t_begin, const SideStore& k,
+                            const SideStore& v, ExactTail k_exact, ExactTail v_exact) {
   check_shapes(q_heads, k, v);
-  const int64_t H = k.heads(), D = k.dim(), T = t_begin + n;
-  KVQ_CHECK(k.tokens() == T, "causal_attention: the cache holds {} tokens, expected {} + {}",
-            k.tokens(), t_begin, n);
+  KVQ_CHECK(k.tokens() == t_begin + n,
+            "causal_attention: the cache holds {} tokens, expected {} + {}", k.tokens(), t_begin,
+            n);
   KVQ_CHECK(n > 0 && k_exact.begin <= k.quantized_tokens_at(t_begin + 1) &&
                 v_exact.begin <= v.quantized_tokens_at(t_begin + 1),
             "causal_attention: exact tails start at {} / {}, after the window of position {}",
             k_exact.begin, v_exact.begin, t_begin);
+}
+
+void causal_attention_item(const float* q, int64_t q_heads, int64_t t_begin, const SideStore& k,
+                           const SideStore& v, ExactTail k_exact, ExactTail v_exact, float* out,
+                           int64_t item, std::vector<float>& s) {
+  const int64_t H = k.heads(), D = k.dim();
+  const int64_t r = item / H, h = item % H;
   const int nq = static_cast<int>(q_heads / H);
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
-  const int nt = threads > 0 ? threads : omp_get_max_threads();
-#pragma omp parallel num_threads(nt)
+  const int64_t len = t_begin + r + 1;
+  if (s.size() < static_cast<size_t>(nq * len)) s.resize(static_cast<size_t>(nq * len));
+  const int64_t qk = k.quantized_tokens_at(len), qv = v.quantized_tokens_at(len);
+  const float* qh = q + (r * q_heads + h * nq) * D;
+  float* oh = out + (r * q_heads + h * nq) * D;
+  // Scores: codes below qk, exact above (the exact tail indexed from its own start).
+  k.dot(h, qh, nq, 0, qk, s.data(), len);
+  dense_dot(k_exact.data - k_exact.begin * H * D, H, D, h, qh, nq, qk, len, s.data() + qk, len);
+  for (int i = 0; i < nq; ++i) {
+    float* row = s.data() + i * len;
+    for (int64_t t = 0; t < len; ++t) row[t] *= inv_sqrt_d;
+    softmax_row(row, len);
+  }
+  std::fill(oh, oh + nq * D, 0.0f);
+  v.accumulate(h, s.data(), nq, 0, qv, len, oh);
+  dense_accumulate(v_exact.data - v_exact.begin * H * D, H, D, h, s.data() + qv, nq, qv, len, len,
+                   oh);
+}
+
+void causal_attention(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
+                      const SideStore& k, const SideStore& v, ExactTail k_exact, ExactTail v_exact,
+                      float* out, int threads) {
+  causal_attention_check(n, q_heads, t_begin, k, v, k_exact, v_exact);
+  const int64_t items = n * k.heads();
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
   {
-    std::vector<float> s(static_cast<size_t>(nq * T));
-#pragma omp for schedule(dynamic, 4) collapse(2)
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t len = t_begin + r + 1;
-        const int64_t qk = k.quantized_tokens_at(len), qv = v.quantized_tokens_at(len);
-        const float* qh = q + (r * q_heads + h * nq) * D;
-        float* oh = out + (r * q_heads + h * nq) * D;
-        // Scores: codes below qk, exact above (the exact tail indexed from its own start).
-        k.dot(h, qh, nq, 0, qk, s.data(), len);
-        dense_dot(k_exact.data - k_exact.begin * H * D, H, D, h, qh, nq, qk, len, s.data() + qk, len);
-        for (int i = 0; i < nq; ++i) {
-          float* row = s.data() + i * len;
-          for (int64_t t = 0; t < len; ++t) row[t] *= inv_sqrt_d;
-          softmax_row(row, len);
-        }
-        std::fill(oh, oh + nq * D, 0.0f);
-        v.accumulate(h, s.data(), nq, 0, qv, len, oh);
-        dense_accumulate(v_exact.data - v_exact.begin * H * D, H, D, h, s.data() + qv, nq, qv, len,
-                         len, oh);
-      }
+    std::vector<float> s;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t it = 0; it < items; ++it)
+      causal_attention_item(q, q_heads, t_begin, k, v, k_exact, v_exact, out, it, s);
   }
 }
 
@@ -131,14 +145,16 @@ void prefill_attention(const float* q, int64_t q_heads, const SideStore& k, cons
                        const Tensor3& k_raw, const Tensor3& v_raw, float* out, int threads) {
   const int64_t T = k.tokens();
   KVQ_CHECK(k_raw.shape == (Shape3{T, k.heads(), k.dim()}) && v_raw.shape == k_raw.shape,
-            "prefill_attention: raw K/V must be [{}, {}, {}] like the cache", T, k.heads(), k.dim());
+            "prefill_attention: raw K/V must be [{}, {}, {}] like the cache", T, k.heads(),
+            k.dim());
   causal_attention(q, T, q_heads, 0, k, v, {k_raw.data.data(), 0}, {v_raw.data.data(), 0}, out,
                    threads);
 }
 
 std::vector<double> attention_probs(const float* q, int64_t q_heads, const SideStore& k) {
   const int64_t H = k.heads(), D = k.dim(), T = k.tokens();
-  KVQ_CHECK(q_heads % H == 0, "attention: {} query heads is not a multiple of {} kv heads", q_heads, H);
+  KVQ_CHECK(q_heads % H == 0, "attention: {} query heads is not a multiple of {} kv heads", q_heads,
+            H);
   const int nq = static_cast<int>(q_heads / H);
   std::vector<double> p(static_cast<size_t>(q_heads * T));
   std::vector<float> s(static_cast<size_t>(nq * T));
@@ -162,7 +178,8 @@ AttentionMetrics attention_metrics(const float* q, int64_t q_heads, const SideSt
                                    const SideStore& v_ref, const SideStore& k, const SideStore& v,
                                    int topk) {
   const int64_t T = k.tokens(), D = k.dim();
-  KVQ_CHECK(k_ref.tokens() == T, "attention_metrics: caches hold {} and {} tokens", k_ref.tokens(), T);
+  KVQ_CHECK(k_ref.tokens() == T, "attention_metrics: caches hold {} and {} tokens", k_ref.tokens(),
+            T);
   const auto pr = attention_probs(q, q_heads, k_ref), pq = attention_probs(q, q_heads, k);
   AttentionMetrics m;
   const int64_t kk = std::min<int64_t>(topk, T);
@@ -176,14 +193,18 @@ AttentionMetrics attention_metrics(const float* q, int64_t q_heads, const SideSt
     m.kl += kl / static_cast<double>(q_heads);
     std::iota(ia.begin(), ia.end(), 0);
     std::iota(ib.begin(), ib.end(), 0);
-    auto by = [](const double* p) { return [p](int64_t x, int64_t y) { return p[x] > p[y] || (p[x] == p[y] && x < y); }; };
+    auto by = [](const double* p) {
+      return [p](int64_t x, int64_t y) { return p[x] > p[y] || (p[x] == p[y] && x < y); };
+    };
     std::partial_sort(ia.begin(), ia.begin() + kk, ia.end(), by(a));
     std::partial_sort(ib.begin(), ib.begin() + kk, ib.end(), by(b));
     std::sort(ia.begin(), ia.begin() + kk);
     std::sort(ib.begin(), ib.begin() + kk);
     std::vector<int64_t> common;
-    std::set_intersection(ia.begin(), ia.begin() + kk, ib.begin(), ib.begin() + kk, std::back_inserter(common));
-    m.topk_overlap += static_cast<double>(common.size()) / static_cast<double>(kk) / static_cast<double>(q_heads);
+    std::set_intersection(ia.begin(), ia.begin() + kk, ib.begin(), ib.begin() + kk,
+                          std::back_inserter(common));
+    m.topk_overlap +=
+        static_cast<double>(common.size()) / static_cast<double>(kk) / static_cast<double>(q_heads);
   }
   std::vector<float> o_ref(static_cast<size_t>(q_heads * D)), o(o_ref.size());
   decode_attention(q, q_heads, k_ref, v_ref, o_ref.data());

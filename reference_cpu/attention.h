@@ -35,6 +35,18 @@ void causal_attention(const float* q, int64_t n, int64_t q_heads, int64_t t_begi
                       const SideStore& k, const SideStore& v, ExactTail k_exact, ExactTail v_exact,
                       float* out, int threads = 1);
 
+/// \brief The checks causal_attention makes (throws kvq::Error naming what is wrong).
+void causal_attention_check(int64_t n, int64_t q_heads, int64_t t_begin, const SideStore& k,
+                            const SideStore& v, ExactTail k_exact, ExactTail v_exact);
+
+/// \brief One work item of causal_attention, unchecked: position item / kv_heads, kv head
+/// item % kv_heads (its nq query heads). Items are independent and each is computed the same way
+/// on any thread, so a caller with its own thread team may hand them out in any order.
+/// `scratch` is resized as needed.
+void causal_attention_item(const float* q, int64_t q_heads, int64_t t_begin, const SideStore& k,
+                           const SideStore& v, ExactTail k_exact, ExactTail v_exact, float* out,
+                           int64_t item, std::vector<float>& scratch);
+
 /// \brief Causal prefill of a cache holding exactly the T tokens of k_raw / v_raw ([T, H, D]):
 /// causal_attention with t_begin = 0 and the raw tensors as exact tails.
 void prefill_attention(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,
@@ -46,9 +58,9 @@ std::vector<double> attention_probs(const float* q, int64_t q_heads, const SideS
 
 /// \brief Attention-level comparison of a cache against a reference cache for the same query.
 struct AttentionMetrics {
-  double kl = 0;           ///< mean over query heads of KL(p_ref || p)
-  double output_nmse = 0;  ///< ||o - o_ref||^2 / ||o_ref||^2 over all heads
-  double topk_overlap = 0; ///< mean |topk(p) & topk(p_ref)| / k
+  double kl = 0;            ///< mean over query heads of KL(p_ref || p)
+  double output_nmse = 0;   ///< ||o - o_ref||^2 / ||o_ref||^2 over all heads
+  double topk_overlap = 0;  ///< mean |topk(p) & topk(p_ref)| / k
 };
 
 /// \brief Compares attention of `q` over (k, v) against (k_ref, v_ref), with top-k overlap at k.

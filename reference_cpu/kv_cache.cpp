@@ -23,10 +23,12 @@ class Fp32Side final : public SideStore {
   int64_t heads() const override { return H_; }
   int64_t dim() const override { return D_; }
   int64_t quantized_tokens_at(int64_t t) const override { return t; }
-  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s, int64_t ld) const override {
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
+           int64_t ld) const override {
     dense_dot(x_.data(), H_, D_, h, q, nq, t0, t1, s, ld);
   }
-  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld, float* out) const override {
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
+                  float* out) const override {
     dense_accumulate(x_.data(), H_, D_, h, p, nq, t0, t1, ld, out);
   }
   void exact_tail(std::vector<float>&) const override {}
@@ -35,7 +37,9 @@ class Fp32Side final : public SideStore {
     y.data = x_;
     return y;
   }
-  Footprint footprint() const override { return kvq::footprint(parse_spec("fp32"), Role::Key, {tokens(), H_, D_}); }
+  Footprint footprint() const override {
+    return kvq::footprint(parse_spec("fp32"), Role::Key, {tokens(), H_, D_});
+  }
   StoredSide stored() const override {
     StoredSide s{SchemeKind::Fp32, tokens(), H_, D_};
     s.f32 = x_.data();
@@ -54,13 +58,15 @@ class Half16Side final : public SideStore {
   Half16Side(int64_t H, int64_t D) : H_(H), D_(D) {}
   static float widen(uint16_t b) { return kBf16 ? bf16_bits_to_float(b) : half_bits_to_float(b); }
   void append(const float* x, int64_t n) override {
-    for (int64_t i = 0; i < n * H_ * D_; ++i) x_.push_back(kBf16 ? float_to_bf16_bits(x[i]) : float_to_half_bits(x[i]));
+    for (int64_t i = 0; i < n * H_ * D_; ++i)
+      x_.push_back(kBf16 ? float_to_bf16_bits(x[i]) : float_to_half_bits(x[i]));
   }
   int64_t tokens() const override { return static_cast<int64_t>(x_.size()) / (H_ * D_); }
   int64_t heads() const override { return H_; }
   int64_t dim() const override { return D_; }
   int64_t quantized_tokens_at(int64_t t) const override { return t; }
-  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s, int64_t ld) const override {
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
+           int64_t ld) const override {
     std::vector<float> row(static_cast<size_t>(D_));
     for (int64_t t = t0; t < t1; ++t) {
       const uint16_t* r = x_.data() + (t * H_ + h) * D_;
@@ -74,7 +80,8 @@ class Half16Side final : public SideStore {
       }
     }
   }
-  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld, float* out) const override {
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
+                  float* out) const override {
     std::vector<float> row(static_cast<size_t>(D_));
     for (int64_t t = t0; t < t1; ++t) {
       const uint16_t* r = x_.data() + (t * H_ + h) * D_;
@@ -114,38 +121,55 @@ class Fp8Side final : public SideStore {
   Fp8Side(const SchemeSpec& spec, Role role, int64_t H, int64_t D, int layer)
       : spec_(spec), role_(role), H_(H), D_(D) {
     const Fp8Spec& f = spec.fp8;
-    for (int c = 0; c < 256; ++c) lut_[static_cast<size_t>(c)] = fp8::decode(f.format, static_cast<uint8_t>(c));
+    for (int c = 0; c < 256; ++c)
+      lut_[static_cast<size_t>(c)] = fp8::decode(f.format, static_cast<uint8_t>(c));
     gran_ = f.source == ScaleSource::Constant ? Granularity::Tensor : f.gran;
     if (f.source == ScaleSource::Constant || f.source == ScaleSource::Calib) {
       // Fixed scales: a zero-token tensor is enough to read them (calib ignores the data).
       scales_ = fp8::compute_scales(f, role, Tensor3({0, H, D}), layer);
       frozen_ = true;
     }
+    first_ = f.first;
   }
   void append(const float* x, int64_t n) override {
     if (n == 0) return;
     Tensor3 chunk({n, H_, D_});
     std::copy(x, x + n * H_ * D_, chunk.data.begin());
     if (gran_ == Granularity::Token) {
-      const auto s = fp8::compute_scales(spec_.fp8, role_, chunk);  // per (token, head): streaming-safe
+      const auto s =
+          fp8::compute_scales(spec_.fp8, role_, chunk);  // per (token, head): streaming-safe
       scales_.insert(scales_.end(), s.begin(), s.end());
       std::vector<uint8_t> c;
       fp8::quantize(spec_.fp8, s, chunk, c);
       codes_.insert(codes_.end(), c.begin(), c.end());
       return;
     }
-    if (!frozen_) {  // tensor / head / channel dynamic: the first append (prefill) sets them
-      scales_ = fp8::compute_scales(spec_.fp8, role_, chunk);
+    if (!frozen_) {
+      // Dynamic tensor / head / channel scales: held exact until `first` tokens have arrived, then
+      // the scales come from exactly those tokens, whatever the chunking (spec.h).
+      pending_.insert(pending_.end(), x, x + n * H_ * D_);
+      const int64_t held = static_cast<int64_t>(pending_.size()) / (H_ * D_);
+      if (held < first_) return;
+      Tensor3 head({first_, H_, D_});
+      std::copy(pending_.begin(), pending_.begin() + first_ * H_ * D_, head.data.begin());
+      scales_ = fp8::compute_scales(spec_.fp8, role_, head);
       frozen_ = true;
+      chunk = Tensor3({held, H_, D_});
+      chunk.data = std::move(pending_);
+      pending_.clear();
     }
     std::vector<uint8_t> c;
     fp8::quantize(spec_.fp8, scales_, chunk, c);
     codes_.insert(codes_.end(), c.begin(), c.end());
   }
-  int64_t tokens() const override { return static_cast<int64_t>(codes_.size()) / (H_ * D_); }
+  int64_t tokens() const override {
+    return static_cast<int64_t>(codes_.size() + pending_.size()) / (H_ * D_);
+  }
   int64_t heads() const override { return H_; }
   int64_t dim() const override { return D_; }
-  int64_t quantized_tokens_at(int64_t t) const override { return t; }
+  int64_t quantized_tokens_at(int64_t t) const override {
+    return frozen_rule() && t < first_ ? 0 : t;
+  }
 
   // One row of codes as floats: a 256-entry table filled from fp8::decode (the one definition);
   // a table load per element is cheaper here than the decode arithmetic.
@@ -156,10 +180,14 @@ class Fp8Side final : public SideStore {
   // Scale of element (t, h, d) factors as token_factor(t) * channel_factor(d).
   float token_factor(int64_t t, int64_t h) const {
     switch (gran_) {
-      case Granularity::Tensor: return scales_[0];
-      case Granularity::Head: return scales_[static_cast<size_t>(h)];
-      case Granularity::Token: return scales_[static_cast<size_t>(t * H_ + h)];
-      case Granularity::Channel: return 1.0f;
+      case Granularity::Tensor:
+        return scales_[0];
+      case Granularity::Head:
+        return scales_[static_cast<size_t>(h)];
+      case Granularity::Token:
+        return scales_[static_cast<size_t>(t * H_ + h)];
+      case Granularity::Channel:
+        return 1.0f;
     }
     return 1.0f;
   }
@@ -167,7 +195,10 @@ class Fp8Side final : public SideStore {
     return gran_ == Granularity::Channel ? scales_.data() + h * D_ : nullptr;
   }
 
-  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s, int64_t ld) const override {
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
+           int64_t ld) const override {
+    if (!pending_.empty())
+      return dense_dot(pending_.data(), H_, D_, h, q, nq, t0, t1, s, ld);  // all exact
     std::vector<float> qs(q, q + nq * D_), row(static_cast<size_t>(D_));
     if (const float* cf = channel_factors(h))  // fold per-channel scales into the query once
       for (int i = 0; i < nq; ++i)
@@ -185,7 +216,10 @@ class Fp8Side final : public SideStore {
       }
     }
   }
-  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld, float* out) const override {
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
+                  float* out) const override {
+    if (!pending_.empty())
+      return dense_accumulate(pending_.data(), H_, D_, h, p, nq, t0, t1, ld, out);
     std::vector<float> acc(static_cast<size_t>(nq * D_), 0.0f), row(static_cast<size_t>(D_));
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* c = codes_.data() + (t * H_ + h) * D_;
@@ -203,15 +237,30 @@ class Fp8Side final : public SideStore {
       for (int64_t d = 0; d < D_; ++d)
         out[i * D_ + d] += acc[static_cast<size_t>(i * D_ + d)] * (cf ? cf[d] : 1.0f);
   }
-  void exact_tail(std::vector<float>&) const override {}
+  void exact_tail(std::vector<float>& out) const override {
+    out.insert(out.end(), pending_.begin(), pending_.end());
+  }
   Tensor3 dequantize() const override {
     Tensor3 y({tokens(), H_, D_});
+    if (!pending_.empty()) {
+      y.data = pending_;
+      return y;
+    }
     if (tokens() == 0) return y;
     fp8::dequantize(spec_.fp8, scales_, codes_, y);
     return y;
   }
+  /// \brief Whether the first-N rule applies (dynamic, not per-token).
+  bool frozen_rule() const {
+    return spec_.fp8.source == ScaleSource::Dynamic && gran_ != Granularity::Token;
+  }
   Footprint footprint() const override { return kvq::footprint(spec_, role_, {tokens(), H_, D_}); }
   StoredSide stored() const override {
+    if (!pending_.empty()) {  // held exact until `first` tokens have arrived (no scales yet)
+      StoredSide s{SchemeKind::Fp32, tokens(), H_, D_};
+      s.f32 = pending_.data();
+      return s;
+    }
     StoredSide s{SchemeKind::Fp8, tokens(), H_, D_};
     s.codes = codes_.data();
     s.fp8_scales = scales_.data();
@@ -226,6 +275,8 @@ class Fp8Side final : public SideStore {
   int64_t H_, D_;
   Granularity gran_;
   bool frozen_ = false;
+  int64_t first_ = 0;
+  std::vector<float> pending_;  // exact tokens held until the first-N scales are known
   std::array<float, 256> lut_{};
   std::vector<float> scales_;
   std::vector<uint8_t> codes_;
@@ -235,17 +286,20 @@ class Fp8Side final : public SideStore {
 class ViewSide final : public SideStore {
  public:
   ViewSide(const SideStore& base, Tensor3 values) : base_(base), x_(std::move(values)) {
-    KVQ_CHECK(x_.shape == (Shape3{base.tokens(), base.heads(), base.dim()}), "make_view: shape mismatch");
+    KVQ_CHECK(x_.shape == (Shape3{base.tokens(), base.heads(), base.dim()}),
+              "make_view: shape mismatch");
   }
   void append(const float*, int64_t) override { fail("make_view: a view is read-only"); }
   int64_t tokens() const override { return x_.shape.tokens; }
   int64_t heads() const override { return x_.shape.heads; }
   int64_t dim() const override { return x_.shape.dim; }
   int64_t quantized_tokens_at(int64_t t) const override { return base_.quantized_tokens_at(t); }
-  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s, int64_t ld) const override {
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
+           int64_t ld) const override {
     dense_dot(x_.data.data(), heads(), dim(), h, q, nq, t0, t1, s, ld);
   }
-  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld, float* out) const override {
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
+                  float* out) const override {
     dense_accumulate(x_.data.data(), heads(), dim(), h, p, nq, t0, t1, ld, out);
   }
   void exact_tail(std::vector<float>& out) const override { base_.exact_tail(out); }
@@ -270,20 +324,33 @@ std::unique_ptr<SideStore> make_view(const SideStore& base, Tensor3 values) {
   return std::make_unique<ViewSide>(base, std::move(values));
 }
 
-std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim, int layer) {
-  KVQ_CHECK(heads > 0 && dim > 0, "cache shape: heads {} and head_dim {} must be positive", heads, dim);
+std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim,
+                                     int layer) {
+  KVQ_CHECK(heads > 0 && dim > 0, "cache shape: heads {} and head_dim {} must be positive", heads,
+            dim);
   switch (spec.kind) {
-    case SchemeKind::Fp32: return std::make_unique<Fp32Side>(heads, dim);
-    case SchemeKind::Bf16: return std::make_unique<Half16Side<true>>(heads, dim);
-    case SchemeKind::Fp16: return std::make_unique<Half16Side<false>>(heads, dim);
-    case SchemeKind::Fp8: return std::make_unique<Fp8Side>(spec, role, heads, dim, layer);
-    case SchemeKind::Int: return make_int_side(spec, role, heads, dim);
+    case SchemeKind::Fp32:
+      return std::make_unique<Fp32Side>(heads, dim);
+    case SchemeKind::Bf16:
+      return std::make_unique<Half16Side<true>>(heads, dim);
+    case SchemeKind::Fp16:
+      return std::make_unique<Half16Side<false>>(heads, dim);
+    case SchemeKind::Fp8:
+      return std::make_unique<Fp8Side>(spec, role, heads, dim, layer);
+    case SchemeKind::Int:
+      return make_int_side(spec, role, heads, dim);
   }
   fail("make_side: unknown scheme kind");
 }
 
-std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, const Tensor3& x, int layer) {
-  auto s = make_side(spec, role, x.shape.heads, x.shape.dim, layer);
+std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, const Tensor3& x,
+                                     int layer) {
+  // A tensor quantized at once is its own prefill: dynamic first-N scales come from its first
+  // min(N, T) tokens, so a short tensor is still quantized.
+  SchemeSpec sp = spec;
+  if (sp.kind == SchemeKind::Fp8 && x.shape.tokens > 0)
+    sp.fp8.first = static_cast<int>(std::min<int64_t>(sp.fp8.first, x.shape.tokens));
+  auto s = make_side(sp, role, x.shape.heads, x.shape.dim, layer);
   s->append(x.data.data(), x.shape.tokens);
   return s;
 }

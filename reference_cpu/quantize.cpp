@@ -22,7 +22,7 @@ RoundTrip round_trip(const SchemeSpec& spec, Role role, const Tensor3& x, int la
       for (size_t i = 0; i < x.data.size(); ++i) r.values.data[i] = round_to_half(x.data[i]);
       break;
     case SchemeKind::Fp8: {
-      const std::vector<float> scales = fp8::compute_scales(spec.fp8, role, x, layer);
+      const std::vector<float> scales = fp8::prefill_scales(spec.fp8, role, x, layer);
       std::vector<uint8_t> codes;
       fp8::quantize(spec.fp8, scales, x, codes);
       fp8::dequantize(spec.fp8, scales, codes, r.values);

@@ -83,7 +83,7 @@ TEST(Spec, ErrorsNameTheBadPartAndListAllowed) {
             std::string::npos);
   EXPECT_NE(error_of("fp8_e4m3:scale=-1").find("scale=-1"), std::string::npos);
   EXPECT_NE(error_of("fp8_e4m3:scale=calib:").find("needs a file"), std::string::npos);
-  EXPECT_NE(error_of("fp8_e4m3:g=32").find("unknown parameter 'g' for fp8_e4m3 (allowed: gran, scale)"),
+  EXPECT_NE(error_of("fp8_e4m3:g=32").find("unknown parameter 'g' for fp8_e4m3 (allowed: first, gran, scale)"),
             std::string::npos);
   EXPECT_NE(error_of("int5:k=token,v=token").find("5 bits not supported (allowed: 2, 3, 4, 8)"),
             std::string::npos);

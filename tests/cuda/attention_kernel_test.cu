@@ -144,7 +144,7 @@ Bf16SideView upload_side(Arena& arena, const SchemeSpec&, Role, const Tensor3& x
 
 Fp8SideView upload_side(Arena& arena, const SchemeSpec& spec, Role role, const Tensor3& x,
                         const SideStore& cpu, Fp8SideView*) {
-  const std::vector<float> scales = fp8::compute_scales(spec.fp8, role, x);
+  const std::vector<float> scales = fp8::prefill_scales(spec.fp8, role, x);
   std::vector<uint8_t> codes;
   fp8::quantize(spec.fp8, scales, x, codes);
   Tensor3 back(x.shape);

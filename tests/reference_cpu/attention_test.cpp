@@ -147,22 +147,18 @@ TEST_P(AttentionOverCache, PrefillEqualsTokenByTokenDecode) {
   const auto ks = make_side(spec_, Role::Key, k_), vs = make_side(spec_, Role::Value, v_);
   std::vector<float> pre(static_cast<size_t>(T * qh * D), NAN);
   prefill_attention(qs.data(), qh, *ks, *vs, k_, v_, pre.data(), 2);
-  // Scales frozen at the prefill (FP8 tensor/head/channel dynamic): a decode after the prefill
-  // reads a prefix of the same cache. Every other scheme streams: append one token at a time.
-  const bool frozen = spec_.kind == SchemeKind::Fp8 && spec_.fp8.source == ScaleSource::Dynamic &&
-                      spec_.fp8.gran != Granularity::Token;
-  auto k1 = make_side(spec_, Role::Key, c.heads, D), v1 = make_side(spec_, Role::Value, c.heads, D);
+  // Every scheme streams: append one token at a time. FP8 dynamic tensor/head/channel scales come
+  // from the first min(first, T) tokens in both caches (the one-shot cache is its own prefill).
+  SchemeSpec streamed = spec_;
+  if (streamed.kind == SchemeKind::Fp8) streamed.fp8.first = std::min<int>(streamed.fp8.first, static_cast<int>(T));
+  auto k1 = make_side(streamed, Role::Key, c.heads, D), v1 = make_side(streamed, Role::Value, c.heads, D);
   const double tol = kPathTol * max_abs(v_.data);
   std::vector<float> o(static_cast<size_t>(qh * D));
   int64_t checked = 0;
   for (int64_t i = 0; i < T; ++i) {
-    if (frozen) {
-      decode_attention(qs.data() + i * qh * D, qh, *ks, *vs, o.data(), 1, i + 1);
-    } else {
-      k1->append(k_.data.data() + i * c.heads * D, 1);
-      v1->append(v_.data.data() + i * c.heads * D, 1);
-      decode_attention(qs.data() + i * qh * D, qh, *k1, *v1, o.data(), 1);
-    }
+    k1->append(k_.data.data() + i * c.heads * D, 1);
+    v1->append(v_.data.data() + i * c.heads * D, 1);
+    decode_attention(qs.data() + i * qh * D, qh, *k1, *v1, o.data(), 1);
     for (int64_t j = 0; j < qh * D; ++j) {
       ASSERT_NEAR(pre[static_cast<size_t>(i * qh * D + j)], o[static_cast<size_t>(j)], tol)
           << "position " << i << " element " << j;

@@ -8,8 +8,8 @@
 
 #include "core/gguf.h"
 #include "experiments/model_files.h"
-#include "reference_cpu/llama.h"
-#include "reference_cpu/tokenizer.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
 
 namespace kvq::testing {
 

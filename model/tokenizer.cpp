@@ -22,7 +22,7 @@
 // BPE: each piece starts as single-byte tokens; the adjacent pair of lowest merge rank merges
 // first, equal ranks leftmost first (a min-heap over (rank, position) with stale entries skipped),
 // which is what the `tokenizers` library does.
-#include "reference_cpu/tokenizer.h"
+#include "model/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

@@ -1,9 +1,9 @@
-// SmolLM2's tokenizer (reference_cpu/tokenizer.h) against ids from an independent implementation:
+// SmolLM2's tokenizer (model/tokenizer.h) against ids from an independent implementation:
 // tests/fixtures/tokenizer_cases.json, written by experiments/plots/make_tokenizer_fixtures.py
 // with Hugging Face's `tokenizers` over the same GGUF's vocabulary and merges. Needs the real
 // model (scripts/fetch-model.sh); every test skips without it.
 #include "tests/support/model.h"
-#include "reference_cpu/tokenizer.h"
+#include "model/tokenizer.h"
 
 #include <gtest/gtest.h>
 

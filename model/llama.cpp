@@ -1,0 +1,351 @@
+#include "model/llama.h"
+
+#include <omp.h>
+
+#include <atomic>
+#include <cmath>
+#include <exception>
+#include <map>
+
+#include "core/error.h"
+#include "reference_cpu/attention.h"
+#include "reference_cpu/matmul.h"
+
+namespace kvq {
+
+using gguf::GgufFile;
+namespace {
+
+using gguf::GgufFile;
+using gguf::TensorInfo;
+
+using Mat = LlamaModel::Mat;
+
+const TensorInfo& matrix_info(const GgufFile& f, const std::string& name, int64_t rows,
+                              int64_t cols) {
+  const TensorInfo& t = f.tensor(name);
+  KVQ_CHECK(t.dims.size() == 2 && t.dims[0] == cols && t.dims[1] == rows,
+            "{}: tensor {} has dims [{}], expected [{}, {}]", f.name(), name,
+            fmt::format("{}", fmt::join(t.dims, ", ")), cols, rows);
+  return t;
+}
+
+// W [rows = out][cols = in] from the file, held as `store` says.
+LlamaModel::Linear load_linear(const GgufFile& f, const std::string& name, int64_t rows,
+                               int64_t cols, WeightStore store) {
+  const TensorInfo& t = matrix_info(f, name, rows, cols);
+  LlamaModel::Linear l;
+  l.out = rows;
+  l.in = cols;
+  if (store == WeightStore::kPacked) {
+    l.packed = PackedMatrix::from_gguf(f, t);
+  } else {
+    const std::vector<float> v = f.dequantize(t);  // memory order: dims[0] (= cols) fastest
+    l.wt.resize(static_cast<size_t>(l.in * l.out));
+    Eigen::Map<Mat>(l.wt.data(), l.in, l.out) =
+        Eigen::Map<const Mat>(v.data(), rows, cols).transpose();
+  }
+  return l;
+}
+
+Eigen::VectorXf load_vector(const GgufFile& f, const std::string& name, int64_t n) {
+  const TensorInfo& t = f.tensor(name);
+  KVQ_CHECK(t.nelements == n, "{}: tensor {} has {} elements, expected {}", f.name(), name,
+            t.nelements, n);
+  const std::vector<float> v = f.dequantize(t);
+  return Eigen::Map<const Eigen::VectorXf>(v.data(), n);
+}
+
+// Rows [r0, r1) of x [n, d] normalized by RMS and scaled by w, into y (already [n, d]).
+void rms_norm_rows(const Mat& x, const Eigen::VectorXf& w, float eps, Mat& y, Eigen::Index r0,
+                   Eigen::Index r1) {
+  for (Eigen::Index r = r0; r < r1; ++r) {
+    const float ms = x.row(r).squaredNorm() / static_cast<float>(x.cols());
+    y.row(r) = x.row(r).cwiseProduct(w.transpose()) * (1.0f / std::sqrt(ms + eps));
+  }
+}
+
+// Block sizes of the K and V rotations for head_dim d (0: d does not allow them).
+int64_t hadamard_block_k(int64_t d) {
+  int64_t b = 0;
+  for (int64_t p = 64; p <= d; p *= 2)
+    if (d % p == 0) b = p;
+  return b;
+}
+
+// Every `block` values of x [rows, width] rotated in place.
+void rotate_blocks(float* x, int64_t count, int64_t block) {
+  for (int64_t i = 0; i < count; i += block) hadamard_transform(x + i, block);
+}
+
+}  // namespace
+
+void hadamard_transform(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t i = 0; i < n; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+  // 1/sqrt(n): exact for n = 4^k (64: 1/8); otherwise the float nearest.
+  const float s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+LlamaCache::LlamaCache(const LlamaConfig& c, const CacheOptions& o) : opts_(o) {
+  for (int l = 0; l < c.layers; ++l)
+    layers_.push_back({make_side(o.spec, Role::Key, c.kv_heads, c.head_dim, l),
+                       make_side(o.spec, Role::Value, c.kv_heads, c.head_dim, l)});
+}
+
+double LlamaCache::bytes() const {
+  double b = 0;
+  for (const auto& l : layers_)
+    b += l.k->footprint().total_bytes() + l.v->footprint().total_bytes();
+  return b;
+}
+
+LlamaModel LlamaModel::load(const GgufFile& f, WeightStore store) {
+  const std::string arch = f.get_string("general.architecture");
+  KVQ_CHECK(arch == "llama", "{}: architecture '{}' is not supported (only llama)", f.name(), arch);
+  LlamaModel m;
+  m.store_ = store;
+  LlamaConfig& c = m.cfg_;
+  c.layers = static_cast<int>(f.get_u32("llama.block_count"));
+  c.hidden = static_cast<int>(f.get_u32("llama.embedding_length"));
+  c.heads = static_cast<int>(f.get_u32("llama.attention.head_count"));
+  c.kv_heads = static_cast<int>(f.get_u32("llama.attention.head_count_kv"));
+  c.ffn = static_cast<int>(f.get_u32("llama.feed_forward_length"));
+  c.context = static_cast<int>(f.get_u32("llama.context_length"));
+  c.rms_eps = f.get_f32("llama.attention.layer_norm_rms_epsilon");
+  c.rope_theta = f.has("llama.rope.freq_base") ? f.get_f32("llama.rope.freq_base") : 10000.0f;
+  KVQ_CHECK(c.heads > 0 && c.kv_heads > 0 && c.hidden % c.heads == 0 && c.heads % c.kv_heads == 0,
+            "{}: inconsistent head counts ({} heads, {} kv heads, hidden {})", f.name(), c.heads,
+            c.kv_heads, c.hidden);
+  c.head_dim = c.hidden / c.heads;
+  const TensorInfo& emb = f.tensor("token_embd.weight");
+  KVQ_CHECK(emb.dims.size() == 2 && emb.dims[0] == c.hidden,
+            "{}: token_embd.weight dims do not match hidden {}", f.name(), c.hidden);
+  c.vocab = static_cast<int>(emb.dims[1]);
+  m.tied_ = f.find_tensor("output.weight") == nullptr;
+  m.head_ =
+      load_linear(f, m.tied_ ? "token_embd.weight" : "output.weight", c.vocab, c.hidden, store);
+  if (!m.tied_) m.embed_ = load_linear(f, "token_embd.weight", c.vocab, c.hidden, store);
+  m.out_norm_ = load_vector(f, "output_norm.weight", c.hidden);
+  const int64_t kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim;
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    Block b;
+    b.attn_norm = load_vector(f, p + "attn_norm.weight", c.hidden);
+    b.ffn_norm = load_vector(f, p + "ffn_norm.weight", c.hidden);
+    b.wq = load_linear(f, p + "attn_q.weight", c.hidden, c.hidden, store);
+    b.wk = load_linear(f, p + "attn_k.weight", kvd, c.hidden, store);
+    b.wv = load_linear(f, p + "attn_v.weight", kvd, c.hidden, store);
+    b.wo = load_linear(f, p + "attn_output.weight", c.hidden, c.hidden, store);
+    b.w_gate = load_linear(f, p + "ffn_gate.weight", c.ffn, c.hidden, store);
+    b.w_up = load_linear(f, p + "ffn_up.weight", c.ffn, c.hidden, store);
+    b.w_down = load_linear(f, p + "ffn_down.weight", c.hidden, c.ffn, store);
+    m.blocks_.push_back(std::move(b));
+  }
+  for (int i = 0; i < c.head_dim / 2; ++i)
+    m.inv_freq_.push_back(static_cast<float>(
+        std::pow(static_cast<double>(c.rope_theta), -2.0 * i / static_cast<double>(c.head_dim))));
+  return m;
+}
+
+void LlamaModel::rope(float* x, int64_t n, int64_t heads, int64_t pos0, float sign) const {
+  const int64_t D = cfg_.head_dim;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double a = static_cast<double>(pos0 + t) * inv_freq_[static_cast<size_t>(i)];
+      const float cs = static_cast<float>(std::cos(a)), sn = sign * static_cast<float>(std::sin(a));
+      for (int64_t h = 0; h < heads; ++h) {
+        float* p = x + (t * heads + h) * D + 2 * i;
+        const float x0 = p[0], x1 = p[1];
+        p[0] = x0 * cs - x1 * sn;
+        p[1] = x0 * sn + x1 * cs;
+      }
+    }
+}
+
+size_t LlamaModel::weight_bytes() const {
+  auto bytes = [](const Linear& l) { return l.packed.bytes() + l.wt.size() * sizeof(float); };
+  size_t b = bytes(head_) + (tied_ ? 0 : bytes(embed_));
+  for (const Block& k : blocks_)
+    for (const Linear* l : {&k.wq, &k.wk, &k.wv, &k.wo, &k.w_gate, &k.w_up, &k.w_down})
+      b += bytes(*l);
+  return b;
+}
+
+std::string LlamaModel::weight_formats() const {
+  if (store_ == WeightStore::kFp32) return "fp32 (reference store)";
+  std::map<std::string, int> n;
+  ++n[head_.packed.format()];
+  if (!tied_) ++n[embed_.packed.format()];
+  for (const Block& k : blocks_)
+    for (const Linear* l : {&k.wq, &k.wk, &k.wv, &k.wo, &k.w_gate, &k.w_up, &k.w_down})
+      ++n[l->packed.format()];
+  std::string s;
+  for (const auto& [f, count] : n) s += fmt::format("{}{} x {}", s.empty() ? "" : ", ", f, count);
+  return s;
+}
+
+// Member `me` of a team of `members` threads computes its share of the product.
+void LlamaModel::apply(const Linear& l, const float* x, int64_t n, float* y, bool accumulate,
+                       int me, int members) const {
+  if (store_ == WeightStore::kPacked) {
+    l.packed.multiply(x, n, y, accumulate, me, members);
+  } else if (me == 0) {  // the reference store: the plain product, on one member
+    matmul(x, n, l.in, l.wt.data(), l.out, y, accumulate);
+  }
+}
+
+void LlamaModel::embed(int32_t id, float* out) const {
+  const Linear& e = tied_ ? head_ : embed_;
+  if (store_ == WeightStore::kPacked) {
+    e.packed.weight_row(id, out);
+  } else {
+    for (int64_t k = 0; k < e.in; ++k) out[k] = e.wt[static_cast<size_t>(k * e.out + id)];
+  }
+}
+
+void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
+                         std::vector<float>& logits, bool all_logits, int threads,
+                         const KvObserver& observe) const {
+  const LlamaConfig& c = cfg_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  KVQ_CHECK(n > 0, "forward: no tokens");
+  KVQ_CHECK(cache.layers().size() == static_cast<size_t>(c.layers),
+            "forward: the cache has {} layers, the model {}", cache.layers().size(), c.layers);
+  const int64_t pos0 = cache.tokens();
+  const int nt = threads > 0 ? threads : omp_get_num_procs();
+  Mat x(n, c.hidden);
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t id = tokens[static_cast<size_t>(t)];
+    KVQ_CHECK(id >= 0 && id < c.vocab, "forward: token id {} outside the vocabulary [0, {})", id,
+              c.vocab);
+    embed(id, x.row(t).data());
+  }
+  const int64_t H = c.kv_heads, D = c.head_dim, kvd = H * D;
+  const bool pre = cache.options().pre_rope, rot = cache.options().hadamard;
+  const int64_t rot_k = rot ? hadamard_block_k(D) : 0, rot_v = 64;
+  KVQ_CHECK(!rot || (rot_k > 0 && D % rot_v == 0),
+            "--hadamard needs a head_dim that is a multiple of 64, not {}", D);
+  KVQ_CHECK(!(rot && pre),
+            "--hadamard and --pre-rope cannot be combined (the rotation acts on post-RoPE keys)");
+  const int64_t rows_out = all_logits ? n : 1;
+  logits.resize(static_cast<size_t>(rows_out * c.vocab));
+  std::vector<float> ktail, vtail, attn(static_cast<size_t>(n * c.hidden));
+  Mat xn(n, c.hidden), q(n, c.hidden), k(n, kvd), v(n, kvd), k_pre, g(n, c.ffn), u(n, c.ffn),
+      y(rows_out, c.hidden);
+  std::unique_ptr<SideStore> view;  // pre-RoPE keys rotated to their positions
+  int64_t kbeg = 0, vbeg = 0;
+  std::exception_ptr err;
+  std::atomic<int64_t> next_item{0};
+  const std::lock_guard<std::mutex> lock(team_->mutex);
+  if (!team_->team || team_->team->size() != nt) team_->team = std::make_unique<ThreadTeam>(nt);
+  ThreadTeam& team = *team_->team;
+  // One team for the whole pass: the matrix products split their output panels and attention its
+  // (position, kv head) items among the members; the small serial steps run on member 0 between
+  // barriers. An error in a serial step is seen by every member after the barrier, so the team
+  // leaves the pass together.
+  team.run([&](int me) {
+    auto serial = [&](auto&& f) {
+      if (me == 0 && !err) try {
+          f();
+        } catch (...) {
+          err = std::current_exception();
+        }
+      team.barrier();
+      return !err;
+    };
+    auto product = [&](const Linear& w, const float* in, float* out, bool acc, int64_t rows) {
+      apply(w, in, rows, out, acc, me, nt);
+    };
+    // Row-wise steps split rows (element-wise ones elements) among the members.
+    const auto [r0, r1] = ThreadTeam::split(n, me, nt);
+    const auto [e0, e1] = ThreadTeam::split(n * c.ffn, me, nt);
+    std::vector<float> scratch;
+    for (int l = 0; l < c.layers; ++l) {
+      const Block& b = blocks_[static_cast<size_t>(l)];
+      auto& side = cache.layers()[static_cast<size_t>(l)];
+      rms_norm_rows(x, b.attn_norm, c.rms_eps, xn, r0, r1);
+      team.barrier();
+      product(b.wq, xn.data(), q.data(), false, n);
+      product(b.wk, xn.data(), k.data(), false, n);
+      product(b.wv, xn.data(), v.data(), false, n);
+      team.barrier();
+      const bool ok = serial([&] {
+        rope(q.data(), n, c.heads, pos0);
+        if (pre || observe) k_pre = k;
+        rope(k.data(), n, H, pos0);
+        if (observe) observe(l, pos0, n, k_pre.data(), k.data(), v.data());
+        if (rot) {
+          rotate_blocks(q.data(), n * c.heads * D, rot_k);
+          rotate_blocks(k.data(), n * kvd, rot_k);
+          rotate_blocks(v.data(), n * kvd, rot_v);
+        }
+        // Exact values the new positions may need: the cache's window before the append + the
+        // chunk.
+        ktail.clear();
+        vtail.clear();
+        side.k->exact_tail(ktail);
+        side.v->exact_tail(vtail);
+        kbeg = pos0 - static_cast<int64_t>(ktail.size()) / kvd;
+        vbeg = pos0 - static_cast<int64_t>(vtail.size()) / kvd;
+        if (pre) rope(ktail.data(), pos0 - kbeg, H, kbeg);  // the stored window is pre-RoPE
+        ktail.insert(ktail.end(), k.data(), k.data() + n * kvd);
+        vtail.insert(vtail.end(), v.data(), v.data() + n * kvd);
+        side.k->append(pre ? k_pre.data() : k.data(), n);
+        side.v->append(v.data(), n);
+        view.reset();
+        if (pre) {
+          // Pre-RoPE keys: read the stored (quantized) keys back, rotate them to their
+          // positions, and attend over that; the exact tail was captured post-RoPE above.
+          Tensor3 kr = side.k->dequantize();
+          rope(kr.data.data(), kr.shape.tokens, H, 0);
+          view = make_view(*side.k, std::move(kr));
+        }
+        causal_attention_check(n, c.heads, pos0, view ? *view : *side.k, *side.v,
+                               {ktail.data(), kbeg}, {vtail.data(), vbeg});
+        next_item.store(0);
+      });
+      if (!ok) break;
+      const SideStore& keys = view ? *view : *side.k;
+      for (int64_t it; (it = next_item.fetch_add(1)) < n * H;)
+        causal_attention_item(q.data(), c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
+                              {vtail.data(), vbeg}, attn.data(), it, scratch);
+      team.barrier();
+      if (rot) {  // back from the rotated value space, each member its rows
+        rotate_blocks(attn.data() + r0 * c.hidden, (r1 - r0) * c.hidden, rot_v);
+        team.barrier();
+      }
+      product(b.wo, attn.data(), x.data(), true, n);
+      team.barrier();
+      rms_norm_rows(x, b.ffn_norm, c.rms_eps, xn, r0, r1);
+      team.barrier();
+      product(b.w_gate, xn.data(), g.data(), false, n);
+      product(b.w_up, xn.data(), u.data(), false, n);
+      team.barrier();
+      float* gp = g.data();
+      const float* up = u.data();
+      for (int64_t e = e0; e < e1; ++e)
+        gp[e] = gp[e] / (1.0f + std::exp(-gp[e])) * up[e];  // SiLU(g) * u
+      team.barrier();
+      product(b.w_down, g.data(), x.data(), true, n);
+      team.barrier();
+    }
+    if (!err) {
+      if (me == 0) {
+        const Mat last = all_logits ? Mat(x) : Mat(x.bottomRows(1));
+        rms_norm_rows(last, out_norm_, c.rms_eps, y, 0, rows_out);
+      }
+      team.barrier();
+      product(head_, y.data(), logits.data(), false, rows_out);
+    }
+  });
+  if (err) std::rethrow_exception(err);
+}
+
+}  // namespace kvq

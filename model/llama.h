@@ -1,0 +1,135 @@
+// A Llama-family decoder (SmolLM2-135M-Instruct and kin) from a GGUF file: weights kept in their
+// GGUF block format (model/packed_matrix.h), fp32 activations, and a KV cache in any kvq scheme.
+// Prefill in chunks and single-token decode are the same call: forward() appends the tokens to the
+// cache and attends causally, so every position sees exactly the cache a token-by-token decode
+// would hold (quantized outside the residual window).
+#pragma once
+
+#include <Eigen/Dense>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/gguf.h"
+#include "core/spec.h"
+#include "model/packed_matrix.h"
+#include "model/thread_team.h"
+#include "reference_cpu/kv_cache.h"
+
+namespace kvq {
+
+/// \brief Model hyperparameters, read from the GGUF's llama.* metadata.
+struct LlamaConfig {
+  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
+  int context = 0;
+  float rms_eps = 1e-5f, rope_theta = 10000.0f;
+};
+
+/// \brief How the model's KV cache is stored.
+struct CacheOptions {
+  SchemeSpec spec;        ///< any scheme; the same for K and V (roles decide KIVI's axes)
+  bool pre_rope = false;  ///< quantize keys before RoPE and rotate when reading (KVQuant)
+  /// Store Hadamard-rotated K and V, as llama.cpp does for its quantized caches (since
+  /// 2026; LLAMA_ATTN_ROT_DISABLE=1 turns it off there): q and post-RoPE k of every head are
+  /// multiplied by the orthonormal Walsh-Hadamard matrix of the largest power-of-two block >= 64
+  /// dividing head_dim, v by blocks of 64, and the attention output of each head by the
+  /// 64-block matrix again (it is its own inverse). Scores and outputs are unchanged in exact
+  /// arithmetic; what changes is what the quantizer sees (outlier channels spread out).
+  bool hadamard = false;
+};
+
+/// \brief x[0..n) <- H_n x / sqrt(n) in place (Sylvester order), n a power of two: the
+/// orthonormal Walsh-Hadamard transform, its own inverse.
+void hadamard_transform(float* x, int64_t n);
+
+/// \brief One sequence's KV cache: a K and a V side per layer.
+class LlamaCache {
+ public:
+  LlamaCache(const LlamaConfig& c, const CacheOptions& o);
+  int64_t tokens() const { return layers_.empty() ? 0 : layers_[0].k->tokens(); }
+  const CacheOptions& options() const { return opts_; }
+  struct Layer {
+    std::unique_ptr<SideStore> k, v;
+  };
+  std::vector<Layer>& layers() { return layers_; }
+  const std::vector<Layer>& layers() const { return layers_; }
+  /// \brief Bytes stored over all layers (codes, scales, zeros, residual window).
+  double bytes() const;
+
+ private:
+  CacheOptions opts_;
+  std::vector<Layer> layers_;
+};
+
+/// \brief Per-layer K (pre- and post-RoPE) and V of a chunk, [n, kv_heads, head_dim] each;
+/// `kvq model dump` and `kvq model calibrate` observe the forward pass through it.
+using KvObserver = std::function<void(int layer, int64_t pos0, int64_t n, const float* k_pre,
+                                      const float* k_post, const float* v)>;
+
+/// \brief How the weights are held in memory.
+enum class WeightStore {
+  kPacked,  ///< the file's blocks in column panels, decoded in registers (the default)
+  kFp32,    ///< dequantized fp32 [in][out] multiplied by reference_cpu/matmul.h: the plain
+            ///< definition the packed path is tested against (about 4x the memory)
+};
+
+/// \brief The model. The file's weight quantization stays fixed, so it does not mix with the
+/// KV-cache comparison; both weight stores give bit-identical logits.
+class LlamaModel {
+ public:
+  using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  /// One weight matrix W [out][in].
+  struct Linear {
+    int64_t in = 0, out = 0;
+    PackedMatrix packed;    ///< WeightStore::kPacked
+    std::vector<float> wt;  ///< WeightStore::kFp32: W transposed, [in][out]
+  };
+
+  /// \brief Loads a llama-architecture GGUF; errors name the missing key or tensor. The model
+  /// keeps no reference to the file.
+  static LlamaModel load(const gguf::GgufFile& f, WeightStore store = WeightStore::kPacked);
+  const LlamaConfig& config() const { return cfg_; }
+  /// \brief Bytes of weights held in memory.
+  size_t weight_bytes() const;
+  /// \brief "Q4_1 (panels) x 210, Q8_0 (panels) x 1"-style summary of the weight formats.
+  std::string weight_formats() const;
+
+  /// \brief Runs `tokens` at positions cache.tokens() .. + n - 1, appending their K/V to the
+  /// cache. Writes logits [n, vocab] for every position when `all_logits`, else only for the last
+  /// ([1, vocab]). `threads` 0 = all cores; one OpenMP team runs the whole pass (the matrix
+  /// products split output panels, attention splits (position, head) pairs).
+  void forward(std::span<const int32_t> tokens, LlamaCache& cache, std::vector<float>& logits,
+               bool all_logits, int threads = 0, const KvObserver& observe = {}) const;
+
+  /// \brief RoPE (adjacent channel pairs, as GGUF's llama layout) on x [n, heads, head_dim] for
+  /// positions pos0.. ; `sign` -1 rotates back.
+  void rope(float* x, int64_t n, int64_t heads, int64_t pos0, float sign = 1.0f) const;
+
+ private:
+  struct Block {
+    Eigen::VectorXf attn_norm, ffn_norm;
+    Linear wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+  void apply(const Linear& l, const float* x, int64_t n, float* y, bool accumulate, int me,
+             int members) const;
+  void embed(int32_t id, float* out) const;
+
+  LlamaConfig cfg_;
+  WeightStore store_ = WeightStore::kPacked;
+  Linear head_;   ///< output head [vocab][hidden]: output.weight, or the token embeddings
+  Linear embed_;  ///< token embeddings when the file has its own output.weight (else head_)
+  bool tied_ = true;
+  struct TeamSlot {    // the forward pass's thread team, kept between calls
+    std::mutex mutex;  // one forward pass at a time per model
+    std::unique_ptr<ThreadTeam> team;
+  };
+  std::shared_ptr<TeamSlot> team_ = std::make_shared<TeamSlot>();
+  Eigen::VectorXf out_norm_;
+  std::vector<Block> blocks_;
+  std::vector<float> inv_freq_;
+};
+
+}  // namespace kvq

@@ -1,0 +1,79 @@
+// The model's weights, kept in their GGUF block format and packed once at load into panels of 64
+// output columns, multiplied by a row-deterministic product.
+//
+// Every output element y[r][c] is the fused multiply-add chain
+//     acc = (accumulate ? y[r][c] : 0);  for k = 0 .. in-1: acc = fma(x[r][k], W[c][k], acc)
+// in increasing k, whatever the number of rows, the tile, the kernel (decode or prefill) or the
+// thread - so a token's activations are bit-identical whether it runs in a chunk of 512, a chunk
+// of 7 or alone, and chunked prefill stores exactly the quantized codes token-by-token decode
+// stores. W[c][k] is the value gguf::dequantize_row gives for that weight: the kernels decode
+// it in registers with the same expression (for Q4_1 `d * q + m`, where d * q is exact in fp32,
+// so a fused or a separate add give the same float).
+//
+// Layouts (per panel of 64 columns, per block of 32 consecutive k):
+//   Q4_1 / Q4_0: fp16 d[64] (and m[64] for Q4_1), then 16 byte rows: byte c of row j holds the
+//                codes of column c for k = 2j (low nibble) and 2j + 1 (high nibble).
+//                Q4_1: 1,280 bytes per 2,048 weights = 5 bits/weight, as in the file.
+//   Q8_0:        fp16 d[64], then 32 rows of 64 int8 codes: 8.5 bits/weight, as in the file.
+//   other types: the file's own blocks, the 64 columns' blocks of each k-block side by side,
+//                decoded by gguf::dequantize_row into a tile (F32, F16, BF16: fp32 panels).
+// A last panel narrower than 64 columns is padded with zero weights that are never stored.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/gguf.h"
+
+namespace kvq {
+
+/// \brief A weight matrix W [out][in] (a GGUF tensor with dims {in, out}) in column panels.
+class PackedMatrix {
+ public:
+  static constexpr int64_t kPanel = 64;  ///< output columns per panel
+
+  PackedMatrix() = default;  ///< empty (0 x 0)
+
+  /// \brief Packs tensor `t` of `f` (any type gguf::dequantize_row decodes); `in` must be a
+  /// multiple of the type's block size.
+  static PackedMatrix from_gguf(const gguf::GgufFile& f, const gguf::TensorInfo& t);
+  /// \brief An fp32 matrix given row-major as W [out][in] (the reference the tests compare with).
+  static PackedMatrix from_rows(const float* w, int64_t out, int64_t in);
+
+  int64_t in() const { return in_; }
+  int64_t out() const { return out_; }
+  /// \brief Bytes held for the weights.
+  size_t bytes() const { return data_.size(); }
+  /// \brief "Q4_1 (panels)", "F32 (panels)", "Q6_K (file blocks)" ...
+  std::string format() const;
+
+  /// \brief y [m][out] (=, or += when `accumulate`) x [m][in] W^T, each element the fixed chain
+  /// above, with an OpenMP team over the panels.
+  void multiply(const float* x, int64_t m, float* y, bool accumulate = false) const;
+  /// \brief The share of multiply() of one member of a team of `members` threads (a contiguous
+  /// range of panels); the caller synchronizes.
+  void multiply(const float* x, int64_t m, float* y, bool accumulate, int member,
+                int members) const;
+  /// \brief out[k] = W[c][k] for k < in (an embedding lookup).
+  void weight_row(int64_t c, float* out) const;
+
+ private:
+  enum class Kind { kQ4_1, kQ4_0, kQ8_0, kF32, kBlocks };
+  void panel(int64_t p, const float* x, int64_t m, float* y, bool accumulate) const;
+  void decode_tile(int64_t p, int64_t k0, int64_t k1, float* tile) const;
+  const uint8_t* block_ptr(int64_t p, int64_t kb) const {
+    return data_.data() + static_cast<size_t>((p * kblocks_ + kb) * block_bytes_);
+  }
+
+  Kind kind_ = Kind::kF32;
+  gguf::GgmlType type_ = gguf::GgmlType::kF32;
+  int64_t in_ = 0, out_ = 0, panels_ = 0;
+  int64_t kblock_ = 0;       ///< k values per block (32 for panels, the type's block otherwise)
+  int64_t kblocks_ = 0;      ///< blocks along k
+  int64_t block_bytes_ = 0;  ///< bytes of one (panel, k-block): 64 columns' worth
+  int64_t file_block_bytes_ = 0;
+  std::vector<uint8_t> data_;
+};
+
+}  // namespace kvq
