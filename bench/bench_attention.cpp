@@ -1,18 +1,29 @@
-// Decode attention over each cache kind at long context (issue: KIVI + attention).
-// One layer, 8 KV heads, head_dim 128, GQA 4 (32 query heads), one query token, contexts
-// 1k-32k; bf16 is the baseline. After the runs a table prints each scheme's speedup over bf16
-// at the same context and thread count, and its effective bandwidth (stored bytes read / time)
-// as a fraction of a plain memcpy's bandwidth measured in the same run.
+// Decode attention over each cache kind at long context, backend ref (reference_cpu/) beside
+// backend cpu (kernels/cpu/) in one run. One layer, 8 KV heads, head_dim 128, GQA 4 (32 query
+// heads), one query token, contexts 1k-32k; both backends read the same stored bytes. After the
+// runs a table prints, per backend, each scheme's time, its speedup over the same backend's bf16
+// at the same context and thread count, cpu's speedup over ref, and the effective bandwidth
+// (stored bytes read / time) as a fraction of a plain memcpy measured in the same run.
 //
-//   build/bench/bench/bench_attention --benchmark_min_time=0.5
+// One-thread cases are timed in process CPU time (robust on a shared machine), two-thread cases
+// in real time. Interleave repetitions and take medians:
+//   build/bench/bench_attention --benchmark_repetitions=3
+//   --benchmark_enable_random_interleaving=true
+// Flags of this program (before the benchmark ones): --backend=ref|cpu|both (default both),
+// --int-mode=exact|int8|both (backend cpu's int keys; default both), --contexts=1024,4096,...
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <random>
+#include <sstream>
 
+#include "bench/bench_ratio.h"
 #include "experiments/synthetic.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/isa.h"
 #include "reference_cpu/attention.h"
 
 namespace {
@@ -22,7 +33,7 @@ using namespace kvq;
 constexpr int64_t kHeads = 8, kDim = 128, kGqa = 4;
 const std::vector<std::string> kSchemes = {"bf16", "fp8_e4m3:gran=token", "fp8_e4m3:gran=tensor",
                                            "kivi4", "kivi2"};
-const std::vector<int64_t> kContexts = {1024, 4096, 16384, 32768};
+std::vector<int64_t> g_contexts = {1024, 4096, 16384, 32768};
 
 struct Fixture {
   std::unique_ptr<SideStore> k, v;
@@ -33,7 +44,8 @@ struct Fixture {
 const Tensor3& tensor(int64_t T, bool key) {
   static std::map<std::pair<int64_t, bool>, Tensor3> cache;
   auto& t = cache[{T, key}];
-  if (t.data.empty()) t = synthetic_kv({{T, kHeads, kDim}, key ? 2 : 0, key ? 12.0f : 1.0f, key ? 1u : 2u});
+  if (t.data.empty())
+    t = synthetic_kv({{T, kHeads, kDim}, key ? 2 : 0, key ? 12.0f : 1.0f, key ? 1u : 2u});
   return t;
 }
 
@@ -53,11 +65,19 @@ Fixture& fixture(const std::string& scheme, int64_t T) {
   return f;
 }
 
-void BM_Decode(benchmark::State& st, const std::string& scheme, int64_t T, int threads) {
+// backend: "ref", "cpu" (exact int keys) or "cpu-int8".
+void BM_Decode(benchmark::State& st, const std::string& backend, const std::string& scheme,
+               int64_t T, int threads) {
   Fixture& f = fixture(scheme, T);
   std::vector<float> out(f.q.size());
+  const StoredSide k = f.k->stored(), v = f.v->stored();
+  const cpu::DecodeOptions opt{threads,
+                               backend == "cpu-int8" ? cpu::IntMode::Int8 : cpu::IntMode::Exact};
   for (auto _ : st) {
-    decode_attention(f.q.data(), kHeads * kGqa, *f.k, *f.v, out.data(), threads);
+    if (backend == "ref")
+      decode_attention(f.q.data(), kHeads * kGqa, *f.k, *f.v, out.data(), threads);
+    else
+      cpu::decode_attention(f.q.data(), kHeads * kGqa, k, v, out.data(), opt);
     benchmark::DoNotOptimize(out.data());
   }
   st.SetBytesProcessed(static_cast<int64_t>(f.bytes) * st.iterations());
@@ -76,55 +96,107 @@ void BM_Copy(benchmark::State& st) {
   st.SetBytesProcessed(static_cast<int64_t>(n) * st.iterations());
 }
 
-// Collects every run and prints the ratio table after the console output.
+std::string case_name(const std::string& backend, const std::string& s, int64_t T, int threads) {
+  return "BM_Decode/" + backend + "/" + s + "/T" + std::to_string(T) +
+         "/threads:" + std::to_string(threads);
+}
+
+// Collects every run (median when repeated) and prints the ratio table after the console output.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
+  explicit RatioReporter(std::vector<std::string> backends) : backends_(std::move(backends)) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
-    for (const Run& r : runs)
-      if (r.run_type == Run::RT_Iteration && !r.error_occurred) {
-        const double secs = r.GetAdjustedRealTime();  // in the run's time unit
-        times_[r.benchmark_name()] = secs;
-        if (r.counters.count("bytes_per_second")) bw_[r.benchmark_name()] = r.counters.at("bytes_per_second");
-      }
+    for (const Run& r : runs) {
+      if (r.error_occurred) continue;
+      const bool median = r.run_type == Run::RT_Aggregate && r.aggregate_name == "median";
+      if (!(median || (r.run_type == Run::RT_Iteration && r.repetitions <= 1))) continue;
+      const std::string n =
+          r.run_name.function_name + (r.run_name.args.empty() ? "" : "/" + r.run_name.args);
+      std::string key = r.run_name.function_name;
+      const auto slash = key.find("/real_time");
+      if (slash != std::string::npos) key.erase(slash);
+      times_[key] = r.GetAdjustedRealTime() > 0 && r.run_name.time_type == "real_time"
+                        ? r.GetAdjustedRealTime()
+                        : r.GetAdjustedCPUTime();
+      if (r.counters.count("bytes_per_second")) bw_[key] = r.counters.at("bytes_per_second");
+      (void)n;
+    }
   }
   void Finalize() override {
     ConsoleReporter::Finalize();
-    const double copy_bw = bw_.count("BM_Copy/real_time") ? bw_["BM_Copy/real_time"] : 0;
-    std::printf("\nspeedup over the bf16 cache (same context, same threads), effective GB/s, fraction of memcpy\n");
-    std::printf("%-24s %7s %3s %10s %8s %8s %7s\n", "scheme", "context", "thr", "us/query", "speedup", "GB/s", "of_copy");
+    const double copy_bw = bw_.count("BM_Copy") ? bw_["BM_Copy"] : 0;
+    std::printf(
+        "\nbackend cpu ISA: %s. speedup = same backend's bf16 time / this time (same context, "
+        "threads); cpu/ref = ref time / cpu time; of_copy = (stored bytes / time) / memcpy "
+        "bandwidth\n",
+        cpu::isa());
+    std::printf("%-9s %-22s %7s %3s %10s %8s %8s %8s %7s\n", "backend", "scheme", "context", "thr",
+                "us/query", "speedup", "cpu/ref", "GB/s", "of_copy");
     for (int threads : {1, 2})
-      for (int64_t T : kContexts)
-        for (const auto& s : kSchemes) {
-          const std::string n = name(s, T, threads), base = name("bf16", T, threads);
-          if (!times_.count(n) || !times_.count(base)) continue;
-          const double bw = bw_.count(n) ? bw_[n] : 0;
-          std::printf("%-24s %7ld %3d %10.1f %7.2fx %8.2f %6.0f%%\n", s.c_str(), static_cast<long>(T), threads,
-                      times_[n], times_[base] / times_[n], bw / 1e9, copy_bw > 0 ? 100.0 * bw / copy_bw : 0.0);
-        }
+      for (int64_t T : g_contexts)
+        for (const auto& b : backends_)
+          for (const auto& s : kSchemes) {
+            const std::string n = case_name(b, s, T, threads);
+            const std::string base = case_name(b == "cpu-int8" ? "cpu" : b, "bf16", T, threads);
+            const std::string ref = case_name("ref", s, T, threads);
+            if (!times_.count(n)) continue;
+            const double bw = bw_.count(n) ? bw_[n] : 0;
+            const double sp = times_.count(base) ? times_[base] / times_[n] : 0;
+            const double vs_ref = times_.count(ref) ? times_[ref] / times_[n] : 0;
+            std::printf("%-9s %-22s %7ld %3d %10.1f %7.2fx %7.2fx %8.2f %6.0f%%\n", b.c_str(),
+                        s.c_str(), static_cast<long>(T), threads, times_[n], sp, vs_ref, bw / 1e9,
+                        copy_bw > 0 ? 100.0 * bw / copy_bw : 0.0);
+          }
     if (copy_bw > 0) std::printf("memcpy bandwidth: %.2f GB/s\n", copy_bw / 1e9);
-  }
-  static std::string name(const std::string& s, int64_t T, int threads) {
-    return "BM_Decode/" + s + "/T" + std::to_string(T) + "/threads:" + std::to_string(threads) + "/real_time";
   }
 
  private:
+  std::vector<std::string> backends_;
   std::map<std::string, double> times_, bw_;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string backend = kvq::bench::take_flag(argc, argv, "backend", "both");
+  const std::string int_mode = kvq::bench::take_flag(argc, argv, "int-mode", "both");
+  const std::string contexts = kvq::bench::take_flag(argc, argv, "contexts", "");
+  if (!contexts.empty()) {
+    g_contexts.clear();
+    std::stringstream ss(contexts);
+    for (std::string x; std::getline(ss, x, ',');) g_contexts.push_back(std::stoll(x));
+  }
+  std::vector<std::string> backends;
+  if (backend == "ref" || backend == "both") backends.push_back("ref");
+  if (backend == "cpu" || backend == "both") {
+    if (int_mode == "exact" || int_mode == "both") backends.push_back("cpu");
+    if (int_mode == "int8" || int_mode == "both") backends.push_back("cpu-int8");
+  }
+  if (backends.empty()) {
+    std::fprintf(stderr, "bench_attention: --backend=%s: expected ref, cpu or both\n",
+                 backend.c_str());
+    return 2;
+  }
   benchmark::Initialize(&argc, argv);
-  benchmark::RegisterBenchmark("BM_Copy", BM_Copy)->Unit(benchmark::kMicrosecond)->UseRealTime();
+  benchmark::RegisterBenchmark("BM_Copy", BM_Copy)
+      ->Unit(benchmark::kMicrosecond)
+      ->MeasureProcessCPUTime();
   for (int threads : {1, 2})
-    for (int64_t T : kContexts)
-      for (const auto& s : kSchemes)
-        benchmark::RegisterBenchmark(("BM_Decode/" + s + "/T" + std::to_string(T) + "/threads:" + std::to_string(threads)).c_str(),
-                                     [s, T, threads](benchmark::State& st) { BM_Decode(st, s, T, threads); })
-            ->Unit(benchmark::kMicrosecond)
-            ->UseRealTime();
-  RatioReporter rep;
+    for (int64_t T : g_contexts)
+      for (const auto& b : backends)
+        for (const auto& s : kSchemes) {
+          if (b == "cpu-int8" && s.rfind("kivi", 0) != 0) continue;  // int keys only
+          auto* bm = benchmark::RegisterBenchmark(
+              case_name(b, s, T, threads).c_str(),
+              [b, s, T, threads](benchmark::State& st) { BM_Decode(st, b, s, T, threads); });
+          bm->Unit(benchmark::kMicrosecond);
+          if (threads == 1)
+            bm->MeasureProcessCPUTime();
+          else
+            bm->UseRealTime();
+        }
+  RatioReporter rep(backends);
   benchmark::RunSpecifiedBenchmarks(&rep);
   benchmark::Shutdown();
   return 0;

@@ -1,8 +1,8 @@
-// Decode attention on the GPU (kernels/attention_kernels.cu): time, bytes read, effective GB/s,
+// Decode attention on the GPU (kernels/cuda/attention_kernels.cu): time, bytes read, effective GB/s,
 // fraction of peak bandwidth and speedup over the bf16 cache at the same (context, batch).
 //
 // A plain program (no Google Benchmark, so it builds with nvcc alone:
-//   nvcc -std=c++20 -O3 -arch=native -I. kernels/attention_kernels.cu bench/bench_attention_cuda.cu
+//   nvcc -std=c++20 -O3 -arch=native -I. kernels/cuda/attention_kernels.cu bench/bench_attention_cuda.cu
 // ), timing with cudaEvents. Every case: 8 kv heads, head_dim 128, GQA 4 (32 query heads), all
 // sequences of the batch at the full context. Caches hold synthetic codes (finite values; the
 // kernels' work does not depend on them). Before every timed run the L2 is flushed by writing a
@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/attention_kernels.cuh"
-#include "kernels/cuda_check.h"
+#include "kernels/cuda/attention_kernels.cuh"
+#include "kernels/cuda/cuda_check.h"
 #include "kivi/layout.h"
 
 namespace kvq::cuda {

@@ -1,17 +1,24 @@
-// FP8 quantize + dequantize throughput on the CPU (fp8/scale.h reference path).
+// FP8 quantize throughput on the CPU: backend ref (fp8/scale.h) beside backend cpu
+// (kernels/cpu/fp8.h, bit-identical codes) in one run.
 //
-// One layer's cache tensor [4096 tokens, 8 heads, 128 dim] in float32 (16 MiB). Each iteration
-// computes dynamic scales, quantizes to FP8 codes and dequantizes back to float32. Bytes
-// processed are the input bytes, so GB/s (counter "GB/s", 10^9) compares directly with BM_Copy,
-// a plain memcpy of the same bytes in the same run: the ratio is the figure that matters.
+// One layer's cache tensor [4096 tokens, 8 heads, 128 dim] in float32 (16 MiB). BM_Fp8Quantize
+// computes dynamic scales (the amax pass) and quantizes to FP8 codes; BM_Fp8QuantDequant (ref)
+// also dequantizes back. Bytes processed are the input bytes, so GB/s (10^9) compares directly
+// with BM_Copy, a plain memcpy of the same bytes in the same run; the table printed at the end
+// gives the fraction of memcpy and cpu's speedup over ref.
+//   build/bench/bench_fp8 --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true
+//   [--backend=ref|cpu|both]
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "bench/bench_ratio.h"
 #include "fp8/scale.h"
+#include "kernels/cpu/fp8.h"
 
 namespace kvq {
 namespace {
@@ -58,6 +65,27 @@ void BM_Fp8QuantDequant(benchmark::State& state, Fp8Format format, Granularity g
   set_rate(state);
 }
 
+void BM_Fp8Quantize(benchmark::State& state, bool cpu, Fp8Format format, Granularity gran) {
+  const Tensor3& x = input();
+  Fp8Spec spec;
+  spec.format = format;
+  spec.gran = gran;
+  spec.source = ScaleSource::Dynamic;
+  std::vector<uint8_t> codes(x.data.size());
+  std::vector<float> scales;
+  for (auto _ : state) {
+    if (cpu) {
+      cpu::fp8_quantize_dynamic(spec, Role::Key, x, scales, codes);
+    } else {
+      const std::vector<float> scales = fp8::compute_scales(spec, Role::Key, x);
+      fp8::quantize(spec, scales, x, codes);
+    }
+    benchmark::DoNotOptimize(codes.data());
+    benchmark::ClobberMemory();
+  }
+  set_rate(state);
+}
+
 void BM_Copy(benchmark::State& state) {
   const Tensor3& x = input();
   std::vector<float> dst(x.data.size());
@@ -69,19 +97,36 @@ void BM_Copy(benchmark::State& state) {
   set_rate(state);
 }
 
-BENCHMARK(BM_Copy)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Fp8QuantDequant, e4m3_tensor, Fp8Format::E4M3, Granularity::Tensor)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Fp8QuantDequant, e4m3_head, Fp8Format::E4M3, Granularity::Head)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Fp8QuantDequant, e4m3_token, Fp8Format::E4M3, Granularity::Token)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Fp8QuantDequant, e4m3_channel, Fp8Format::E4M3, Granularity::Channel)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Fp8QuantDequant, e5m2_token, Fp8Format::E5M2, Granularity::Token)
-    ->Unit(benchmark::kMillisecond);
+void register_all(const std::string& backend) {
+  benchmark::RegisterBenchmark("BM_Copy", BM_Copy)->Unit(benchmark::kMillisecond);
+  const std::pair<Fp8Format, Granularity> cases[] = {
+      {Fp8Format::E4M3, Granularity::Tensor}, {Fp8Format::E4M3, Granularity::Head},
+      {Fp8Format::E4M3, Granularity::Token},  {Fp8Format::E4M3, Granularity::Channel},
+      {Fp8Format::E5M2, Granularity::Token},  {Fp8Format::E4M3FNUZ, Granularity::Token}};
+  for (const auto& [f, g] : cases)
+    for (bool cpu : {false, true}) {
+      if ((cpu && backend == "ref") || (!cpu && backend == "cpu")) continue;
+      const std::string name = std::string("BM_Fp8Quantize/") + (cpu ? "cpu/" : "ref/") +
+                               std::string(to_string(f)) + "_" + std::string(to_string(g));
+      benchmark::RegisterBenchmark(name.c_str(), BM_Fp8Quantize, cpu, f, g)
+          ->Unit(benchmark::kMillisecond);
+    }
+  if (backend != "cpu")
+    benchmark::RegisterBenchmark("BM_Fp8QuantDequant/ref/e4m3_token", BM_Fp8QuantDequant,
+                                 Fp8Format::E4M3, Granularity::Token)
+        ->Unit(benchmark::kMillisecond);
+}
 
 }  // namespace
 }  // namespace kvq
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  const std::string backend = kvq::bench::take_flag(argc, argv, "backend", "both");
+  kvq::register_all(backend);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  kvq::bench::RatioTable table;
+  benchmark::RunSpecifiedBenchmarks(&table);
+  benchmark::Shutdown();
+  return 0;
+}

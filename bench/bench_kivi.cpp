@@ -1,8 +1,13 @@
-// KIVI quantize + pack throughput on the CPU: appending a [4096, 8, 128] float32 tensor (Llama-3.1
-// 8B's kv heads and head dim; 16 MiB) to a streaming SideCache in one append (prefill) and one
-// token at a time (decode), per scheme and side, in GB/s (10^9 B/s) of float32 input, next to a
-// memcpy of the same bytes (BM_Copy): the ratio is the figure that matters.
-//   build/<preset>/bench/bench_kivi [--benchmark_filter=kivi2]
+// KIVI quantize + pack throughput on the CPU, per scheme and side, in GB/s (10^9 B/s) of float32
+// input of a [4096, 8, 128] tensor (Llama-3.1 8B's kv heads and head dim; 16 MiB), next to a
+// memcpy of the same bytes (BM_Copy) in the same run; the table printed at the end gives the
+// fraction of memcpy and backend cpu's speedup over ref:
+//   BM_Quantize/ref/...  kivi::SideCache with r=0, one append (every token quantized)
+//   BM_Quantize/cpu/...  cpu::kivi_quantize (kernels/cpu/kivi.h): the same bytes, bit for bit
+//   BM_Append/ref/...    the streaming cache with the spec's window, one append and token by token
+//   build/<preset>/bench/bench_kivi [--backend=ref|cpu|both] [--benchmark_filter=kivi2]
+//   [--benchmark_repetitions=3
+//       --benchmark_enable_random_interleaving=true]
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -10,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_ratio.h"
 #include "core/spec.h"
+#include "kernels/cpu/kivi.h"
 #include "kivi/cache.h"
 
 namespace {
@@ -71,16 +78,47 @@ void BM_Append(benchmark::State& state, const std::string& spec_text, kvq::Role 
   state.counters["quantized_tokens"] = static_cast<double>(quantized);
 }
 
-void register_all() {
+void BM_Quantize(benchmark::State& state, const std::string& spec_text, kvq::Role role, bool cpu) {
+  kvq::SchemeSpec spec = kvq::parse_spec(spec_text);
+  spec.q.residual = 0;
+  const std::vector<float>& x = input();
+  kvq::cpu::KiviPacked out;
+  for (auto _ : state) {
+    if (cpu) {
+      kvq::cpu::kivi_quantize(spec.q, role, x.data(), kTokens, kHeads, kDim, out);
+      benchmark::DoNotOptimize(out.words.data());
+    } else {
+      kvq::kivi::SideCache cache(spec.q, role, kHeads, kDim);
+      cache.append(x.data(), kTokens);
+      benchmark::DoNotOptimize(cache.words().data());
+    }
+    benchmark::ClobberMemory();
+  }
+  set_rate(state);
+}
+
+void register_all(const std::string& backend) {
   benchmark::RegisterBenchmark("BM_Copy/16MiB", BM_Copy)->Unit(benchmark::kMillisecond);
+  for (const char* s : {"kivi2", "kivi4", "int3:k=channel,v=token", "int8:k=channel,v=token"})
+    for (kvq::Role role : {kvq::Role::Key, kvq::Role::Value})
+      for (bool cpu : {false, true}) {
+        if ((cpu && backend == "ref") || (!cpu && backend == "cpu")) continue;
+        std::string label = s;
+        label = label.substr(0, label.find(':'));
+        const std::string name = std::string("BM_Quantize/") + (cpu ? "cpu/" : "ref/") + label +
+                                 (role == kvq::Role::Key ? "/key_channel" : "/value_token");
+        benchmark::RegisterBenchmark(name.c_str(), BM_Quantize, std::string(s), role, cpu)
+            ->Unit(benchmark::kMillisecond);
+      }
   const char* specs[][2] = {{"kivi2", "kivi2"},
                             {"kivi4", "kivi4"},
                             {"int3", "int3:k=channel,v=token"},
                             {"int8", "int8:k=channel,v=token"}};
+  if (backend == "cpu") return;  // the streaming appends below are backend ref
   for (const auto& s : specs)
     for (kvq::Role role : {kvq::Role::Key, kvq::Role::Value})
       for (bool per_token : {false, true}) {
-        const std::string name = std::string("BM_Append/") + s[0] +
+        const std::string name = std::string("BM_Append/ref/") + s[0] +
                                  (role == kvq::Role::Key ? "/key_channel" : "/value_token") +
                                  (per_token ? "/token_by_token" : "/one_append");
         benchmark::RegisterBenchmark(name.c_str(), BM_Append, std::string(s[1]), role, per_token)
@@ -91,10 +129,11 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  register_all();
+  register_all(kvq::bench::take_flag(argc, argv, "backend", "both"));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
+  kvq::bench::RatioTable table;
+  benchmark::RunSpecifiedBenchmarks(&table);
   benchmark::Shutdown();
   return 0;
 }

@@ -1,4 +1,4 @@
-// CUDA bench: KIVI quantize + pack throughput (kvq::cuda::kivi_quantize, kernels/kivi_kernels.cu)
+// CUDA bench: KIVI quantize + pack throughput (kvq::cuda::kivi_quantize, kernels/cuda/kivi_kernels.cu)
 // for kivi2 / kivi4 (asymmetric, G = 32), both axes, on one layer's [32768 tokens, 8 heads,
 // 128 dim] float32 tensor, against a device-to-device copy of the same tensor in the same run.
 //
@@ -23,8 +23,8 @@
 #include "core/error.h"
 #include "core/spec.h"
 #include "core/tensor.h"
-#include "kernels/cuda_check.h"
-#include "kernels/kivi_kernels.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kivi_kernels.cuh"
 #include "kivi/layout.h"
 
 namespace {

@@ -57,6 +57,19 @@ class IntSide final : public SideStore {
     out.insert(out.end(), r.begin(), r.end());
   }
   Footprint footprint() const override { return cache_.footprint(); }
+  StoredSide stored() const override {
+    StoredSide s{SchemeKind::Int, tokens(), heads(), dim()};
+    s.words = cache_.words().data();
+    s.scales = cache_.scales().data();
+    s.mins = cache_.sym() ? nullptr : cache_.mins().data();
+    s.residual = cache_.residual().data();
+    s.quantized_tokens = cache_.quantized_tokens();
+    s.group = cache_.group();
+    s.bits = cache_.bits();
+    s.axis = cache_.axis();
+    s.sym = cache_.sym();
+    return s;
+  }
 
   void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s, int64_t ld) const override {
     const int64_t qt = cache_.quantized_tokens();

@@ -40,6 +40,11 @@ class Fp32Side final : public SideStore {
   Footprint footprint() const override {
     return kvq::footprint(parse_spec("fp32"), Role::Key, {tokens(), H_, D_});
   }
+  StoredSide stored() const override {
+    StoredSide s{SchemeKind::Fp32, tokens(), H_, D_};
+    s.f32 = x_.data();
+    return s;
+  }
 
  private:
   int64_t H_, D_;
@@ -97,6 +102,11 @@ class Half16Side final : public SideStore {
   }
   Footprint footprint() const override {
     return kvq::footprint(parse_spec(kBf16 ? "bf16" : "fp16"), Role::Key, {tokens(), H_, D_});
+  }
+  StoredSide stored() const override {
+    StoredSide s{kBf16 ? SchemeKind::Bf16 : SchemeKind::Fp16, tokens(), H_, D_};
+    s.half16 = x_.data();
+    return s;
   }
 
  private:
@@ -245,6 +255,19 @@ class Fp8Side final : public SideStore {
     return spec_.fp8.source == ScaleSource::Dynamic && gran_ != Granularity::Token;
   }
   Footprint footprint() const override { return kvq::footprint(spec_, role_, {tokens(), H_, D_}); }
+  StoredSide stored() const override {
+    if (!pending_.empty()) {  // held exact until `first` tokens have arrived (no scales yet)
+      StoredSide s{SchemeKind::Fp32, tokens(), H_, D_};
+      s.f32 = pending_.data();
+      return s;
+    }
+    StoredSide s{SchemeKind::Fp8, tokens(), H_, D_};
+    s.codes = codes_.data();
+    s.fp8_scales = scales_.data();
+    s.format = spec_.fp8.format;
+    s.gran = gran_;
+    return s;
+  }
 
  private:
   SchemeSpec spec_;
@@ -282,6 +305,11 @@ class ViewSide final : public SideStore {
   void exact_tail(std::vector<float>& out) const override { base_.exact_tail(out); }
   Tensor3 dequantize() const override { return x_; }
   Footprint footprint() const override { return base_.footprint(); }
+  StoredSide stored() const override {
+    StoredSide s{SchemeKind::Fp32, tokens(), heads(), dim()};
+    s.f32 = x_.data.data();
+    return s;
+  }
 
  private:
   const SideStore& base_;
@@ -289,6 +317,8 @@ class ViewSide final : public SideStore {
 };
 
 }  // namespace
+
+StoredSide SideStore::stored() const { fail("this cache side exposes no stored bytes"); }
 
 std::unique_ptr<SideStore> make_view(const SideStore& base, Tensor3 values) {
   return std::make_unique<ViewSide>(base, std::move(values));

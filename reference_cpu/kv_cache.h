@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/footprint.h"
+#include "core/stored_side.h"
 #include "core/spec.h"
 #include "core/tensor.h"
 
@@ -49,6 +50,9 @@ class SideStore {
   virtual Tensor3 dequantize() const = 0;
   /// \brief Bytes stored (the one accounting formula).
   virtual Footprint footprint() const = 0;
+  /// \brief A view of the stored bytes for the other backends (valid until the next append);
+  /// the default throws kvq::Error (a side that keeps its bytes elsewhere).
+  virtual StoredSide stored() const;
 };
 
 /// \brief A cache side for `spec` in `role`; `layer` selects calib scales.

@@ -176,7 +176,7 @@ if (( ${#need_nvcc[@]} > 0 )); then
   [[ -n "$NVARCH" ]] && archflags=(-arch="$NVARCH")
   [[ -z "$GPU_NAME" ]] && archflags=("-gencode=arch=compute_90,code=sm_90")
   CXX_BIN=${CXX:-c++}
-  srcs=(kernels/*.cu core/*.cpp fp8/*.cpp kivi/*.cpp)
+  srcs=(kernels/cuda/*.cu core/*.cpp fp8/*.cpp kivi/*.cpp)
   for k in "${srcs[@]}"; do  # JOBS at a time; a file that does not compile alone is left out
     while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n; done
     o="$NVBUILD/$(tr / _ <<<"$k").o"

@@ -1,4 +1,4 @@
-// Tests for kernels/attention_kernels.cu (fused decode attention) against the CPU reference,
+// Tests for kernels/cuda/attention_kernels.cu (fused decode attention) against the CPU reference,
 // kvq::decode_attention (reference_cpu/attention.cpp) over caches built by kvq::make_side.
 //
 // Where expected values come from: the CPU reference reads the same stored bytes: the test
@@ -38,9 +38,9 @@
 #include "core/spec.h"
 #include "core/tensor.h"
 #include "fp8/scale.h"
-#include "kernels/attention_kernels.cuh"
-#include "kernels/cuda_check.h"
-#include "kernels/dispatch.h"
+#include "kernels/cuda/attention_kernels.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/dispatch.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "kivi/cache.h"
 #include "reference_cpu/attention.h"
@@ -388,7 +388,7 @@ IntSideView int_view(int64_t tokens, int64_t quantized, int group, Axis axis) {
   return v;
 }
 
-/// A stand-in with the accessors of kernels/kivi_cache_device.cuh's KiviSideCache.
+/// A stand-in with the accessors of kernels/cuda/kivi_cache_device.cuh's KiviSideCache.
 struct FakeDeviceCache {
   bool is_sym = false;
   const uint32_t* words() const { return g_fake_words; }

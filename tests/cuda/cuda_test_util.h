@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 
 namespace kvq::cuda::testing {
 

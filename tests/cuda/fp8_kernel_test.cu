@@ -1,4 +1,4 @@
-// Tests for kernels/fp8_kernels.cu against the CPU reference (fp8/scale.cpp).
+// Tests for kernels/cuda/fp8_kernels.cu against the CPU reference (fp8/scale.cpp).
 //
 // Where expected values come from: fp8::compute_scales, fp8::quantize and fp8::dequantize on the
 // host (the spec, STYLE 1). Scales and codes must be bit-equal (STYLE 3); dequantized values too,
@@ -21,9 +21,9 @@
 
 #include "core/error.h"
 #include "fp8/scale.h"
-#include "kernels/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 #include "tests/cuda/cuda_test_util.h"
-#include "kernels/fp8_kernels.cuh"
+#include "kernels/cuda/fp8_kernels.cuh"
 
 namespace kvq {
 /// Readable gtest parameter output (found by ADL) instead of a byte dump.

@@ -1,4 +1,4 @@
-// Tests for kernels/kivi_kernels.cu (kivi_quantize) and kernels/kivi_cache_device.cu
+// Tests for kernels/cuda/kivi_kernels.cu (kivi_quantize) and kernels/cuda/kivi_cache_device.cu
 // (KiviSideCache) against the CPU reference, kivi::SideCache (kivi/cache.cpp).
 //
 // Where expected values come from: kivi::SideCache fed the same tokens in the same appends (the
@@ -34,10 +34,10 @@
 #include "core/npy.h"
 #include "core/spec.h"
 #include "core/tensor.h"
-#include "kernels/cuda_check.h"
+#include "kernels/cuda/cuda_check.h"
 #include "tests/cuda/cuda_test_util.h"
-#include "kernels/kivi_cache_device.cuh"
-#include "kernels/kivi_kernels.cuh"
+#include "kernels/cuda/kivi_cache_device.cuh"
+#include "kernels/cuda/kivi_kernels.cuh"
 #include "kivi/cache.h"
 #include "kivi/minmax.h"
 #include "kivi/pack.h"

@@ -1,6 +1,6 @@
 // The device KIVI cache: kivi/cache.cpp's append, line for line, with kvq::cuda::kivi_quantize
-// (kernels/kivi_kernels.cu) in place of the CPU quantizers and device copies for the residual.
-#include "kernels/kivi_cache_device.cuh"
+// (kernels/cuda/kivi_kernels.cu) in place of the CPU quantizers and device copies for the residual.
+#include "kernels/cuda/kivi_cache_device.cuh"
 
 #include <algorithm>
 #include <string>
@@ -8,8 +8,8 @@
 
 #include "core/error.h"
 #include "core/footprint.h"
-#include "kernels/cuda_check.h"
-#include "kernels/kivi_kernels.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kivi_kernels.cuh"
 #include "kivi/cache.h"
 
 namespace kvq::cuda {

@@ -13,8 +13,8 @@
 
 #include "core/error.h"
 #include "fp8/scale.h"
-#include "kernels/cuda_check.h"
-#include "kernels/fp8_kernels.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_kernels.cuh"
 
 namespace kvq::cuda {
 namespace {

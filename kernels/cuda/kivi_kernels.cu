@@ -12,8 +12,8 @@
 #include <type_traits>
 
 #include "core/error.h"
-#include "kernels/cuda_check.h"
-#include "kernels/kivi_kernels.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kivi_kernels.cuh"
 #include "kivi/group.h"
 #include "kivi/layout.h"
 #include "kivi/minmax.h"

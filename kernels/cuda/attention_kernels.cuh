@@ -22,7 +22,7 @@
 //         channel group; sym codes read as (code - 2^(b-1)) * scale. Tokens at and after
 //         `quantized_tokens` come from the exact float32 residual window.
 //
-// Errors (STYLE 9): bad configuration throws kvq::Error naming the value (kernels/dispatch.h has
+// Errors (STYLE 9): bad configuration throws kvq::Error naming the value (kernels/cuda/dispatch.h has
 // the supported lists); CUDA failures come back as cudaError_t. Launches are asynchronous on
 // `stream`; views hold device pointers, the view structs themselves are host values.
 #pragma once
@@ -35,7 +35,7 @@
 
 #include "core/hostdev.h"
 #include "core/spec.h"
-#include "kernels/dispatch.h"
+#include "kernels/cuda/dispatch.h"
 
 namespace kvq::cuda {
 
@@ -85,7 +85,7 @@ struct IntSideView {
 
 /// \brief The view of a device-resident cache side exposing kivi::SideCache's accessors as
 /// device pointers: words(), scales(), mins() (null for sym), residual(), quantized_tokens(),
-/// tokens(), group(), bits(), axis(), sym() - e.g. kernels/kivi_cache_device.cuh's
+/// tokens(), group(), bits(), axis(), sym() - e.g. kernels/cuda/kivi_cache_device.cuh's
 /// KiviSideCache (valid until its next append or reserve).
 template <class DeviceCache>
 IntSideView int_side_view(const DeviceCache& c) {

@@ -8,7 +8,7 @@
 //
 // Errors (STYLE 9): a bad configuration (bits outside {2, 3, 4, 8}, a bad group or shape, a null
 // pointer) throws kvq::Error naming the value; CUDA failures are returned as cudaError_t.
-// Launches are asynchronous on `stream`. The streaming cache is kernels/kivi_cache_device.cuh.
+// Launches are asynchronous on `stream`. The streaming cache is kernels/cuda/kivi_cache_device.cuh.
 #pragma once
 
 #include <cuda_runtime_api.h>

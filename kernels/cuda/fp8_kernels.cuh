@@ -8,7 +8,7 @@
 //
 // Errors (STYLE 9): a bad configuration (negative sizes, a null pointer, an unknown enum)
 // throws kvq::Error naming the value; CUDA failures are returned as cudaError_t (propagate them
-// with KVQ_CUDA_CALL, or turn them into kvq::Error with KVQ_CUDA_CHECK; kernels/cuda_check.h).
+// with KVQ_CUDA_CALL, or turn them into kvq::Error with KVQ_CUDA_CHECK; kernels/cuda/cuda_check.h).
 // Launches are asynchronous on `stream`.
 #pragma once
 

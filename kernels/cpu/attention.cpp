@@ -1,0 +1,935 @@
+#include "kernels/cpu/attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "fp8/format.h"
+#include "fp8/scale.h"
+#include "kernels/cpu/isa.h"
+#include "kivi/layout.h"
+#include "kivi/minmax.h"
+
+namespace kvq::cpu {
+namespace {
+
+constexpr int64_t kBlock = 256;  // tokens per block (rounded to a multiple of a key group)
+
+/// One thread's partial result: running max m, sum l and unnormalized output, per query head.
+struct Partial {
+  std::vector<float> m, l, o;
+  void init(int64_t q_heads, int64_t D) {
+    m.assign(static_cast<size_t>(q_heads), -INFINITY);
+    l.assign(static_cast<size_t>(q_heads), 0.0f);
+    o.assign(static_cast<size_t>(q_heads * D), 0.0f);
+  }
+};
+
+struct Call {
+  const float* q;
+  int64_t q_heads, H, D;
+  int nq;
+  float scale;  // 1 / sqrt(D)
+  const StoredSide& k;
+  const StoredSide& v;
+  IntMode mode;
+  int64_t block;  // tokens per block
+};
+
+/// Per-(token, head) factor of an fp8 side's scale (tensor / head / token; 1 for channel).
+float fp8_token_factor(const StoredSide& s, int64_t t, int64_t h) {
+  if (s.gran == Granularity::Channel) return 1.0f;
+  return s.fp8_scales[fp8::scale_index(s.gran, t, h, 0, s.heads, s.dim)];
+}
+
+// ---- portable path: one dequantized row at a time ----------------------------------------------
+
+/// Row (t, h) as the reference reads it back (dequantized codes or exact values).
+void fetch_row(const StoredSide& s, int64_t t, int64_t h, float* out) {
+  const int64_t H = s.heads, D = s.dim, r = (t * H + h) * D;
+  switch (s.kind) {
+    case SchemeKind::Fp32:
+      std::copy(s.f32 + r, s.f32 + r + D, out);
+      return;
+    case SchemeKind::Bf16:
+      for (int64_t d = 0; d < D; ++d) out[d] = bf16_bits_to_float(s.half16[r + d]);
+      return;
+    case SchemeKind::Fp16:
+      for (int64_t d = 0; d < D; ++d) out[d] = half_bits_to_float(s.half16[r + d]);
+      return;
+    case SchemeKind::Fp8:
+      for (int64_t d = 0; d < D; ++d)
+        out[d] = s.fp8_scales[fp8::scale_index(s.gran, t, h, d, H, D)] *
+                 fp8::decode(s.format, s.codes[r + d]);
+      return;
+    case SchemeKind::Int:
+      break;
+  }
+  if (t >= s.quantized_tokens) {
+    const float* x = s.residual + ((t - s.quantized_tokens) * H + h) * D;
+    std::copy(x, x + D, out);
+    return;
+  }
+  for (int64_t d = 0; d < D; ++d) {
+    int64_t p;
+    uint32_t code;
+    if (s.axis == Axis::Channel) {
+      const kivi::ChannelLayout L{H, D, s.group, s.bits};
+      p = L.param_index(t / s.group, h, d);
+      code = L.code(s.words, t, h, d);
+    } else {
+      const kivi::TokenLayout L{H, D, s.group, s.bits};
+      p = L.param_index(t, h, d / s.group);
+      code = L.code(s.words, t, h, d);
+    }
+    const float sc = half_bits_to_float(s.scales[p]);
+    const float mn = s.sym ? 0.0f : half_bits_to_float(s.mins[p]);
+    out[d] = kivi::decode(code, sc, mn, s.bits, s.sym);
+  }
+}
+
+/// Online-softmax step for one query head over n new scores (already scaled): turns them into
+/// weights e^(s - m_new) in place, rescales o by e^(m - m_new) and updates m and l.
+void softmax_step_scalar(float* s, int64_t n, float& m, float& l, float* o, int64_t D) {
+  float mb = -INFINITY;
+  for (int64_t t = 0; t < n; ++t) mb = std::max(mb, s[t]);
+  const float mn = std::max(m, mb);
+  const float alpha = m == -INFINITY ? 0.0f : std::exp(m - mn);
+  float sum = 0;
+  for (int64_t t = 0; t < n; ++t) sum += s[t] = std::exp(s[t] - mn);
+  l = l * alpha + sum;
+  if (alpha != 1.0f)
+    for (int64_t d = 0; d < D; ++d) o[d] *= alpha;
+  m = mn;
+}
+
+void portable_range(const Call& c, int64_t a, int64_t b, Partial& P) {
+  const int64_t D = c.D;
+  std::vector<float> row(static_cast<size_t>(D)), s(static_cast<size_t>(c.nq * c.block));
+  for (int64_t t0 = a; t0 < b; t0 += c.block) {
+    const int64_t t1 = std::min(b, t0 + c.block), n = t1 - t0;
+    for (int64_t h = 0; h < c.H; ++h) {
+      for (int64_t t = t0; t < t1; ++t) {
+        fetch_row(c.k, t, h, row.data());
+        for (int i = 0; i < c.nq; ++i) {
+          const float* qi = c.q + (h * c.nq + i) * D;
+          float acc = 0;
+          for (int64_t d = 0; d < D; ++d) acc += qi[d] * row[static_cast<size_t>(d)];
+          s[static_cast<size_t>(i * c.block + (t - t0))] = acc * c.scale;
+        }
+      }
+      for (int i = 0; i < c.nq; ++i) {
+        const int64_t j = h * c.nq + i;
+        softmax_step_scalar(s.data() + i * c.block, n, P.m[static_cast<size_t>(j)],
+                            P.l[static_cast<size_t>(j)], P.o.data() + j * D, D);
+      }
+      for (int64_t t = t0; t < t1; ++t) {
+        fetch_row(c.v, t, h, row.data());
+        for (int i = 0; i < c.nq; ++i) {
+          const float w = s[static_cast<size_t>(i * c.block + (t - t0))];
+          float* o = P.o.data() + (h * c.nq + i) * D;
+          for (int64_t d = 0; d < D; ++d) o[d] += w * row[static_cast<size_t>(d)];
+        }
+      }
+    }
+  }
+}
+
+#if KVQ_CPU_AVX2
+// ---- AVX2 path ---------------------------------------------------------------------------------
+
+/// e^x on 8 lanes (Cephes expf: range reduction by ln 2 in two parts, degree-6 polynomial); x
+/// clamped to [-87, 88] (e^-87 ~ 1.6e-38 is zero next to the block's largest weight, 1).
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+inline float hmax8(__m256 v) {
+  v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+  v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0x4E));
+  v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0xB1));
+  return _mm256_cvtss_f32(v);
+}
+
+/// Lane sums of four vectors: {sum a, sum b, sum c, sum d}.
+inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/// softmax_step_scalar on 8 lanes; s has room for n rounded up to 8.
+void softmax_step(float* s, int64_t n, float scale, float& m, float& l, float* o, int64_t D) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  __m256 mx = _mm256_set1_ps(-INFINITY);
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + t), sc);
+    _mm256_storeu_ps(s + t, v);
+    mx = _mm256_max_ps(mx, v);
+  }
+  float mb = hmax8(mx);
+  for (; t < n; ++t) mb = std::max(mb, s[t] *= scale);
+  const float mn = std::max(m, mb);
+  const float alpha = m == -INFINITY ? 0.0f : std::exp(m - mn);
+  const __m256 mv = _mm256_set1_ps(mn);
+  __m256 sum = _mm256_setzero_ps();
+  for (t = 0; t + 8 <= n; t += 8) {
+    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+    _mm256_storeu_ps(s + t, p);
+    sum = _mm256_add_ps(sum, p);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (; t < n; ++t) total += s[t] = std::exp(s[t] - mn);
+  l = l * alpha + total;
+  if (alpha != 1.0f) {
+    const __m256 a = _mm256_set1_ps(alpha);
+    for (int64_t d = 0; d < D; d += 8)
+      _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), a));
+  }
+  m = mn;
+}
+
+// Loaders: row j of a call (token t0 + j), channels d .. d + 7, as 8 floats. Token-major rows of
+// one head are H * D elements apart (2 KB for bf16 at H=8, D=128): a new page every other row,
+// which the hardware prefetchers do not follow, so the kernels prefetch a sub-block ahead.
+inline void prefetch_row(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+}
+template <class L>
+concept Prefetchable = requires(const L& l) {
+  l.prefetch(int64_t{0}, int64_t{0});
+};
+constexpr int64_t kSubRows = 32;  // rows per prefetch step
+/// Prefetches rows [j0, min(n, j0 + kSubRows)).
+template <class L>
+inline void prefetch_rows(const L& ld, int64_t j0, int64_t n, int64_t D) {
+  for (int64_t j = j0; j < std::min(n, j0 + kSubRows); ++j) ld.prefetch(j, D);
+}
+struct F32Rows {
+  const float* base;
+  int64_t stride;
+  void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D * 4); }
+  __m256 operator()(int64_t j, int64_t d) const { return _mm256_loadu_ps(base + j * stride + d); }
+};
+struct Bf16Rows {
+  const uint16_t* base;
+  int64_t stride;
+  void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D * 2); }
+  __m256 operator()(int64_t j, int64_t d) const {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + d));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+};
+struct Fp16Rows {
+  const uint16_t* base;
+  int64_t stride;
+  void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D * 2); }
+  __m256 operator()(int64_t j, int64_t d) const {
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + d)));
+  }
+};
+
+/// fp8::decode<F> of 8 codes, exact: the code's exponent and mantissa bits placed in a float32
+/// and scaled by 2^(127 - bias) (a power of two: exact for normals and subnormals alike).
+template <Fp8Format F>
+inline __m256 fp8_decode8(const uint8_t* p) {
+  using T = fp8::Traits<F>;
+  const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i em = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+  const float pow2 = bits_float(static_cast<uint32_t>(127 + 127 - T::kBias) << 23);
+  __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 23 - T::kMantBits)),
+                           _mm256_set1_ps(pow2));
+  f = _mm256_or_ps(f, _mm256_castsi256_ps(sign));
+  const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+  if constexpr (T::kFnuz) {
+    f = _mm256_blendv_ps(f, qnan,
+                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(c, _mm256_set1_epi32(0x80))));
+  } else if constexpr (T::kHasInf) {
+    const __m256i special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7b));
+    const __m256 inf =
+        _mm256_or_ps(_mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000)), _mm256_castsi256_ps(sign));
+    const __m256 v = _mm256_blendv_ps(
+        qnan, inf, _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7c))));
+    f = _mm256_blendv_ps(f, v, _mm256_castsi256_ps(special));
+  } else {
+    f = _mm256_blendv_ps(f, qnan,
+                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f))));
+  }
+  return f;
+}
+template <Fp8Format F>
+struct Fp8Rows {
+  const uint8_t* base;
+  int64_t stride;
+  void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D); }
+  __m256 operator()(int64_t j, int64_t d) const { return fp8_decode8<F>(base + j * stride + d); }
+};
+
+/// Per-channel int keys of one token group, its words transposed to wt[w * D + d]: token jj0 + j
+/// of the group is code (jj0 + j) % cpw of word (jj0 + j) / cpw.
+template <int B>
+struct ChannelCodes {
+  const uint32_t* wt;
+  int64_t D;
+  int jj0;
+  __m256 operator()(int64_t j, int64_t d) const {
+    constexpr int kCpw = kivi::codes_per_word(B);
+    const int jj = jj0 + static_cast<int>(j);
+    const __m256i w =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wt + (jj / kCpw) * D + d));
+    const __m256i c = _mm256_and_si256(_mm256_srl_epi32(w, _mm_cvtsi32_si128((jj % kCpw) * B)),
+                                       _mm256_set1_epi32(static_cast<int>(kivi::code_mask(B))));
+    return _mm256_cvtepi32_ps(c);
+  }
+};
+
+/// s[i * lds + j] = <q_i, row j> for j < n, i < NQ; q is [NQ, D]. TT tokens at a time, so NQ * TT
+/// independent accumulators hide the FMA latency.
+template <int NQ, int TT, class L>
+void dot_rows(const float* q, int64_t D, int64_t n, const L& ld, float* s, int64_t lds) {
+  int64_t j = 0;
+  for (; j + TT <= n; j += TT) {
+    __m256 acc[NQ * TT];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    if constexpr (Prefetchable<L>) {
+      if (j % kSubRows < TT) prefetch_rows(ld, j / kSubRows * kSubRows + kSubRows, n, D);
+    }
+    for (int64_t d = 0; d < D; d += 8) {
+      __m256 kv[TT];
+      for (int u = 0; u < TT; ++u) kv[u] = ld(j + u, d);
+      for (int i = 0; i < NQ; ++i) {
+        const __m256 qv = _mm256_loadu_ps(q + i * D + d);
+        for (int u = 0; u < TT; ++u) acc[i * TT + u] = _mm256_fmadd_ps(qv, kv[u], acc[i * TT + u]);
+      }
+    }
+    constexpr int kN = NQ * TT, kPad = (kN + 3) / 4 * 4;
+    alignas(16) float r[kPad];
+    for (int a = 0; a < kN; a += 4) {
+      const __m256 z = _mm256_setzero_ps();
+      _mm_store_ps(r + a, hsum4(acc[a], a + 1 < kN ? acc[a + 1] : z, a + 2 < kN ? acc[a + 2] : z,
+                                a + 3 < kN ? acc[a + 3] : z));
+    }
+    for (int i = 0; i < NQ; ++i)
+      for (int u = 0; u < TT; ++u) s[i * lds + j + u] = r[i * TT + u];
+  }
+  if constexpr (TT > 1) {
+    if (j < n)
+      dot_rows<NQ, 1>(
+          q, D, n - j, [&](int64_t jj, int64_t d) { return ld(j + jj, d); }, s + j, lds);
+  }
+}
+
+/// o_i[d] += sum_j p[i * ldp + j] * row_j[d] for rows [j0, j1), d in [d0, D), CW vectors of
+/// channels at a time (NQ * CW accumulators in registers).
+template <int NQ, int CW, class L>
+void acc_chunks(const float* p, int64_t ldp, int64_t j0, int64_t j1, const L& ld, float* o,
+                int64_t D, int64_t d0) {
+  for (; d0 + 8 * CW <= D; d0 += 8 * CW) {
+    __m256 a[NQ * CW];
+    for (int i = 0; i < NQ; ++i)
+      for (int c = 0; c < CW; ++c) a[i * CW + c] = _mm256_loadu_ps(o + i * D + d0 + 8 * c);
+    for (int64_t j = j0; j < j1; ++j) {
+      __m256 vv[CW];
+      for (int c = 0; c < CW; ++c) vv[c] = ld(j, d0 + 8 * c);
+      for (int i = 0; i < NQ; ++i) {
+        const __m256 pw = _mm256_broadcast_ss(p + i * ldp + j);
+        for (int c = 0; c < CW; ++c) a[i * CW + c] = _mm256_fmadd_ps(pw, vv[c], a[i * CW + c]);
+      }
+    }
+    for (int i = 0; i < NQ; ++i)
+      for (int c = 0; c < CW; ++c) _mm256_storeu_ps(o + i * D + d0 + 8 * c, a[i * CW + c]);
+  }
+  if constexpr (CW > 1) {
+    if (d0 < D) acc_chunks<NQ, 1>(p, ldp, j0, j1, ld, o, D, d0);
+  }
+}
+
+/// o_i += sum_j p[i * ldp + j] * row_j for j < n, in sub-blocks of kSubRows rows that stay in L1
+/// while every channel chunk passes over them; the next sub-block is prefetched meanwhile.
+template <int NQ, int CW, class L>
+void acc_rows(const float* p, int64_t ldp, int64_t n, const L& ld, float* o, int64_t D) {
+  if constexpr (Prefetchable<L>) prefetch_rows(ld, 0, n, D);
+  for (int64_t j0 = 0; j0 < n; j0 += kSubRows) {
+    if constexpr (Prefetchable<L>) prefetch_rows(ld, j0 + kSubRows, n, D);
+    acc_chunks<NQ, CW>(p, ldp, j0, std::min(n, j0 + kSubRows), ld, o, D, 0);
+  }
+}
+
+template <int NQ>
+constexpr int kTokensPerStep = NQ == 1   ? 4
+                               : NQ == 2 ? 4
+                               : NQ <= 4 ? 2
+                                         : 1;
+template <int NQ>
+constexpr int kChannelVectors = NQ == 1   ? 8
+                                : NQ == 2 ? 4
+                                : NQ <= 4 ? 2
+                                          : 1;
+
+template <int NQ, class L>
+void dot(const float* q, int64_t D, int64_t n, const L& ld, float* s, int64_t lds) {
+  dot_rows<NQ, kTokensPerStep<NQ>>(q, D, n, ld, s, lds);
+}
+template <int NQ, class L>
+void accumulate(const float* p, int64_t ldp, int64_t n, const L& ld, float* o, int64_t D) {
+  acc_rows<NQ, kChannelVectors<NQ>>(p, ldp, n, ld, o, D);
+}
+
+inline float hsum8(__m256 v) {
+  const __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 y = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  return _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
+}
+
+/// Int8 mode: the codes of one per-channel key group (words transposed to wt[w * D + d]) as
+/// token-major bytes c8[jj * D + d], 32 channels per step.
+template <int B>
+void transpose_codes(const uint32_t* wt, int64_t D, int G, uint8_t* c8) {
+  constexpr int kCpw = kivi::codes_per_word(B);
+  const __m256i mask = _mm256_set1_epi32(static_cast<int>(kivi::code_mask(B)));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t x = 0; x * kCpw < G; ++x)
+    for (int64_t d = 0; d < D; d += 32) {
+      const uint32_t* p = wt + x * D + d;
+      __m256i W[4];
+      for (int v = 0; v < 4; ++v)
+        W[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 8 * v));
+      for (int k = 0; k < kCpw && x * kCpw + k < G; ++k) {
+        const __m128i sh = _mm_cvtsi32_si128(k * B);
+        __m256i c[4];
+        for (int v = 0; v < 4; ++v) c[v] = _mm256_and_si256(_mm256_srl_epi32(W[v], sh), mask);
+        const __m256i b =
+            _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(c8 + (x * kCpw + k) * D + d),
+                            _mm256_permutevar8x32_epi32(b, order));
+      }
+    }
+}
+
+/// Int8 mode scores of n tokens of one key group: qs_i (q * scale, [NQ, D]) quantized to int8
+/// with one scale per query head (amax / 127), then s = qscale_i * sum_d q8_id * code_td + base_i
+/// with vpmaddubsw (codes unsigned, q signed; pair sums <= 2 * 15 * 127, and 8 of them at most
+/// are added in int16 before vpmaddwd widens) - exact integer arithmetic on the rounded query.
+template <int NQ>
+void dot_int8(const float* qs, int64_t D, int64_t n, const uint8_t* c8, const float* base, float* s,
+              int64_t lds, int8_t* q8) {
+  float qscale[NQ];
+  for (int i = 0; i < NQ; ++i) {
+    __m256 mx = _mm256_setzero_ps();
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t d = 0; d < D; d += 8)
+      mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(qs + i * D + d), abs));
+    const float amax = hmax8(mx);
+    qscale[i] = amax / 127.0f;
+    const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    for (int64_t d = 0; d < D; d += 32) {
+      __m256i v[4];
+      for (int u = 0; u < 4; ++u)
+        v[u] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(qs + i * D + d + 8 * u), inv));
+      const __m256i b =
+          _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(q8 + i * D + d),
+          _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+  }
+  constexpr int TT = NQ <= 4 ? 2 : 1;
+  const __m256i ones = _mm256_set1_epi16(1);
+  int64_t j = 0;
+  auto step = [&]<int U>(int64_t j0) {
+    __m256i acc[NQ * U];
+    for (auto& x : acc) x = _mm256_setzero_si256();
+    for (int64_t d0 = 0; d0 < D; d0 += 256) {
+      __m256i a16[NQ * U];
+      for (auto& x : a16) x = _mm256_setzero_si256();
+      for (int64_t d = d0; d < std::min(D, d0 + 256); d += 32) {
+        __m256i cb[U];
+        for (int u = 0; u < U; ++u)
+          cb[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c8 + (j0 + u) * D + d));
+        for (int i = 0; i < NQ; ++i) {
+          const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + i * D + d));
+          for (int u = 0; u < U; ++u)
+            a16[i * U + u] = _mm256_add_epi16(a16[i * U + u], _mm256_maddubs_epi16(cb[u], qv));
+        }
+      }
+      for (int x = 0; x < NQ * U; ++x)
+        acc[x] = _mm256_add_epi32(acc[x], _mm256_madd_epi16(a16[x], ones));
+    }
+    constexpr int kN = NQ * U, kPad = (kN + 3) / 4 * 4;
+    alignas(16) float r[kPad];
+    for (int x = 0; x < kN; x += 4) {
+      const __m256 z = _mm256_setzero_ps();
+      auto f = [&](int y) { return y < kN ? _mm256_cvtepi32_ps(acc[y]) : z; };
+      _mm_store_ps(r + x, hsum4(f(x), f(x + 1), f(x + 2), f(x + 3)));
+    }
+    for (int i = 0; i < NQ; ++i)
+      for (int u = 0; u < U; ++u) s[i * lds + j0 + u] = r[i * U + u] * qscale[i] + base[i];
+  };
+  for (; j + TT <= n; j += TT) step.template operator()<TT>(j);
+  for (; j < n; ++j) step.template operator()<1>(j);
+}
+
+/// Raw codes (no scale, no min) of per-token int values (bits 2, 4, 8; G a multiple of 8): token j,
+/// channels d .. d + 7 of one channel group.
+template <int B>
+struct TokenCodes {
+  const uint32_t* words;  // token t0, head h
+  int64_t wstride;        // words per token
+  int64_t group, wpg;
+  void prefetch(int64_t j, int64_t D) const { prefetch_row(words + j * wstride, D * B / 8); }
+  /// Codes e .. e + 7 of channel group c of token j.
+  __m256 code(int64_t j, int64_t c, int64_t e) const {
+    const uint32_t* wr = words + j * wstride + c * wpg;
+    __m256i code;
+    if constexpr (B == 8) {
+      code = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(wr + e / 4)));
+    } else if constexpr (B == 4) {
+      code = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(wr[e / 8])),
+                                                _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                              _mm256_set1_epi32(15));
+    } else {
+      const __m256i sh = _mm256_add_epi32(_mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14),
+                                          _mm256_set1_epi32(static_cast<int>((e % 16) * 2)));
+      code =
+          _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(wr[e / 16])), sh),
+                           _mm256_set1_epi32(3));
+    }
+    return _mm256_cvtepi32_ps(code);
+  }
+};
+
+/// o_i[d] += sum_j w[i * ldw + j - j0] * code_j[d] for rows [j0, j1) and d in [d0, d1), CW vectors
+/// of channels at a time.
+template <int NQ, int CW, class L>
+void acc_span(const float* w, int64_t ldw, int64_t j0, int64_t j1, const L& ld, float* o, int64_t D,
+              int64_t d0, int64_t d1) {
+  for (; d0 + 8 * CW <= d1; d0 += 8 * CW) {
+    __m256 a[NQ * CW];
+    for (int i = 0; i < NQ; ++i)
+      for (int c = 0; c < CW; ++c) a[i * CW + c] = _mm256_loadu_ps(o + i * D + d0 + 8 * c);
+    for (int64_t j = j0; j < j1; ++j) {
+      __m256 vv[CW];
+      for (int c = 0; c < CW; ++c) vv[c] = ld(j, d0 + 8 * c);
+      for (int i = 0; i < NQ; ++i) {
+        const __m256 pw = _mm256_broadcast_ss(w + i * ldw + (j - j0));
+        for (int c = 0; c < CW; ++c) a[i * CW + c] = _mm256_fmadd_ps(pw, vv[c], a[i * CW + c]);
+      }
+    }
+    for (int i = 0; i < NQ; ++i)
+      for (int c = 0; c < CW; ++c) _mm256_storeu_ps(o + i * D + d0 + 8 * c, a[i * CW + c]);
+  }
+  if constexpr (CW > 1) {
+    if (d0 < d1) acc_span<NQ, 1>(w, ldw, j0, j1, ld, o, D, d0, d1);
+  }
+}
+
+/// Per-token int values over rows [0, n), folded as the reference folds them: each code is
+/// weighted by p_ij * scale_jc (one multiply per token and channel group), and
+/// sum_j p_ij * min_jc is added to the group's channels once. pw: NQ * kSubRows * D / G floats,
+/// msum: NQ * D / G floats of scratch.
+template <int NQ, int B>
+void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B>& ld,
+                      const uint16_t* scales, const uint16_t* mins, int64_t pstride, float* o,
+                      int64_t D, float* pw, float* msum, float* sct, float* mnt) {
+  const int64_t G = ld.group, ncg = (D + G - 1) / G;  // the last group may be shorter
+  const float sym_min = -static_cast<float>(kivi::sym_offset(B));
+  std::fill(msum, msum + NQ * ncg, 0.0f);
+  for (int64_t j0 = 0; j0 < n; j0 += kSubRows) {
+    const int64_t j1 = std::min(n, j0 + kSubRows), m = j1 - j0, m8 = m / 8 * 8;
+    prefetch_rows(ld, j0 + kSubRows, n, D);
+    // This sub-block's scales and minima as floats, [c][j - j0].
+    for (int64_t j = j0; j < j1; ++j)
+      for (int64_t c = 0; c < ncg; ++c) {
+        const float sc = _cvtsh_ss(scales[j * pstride + c]);
+        sct[c * kSubRows + (j - j0)] = sc;
+        mnt[c * kSubRows + (j - j0)] = mins ? _cvtsh_ss(mins[j * pstride + c]) : sym_min * sc;
+      }
+    for (int64_t c = 0; c < ncg; ++c)
+      for (int i = 0; i < NQ; ++i) {
+        const float* pi = p + i * ldp + j0;
+        float* wi = pw + (c * NQ + i) * kSubRows;
+        const float* sc = sct + c * kSubRows;
+        const float* mn = mnt + c * kSubRows;
+        __m256 macc = _mm256_setzero_ps();
+        for (int64_t x = 0; x < m8; x += 8) {
+          const __m256 pv = _mm256_loadu_ps(pi + x);
+          _mm256_storeu_ps(wi + x, _mm256_mul_ps(pv, _mm256_loadu_ps(sc + x)));
+          macc = _mm256_fmadd_ps(pv, _mm256_loadu_ps(mn + x), macc);
+        }
+        float tail = 0;
+        for (int64_t x = m8; x < m; ++x) {
+          wi[x] = pi[x] * sc[x];
+          tail += pi[x] * mn[x];
+        }
+        msum[i * ncg + c] += hsum8(macc) + tail;
+      }
+    for (int64_t c = 0; c < ncg; ++c) {
+      const float* w = pw + c * NQ * kSubRows;
+      const int64_t d1 = std::min(D, (c + 1) * G);
+      const auto lc = [&ld, c, G](int64_t j, int64_t d) { return ld.code(j, c, d - c * G); };
+      if (G % (8 * kChannelVectors<NQ>) == 0)
+        acc_span<NQ, kChannelVectors<NQ>>(w, kSubRows, j0, j1, lc, o, D, c * G, d1);
+      else
+        acc_span<NQ, 1>(w, kSubRows, j0, j1, lc, o, D, c * G, d1);
+    }
+  }
+  for (int i = 0; i < NQ; ++i)
+    for (int64_t d = 0; d < D; ++d) o[i * D + d] += msum[i * ncg + d / G];
+}
+
+/// A key group's words, channel-major (words[d * wpg + x]), as wt[x * D + d]: word x of 8
+/// consecutive channels in one vector.
+inline void transpose_words(const uint32_t* words, int64_t D, int64_t wpg, uint32_t* wt) {
+  if (wpg == 2) {  // kivi2 at G=32: split even / odd words of 8 channels
+    const __m256i idx = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256i a = _mm256_permutevar8x32_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 2 * d)), idx);
+      const __m256i b = _mm256_permutevar8x32_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 2 * d + 8)), idx);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wt + d),
+                          _mm256_permute2x128_si256(a, b, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wt + D + d),
+                          _mm256_permute2x128_si256(a, b, 0x31));
+    }
+    return;
+  }
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t x = 0; x < wpg; ++x) wt[x * D + d] = words[d * wpg + x];
+}
+
+/// Runs f(loader) with the fp8 loader of the side's format.
+template <class F>
+void with_fp8_rows(const StoredSide& s, const uint8_t* base, int64_t stride, F&& f) {
+  switch (s.format) {
+    case Fp8Format::E4M3:
+      return f(Fp8Rows<Fp8Format::E4M3>{base, stride});
+    case Fp8Format::E4M3FNUZ:
+      return f(Fp8Rows<Fp8Format::E4M3FNUZ>{base, stride});
+    case Fp8Format::E5M2:
+      return f(Fp8Rows<Fp8Format::E5M2>{base, stride});
+  }
+}
+
+/// Scratch of one thread.
+struct Scratch {
+  std::vector<float> s, qs;
+  std::vector<uint32_t> wt;
+  std::vector<uint8_t> c8;      // int8 mode: one key group's codes, token-major bytes [G, D]
+  std::vector<int8_t> q8;       // int8 mode: the quantized query [NQ, D]
+  std::vector<float> pw, msum;  // int values: weights per channel group, sums of p * min
+  std::vector<float> sct, mnt;  // int values: a sub-block's scales and minima per channel group
+};
+
+/// Scores of kv head h over tokens [t0, t1) into s[i * lds + (t - t0)] (unscaled).
+template <int NQ>
+void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t lds, Scratch& w) {
+  const StoredSide& k = c.k;
+  const int64_t H = c.H, D = c.D, n = t1 - t0, row = H * D;
+  const float* q = c.q + h * NQ * D;
+  switch (k.kind) {
+    case SchemeKind::Fp32:
+      return dot<NQ>(q, D, n, F32Rows{k.f32 + t0 * row + h * D, row}, s, lds);
+    case SchemeKind::Bf16:
+      return dot<NQ>(q, D, n, Bf16Rows{k.half16 + t0 * row + h * D, row}, s, lds);
+    case SchemeKind::Fp16:
+      return dot<NQ>(q, D, n, Fp16Rows{k.half16 + t0 * row + h * D, row}, s, lds);
+    case SchemeKind::Fp8: {
+      const float* qq = q;
+      if (k.gran == Granularity::Channel) {  // fold the per-channel scales into q
+        const float* cf = k.fp8_scales + h * D;
+        for (int i = 0; i < NQ; ++i)
+          for (int64_t d = 0; d < D; ++d)
+            w.qs[static_cast<size_t>(i * D + d)] = q[i * D + d] * cf[d];
+        qq = w.qs.data();
+      }
+      with_fp8_rows(k, k.codes + t0 * row + h * D, row,
+                    [&](const auto& ld) { dot<NQ>(qq, D, n, ld, s, lds); });
+      if (k.gran != Granularity::Channel)
+        for (int64_t t = t0; t < t1; ++t) {
+          const float f = fp8_token_factor(k, t, h);
+          for (int i = 0; i < NQ; ++i) s[i * lds + (t - t0)] *= f;
+        }
+      return;
+    }
+    case SchemeKind::Int:
+      break;
+  }
+  // Per-channel int keys: each token group folds its scales into q; the window is exact.
+  const int64_t qt = k.quantized_tokens, te = std::min(t1, qt);
+  const int G = k.group;
+  const kivi::ChannelLayout L{H, D, G, k.bits};
+  const int64_t wpg = L.words_per_group();
+  for (int64_t g = t0 / G; g * G < te; ++g) {
+    const int64_t a = std::max(t0, g * G), b = std::min(te, (g + 1) * G);
+    const int64_t p0 = L.param_index(g, h, 0);
+    // q * scale per channel (scales folded into q once per group) and sum_d q_d * min_d.
+    __m256 bacc[NQ];
+    for (auto& x : bacc) x = _mm256_setzero_ps();
+    const __m256 off = _mm256_set1_ps(-static_cast<float>(kivi::sym_offset(k.bits)));
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 sc =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k.scales + p0 + d)));
+      const __m256 mn =
+          k.sym
+              ? _mm256_mul_ps(off, sc)
+              : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k.mins + p0 + d)));
+      for (int i = 0; i < NQ; ++i) {
+        const __m256 qv = _mm256_loadu_ps(q + i * D + d);
+        _mm256_storeu_ps(w.qs.data() + i * D + d, _mm256_mul_ps(qv, sc));
+        bacc[i] = _mm256_fmadd_ps(qv, mn, bacc[i]);
+      }
+    }
+    float base[NQ];
+    for (int i = 0; i < NQ; ++i) base[i] = hsum8(bacc[i]);
+    const uint32_t* words = k.words + L.word_index(g, h, 0);
+    transpose_words(words, D, wpg, w.wt.data());
+    float* sg = s + (a - t0);
+    const int jj0 = static_cast<int>(a - g * G);
+    const bool int8 = c.mode == IntMode::Int8 && (k.bits == 2 || k.bits == 4) && D % 32 == 0;
+    auto run = [&]<int B>() {
+      if constexpr (B == 2 || B == 4) {
+        if (int8) {
+          transpose_codes<B>(w.wt.data(), D, G, w.c8.data());
+          dot_int8<NQ>(w.qs.data(), D, b - a, w.c8.data() + jj0 * D, base, sg, lds, w.q8.data());
+          return;
+        }
+      }
+      dot<NQ>(w.qs.data(), D, b - a, ChannelCodes<B>{w.wt.data(), D, jj0}, sg, lds);
+      for (int i = 0; i < NQ; ++i)
+        for (int64_t t = a; t < b; ++t) sg[i * lds + (t - a)] += base[i];
+    };
+    switch (k.bits) {
+      case 2:
+        run.template operator()<2>();
+        break;
+      case 3:
+        run.template operator()<3>();
+        break;
+      case 4:
+        run.template operator()<4>();
+        break;
+      default:
+        run.template operator()<8>();
+        break;
+    }
+  }
+  const int64_t r0 = std::max(t0, qt);
+  if (r0 < t1)
+    dot<NQ>(q, D, t1 - r0, F32Rows{k.residual + (r0 - qt) * row + h * D, row}, s + (r0 - t0), lds);
+}
+
+/// o_i += sum_t p_i[t - t0] * V[t, h, :] for kv head h over tokens [t0, t1); p may be rescaled.
+template <int NQ>
+void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t ldp, float* o,
+            Scratch& w) {
+  const StoredSide& v = c.v;
+  const int64_t H = c.H, D = c.D, n = t1 - t0, row = H * D;
+  switch (v.kind) {
+    case SchemeKind::Fp32:
+      return accumulate<NQ>(p, ldp, n, F32Rows{v.f32 + t0 * row + h * D, row}, o, D);
+    case SchemeKind::Bf16:
+      return accumulate<NQ>(p, ldp, n, Bf16Rows{v.half16 + t0 * row + h * D, row}, o, D);
+    case SchemeKind::Fp16:
+      return accumulate<NQ>(p, ldp, n, Fp16Rows{v.half16 + t0 * row + h * D, row}, o, D);
+    case SchemeKind::Fp8:
+      if (v.gran != Granularity::Channel)  // per-channel scales multiply the final output
+        for (int64_t t = t0; t < t1; ++t) {
+          const float f = fp8_token_factor(v, t, h);
+          for (int i = 0; i < NQ; ++i) p[i * ldp + (t - t0)] *= f;
+        }
+      return with_fp8_rows(v, v.codes + t0 * row + h * D, row,
+                           [&](const auto& ld) { accumulate<NQ>(p, ldp, n, ld, o, D); });
+    case SchemeKind::Int:
+      break;
+  }
+  const int64_t qt = v.quantized_tokens, te = std::min(t1, qt);
+  if (t0 < te) {
+    const kivi::TokenLayout L{H, D, v.group, v.bits};
+    auto run = [&]<int B>() {
+      const TokenCodes<B> ld{v.words + L.word_index(t0, h, 0), H * L.words_per_token_head(),
+                             v.group, kivi::words_for(v.group, B)};
+      acc_token_values<NQ, B>(p, ldp, te - t0, ld, v.scales + L.param_index(t0, h, 0),
+                              v.sym ? nullptr : v.mins + L.param_index(t0, h, 0),
+                              H * L.channel_groups(), o, D, w.pw.data(), w.msum.data(),
+                              w.sct.data(), w.mnt.data());
+    };
+    switch (v.bits) {
+      case 2:
+        run.template operator()<2>();
+        break;
+      case 4:
+        run.template operator()<4>();
+        break;
+      default:
+        run.template operator()<8>();
+        break;
+    }
+  }
+  const int64_t r0 = std::max(t0, qt);
+  if (r0 < t1)
+    accumulate<NQ>(p + (r0 - t0), ldp, t1 - r0, F32Rows{v.residual + (r0 - qt) * row + h * D, row},
+                   o, D);
+}
+
+template <int NQ>
+void simd_range(const Call& c, int64_t a, int64_t b, Partial& P) {
+  const int64_t D = c.D, lds = c.block + 8;
+  Scratch w;
+  w.s.assign(static_cast<size_t>(NQ * lds), 0.0f);
+  w.qs.assign(static_cast<size_t>(NQ * D), 0.0f);
+  if (c.k.kind == SchemeKind::Int) {
+    w.wt.assign(static_cast<size_t>(D * kivi::words_for(c.k.group, c.k.bits)), 0u);
+    w.c8.assign(static_cast<size_t>(D * (c.k.group + 32)), 0);
+    w.q8.assign(static_cast<size_t>(NQ * D), 0);
+  }
+  if (c.v.kind == SchemeKind::Int) {
+    w.pw.assign(static_cast<size_t>(NQ * kSubRows * (D / c.v.group + 1)), 0.0f);
+    w.msum.assign(static_cast<size_t>(NQ * (D / c.v.group + 1)), 0.0f);
+    w.sct.assign(static_cast<size_t>(kSubRows * (D / c.v.group + 1)), 0.0f);
+    w.mnt.assign(w.sct.size(), 0.0f);
+  }
+  for (int64_t t0 = a; t0 < b; t0 += c.block) {
+    const int64_t t1 = std::min(b, t0 + c.block), n = t1 - t0;
+    for (int64_t h = 0; h < c.H; ++h) {
+      scores<NQ>(c, h, t0, t1, w.s.data(), lds, w);
+      for (int i = 0; i < NQ; ++i) {
+        const int64_t j = h * NQ + i;
+        softmax_step(w.s.data() + i * lds, n, c.scale, P.m[static_cast<size_t>(j)],
+                     P.l[static_cast<size_t>(j)], P.o.data() + j * D, D);
+      }
+      values<NQ>(c, h, t0, t1, w.s.data(), lds, P.o.data() + h * NQ * D, w);
+    }
+  }
+}
+
+void simd_dispatch(const Call& c, int64_t a, int64_t b, Partial& P) {
+  switch (c.nq) {
+    case 1:
+      return simd_range<1>(c, a, b, P);
+    case 2:
+      return simd_range<2>(c, a, b, P);
+    case 3:
+      return simd_range<3>(c, a, b, P);
+    case 4:
+      return simd_range<4>(c, a, b, P);
+    case 5:
+      return simd_range<5>(c, a, b, P);
+    case 6:
+      return simd_range<6>(c, a, b, P);
+    case 7:
+      return simd_range<7>(c, a, b, P);
+    case 8:
+      return simd_range<8>(c, a, b, P);
+  }
+  fail("cpu decode_attention: GQA group {} outside 1..8", c.nq);
+}
+#endif
+
+bool side_fast(const StoredSide& s, bool key) {
+  if (s.kind != SchemeKind::Int) return true;
+  if (key) return s.axis == Axis::Channel;  // any bits: one shift per token
+  return s.axis == Axis::Token && (s.bits == 2 || s.bits == 4 || s.bits == 8) && s.group % 8 == 0;
+}
+
+void check(const StoredSide& k, const StoredSide& v, int64_t q_heads) {
+  KVQ_CHECK(k.heads == v.heads && k.dim == v.dim && k.tokens == v.tokens,
+            "cpu attention: K cache [{}, {}, {}] and V cache [{}, {}, {}] differ", k.tokens,
+            k.heads, k.dim, v.tokens, v.heads, v.dim);
+  KVQ_CHECK(k.heads > 0 && q_heads > 0 && q_heads % k.heads == 0,
+            "cpu attention: {} query heads is not a multiple of {} kv heads", q_heads, k.heads);
+  KVQ_CHECK(k.tokens > 0, "cpu attention: the cache is empty");
+}
+
+}  // namespace
+
+bool has_fast_path(const StoredSide& k, const StoredSide& v, int64_t q_heads) {
+  const int64_t nq = k.heads > 0 ? q_heads / k.heads : 0;
+  return kAvx2 && k.dim % 8 == 0 && nq >= 1 && nq <= 8 && side_fast(k, true) && side_fast(v, false);
+}
+
+void decode_attention(const float* q, int64_t q_heads, const StoredSide& k, const StoredSide& v,
+                      float* out, const DecodeOptions& opt) {
+  check(k, v, q_heads);
+  const int64_t H = k.heads, D = k.dim, T = k.tokens;
+  int64_t block = kBlock;
+  if (k.kind == SchemeKind::Int && k.axis == Axis::Channel)
+    block = k.group * std::max<int64_t>(1, kBlock / k.group);  // whole key groups
+  const Call c{q,
+               q_heads,
+               H,
+               D,
+               static_cast<int>(q_heads / H),
+               1.0f / std::sqrt(static_cast<float>(D)),
+               k,
+               v,
+               opt.int_mode,
+               block};
+  const bool fast = has_fast_path(k, v, q_heads);
+  const int64_t blocks = (T + block - 1) / block;
+  const int nt = static_cast<int>(
+      std::min<int64_t>(opt.threads > 0 ? opt.threads : omp_get_max_threads(), blocks));
+  std::vector<Partial> parts(static_cast<size_t>(nt));
+#pragma omp parallel num_threads(nt)
+  {
+    const int me = omp_get_thread_num();
+    const int64_t a = blocks * me / nt * block, b = std::min(T, blocks * (me + 1) / nt * block);
+    Partial& P = parts[static_cast<size_t>(me)];
+    P.init(q_heads, D);
+#if KVQ_CPU_AVX2
+    if (fast)
+      simd_dispatch(c, a, b, P);
+    else
+      portable_range(c, a, b, P);
+#else
+    (void)fast;
+    portable_range(c, a, b, P);
+#endif
+  }
+  // Merge the slices: M = max m_s, o = sum e^(m_s - M) o_s / sum e^(m_s - M) l_s.
+  for (int64_t j = 0; j < q_heads; ++j) {
+    float M = -INFINITY;
+    for (const Partial& P : parts) M = std::max(M, P.m[static_cast<size_t>(j)]);
+    float L = 0;
+    float* o = out + j * D;
+    std::fill(o, o + D, 0.0f);
+    for (const Partial& P : parts) {
+      const float mj = P.m[static_cast<size_t>(j)];
+      if (mj == -INFINITY) continue;
+      const float e = std::exp(mj - M);
+      L += e * P.l[static_cast<size_t>(j)];
+      for (int64_t d = 0; d < D; ++d) o[d] += e * P.o[static_cast<size_t>(j * D + d)];
+    }
+    const float inv = 1.0f / L;
+    const float* cf = v.kind == SchemeKind::Fp8 && v.gran == Granularity::Channel && fast
+                          ? v.fp8_scales + (j / c.nq) * D
+                          : nullptr;
+    for (int64_t d = 0; d < D; ++d) o[d] *= inv * (cf ? cf[d] : 1.0f);
+  }
+}
+
+}  // namespace kvq::cpu

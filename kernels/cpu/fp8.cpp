@@ -1,0 +1,211 @@
+#include "kernels/cpu/fp8.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "fp8/scale.h"
+#include "kernels/cpu/isa.h"
+
+namespace kvq::cpu {
+namespace {
+
+#if KVQ_CPU_AVX2
+// fp8::encode<F> on 8 lanes, line for line (fp8/format.h): the same selects, the same exact
+// power-of-two scalings, the same nearest-even rounding. Returns one code per 32-bit lane.
+template <Fp8Format F>
+inline __m256i encode8(__m256 x) {
+  using T = fp8::Traits<F>;
+  constexpr int kMinExp = 1 - T::kBias;
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i sign = _mm256_srli_epi32(bits, 31);
+  const __m256i abits = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+  const __m256i nan = _mm256_cmpgt_epi32(abits, _mm256_set1_epi32(0x7f800000));
+  const __m256 kmax = _mm256_set1_ps(T::kMax);
+  __m256 a = _mm256_castsi256_ps(abits);
+  a = _mm256_blendv_ps(a, kmax, _mm256_cmp_ps(a, kmax, _CMP_GE_OQ));  // saturate (+inf too)
+  __m256i e =
+      _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(a), 23), _mm256_set1_epi32(127));
+  e = _mm256_max_epi32(e, _mm256_set1_epi32(kMinExp));  // subnormal range: fixed quantum
+  const __m256 inv_quantum = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127 + T::kMantBits), e), 23));
+  const __m256 quantum = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_set1_epi32(127 - T::kMantBits), e), 23));
+  __m256 r = _mm256_mul_ps(
+      _mm256_round_ps(_mm256_mul_ps(a, inv_quantum), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
+      quantum);
+  r = _mm256_blendv_ps(r, kmax, _mm256_cmp_ps(r, kmax, _CMP_GT_OQ));
+  const __m256i rb = _mm256_castps_si256(r);
+  const __m256i re = _mm256_sub_epi32(_mm256_srli_epi32(rb, 23), _mm256_set1_epi32(127));
+  const __m256i normal = _mm256_or_si256(
+      _mm256_slli_epi32(_mm256_add_epi32(re, _mm256_set1_epi32(T::kBias)), T::kMantBits),
+      _mm256_srli_epi32(_mm256_and_si256(rb, _mm256_set1_epi32(0x7fffff)), 23 - T::kMantBits));
+  const float sub_scale = bits_float(static_cast<uint32_t>(127 - (kMinExp - T::kMantBits)) << 23);
+  const __m256i sub = _mm256_cvttps_epi32(_mm256_mul_ps(r, _mm256_set1_ps(sub_scale)));
+  const __m256i mag =
+      _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(kMinExp), re));
+  __m256i code = _mm256_or_si256(_mm256_slli_epi32(sign, 7), mag);
+  if constexpr (T::kFnuz)  // no -0: 0x80 is the NaN
+    code = _mm256_andnot_si256(_mm256_cmpeq_epi32(mag, _mm256_setzero_si256()), code);
+  return _mm256_blendv_epi8(code, _mm256_set1_epi32(T::kNaN), nan);
+}
+
+// Four vectors of 8 codes (one per 32-bit lane) -> 32 bytes in order.
+inline __m256i pack32(__m256i c0, __m256i c1, __m256i c2, __m256i c3) {
+  const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
+  return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+template <Fp8Format F, bool kPerElement>
+void quantize_row_t(const float* x, int64_t n, const float* s, uint8_t* codes) {
+  int64_t i = 0;
+  const __m256 s1 = _mm256_set1_ps(s[0]);
+  auto scale = [&](int64_t j) { return kPerElement ? _mm256_loadu_ps(s + j) : s1; };
+  for (; i + 32 <= n; i += 32) {
+    __m256i c[4];
+    for (int k = 0; k < 4; ++k)
+      c[k] = encode8<F>(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * k), scale(i + 8 * k)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), pack32(c[0], c[1], c[2], c[3]));
+  }
+  for (; i < n; ++i) codes[i] = fp8::quantize_value<F>(x[i], kPerElement ? s[i] : s[0]);
+}
+#else
+template <Fp8Format F, bool kPerElement>
+void quantize_row_t(const float* x, int64_t n, const float* s, uint8_t* codes) {
+  for (int64_t i = 0; i < n; ++i)
+    codes[i] = fp8::quantize_value<F>(x[i], kPerElement ? s[i] : s[0]);
+}
+#endif
+
+template <bool kPerElement>
+void quantize_row(Fp8Format f, const float* x, int64_t n, const float* s, uint8_t* codes) {
+  switch (f) {
+    case Fp8Format::E4M3:
+      return quantize_row_t<Fp8Format::E4M3, kPerElement>(x, n, s, codes);
+    case Fp8Format::E4M3FNUZ:
+      return quantize_row_t<Fp8Format::E4M3FNUZ, kPerElement>(x, n, s, codes);
+    case Fp8Format::E5M2:
+      return quantize_row_t<Fp8Format::E5M2, kPerElement>(x, n, s, codes);
+  }
+}
+
+// max |x[i]| over a row into a (a running amax >= 0); returns whether the row holds a NaN.
+bool amax_row(const float* x, int64_t n, float& a) {
+  int64_t i = 0;
+  bool nan = false;
+#if KVQ_CPU_AVX2
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m0 = _mm256_set1_ps(a), m1 = m0, bad = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m256 v0 = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
+    const __m256 v1 = _mm256_and_ps(_mm256_loadu_ps(x + i + 8), abs_mask);
+    m0 = _mm256_max_ps(m0, v0);
+    m1 = _mm256_max_ps(m1, v1);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v0, v1, _CMP_UNORD_Q));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
+  for (float l : lanes) a = l > a ? l : a;
+  nan = _mm256_movemask_ps(bad) != 0;
+#endif
+  for (; i < n; ++i) {
+    const float v = std::fabs(x[i]);
+    nan = nan || std::isnan(v);
+    a = v > a ? v : a;
+  }
+  return nan;
+}
+
+// Element-wise a[d] = max(a[d], |x[d]|); returns whether x holds a NaN.
+bool amax_elementwise(const float* x, int64_t n, float* a) {
+  int64_t i = 0;
+  bool nan = false;
+#if KVQ_CPU_AVX2
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 bad = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
+    _mm256_storeu_ps(a + i, _mm256_max_ps(_mm256_loadu_ps(a + i), v));
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  nan = _mm256_movemask_ps(bad) != 0;
+#endif
+  for (; i < n; ++i) {
+    const float v = std::fabs(x[i]);
+    nan = nan || std::isnan(v);
+    a[i] = v > a[i] ? v : a[i];
+  }
+  return nan;
+}
+
+}  // namespace
+
+void fp8_quantize_row(Fp8Format f, const float* x, int64_t n, float s, uint8_t* codes) {
+  quantize_row<false>(f, x, n, &s, codes);
+}
+
+void fp8_quantize_row(Fp8Format f, const float* x, int64_t n, const float* s, uint8_t* codes) {
+  quantize_row<true>(f, x, n, s, codes);
+}
+
+std::vector<float> fp8_compute_scales(const Fp8Spec& spec, Role role, const Tensor3& x, int layer) {
+  if (spec.source != ScaleSource::Dynamic) return fp8::compute_scales(spec, role, x, layer);
+  const Shape3 s = x.shape;
+  std::vector<float> amax(static_cast<size_t>(fp8::scale_count(spec.gran, s)), 0.0f);
+  bool nan = false;
+  for (int64_t t = 0; t < s.tokens; ++t)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const float* xr = x.data.data() + (t * s.heads + h) * s.dim;
+      const int64_t i = fp8::scale_index(spec.gran, t, h, 0, s.heads, s.dim);
+      nan |= spec.gran == Granularity::Channel ? amax_elementwise(xr, s.dim, amax.data() + i)
+                                               : amax_row(xr, s.dim, amax[static_cast<size_t>(i)]);
+    }
+  // A NaN reaches its scale with its own payload: which NaN is the reference's business.
+  if (nan) return fp8::compute_scales(spec, role, x, layer);
+  for (float& a : amax) a = fp8::scale_from_amax(a, spec.format);
+  return amax;
+}
+
+void fp8_quantize(const Fp8Spec& spec, const std::vector<float>& scales, const Tensor3& x,
+                  std::vector<uint8_t>& codes) {
+  const Shape3 s = x.shape;
+  const Granularity g = spec.source == ScaleSource::Constant ? Granularity::Tensor : spec.gran;
+  KVQ_CHECK(static_cast<int64_t>(scales.size()) == fp8::scale_count(g, s),
+            "fp8: {} scales given, gran={} needs {} for shape [{}, {}, {}]", scales.size(),
+            to_string(g), fp8::scale_count(g, s), s.tokens, s.heads, s.dim);
+  codes.resize(x.data.size());
+  for (int64_t t = 0; t < s.tokens; ++t)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t r = (t * s.heads + h) * s.dim;
+      const float* sr = scales.data() + fp8::scale_index(g, t, h, 0, s.heads, s.dim);
+      if (g == Granularity::Channel)
+        fp8_quantize_row(spec.format, x.data.data() + r, s.dim, sr, codes.data() + r);
+      else
+        fp8_quantize_row(spec.format, x.data.data() + r, s.dim, sr[0], codes.data() + r);
+    }
+}
+
+void fp8_quantize_dynamic(const Fp8Spec& spec, Role role, const Tensor3& x,
+                          std::vector<float>& scales, std::vector<uint8_t>& codes, int layer) {
+  if (spec.source != ScaleSource::Dynamic || spec.gran != Granularity::Token) {
+    scales = fp8_compute_scales(spec, role, x, layer);
+    fp8_quantize(spec, scales, x, codes);
+    return;
+  }
+  const Shape3 s = x.shape;
+  scales.resize(static_cast<size_t>(s.tokens * s.heads));
+  codes.resize(x.data.size());
+  for (int64_t r = 0; r < s.tokens * s.heads; ++r) {
+    const float* xr = x.data.data() + r * s.dim;
+    float a = 0.0f;
+    if (amax_row(xr, s.dim, a)) {  // a NaN: its payload is the reference's business
+      scales = fp8::compute_scales(spec, role, x, layer);
+      fp8_quantize(spec, scales, x, codes);
+      return;
+    }
+    scales[static_cast<size_t>(r)] = fp8::scale_from_amax(a, spec.format);
+    fp8_quantize_row(spec.format, xr, s.dim, scales[static_cast<size_t>(r)],
+                     codes.data() + r * s.dim);
+  }
+}
+
+}  // namespace kvq::cpu

@@ -1,0 +1,221 @@
+// Tests for kernels/cpu/attention.h: backend cpu's decode attention against the reference
+// (reference_cpu/attention.h decode_attention over the same stored bytes, read through
+// SideStore::stored()). Every cache kind, GQA 1/3/4/8, head_dim 64/72/128 and a ragged 20 (the
+// portable path), contexts that are not multiples of the block, the group or the residual window,
+// one-token caches, 1 and 3 threads.
+//
+// Tolerance (exact mode): both sides are float arithmetic over the same values in a different
+// order (and backend cpu's exp is a polynomial, ~2 ulp). Outputs are convex combinations of V
+// rows, so the error is measured against max |V| (as tests/reference_cpu/attention_test.cpp
+// does): kExactTol. A score error e changes a weight by a factor e^e, so the bound scales with
+// the score magnitudes; these inputs (keys with x12 outlier channels) reach |s| ~ 30.
+#include "kernels/cpu/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "experiments/synthetic.h"
+#include "kernels/cpu/isa.h"
+#include "kivi/layout.h"
+#include "reference_cpu/attention.h"
+
+namespace kvq::cpu {
+namespace {
+
+constexpr double kExactTol = 2e-5;
+
+std::vector<float> random_q(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(n));
+  for (float& x : q) x = nd(rng);
+  return q;
+}
+
+struct Case {
+  std::string spec;
+  int64_t tokens, heads, dim;
+  int gqa;
+  int threads;
+  bool fast;  // whether the SIMD path must take it (on an AVX2 build)
+};
+
+std::string name_of(const ::testing::TestParamInfo<Case>& i) {
+  const Case& c = i.param;
+  std::string s = c.spec;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s + "_T" + std::to_string(c.tokens) + "_H" + std::to_string(c.heads) + "_D" +
+         std::to_string(c.dim) + "_gqa" + std::to_string(c.gqa) + "_thr" +
+         std::to_string(c.threads);
+}
+
+struct Result {
+  double max_err = 0, max_v = 0, out_norm = 0;
+};
+
+Result run(const Case& c, IntMode mode) {
+  const SchemeSpec spec = parse_spec(c.spec);
+  const Tensor3 kx = synthetic_kv({{c.tokens, c.heads, c.dim}, 2, 12.0f, 1});
+  const Tensor3 vx = synthetic_kv({{c.tokens, c.heads, c.dim}, 0, 1.0f, 2});
+  const auto k = make_side(spec, Role::Key, kx), v = make_side(spec, Role::Value, vx);
+  const int64_t qh = c.heads * c.gqa;
+  const auto q = random_q(qh * c.dim, 3);
+  std::vector<float> want(static_cast<size_t>(qh * c.dim)), got(want.size() + 1, 7.0f);
+  decode_attention(q.data(), qh, *k, *v, want.data());
+  cpu::decode_attention(q.data(), qh, k->stored(), v->stored(), got.data(), {c.threads, mode});
+  EXPECT_EQ(got.back(), 7.0f) << "wrote past the output";
+  EXPECT_EQ(has_fast_path(k->stored(), v->stored(), qh), c.fast && kAvx2) << c.spec;
+  Result r;
+  for (float x : v->dequantize().data)
+    r.max_v = std::max(r.max_v, std::fabs(static_cast<double>(x)));
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(got[i])) << i;
+    r.max_err = std::max(r.max_err, std::fabs(static_cast<double>(got[i]) - want[i]));
+    r.out_norm += static_cast<double>(got[i]) * got[i];
+  }
+  return r;
+}
+
+class cpuDecodeAttention : public ::testing::TestWithParam<Case> {};
+
+TEST_P(cpuDecodeAttention, exactMode_withinTolOfReference) {
+  const Result r = run(GetParam(), IntMode::Exact);
+  EXPECT_GT(r.out_norm, 0.0);
+  RecordProperty("err_over_max_v", std::to_string(r.max_err / r.max_v));
+  EXPECT_LE(r.max_err, kExactTol * r.max_v) << "max err " << r.max_err << " max |V| " << r.max_v;
+}
+
+std::vector<Case> grid() {
+  std::vector<Case> v;
+  const char* fast_specs[] = {"fp32",
+                              "bf16",
+                              "fp16",
+                              "fp8_e4m3:gran=token",
+                              "fp8_e4m3:gran=tensor",
+                              "fp8_e5m2:gran=channel",
+                              "fp8_e4m3fnuz:gran=head",
+                              "kivi2",
+                              "kivi4",
+                              "int8:k=channel,v=token,g=32,r=64",
+                              "kivi2:g=64,r=128,sym",
+                              "int3:k=channel,v=token,g=32,r=32"};
+  for (const char* s : fast_specs) {
+    const bool fast = std::string(s).rfind("int3", 0) != 0;  // 3-bit values: portable
+    v.push_back({s, 1000, 2, 128, 4, 1, fast});
+    v.push_back({s, 300, 3, 72, 3, 3, fast});
+    v.push_back({s, 1, 2, 64, 8, 1, fast});
+    v.push_back({s, 161, 1, 64, 1, 2, fast});
+  }
+  for (int gqa : {1, 3, 4, 8}) v.push_back({"kivi2", 555, 2, 128, gqa, 1, true});
+  v.push_back({"kivi4", 1100, 2, 64, 4, 3, true});
+  v.push_back({"bf16", 20, 2, 20, 4, 1, false});                               // ragged head_dim
+  v.push_back({"kivi2:g=8,r=16", 45, 2, 20, 2, 1, false});                     // ragged head_dim
+  v.push_back({"int4:k=token,v=channel,g=32,r=32", 300, 2, 64, 4, 1, false});  // mirror axes
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttention, ::testing::ValuesIn(grid()), name_of);
+
+// Int8 mode (kivi keys of 2 and 4 bits, head_dim a multiple of 32): the definition, computed
+// here in double from the stored bytes: for each key group g, kv head h and query head j,
+//   qs_d = float(q_jd * scale_gd), amax = max_d |qs_d|, q8_d = rne(float(qs_d * float(127 /
+//   amax))), s_t = (sum_d q8_d * code_td) * amax / 127 + sum_d q_jd * min_gd        (quantized
+//   tokens) s_t = <q_j, k_t>                                                       (residual
+//   window)
+// then softmax(s / sqrt(D)) V in double. Backend cpu must equal it within kExactTol * max |V|
+// (the integer sums are exact; the rest is float arithmetic in another order). Its distance to
+// the exact reference is recorded (err_vs_exact_over_max_v) and reported in docs/benchmarks.md;
+// a worst-case bound on that distance, (e^(2 eps) - 1) max |V| with eps = 0.5 (amax / 127)
+// sum_d code_td / sqrt(D), is far too loose to test against keys with outlier channels.
+class cpuDecodeAttentionInt8 : public ::testing::TestWithParam<Case> {};
+
+TEST_P(cpuDecodeAttentionInt8, int8Mode_equalsItsDefinition) {
+  const Case c = GetParam();
+  const SchemeSpec spec = parse_spec(c.spec);
+  const Tensor3 kx = synthetic_kv({{c.tokens, c.heads, c.dim}, 2, 12.0f, 1});
+  const Tensor3 vx = synthetic_kv({{c.tokens, c.heads, c.dim}, 0, 1.0f, 2});
+  const auto k = make_side(spec, Role::Key, kx), v = make_side(spec, Role::Value, vx);
+  const StoredSide ks = k->stored();
+  const Tensor3 vv = v->dequantize();
+  const int64_t qh = c.heads * c.gqa, D = c.dim, T = c.tokens, H = c.heads;
+  const auto q = random_q(qh * D, 3);
+  const kivi::ChannelLayout L{H, D, ks.group, ks.bits};
+  std::vector<double> want(static_cast<size_t>(qh * D), 0.0);
+  for (int64_t j = 0; j < qh; ++j) {
+    const int64_t h = j / c.gqa;
+    const float* qj = q.data() + j * D;
+    std::vector<double> sc(static_cast<size_t>(T));
+    for (int64_t g = 0; g < ks.quantized_tokens / ks.group; ++g) {
+      std::vector<float> qs(static_cast<size_t>(D));
+      float amax = 0;
+      double base = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t pi = L.param_index(g, h, d);
+        const float scale = half_bits_to_float(ks.scales[pi]);
+        const float mn = ks.sym ? -static_cast<float>(1 << (ks.bits - 1)) * scale
+                                : half_bits_to_float(ks.mins[pi]);
+        qs[static_cast<size_t>(d)] = qj[d] * scale;
+        amax = std::max(amax, std::fabs(qs[static_cast<size_t>(d)]));
+        base += static_cast<double>(qj[d]) * mn;
+      }
+      const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+      for (int64_t t = g * ks.group; t < (g + 1) * ks.group; ++t) {
+        int64_t acc = 0;
+        for (int64_t d = 0; d < D; ++d)
+          acc += static_cast<int64_t>(std::nearbyint(qs[static_cast<size_t>(d)] * inv)) *
+                 L.code(ks.words, t, h, d);
+        sc[static_cast<size_t>(t)] = static_cast<double>(acc) * (amax / 127.0f) + base;
+      }
+    }
+    for (int64_t t = ks.quantized_tokens; t < T; ++t) {
+      double a = 0;
+      for (int64_t d = 0; d < D; ++d)
+        a += static_cast<double>(qj[d]) * ks.residual[((t - ks.quantized_tokens) * H + h) * D + d];
+      sc[static_cast<size_t>(t)] = a;
+    }
+    double mx = -INFINITY, z = 0;
+    for (double& x : sc) mx = std::max(mx, x /= std::sqrt(static_cast<double>(D)));
+    for (double& x : sc) z += x = std::exp(x - mx);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t d = 0; d < D; ++d)
+        want[static_cast<size_t>(j * D + d)] += sc[static_cast<size_t>(t)] / z * vv.at(t, h, d);
+  }
+  std::vector<float> got(want.size()), exact(want.size());
+  cpu::decode_attention(q.data(), qh, ks, v->stored(), got.data(), {c.threads, IntMode::Int8});
+  decode_attention(q.data(), qh, *k, *v, exact.data());
+  double max_v = 0, err = 0, err_exact = 0;
+  for (float x : vv.data) max_v = std::max(max_v, std::fabs(static_cast<double>(x)));
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::fabs(got[i] - want[i]));
+    err_exact = std::max(err_exact, std::fabs(static_cast<double>(got[i]) - exact[i]));
+  }
+  RecordProperty("err_vs_exact_over_max_v", std::to_string(err_exact / max_v));
+  EXPECT_GT(err_exact, 0.0);  // the int8 path really ran
+  EXPECT_LE(err, kExactTol * max_v) << "vs exact reference: " << err_exact / max_v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionInt8,
+                         ::testing::Values(Case{"kivi2", 1000, 2, 128, 4, 1, true},
+                                           Case{"kivi4", 1000, 2, 128, 4, 3, true},
+                                           Case{"kivi2", 555, 3, 64, 8, 1, true},
+                                           Case{"kivi4:g=64,r=64,sym", 300, 2, 128, 3, 2, true},
+                                           Case{"kivi2", 700, 1, 256, 2, 2, true}),
+                         name_of);
+
+TEST(cpuDecodeAttentionErrors, mismatchedSidesAndBadGqa_throw) {
+  const auto k = make_side(parse_spec("bf16"), Role::Key, synthetic_kv({{8, 2, 64}, 0, 1.0f, 1}));
+  const auto v = make_side(parse_spec("bf16"), Role::Value, synthetic_kv({{9, 2, 64}, 0, 1.0f, 1}));
+  std::vector<float> q(4 * 64), o(4 * 64);
+  EXPECT_THROW(cpu::decode_attention(q.data(), 4, k->stored(), v->stored(), o.data()), Error);
+  EXPECT_THROW(cpu::decode_attention(q.data(), 3, k->stored(), k->stored(), o.data()), Error);
+}
+
+}  // namespace
+}  // namespace kvq::cpu
