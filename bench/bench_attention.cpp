@@ -108,9 +108,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
-      if (r.error_occurred) continue;
-      const bool median = r.run_type == Run::RT_Aggregate && r.aggregate_name == "median";
-      if (!(median || (r.run_type == Run::RT_Iteration && r.repetitions <= 1))) continue;
+      if (!bench::is_summary(r)) continue;
       const std::string n =
           r.run_name.function_name + (r.run_name.args.empty() ? "" : "/" + r.run_name.args);
       std::string key = r.run_name.function_name;

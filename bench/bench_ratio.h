@@ -31,14 +31,21 @@ inline std::string take_flag(int& argc, char** argv, const std::string& name,
   return value;
 }
 
+/// \brief The run that stands for a case: its median when repeated, the run itself otherwise
+/// (errors excluded).
+inline bool is_summary(const benchmark::BenchmarkReporter::Run& r) {
+  using Run = benchmark::BenchmarkReporter::Run;
+  if (r.error_occurred) return false;
+  const bool median = r.run_type == Run::RT_Aggregate && r.aggregate_name == "median";
+  return median || (r.run_type == Run::RT_Iteration && r.repetitions <= 1);
+}
+
 class RatioTable : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
-      if (r.error_occurred) continue;
-      const bool median = r.run_type == Run::RT_Aggregate && r.aggregate_name == "median";
-      if (!(median || (r.run_type == Run::RT_Iteration && r.repetitions <= 1))) continue;
+      if (!is_summary(r)) continue;
       const std::string name = r.run_name.function_name;
       if (!r.counters.count("bytes_per_second")) continue;
       bw_[name] = r.counters.at("bytes_per_second");

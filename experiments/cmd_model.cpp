@@ -60,8 +60,7 @@ CacheOptions cache_options(const std::string& spec, bool pre_rope, bool hadamard
   CacheOptions o;
   o.spec = parse_spec(spec);
   o.pre_rope = pre_rope;
-  o.hadamard = hadamard;
-  KVQ_CHECK(!(pre_rope && hadamard), "--hadamard and --pre-rope cannot be combined (the rotation acts on post-RoPE keys)");
+  o.hadamard = hadamard;  // the forward pass rejects it with --pre-rope
   return o;
 }
 

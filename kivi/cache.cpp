@@ -9,24 +9,6 @@
 namespace kvq::kivi {
 namespace {
 
-// Runs f.template operator()<B, S>() for the runtime bits and sym: the one list of supported bit
-// widths turned into template parameters (the constructor has already rejected the others).
-template <typename F>
-void dispatch_bits(int bits, bool sym, F&& f) {
-  switch (bits) {
-    case 2:
-      return sym ? f.template operator()<2, true>() : f.template operator()<2, false>();
-    case 3:
-      return sym ? f.template operator()<3, true>() : f.template operator()<3, false>();
-    case 4:
-      return sym ? f.template operator()<4, true>() : f.template operator()<4, false>();
-    case 8:
-      return sym ? f.template operator()<8, true>() : f.template operator()<8, false>();
-    default:
-      fail("kivi: {} bits not supported (allowed: 2, 3, 4, 8)", bits);
-  }
-}
-
 // The stored code of a value whose clamped quotient is q, in a group with zero point z and scale
 // s: exactly encode() of kivi/minmax.h, as branch-free arithmetic plus the rare tie fix-up.
 template <int B, bool S>

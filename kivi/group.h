@@ -3,6 +3,7 @@
 // quantize a group through this routine or, batched, through the same minmax.h functions.
 #pragma once
 
+#include "core/error.h"
 #include "core/hostdev.h"
 #include "kivi/minmax.h"
 #include "kivi/pack.h"
@@ -36,5 +37,25 @@ KVQ_HD void dequantize_group(const uint32_t* words, int n, int bits, bool sym, u
   for (int i = 0; i < n; ++i)
     out[i * stride] = decode(unpack_one(words, i, bits), scale, min, bits, sym);
 }
+
+#if !defined(__CUDACC__)
+/// \brief Runs f.template operator()<B, S>() for the runtime bits and sym: the one list of
+/// supported bit widths turned into template parameters (host code; others throw).
+template <typename F>
+void dispatch_bits(int bits, bool sym, F&& f) {
+  switch (bits) {
+    case 2:
+      return sym ? f.template operator()<2, true>() : f.template operator()<2, false>();
+    case 3:
+      return sym ? f.template operator()<3, true>() : f.template operator()<3, false>();
+    case 4:
+      return sym ? f.template operator()<4, true>() : f.template operator()<4, false>();
+    case 8:
+      return sym ? f.template operator()<8, true>() : f.template operator()<8, false>();
+    default:
+      fail("kivi: {} bits not supported (allowed: 2, 3, 4, 8)", bits);
+  }
+}
+#endif
 
 }  // namespace kvq::kivi

@@ -129,7 +129,6 @@ class Fp8Side final : public SideStore {
       scales_ = fp8::compute_scales(f, role, Tensor3({0, H, D}), layer);
       frozen_ = true;
     }
-    first_ = f.first;
   }
   void append(const float* x, int64_t n) override {
     if (n == 0) return;
@@ -149,14 +148,12 @@ class Fp8Side final : public SideStore {
       // the scales come from exactly those tokens, whatever the chunking (spec.h).
       pending_.insert(pending_.end(), x, x + n * H_ * D_);
       const int64_t held = static_cast<int64_t>(pending_.size()) / (H_ * D_);
-      if (held < first_) return;
-      Tensor3 head({first_, H_, D_});
-      std::copy(pending_.begin(), pending_.begin() + first_ * H_ * D_, head.data.begin());
-      scales_ = fp8::compute_scales(spec_.fp8, role_, head);
-      frozen_ = true;
+      if (held < spec_.fp8.first) return;
       chunk = Tensor3({held, H_, D_});
       chunk.data = std::move(pending_);
       pending_.clear();
+      scales_ = fp8::prefill_scales(spec_.fp8, role_, chunk);  // from the first `first` tokens
+      frozen_ = true;
     }
     std::vector<uint8_t> c;
     fp8::quantize(spec_.fp8, scales_, chunk, c);
@@ -168,7 +165,7 @@ class Fp8Side final : public SideStore {
   int64_t heads() const override { return H_; }
   int64_t dim() const override { return D_; }
   int64_t quantized_tokens_at(int64_t t) const override {
-    return frozen_rule() && t < first_ ? 0 : t;
+    return frozen_rule() && t < spec_.fp8.first ? 0 : t;
   }
 
   // One row of codes as floats: a 256-entry table filled from fp8::decode (the one definition);
@@ -275,7 +272,6 @@ class Fp8Side final : public SideStore {
   int64_t H_, D_;
   Granularity gran_;
   bool frozen_ = false;
-  int64_t first_ = 0;
   std::vector<float> pending_;  // exact tokens held until the first-N scales are known
   std::array<float, 256> lut_{};
   std::vector<float> scales_;

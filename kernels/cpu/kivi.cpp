@@ -11,24 +11,8 @@ namespace kvq::cpu {
 namespace {
 
 using kivi::codes_per_word;
+using kivi::dispatch_bits;
 using kivi::words_for;
-
-// The one list of supported bit widths, turned into template parameters.
-template <typename F>
-void dispatch_bits(int bits, bool sym, F&& f) {
-  switch (bits) {
-    case 2:
-      return sym ? f.template operator()<2, true>() : f.template operator()<2, false>();
-    case 3:
-      return sym ? f.template operator()<3, true>() : f.template operator()<3, false>();
-    case 4:
-      return sym ? f.template operator()<4, true>() : f.template operator()<4, false>();
-    case 8:
-      return sym ? f.template operator()<8, true>() : f.template operator()<8, false>();
-    default:
-      fail("kivi: {} bits not supported (allowed: 2, 3, 4, 8)", bits);
-  }
-}
 
 // The reference for one group (what every fast path must equal, and what it falls back to).
 // Group c's parameters go to scales[c] and (asym) mins[c]; mins is null for sym.

@@ -16,6 +16,7 @@
 #include "experiments/synthetic.h"
 #include "fp8/scale.h"
 #include "reference_cpu/quantize.h"
+#include "tests/support/random.h"
 
 namespace kvq {
 namespace {
@@ -50,13 +51,7 @@ std::vector<double> naive_attention(const std::vector<float>& q, int64_t q_heads
   return out;
 }
 
-std::vector<float> random_q(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> q(static_cast<size_t>(n));
-  for (float& x : q) x = nd(rng);
-  return q;
-}
+using kvq::testing::random_q;
 
 double max_abs(const std::vector<float>& x) {
   double m = 0;

@@ -24,19 +24,14 @@
 #include "kernels/cpu/isa.h"
 #include "kivi/layout.h"
 #include "reference_cpu/attention.h"
+#include "tests/support/random.h"
 
 namespace kvq::cpu {
 namespace {
 
 constexpr double kExactTol = 2e-5;
 
-std::vector<float> random_q(int64_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> q(static_cast<size_t>(n));
-  for (float& x : q) x = nd(rng);
-  return q;
-}
+using kvq::testing::random_q;
 
 struct Case {
   std::string spec;
