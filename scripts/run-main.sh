@@ -19,4 +19,12 @@ echo; echo "== kvq compare --role key =="
 echo; echo "== kvq run experiments/configs/default.toml =="
 "$KVQ" run experiments/configs/default.toml
 echo; .venv/bin/python experiments/plots/plot_results.py results/default
-column -s, -t < results/default/model.csv | cut -c1-220
+.venv/bin/python - results/default/model.csv <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+print(f"{'scheme':<40} {'bits':>6} {'B/token':>8} {'ppl':>8} {'d ppl':>8} {'KLD':>9} {'top-1':>7}")
+for r in rows:
+    print(f"{r['scheme']:<40} {float(r['bits']):6.2f} {float(r['bytes_per_token']):8.0f} "
+          f"{float(r['ppl']):8.4f} {float(r['delta_ppl']):+8.4f} {float(r['kld']):9.5f} "
+          f"{100 * float(r['top1']):6.2f}%")
+PY
