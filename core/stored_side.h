@@ -2,7 +2,9 @@
 // what every backend's attention reads. The owner (reference_cpu's SideStore, or a device cache)
 // keeps the bytes; a view is valid until its next append.
 //
-//   fp32 / bf16 / fp16  `f32` or `half16` (bf16 / fp16 bits), [tokens, heads, dim]
+//   fp32 / bf16 / fp16  `f32` or `half16` (bf16 / fp16 bits), [tokens, heads, dim]; a view for
+//                       one causal position may read tokens from `quantized_tokens` on from an
+//                       exact `residual` instead (null: every token from the side)
 //   fp8                 `codes` [tokens, heads, dim] and float32 `fp8_scales` laid out as
 //                       fp8/scale.h says for `gran` (a constant scale is gran = tensor)
 //   int / KIVI          kivi/layout.h: `words`, fp16 `scales` / `mins` (null for sym) of the
@@ -37,6 +39,13 @@ struct StoredSide {
   int bits = 0;
   Axis axis = Axis::Channel;
   bool sym = false;
+};
+
+/// \brief Exact (unquantized) values of the most recent tokens [begin, end) of one side,
+/// [end - begin, heads, dim] C order: what causal attention reads above a position's window.
+struct ExactTail {
+  const float* data = nullptr;
+  int64_t begin = 0;
 };
 
 }  // namespace kvq

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "kernels/cpu/attention.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/matmul.h"
 
@@ -79,6 +80,14 @@ void rotate_blocks(float* x, int64_t count, int64_t block) {
 }
 
 }  // namespace
+
+const char* to_string(AttentionBackend b) { return b == AttentionBackend::kRef ? "ref" : "cpu"; }
+
+AttentionBackend parse_backend(const std::string& s) {
+  if (s == "ref") return AttentionBackend::kRef;
+  if (s == "cpu") return AttentionBackend::kCpu;
+  fail("unknown backend '{}' (choices: ref, the scalar reference; cpu, the SIMD kernels)", s);
+}
 
 void hadamard_transform(float* x, int64_t n) {
   for (int64_t h = 1; h < n; h *= 2)
@@ -242,7 +251,10 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
   std::unique_ptr<SideStore> view;  // pre-RoPE keys rotated to their positions
   int64_t kbeg = 0, vbeg = 0;
   std::exception_ptr err;
-  std::atomic<int64_t> next_item{0};
+  std::atomic<int64_t> next_item{0}, next_merge{0};
+  const bool fast = backend_ == AttentionBackend::kCpu;
+  std::vector<int64_t> kq(static_cast<size_t>(n)), vq(static_cast<size_t>(n));
+  std::unique_ptr<cpu::CausalAttention> call;  // backend cpu: this layer's attention
   const std::lock_guard<std::mutex> lock(team_->mutex);
   if (!team_->team || team_->team->size() != nt) team_->team = std::make_unique<ThreadTeam>(nt);
   ThreadTeam& team = *team_->team;
@@ -267,6 +279,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
     const auto [r0, r1] = ThreadTeam::split(n, me, nt);
     const auto [e0, e1] = ThreadTeam::split(n * c.ffn, me, nt);
     std::vector<float> scratch;
+    cpu::CausalAttention::Workspace workspace;
     for (int l = 0; l < c.layers; ++l) {
       const Block& b = blocks_[static_cast<size_t>(l)];
       auto& side = cache.layers()[static_cast<size_t>(l)];
@@ -307,15 +320,43 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
           rope(kr.data.data(), kr.shape.tokens, H, 0);
           view = make_view(*side.k, std::move(kr));
         }
-        causal_attention_check(n, c.heads, pos0, view ? *view : *side.k, *side.v,
-                               {ktail.data(), kbeg}, {vtail.data(), vbeg});
+        const SideStore& keys = view ? *view : *side.k;
+        causal_attention_check(n, c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
+                               {vtail.data(), vbeg});
+        if (fast) {
+          for (int64_t i = 0; i < n; ++i) {
+            kq[static_cast<size_t>(i)] = keys.quantized_tokens_at(pos0 + i + 1);
+            vq[static_cast<size_t>(i)] = side.v->quantized_tokens_at(pos0 + i + 1);
+          }
+          cpu::CausalInput in;
+          in.q = q.data();
+          in.n = n;
+          in.q_heads = c.heads;
+          in.t_begin = pos0;
+          in.k = keys.stored();
+          in.v = side.v->stored();
+          in.k_exact = {ktail.data(), kbeg};
+          in.v_exact = {vtail.data(), vbeg};
+          in.k_quantized = kq;
+          in.v_quantized = vq;
+          call = std::make_unique<cpu::CausalAttention>(in, nt);
+        }
         next_item.store(0);
+        next_merge.store(0);
       });
       if (!ok) break;
-      const SideStore& keys = view ? *view : *side.k;
-      for (int64_t it; (it = next_item.fetch_add(1)) < n * H;)
-        causal_attention_item(q.data(), c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
-                              {vtail.data(), vbeg}, attn.data(), it, scratch);
+      if (fast) {
+        for (int64_t it; (it = next_item.fetch_add(1)) < call->items();)
+          call->run(it, attn.data(), workspace);
+        team.barrier();
+        for (int64_t it; (it = next_merge.fetch_add(1)) < call->merges();)
+          call->merge(it, attn.data());
+      } else {
+        const SideStore& keys = view ? *view : *side.k;
+        for (int64_t it; (it = next_item.fetch_add(1)) < n * H;)
+          causal_attention_item(q.data(), c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
+                                {vtail.data(), vbeg}, attn.data(), it, scratch);
+      }
       team.barrier();
       if (rot) {  // back from the rotated value space, each member its rows
         rotate_blocks(attn.data() + r0 * c.hidden, (r1 - r0) * c.hidden, rot_v);

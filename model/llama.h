@@ -69,6 +69,15 @@ class LlamaCache {
 using KvObserver = std::function<void(int layer, int64_t pos0, int64_t n, const float* k_pre,
                                       const float* k_post, const float* v)>;
 
+/// \brief Which backend computes attention over the cache (both read the same stored bytes).
+enum class AttentionBackend {
+  kRef,  ///< reference_cpu/attention.h: the scalar definition
+  kCpu,  ///< kernels/cpu/attention.h: SIMD kernels, threads over positions and context segments
+};
+/// \brief "ref" / "cpu"; parse_backend throws kvq::Error naming the choices.
+const char* to_string(AttentionBackend b);
+AttentionBackend parse_backend(const std::string& s);
+
 /// \brief How the weights are held in memory.
 enum class WeightStore {
   kPacked,  ///< the file's blocks in column panels, decoded in registers (the default)
@@ -92,6 +101,11 @@ class LlamaModel {
   /// keeps no reference to the file.
   static LlamaModel load(const gguf::GgufFile& f, WeightStore store = WeightStore::kPacked);
   const LlamaConfig& config() const { return cfg_; }
+  /// \brief The attention backend of every later forward pass (default kCpu). Within one
+  /// backend, chunked prefill and token-by-token decode give bit-identical logits; between the
+  /// two, attention outputs differ by float rounding (tests/model/llama_test.cpp bounds the KLD).
+  void set_backend(AttentionBackend b) { backend_ = b; }
+  AttentionBackend backend() const { return backend_; }
   /// \brief Bytes of weights held in memory.
   size_t weight_bytes() const;
   /// \brief "Q4_1 (panels) x 210, Q8_0 (panels) x 1"-style summary of the weight formats.
@@ -119,6 +133,7 @@ class LlamaModel {
 
   LlamaConfig cfg_;
   WeightStore store_ = WeightStore::kPacked;
+  AttentionBackend backend_ = AttentionBackend::kCpu;
   Linear head_;   ///< output head [vocab][hidden]: output.weight, or the token embeddings
   Linear embed_;  ///< token embeddings when the file has its own output.weight (else head_)
   bool tied_ = true;

@@ -17,13 +17,6 @@ namespace kvq {
 void decode_attention(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,
                       float* out, int threads = 1, int64_t t_end = -1);
 
-/// \brief Exact (unquantized) values of the most recent tokens [begin, end) of one side,
-/// [end - begin, heads, dim] C order.
-struct ExactTail {
-  const float* data = nullptr;
-  int64_t begin = 0;
-};
-
 /// \brief Causal attention for n new positions t_begin .. t_begin + n - 1 over a cache that now
 /// holds t_begin + n tokens. Position i attends to tokens 0..i exactly as a cache holding i + 1
 /// tokens stores them: tokens below quantized_tokens_at(i + 1) from the codes, the rest exact from

@@ -15,9 +15,6 @@
 #include "kivi/minmax.h"
 
 namespace kvq::cpu {
-namespace {
-
-constexpr int64_t kBlock = 256;  // tokens per block (rounded to a multiple of a key group)
 
 /// One thread's partial result: running max m, sum l and unnormalized output, per query head.
 struct Partial {
@@ -28,6 +25,13 @@ struct Partial {
     o.assign(static_cast<size_t>(q_heads * D), 0.0f);
   }
 };
+
+namespace {
+
+constexpr int64_t kBlock = 256;  // tokens per block (rounded to a multiple of a key group)
+// Tokens per segment = blocks * this: the unit of the split across threads and of the fold, the
+// same for every position and thread count (so results depend on neither).
+constexpr int64_t kBlocksPerSegment = 2;
 
 struct Call {
   const float* q;
@@ -40,10 +44,29 @@ struct Call {
   int64_t block;  // tokens per block
 };
 
+/// Scratch of one thread.
+struct Scratch {
+  std::vector<float> s, qs;
+  std::vector<uint32_t> wt;
+  std::vector<uint8_t> c8;      // int8 mode: one key group's codes, token-major bytes [G, D]
+  std::vector<int8_t> q8;       // int8 mode: the quantized query [NQ, D]
+  std::vector<float> pw, msum;  // int values: weights per channel group, sums of p * min
+  std::vector<float> sct, mnt;  // int values: a sub-block's scales and minima per channel group
+};
+
 /// Per-(token, head) factor of an fp8 side's scale (tensor / head / token; 1 for channel).
 float fp8_token_factor(const StoredSide& s, int64_t t, int64_t h) {
   if (s.gran == Granularity::Channel) return 1.0f;
   return s.fp8_scales[fp8::scale_index(s.gran, t, h, 0, s.heads, s.dim)];
+}
+
+bool is_dense(SchemeKind k) {
+  return k == SchemeKind::Fp32 || k == SchemeKind::Bf16 || k == SchemeKind::Fp16;
+}
+/// A dense side may read its tokens from quantized_tokens on from `residual` (a causal position's
+/// exact tail, kernels/cpu/attention.h); the end of its own rows within [.., t1).
+int64_t dense_end(const StoredSide& s, int64_t t1) {
+  return s.residual ? std::min(t1, s.quantized_tokens) : t1;
 }
 
 // ---- portable path: one dequantized row at a time ----------------------------------------------
@@ -51,6 +74,11 @@ float fp8_token_factor(const StoredSide& s, int64_t t, int64_t h) {
 /// Row (t, h) as the reference reads it back (dequantized codes or exact values).
 void fetch_row(const StoredSide& s, int64_t t, int64_t h, float* out) {
   const int64_t H = s.heads, D = s.dim, r = (t * H + h) * D;
+  if (is_dense(s.kind) && t >= dense_end(s, t + 1)) {
+    const float* x = s.residual + ((t - s.quantized_tokens) * H + h) * D;
+    std::copy(x, x + D, out);
+    return;
+  }
   switch (s.kind) {
     case SchemeKind::Fp32:
       std::copy(s.f32 + r, s.f32 + r + D, out);
@@ -107,9 +135,12 @@ void softmax_step_scalar(float* s, int64_t n, float& m, float& l, float* o, int6
   m = mn;
 }
 
-void portable_range(const Call& c, int64_t a, int64_t b, Partial& P) {
+void portable_range(const Call& c, int64_t a, int64_t b, Partial& P, Scratch& w) {
   const int64_t D = c.D;
-  std::vector<float> row(static_cast<size_t>(D)), s(static_cast<size_t>(c.nq * c.block));
+  std::vector<float>& row = w.qs;
+  std::vector<float>& s = w.s;
+  if (row.size() < static_cast<size_t>(D)) row.resize(static_cast<size_t>(D));
+  if (s.size() < static_cast<size_t>(c.nq * c.block)) s.resize(static_cast<size_t>(c.nq * c.block));
   for (int64_t t0 = a; t0 < b; t0 += c.block) {
     const int64_t t1 = std::min(b, t0 + c.block), n = t1 - t0;
     for (int64_t h = 0; h < c.H; ++h) {
@@ -635,29 +666,32 @@ void with_fp8_rows(const StoredSide& s, const uint8_t* base, int64_t stride, F&&
   }
 }
 
-/// Scratch of one thread.
-struct Scratch {
-  std::vector<float> s, qs;
-  std::vector<uint32_t> wt;
-  std::vector<uint8_t> c8;      // int8 mode: one key group's codes, token-major bytes [G, D]
-  std::vector<int8_t> q8;       // int8 mode: the quantized query [NQ, D]
-  std::vector<float> pw, msum;  // int values: weights per channel group, sums of p * min
-  std::vector<float> sct, mnt;  // int values: a sub-block's scales and minima per channel group
-};
-
 /// Scores of kv head h over tokens [t0, t1) into s[i * lds + (t - t0)] (unscaled).
 template <int NQ>
 void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t lds, Scratch& w) {
   const StoredSide& k = c.k;
   const int64_t H = c.H, D = c.D, n = t1 - t0, row = H * D;
   const float* q = c.q + h * NQ * D;
+  if (is_dense(k.kind)) {  // tokens below dense_end from the side, the rest from its residual
+    const int64_t te = dense_end(k, t1);
+    if (t0 < te) {
+      if (k.kind == SchemeKind::Fp32)
+        dot<NQ>(q, D, te - t0, F32Rows{k.f32 + t0 * row + h * D, row}, s, lds);
+      else if (k.kind == SchemeKind::Bf16)
+        dot<NQ>(q, D, te - t0, Bf16Rows{k.half16 + t0 * row + h * D, row}, s, lds);
+      else
+        dot<NQ>(q, D, te - t0, Fp16Rows{k.half16 + t0 * row + h * D, row}, s, lds);
+    }
+    const int64_t r0 = std::max(t0, te);
+    if (r0 < t1)
+      dot<NQ>(q, D, t1 - r0, F32Rows{k.residual + (r0 - k.quantized_tokens) * row + h * D, row},
+              s + (r0 - t0), lds);
+    return;
+  }
   switch (k.kind) {
     case SchemeKind::Fp32:
-      return dot<NQ>(q, D, n, F32Rows{k.f32 + t0 * row + h * D, row}, s, lds);
     case SchemeKind::Bf16:
-      return dot<NQ>(q, D, n, Bf16Rows{k.half16 + t0 * row + h * D, row}, s, lds);
     case SchemeKind::Fp16:
-      return dot<NQ>(q, D, n, Fp16Rows{k.half16 + t0 * row + h * D, row}, s, lds);
     case SchemeKind::Fp8: {
       const float* qq = q;
       if (k.gran == Granularity::Channel) {  // fold the per-channel scales into q
@@ -749,13 +783,26 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
             Scratch& w) {
   const StoredSide& v = c.v;
   const int64_t H = c.H, D = c.D, n = t1 - t0, row = H * D;
+  if (is_dense(v.kind)) {
+    const int64_t te = dense_end(v, t1);
+    if (t0 < te) {
+      if (v.kind == SchemeKind::Fp32)
+        accumulate<NQ>(p, ldp, te - t0, F32Rows{v.f32 + t0 * row + h * D, row}, o, D);
+      else if (v.kind == SchemeKind::Bf16)
+        accumulate<NQ>(p, ldp, te - t0, Bf16Rows{v.half16 + t0 * row + h * D, row}, o, D);
+      else
+        accumulate<NQ>(p, ldp, te - t0, Fp16Rows{v.half16 + t0 * row + h * D, row}, o, D);
+    }
+    const int64_t r0 = std::max(t0, te);
+    if (r0 < t1)
+      accumulate<NQ>(p + (r0 - t0), ldp, t1 - r0,
+                     F32Rows{v.residual + (r0 - v.quantized_tokens) * row + h * D, row}, o, D);
+    return;
+  }
   switch (v.kind) {
     case SchemeKind::Fp32:
-      return accumulate<NQ>(p, ldp, n, F32Rows{v.f32 + t0 * row + h * D, row}, o, D);
     case SchemeKind::Bf16:
-      return accumulate<NQ>(p, ldp, n, Bf16Rows{v.half16 + t0 * row + h * D, row}, o, D);
     case SchemeKind::Fp16:
-      return accumulate<NQ>(p, ldp, n, Fp16Rows{v.half16 + t0 * row + h * D, row}, o, D);
     case SchemeKind::Fp8:
       if (v.gran != Granularity::Channel)  // per-channel scales multiply the final output
         for (int64_t t = t0; t < t1; ++t) {
@@ -796,23 +843,32 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
                    o, D);
 }
 
-template <int NQ>
-void simd_range(const Call& c, int64_t a, int64_t b, Partial& P) {
+/// Sizes one thread's scratch for a call (grows only; contents need no initial values).
+void prepare(Scratch& w, const Call& c) {
   const int64_t D = c.D, lds = c.block + 8;
-  Scratch w;
-  w.s.assign(static_cast<size_t>(NQ * lds), 0.0f);
-  w.qs.assign(static_cast<size_t>(NQ * D), 0.0f);
+  auto grow = [](auto& v, int64_t n) {
+    if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+  };
+  grow(w.s, c.nq * lds);
+  grow(w.qs, c.nq * D);
   if (c.k.kind == SchemeKind::Int) {
-    w.wt.assign(static_cast<size_t>(D * kivi::words_for(c.k.group, c.k.bits)), 0u);
-    w.c8.assign(static_cast<size_t>(D * (c.k.group + 32)), 0);
-    w.q8.assign(static_cast<size_t>(NQ * D), 0);
+    grow(w.wt, D * kivi::words_for(c.k.group, c.k.bits));
+    grow(w.c8, D * (c.k.group + 32));
+    grow(w.q8, c.nq * D);
   }
   if (c.v.kind == SchemeKind::Int) {
-    w.pw.assign(static_cast<size_t>(NQ * kSubRows * (D / c.v.group + 1)), 0.0f);
-    w.msum.assign(static_cast<size_t>(NQ * (D / c.v.group + 1)), 0.0f);
-    w.sct.assign(static_cast<size_t>(kSubRows * (D / c.v.group + 1)), 0.0f);
-    w.mnt.assign(w.sct.size(), 0.0f);
+    const int64_t groups = D / c.v.group + 1;
+    grow(w.pw, c.nq * kSubRows * groups);
+    grow(w.msum, c.nq * groups);
+    grow(w.sct, kSubRows * groups);
+    grow(w.mnt, kSubRows * groups);
   }
+}
+
+template <int NQ>
+void simd_range(const Call& c, int64_t a, int64_t b, Partial& P, Scratch& w) {
+  const int64_t D = c.D, lds = c.block + 8;
+  prepare(w, c);
   for (int64_t t0 = a; t0 < b; t0 += c.block) {
     const int64_t t1 = std::min(b, t0 + c.block), n = t1 - t0;
     for (int64_t h = 0; h < c.H; ++h) {
@@ -827,26 +883,26 @@ void simd_range(const Call& c, int64_t a, int64_t b, Partial& P) {
   }
 }
 
-void simd_dispatch(const Call& c, int64_t a, int64_t b, Partial& P) {
+void simd_dispatch(const Call& c, int64_t a, int64_t b, Partial& P, Scratch& w) {
   switch (c.nq) {
     case 1:
-      return simd_range<1>(c, a, b, P);
+      return simd_range<1>(c, a, b, P, w);
     case 2:
-      return simd_range<2>(c, a, b, P);
+      return simd_range<2>(c, a, b, P, w);
     case 3:
-      return simd_range<3>(c, a, b, P);
+      return simd_range<3>(c, a, b, P, w);
     case 4:
-      return simd_range<4>(c, a, b, P);
+      return simd_range<4>(c, a, b, P, w);
     case 5:
-      return simd_range<5>(c, a, b, P);
+      return simd_range<5>(c, a, b, P, w);
     case 6:
-      return simd_range<6>(c, a, b, P);
+      return simd_range<6>(c, a, b, P, w);
     case 7:
-      return simd_range<7>(c, a, b, P);
+      return simd_range<7>(c, a, b, P, w);
     case 8:
-      return simd_range<8>(c, a, b, P);
+      return simd_range<8>(c, a, b, P, w);
   }
-  fail("cpu decode_attention: GQA group {} outside 1..8", c.nq);
+  fail("cpu attention: GQA group {} outside 1..8", c.nq);
 }
 #endif
 
@@ -865,7 +921,193 @@ void check(const StoredSide& k, const StoredSide& v, int64_t q_heads) {
   KVQ_CHECK(k.tokens > 0, "cpu attention: the cache is empty");
 }
 
+// ---- the engine: fixed token segments folded in order ----------------------------------------
+
+int64_t block_for(const StoredSide& k) {
+  if (k.kind == SchemeKind::Int && k.axis == Axis::Channel)
+    return k.group * std::max<int64_t>(1, kBlock / k.group);  // whole key groups
+  return kBlock;
+}
+
+/// acc <- the merge of acc (the tokens before) and p (the next segment); `first` copies p.
+/// M = max(m_a, m_p), l = e^(m_a - M) l_a + e^(m_p - M) l_p, o likewise.
+void fold(Partial& acc, const Partial& p, bool first, int64_t D) {
+  if (first) {
+    acc.m = p.m;
+    acc.l = p.l;
+    acc.o = p.o;
+    return;
+  }
+  for (size_t j = 0; j < acc.m.size(); ++j) {
+    const float ma = acc.m[j], mp = p.m[j], M = std::max(ma, mp);
+    const float ea = ma == -INFINITY ? 0.0f : std::exp(ma - M);
+    const float ep = mp == -INFINITY ? 0.0f : std::exp(mp - M);
+    acc.l[j] = ea * acc.l[j] + ep * p.l[j];
+    float* o = acc.o.data() + static_cast<int64_t>(j) * D;
+    const float* po = p.o.data() + static_cast<int64_t>(j) * D;
+    for (int64_t d = 0; d < D; ++d) o[d] = ea * o[d] + ep * po[d];
+    acc.m[j] = M;
+  }
+}
+
+/// The sides as position t (0-based) of a causal call sees them: t + 1 tokens, the first `qt` from
+/// the codes, the rest exact from the tail (null tail: the sides as stored).
+StoredSide position_view(const StoredSide& s, int64_t t, int64_t qt, ExactTail tail) {
+  if (!tail.data) return s;
+  StoredSide v = s;
+  v.tokens = t + 1;
+  const int64_t row = s.heads * s.dim;
+  if (s.kind == SchemeKind::Int) {
+    v.quantized_tokens = std::min(qt, t + 1);
+    v.residual = qt <= t ? tail.data + (qt - tail.begin) * row : nullptr;
+    return v;
+  }
+  if (qt > t) return v;
+  if (is_dense(s.kind)) {  // a view with another side's window (pre-RoPE keys read back)
+    v.quantized_tokens = qt;
+    v.residual = tail.data + (qt - tail.begin) * row;
+    return v;
+  }
+  // FP8 holds its tokens exact until its scales freeze (quantized_tokens_at is 0 or t), so a
+  // partly exact fp8 position reads every row from the tail.
+  KVQ_CHECK(qt == 0 && tail.begin == 0,
+            "cpu attention: an fp8 side with {} of {} tokens quantized has no such layout", qt,
+            t + 1);
+  StoredSide f;
+  f.kind = SchemeKind::Fp32;
+  f.tokens = t + 1;
+  f.heads = s.heads;
+  f.dim = s.dim;
+  f.f32 = tail.data;
+  return f;
+}
+
 }  // namespace
+
+struct CausalAttention::Workspace::Impl {
+  Scratch scratch;
+  Partial acc, part;
+};
+CausalAttention::Workspace::Workspace() : impl(std::make_unique<Impl>()) {}
+CausalAttention::Workspace::~Workspace() = default;
+
+struct CausalAttention::Parts {
+  std::vector<Partial> p;
+};
+
+CausalAttention::CausalAttention(const CausalInput& in, int members) : in_(in) {
+  check(in.k, in.v, in.q_heads);
+  KVQ_CHECK(in.n > 0 && in.t_begin >= 0 && in.k.tokens == in.t_begin + in.n,
+            "cpu attention: the cache holds {} tokens, expected {} + {}", in.k.tokens, in.t_begin,
+            in.n);
+  const bool tails = in.k_exact.data != nullptr;
+  KVQ_CHECK(tails == (in.v_exact.data != nullptr),
+            "cpu attention: give exact tails for both sides or for neither");
+  KVQ_CHECK(tails || in.n == 1, "cpu attention: {} positions need exact tails", in.n);
+  if (tails) {
+    KVQ_CHECK(static_cast<int64_t>(in.k_quantized.size()) == in.n &&
+                  static_cast<int64_t>(in.v_quantized.size()) == in.n,
+              "cpu attention: {} positions need {} quantized-token counts per side", in.n, in.n);
+    KVQ_CHECK(in.k_exact.begin <= in.k_quantized[0] && in.v_exact.begin <= in.v_quantized[0],
+              "cpu attention: exact tails start at {} / {}, after the window of position {}",
+              in.k_exact.begin, in.v_exact.begin, in.t_begin);
+  }
+  segment_ = block_for(in.k) * kBlocksPerSegment;
+  if (in.n < members) {  // few positions: one item per (position, segment), folded by merge()
+    first_item_.push_back(0);
+    for (int64_t p = 0; p < in.n; ++p) first_item_.push_back(first_item_.back() + segments(p));
+    parts_ = std::make_unique<Parts>();
+    parts_->p.resize(static_cast<size_t>(first_item_.back()));
+  }
+}
+
+CausalAttention::~CausalAttention() = default;
+
+int64_t CausalAttention::segments(int64_t p) const {
+  return (in_.t_begin + p + 1 + segment_ - 1) / segment_;
+}
+
+int64_t CausalAttention::items() const { return parts_ ? first_item_.back() : in_.n; }
+
+int64_t CausalAttention::merges() const { return parts_ ? in_.n : 0; }
+
+void CausalAttention::segment(int64_t p, int64_t s, Partial& out, Workspace& w) const {
+  const int64_t t = in_.t_begin + p, D = in_.k.dim;
+  const bool tails = in_.k_exact.data != nullptr;
+  const StoredSide k = position_view(in_.k, t, tails ? in_.k_quantized[p] : 0, in_.k_exact);
+  const StoredSide v = position_view(in_.v, t, tails ? in_.v_quantized[p] : 0, in_.v_exact);
+  const Call c{in_.q + p * in_.q_heads * D,
+               in_.q_heads,
+               k.heads,
+               D,
+               static_cast<int>(in_.q_heads / k.heads),
+               1.0f / std::sqrt(static_cast<float>(D)),
+               k,
+               v,
+               in_.int_mode,
+               block_for(k)};
+  const int64_t a = s * segment_, b = std::min(t + 1, a + segment_);
+  out.init(in_.q_heads, D);
+#if KVQ_CPU_AVX2
+  if (has_fast_path(k, v, in_.q_heads)) return simd_dispatch(c, a, b, out, w.impl->scratch);
+#endif
+  portable_range(c, a, b, out, w.impl->scratch);
+}
+
+void CausalAttention::finish(int64_t p, const Partial& acc, float* out) const {
+  const int64_t t = in_.t_begin + p, D = in_.k.dim, nq = in_.q_heads / in_.k.heads;
+  const bool tails = in_.v_exact.data != nullptr;
+  const StoredSide v = position_view(in_.v, t, tails ? in_.v_quantized[p] : 0, in_.v_exact);
+  const StoredSide k = position_view(in_.k, t, tails ? in_.k_quantized[p] : 0, in_.k_exact);
+  // The fast path leaves per-channel fp8 value scales for the end (the portable path applied them).
+  const bool cf_left = v.kind == SchemeKind::Fp8 && v.gran == Granularity::Channel &&
+                       has_fast_path(k, v, in_.q_heads);
+  float* o = out + p * in_.q_heads * D;
+  for (int64_t j = 0; j < in_.q_heads; ++j) {
+    const float inv = 1.0f / acc.l[static_cast<size_t>(j)];
+    const float* cf = cf_left ? v.fp8_scales + (j / nq) * D : nullptr;
+    for (int64_t d = 0; d < D; ++d)
+      o[j * D + d] = acc.o[static_cast<size_t>(j * D + d)] * (inv * (cf ? cf[d] : 1.0f));
+  }
+}
+
+void CausalAttention::run(int64_t item, float* out, Workspace& w) {
+  if (parts_) {  // one segment of one position
+    const auto it = std::upper_bound(first_item_.begin(), first_item_.end(), item) - 1;
+    const int64_t p = it - first_item_.begin();
+    segment(p, item - *it, parts_->p[static_cast<size_t>(item)], w);
+    return;
+  }
+  const int64_t p = in_.n - 1 - item;  // the longest positions first
+  Partial& acc = w.impl->acc;
+  for (int64_t s = 0; s < segments(p); ++s) {
+    segment(p, s, w.impl->part, w);
+    fold(acc, w.impl->part, s == 0, in_.k.dim);
+  }
+  finish(p, acc, out);
+}
+
+void CausalAttention::merge(int64_t p, float* out) const {
+  Partial acc;
+  for (int64_t s = 0; s < segments(p); ++s)
+    fold(acc, parts_->p[static_cast<size_t>(first_item_[static_cast<size_t>(p)] + s)], s == 0,
+         in_.k.dim);
+  finish(p, acc, out);
+}
+
+void causal_attention(const CausalInput& in, float* out, int threads) {
+  const int nt = threads > 0 ? threads : omp_get_max_threads();
+  CausalAttention a(in, nt);
+  const int64_t items = a.items();
+#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, items)))
+  {
+    CausalAttention::Workspace w;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < items; ++i) a.run(i, out, w);
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < a.merges(); ++p) a.merge(p, out);
+  }
+}
 
 bool has_fast_path(const StoredSide& k, const StoredSide& v, int64_t q_heads) {
   const int64_t nq = k.heads > 0 ? q_heads / k.heads : 0;
@@ -875,61 +1117,15 @@ bool has_fast_path(const StoredSide& k, const StoredSide& v, int64_t q_heads) {
 void decode_attention(const float* q, int64_t q_heads, const StoredSide& k, const StoredSide& v,
                       float* out, const DecodeOptions& opt) {
   check(k, v, q_heads);
-  const int64_t H = k.heads, D = k.dim, T = k.tokens;
-  int64_t block = kBlock;
-  if (k.kind == SchemeKind::Int && k.axis == Axis::Channel)
-    block = k.group * std::max<int64_t>(1, kBlock / k.group);  // whole key groups
-  const Call c{q,
-               q_heads,
-               H,
-               D,
-               static_cast<int>(q_heads / H),
-               1.0f / std::sqrt(static_cast<float>(D)),
-               k,
-               v,
-               opt.int_mode,
-               block};
-  const bool fast = has_fast_path(k, v, q_heads);
-  const int64_t blocks = (T + block - 1) / block;
-  const int nt = static_cast<int>(
-      std::min<int64_t>(opt.threads > 0 ? opt.threads : omp_get_max_threads(), blocks));
-  std::vector<Partial> parts(static_cast<size_t>(nt));
-#pragma omp parallel num_threads(nt)
-  {
-    const int me = omp_get_thread_num();
-    const int64_t a = blocks * me / nt * block, b = std::min(T, blocks * (me + 1) / nt * block);
-    Partial& P = parts[static_cast<size_t>(me)];
-    P.init(q_heads, D);
-#if KVQ_CPU_AVX2
-    if (fast)
-      simd_dispatch(c, a, b, P);
-    else
-      portable_range(c, a, b, P);
-#else
-    (void)fast;
-    portable_range(c, a, b, P);
-#endif
-  }
-  // Merge the slices: M = max m_s, o = sum e^(m_s - M) o_s / sum e^(m_s - M) l_s.
-  for (int64_t j = 0; j < q_heads; ++j) {
-    float M = -INFINITY;
-    for (const Partial& P : parts) M = std::max(M, P.m[static_cast<size_t>(j)]);
-    float L = 0;
-    float* o = out + j * D;
-    std::fill(o, o + D, 0.0f);
-    for (const Partial& P : parts) {
-      const float mj = P.m[static_cast<size_t>(j)];
-      if (mj == -INFINITY) continue;
-      const float e = std::exp(mj - M);
-      L += e * P.l[static_cast<size_t>(j)];
-      for (int64_t d = 0; d < D; ++d) o[d] += e * P.o[static_cast<size_t>(j * D + d)];
-    }
-    const float inv = 1.0f / L;
-    const float* cf = v.kind == SchemeKind::Fp8 && v.gran == Granularity::Channel && fast
-                          ? v.fp8_scales + (j / c.nq) * D
-                          : nullptr;
-    for (int64_t d = 0; d < D; ++d) o[d] *= inv * (cf ? cf[d] : 1.0f);
-  }
+  CausalInput in;
+  in.q = q;
+  in.n = 1;
+  in.q_heads = q_heads;
+  in.t_begin = k.tokens - 1;
+  in.k = k;
+  in.v = v;
+  in.int_mode = opt.int_mode;
+  causal_attention(in, out, opt.threads);
 }
 
 }  // namespace kvq::cpu

@@ -2,11 +2,17 @@
 // reference_cpu/attention.h's decode_attention: o = softmax(q K^T / sqrt(D)) V per query head,
 // query head j reading kv head j / (q_heads / kv_heads).
 //
+// Causal attention for n positions (prefill, a chunk, or one decode step) on the same kernels.
+//
 // One pass over the context in token blocks with an online softmax (running max m, sum l and
 // unnormalized output per query head; no T-long score row), token-major so each block of every
-// head is read from contiguous memory, every code unpacked once for the whole GQA group. Threads
-// take contiguous slices of the context and their partials are merged:
-//   M = max m_s,  o = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s.
+// head is read from contiguous memory, every code unpacked once for the whole GQA group. The
+// context is cut into fixed segments (2 blocks, counted from token 0); each segment's partial is
+// folded into the tokens before it, in order:
+//   M = max(m_a, m_s),  l = e^(m_a - M) l_a + e^(m_s - M) l_s,  o likewise.
+// Threads take whole segments (one position) or whole positions (several), so the arithmetic of a
+// position depends on neither the thread count nor the other positions of the call: chunked
+// prefill and token-by-token decode give bit-identical outputs on this backend.
 //
 // Paths (AVX2+FMA+F16C; anything else takes the portable path, same results within tolerance):
 //   fp32 / bf16 / fp16   rows widened in registers, several tokens x query heads of accumulators
@@ -27,6 +33,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
 
 #include "core/stored_side.h"
 
@@ -45,6 +54,57 @@ struct DecodeOptions {
 /// multiple of the kv heads.
 void decode_attention(const float* q, int64_t q_heads, const StoredSide& k, const StoredSide& v,
                       float* out, const DecodeOptions& opt = {});
+
+/// \brief One causal attention call: positions t_begin .. t_begin + n - 1 over sides that hold
+/// t_begin + n tokens. Position t attends to tokens 0..t exactly as a cache holding t + 1 tokens
+/// stores them: the first k_quantized[t - t_begin] keys from the codes, the rest exact from
+/// k_exact (values likewise), which must start at or below the first position's count (the
+/// contract of reference_cpu's causal_attention; SideStore::quantized_tokens_at gives the counts).
+/// Null tails (n = 1 only): the sides as stored, window included.
+struct CausalInput {
+  const float* q = nullptr;  ///< [n, q_heads, dim]
+  int64_t n = 0, q_heads = 0, t_begin = 0;
+  StoredSide k, v;
+  ExactTail k_exact, v_exact;
+  std::span<const int64_t> k_quantized, v_quantized;
+  IntMode int_mode = IntMode::Exact;
+};
+
+struct Partial;
+
+/// \brief A causal call cut into work items for a caller's own thread team: run every item (any
+/// order, any thread, one Workspace per thread), then every merge. out is [n, q_heads, dim].
+class CausalAttention {
+ public:
+  /// Per-thread scratch, reused across items and calls.
+  struct Workspace {
+    Workspace();
+    ~Workspace();
+    struct Impl;
+    std::unique_ptr<Impl> impl;
+  };
+  /// Checks the input (throws kvq::Error naming what is wrong). `members`: threads that will
+  /// run the items (fewer positions than members: one item per position and segment).
+  CausalAttention(const CausalInput& in, int members);
+  ~CausalAttention();
+  int64_t items() const;
+  void run(int64_t item, float* out, Workspace& w);
+  int64_t merges() const;
+  void merge(int64_t position, float* out) const;
+
+ private:
+  struct Parts;
+  int64_t segments(int64_t p) const;
+  void segment(int64_t p, int64_t s, Partial& out, Workspace& w) const;
+  void finish(int64_t p, const Partial& acc, float* out) const;
+  CausalInput in_;
+  int64_t segment_ = 0;
+  std::vector<int64_t> first_item_;
+  std::unique_ptr<Parts> parts_;
+};
+
+/// \brief Runs a causal call on an OpenMP team of `threads` (0: all cores).
+void causal_attention(const CausalInput& in, float* out, int threads = 1);
 
 /// \brief Whether decode_attention takes a SIMD path for this pair of sides (else portable).
 bool has_fast_path(const StoredSide& k, const StoredSide& v, int64_t q_heads);

@@ -38,6 +38,18 @@ inline const RealModel* real_model() {
   return m.get();
 }
 
+/// \brief The real model with attention on `b` (the default model is backend cpu; a second copy
+/// is loaded once for backend ref). Requires real_model() != nullptr.
+inline const LlamaModel& model_with(AttentionBackend b) {
+  if (b == AttentionBackend::kCpu) return real_model()->model;
+  static const LlamaModel ref = [] {
+    LlamaModel m = LlamaModel::load(real_model()->file);
+    m.set_backend(AttentionBackend::kRef);
+    return m;
+  }();
+  return ref;
+}
+
 #define KVQ_REQUIRE_MODEL()                                                            \
   const ::kvq::testing::RealModel* M = ::kvq::testing::real_model();                   \
   if (!M)                                                                              \

@@ -1,0 +1,200 @@
+// Tests for kernels/cpu/attention.h's causal calls: backend cpu's causal attention (prefill, a
+// chunk after earlier ones, one decode step) against reference_cpu's causal_attention over the
+// same cache, and the streaming property the model relies on: a cache fed in chunks and the same
+// cache fed token by token give bit-identical outputs for every position on this backend, for any
+// thread count.
+//
+// Inputs: synthetic keys with x12 outlier channels and plain values (experiments/synthetic.h),
+// chunk sizes that cross the block (256), the segment (512), the key group and the residual
+// window at ragged points. Tolerance against the reference: kExactTol * max |V|, the bound of
+// tests/kernels/cpu/attention_test.cpp (the same kernels; float arithmetic in another order and a
+// polynomial exp).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "experiments/synthetic.h"
+#include "kernels/cpu/attention.h"
+#include "reference_cpu/attention.h"
+#include "tests/support/random.h"
+
+namespace kvq::cpu {
+namespace {
+
+constexpr double kExactTol = 2e-5;
+
+using kvq::testing::random_q;
+
+struct Case {
+  std::string spec;
+  int64_t heads, dim;
+  int gqa;
+  std::vector<int64_t> chunks;  // appended in this order
+};
+
+std::string name_of(const ::testing::TestParamInfo<Case>& i) {
+  const Case& c = i.param;
+  std::string s = c.spec;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  s += fmt::format("_H{}_D{}_gqa{}_chunks_{}", c.heads, c.dim, c.gqa, fmt::join(c.chunks, "_"));
+  return s;
+}
+
+int64_t total(const Case& c) {
+  int64_t t = 0;
+  for (int64_t n : c.chunks) t += n;
+  return t;
+}
+
+// A K and a V side fed chunk by chunk; each step returns the positions' outputs from backend
+// cpu (and from the reference when asked).
+struct Stream {
+  std::unique_ptr<SideStore> k, v;
+  int64_t H, D, qh;
+  Stream(const SchemeSpec& s, int64_t heads, int64_t dim, int64_t q_heads)
+      : k(make_side(s, Role::Key, heads, dim)),
+        v(make_side(s, Role::Value, heads, dim)),
+        H(heads),
+        D(dim),
+        qh(q_heads) {}
+
+  // Appends rows [t0, t0 + n) of kx / vx and attends with q rows [t0, t0 + n).
+  void step(const Tensor3& kx, const Tensor3& vx, const std::vector<float>& q, int64_t t0,
+            int64_t n, int threads, float* out, float* ref_out) {
+    const int64_t row = H * D;
+    std::vector<float> kt, vt;
+    k->exact_tail(kt);
+    v->exact_tail(vt);
+    const ExactTail ke{nullptr, t0 - static_cast<int64_t>(kt.size()) / row},
+        ve{nullptr, t0 - static_cast<int64_t>(vt.size()) / row};
+    kt.insert(kt.end(), kx.data.begin() + t0 * row, kx.data.begin() + (t0 + n) * row);
+    vt.insert(vt.end(), vx.data.begin() + t0 * row, vx.data.begin() + (t0 + n) * row);
+    k->append(kx.data.data() + t0 * row, n);
+    v->append(vx.data.data() + t0 * row, n);
+    std::vector<int64_t> kq, vq;
+    for (int64_t i = 0; i < n; ++i) {
+      kq.push_back(k->quantized_tokens_at(t0 + i + 1));
+      vq.push_back(v->quantized_tokens_at(t0 + i + 1));
+    }
+    CausalInput in;
+    in.q = q.data() + t0 * qh * D;
+    in.n = n;
+    in.q_heads = qh;
+    in.t_begin = t0;
+    in.k = k->stored();
+    in.v = v->stored();
+    in.k_exact = {kt.data(), ke.begin};
+    in.v_exact = {vt.data(), ve.begin};
+    in.k_quantized = kq;
+    in.v_quantized = vq;
+    causal_attention(in, out, threads);
+    if (ref_out)
+      causal_attention(in.q, n, qh, t0, *k, *v, in.k_exact, in.v_exact, ref_out, threads);
+  }
+};
+
+class cpuCausalAttention : public ::testing::TestWithParam<Case> {};
+
+TEST_P(cpuCausalAttention, chunked_withinTolOfReference_andBitIdenticalToDecode) {
+  const Case c = GetParam();
+  const SchemeSpec spec = parse_spec(c.spec);
+  const int64_t T = total(c), qh = c.heads * c.gqa, D = c.dim;
+  const Tensor3 kx = synthetic_kv({{T, c.heads, D}, 2, 12.0f, 1});
+  const Tensor3 vx = synthetic_kv({{T, c.heads, D}, 0, 1.0f, 2});
+  const auto q = random_q(T * qh * D, 3);
+  double max_v = 0;
+  for (float x : vx.data) max_v = std::max(max_v, std::fabs(static_cast<double>(x)));
+
+  std::vector<float> chunked(static_cast<size_t>(T * qh * D)), ref(chunked.size());
+  Stream a(spec, c.heads, D, qh);
+  int64_t t0 = 0;
+  for (int64_t n : c.chunks) {
+    a.step(kx, vx, q, t0, n, 2, chunked.data() + t0 * qh * D, ref.data() + t0 * qh * D);
+    t0 += n;
+  }
+  double err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(chunked[i])) << i;
+    err = std::max(err, std::fabs(static_cast<double>(chunked[i]) - ref[i]));
+  }
+  RecordProperty("err_over_max_v", std::to_string(err / max_v));
+  EXPECT_LE(err, kExactTol * max_v) << "max err " << err << " max |V| " << max_v;
+
+  // The same tokens one at a time, alternating 1 and 3 threads: every bit equal.
+  std::vector<float> decoded(chunked.size());
+  Stream b(spec, c.heads, D, qh);
+  for (int64_t t = 0; t < T; ++t)
+    b.step(kx, vx, q, t, 1, t % 2 ? 3 : 1, decoded.data() + t * qh * D, nullptr);
+  int64_t first_diff = -1;
+  for (size_t i = 0; i < chunked.size() && first_diff < 0; ++i)
+    if (std::memcmp(&chunked[i], &decoded[i], sizeof(float)) != 0)
+      first_diff = static_cast<int64_t>(i);
+  EXPECT_EQ(first_diff, -1) << "position " << first_diff / (qh * D);
+
+  // A decode step over the sides as stored (no tails: the window read from the cache) equals the
+  // last position above.
+  std::vector<float> last(static_cast<size_t>(qh * D));
+  decode_attention(q.data() + (T - 1) * qh * D, qh, b.k->stored(), b.v->stored(), last.data(),
+                   {2, IntMode::Exact});
+  EXPECT_EQ(std::memcmp(last.data(), decoded.data() + (T - 1) * qh * D, last.size() * 4), 0);
+}
+
+std::vector<Case> grid() {
+  std::vector<Case> v;
+  const char* specs[] = {"fp32",
+                         "bf16",
+                         "fp16",
+                         "fp8_e4m3:gran=token",
+                         "fp8_e4m3:gran=channel",
+                         "fp8_e5m2:gran=head,first=64",
+                         "kivi2",
+                         "kivi4:g=64,r=128",
+                         "int8:k=channel,v=token,g=32,r=64",
+                         "int3:k=channel,v=token,g=32,r=32",   // 3-bit values: portable path
+                         "int4:k=token,v=channel,g=32,r=32"};  // mirror axes: portable path
+  for (const char* s : specs) v.push_back({s, 2, 64, 3, {300, 1, 250, 77}});
+  v.push_back({"kivi2", 3, 72, 4, {1, 160, 530}});
+  v.push_back({"fp8_e4m3:gran=tensor,first=200", 2, 128, 2, {150, 120, 3}});
+  v.push_back({"bf16", 2, 20, 2, {40, 9}});             // ragged head_dim: portable path
+  v.push_back({"kivi2:g=8,r=16", 2, 20, 1, {33, 12}});  // ragged head_dim: portable path
+  v.push_back({"kivi4", 1, 64, 8, {1100}});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, cpuCausalAttention, ::testing::ValuesIn(grid()), name_of);
+
+TEST(cpuCausalAttentionErrors, badInput_throws) {
+  const auto k = make_side(parse_spec("kivi2"), Role::Key, synthetic_kv({{40, 2, 64}, 0, 1.0f, 1}));
+  const auto v =
+      make_side(parse_spec("kivi2"), Role::Value, synthetic_kv({{40, 2, 64}, 0, 1.0f, 2}));
+  std::vector<float> q(10 * 4 * 64), o(q.size()), tail(40 * 2 * 64);
+  std::vector<int64_t> qt(10, 0);
+  CausalInput in;
+  in.q = q.data();
+  in.n = 10;
+  in.q_heads = 4;
+  in.t_begin = 30;
+  in.k = k->stored();
+  in.v = v->stored();
+  EXPECT_THROW(causal_attention(in, o.data()), Error);  // several positions need tails
+  in.k_exact = {tail.data(), 0};
+  in.v_exact = {tail.data(), 0};
+  EXPECT_THROW(causal_attention(in, o.data()), Error);  // no quantized-token counts
+  in.k_quantized = qt;
+  in.v_quantized = qt;
+  in.k_exact.begin = 5;  // the tail starts after position 30's window (0 quantized)
+  EXPECT_THROW(causal_attention(in, o.data()), Error);
+  in.k_exact.begin = 0;
+  in.t_begin = 29;  // 29 + 10 != 40 tokens
+  EXPECT_THROW(causal_attention(in, o.data()), Error);
+}
+
+}  // namespace
+}  // namespace kvq::cpu
