@@ -28,7 +28,7 @@ namespace kvq::cli {
 namespace {
 
 struct Common {
-  std::string model_file, kv = "kivi2", json;
+  std::string model_file, kv = "kivi2", json, backend = "cpu";
   bool pre_rope = false, hadamard = false;
   int threads = 0;
 };
@@ -42,6 +42,7 @@ struct Loaded {
 
 const Loaded& load(const Common& c) {
   static std::unique_ptr<Loaded> l;
+  const AttentionBackend backend = parse_backend(c.backend);  // before the long load
   if (!l) {
     const std::string path = model_path(c.model_file);
     const auto t0 = std::chrono::steady_clock::now();
@@ -53,6 +54,7 @@ const Loaded& load(const Common& c) {
                l->model.config().kv_heads, l->model.config().head_dim,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  l->model.set_backend(backend);
   return *l;
 }
 
@@ -77,6 +79,11 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
                 "as llama.cpp does for its quantized caches");
   }
   c->add_option("--threads", o.threads, "threads (0 = all cores)")->capture_default_str();
+  c->add_option("--backend", o.backend,
+                "attention backend: cpu (SIMD kernels) or ref (the scalar reference); both read the same "
+                "stored codes, and each keeps chunked prefill == token-by-token decode bit-identical")
+      ->check(CLI::IsMember({"cpu", "ref"}))
+      ->capture_default_str();
   c->add_option("--json", o.json, "also write the result as JSON to this file (atomically)");
 }
 
@@ -145,7 +152,7 @@ void register_generate(CLI::App* model) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fputs("\n", stdout);
     fmt::print(stderr, "[{}] {} prompt + {} generated tokens in {:.2f} s\n", co.spec.canonical(), ids.size(), gen.size(), s);
-    write_json(o->json, {{"kv", co.spec.canonical()}, {"prompt_tokens", ids.size()}, {"tokens", gen}, {"text", out}, {"seconds", s}});
+    write_json(o->json, {{"kv", co.spec.canonical()}, {"backend", o->backend}, {"prompt_tokens", ids.size()}, {"tokens", gen}, {"text", out}, {"seconds", s}});
   });
 }
 
@@ -189,6 +196,7 @@ void register_ppl(CLI::App* model) {
     const std::string mods = std::string(o->pre_rope ? " (pre-RoPE keys)" : "") + (o->hadamard ? " (Hadamard-rotated K/V)" : "");
     fmt::print("text        {} ({} tokens used)\n", o->text, r.windows * o->p.ctx);
     fmt::print("windows     {} x {} tokens, {} scored positions\n", r.windows, o->p.ctx, r.scored);
+    fmt::print("attention   backend {}\n", o->backend);
     fmt::print("fp32 cache  ppl {:.4f}\n", r.ppl_ref);
     nlohmann::json rows = nlohmann::json::array();
     fmt::print("{:<44} {:>9} {:>9} {:>10} {:>10} {:>8}\n", "kv" + mods, "ppl", "delta", "mean KLD", "KLD p99", "top-1");
@@ -196,7 +204,7 @@ void register_ppl(CLI::App* model) {
       const eval::PplResult& x = rs[i];
       fmt::print("{:<44} {:>9.4f} {:>+9.4f} {:>10.6f} {:>10.6f} {:>7.2f}%\n", cos[i].spec.canonical(), x.ppl,
                  x.ppl - x.ppl_ref, x.kld, x.kld_p99, 100.0 * x.top1);
-      rows.push_back({{"kv", cos[i].spec.canonical()}, {"pre_rope", o->pre_rope}, {"hadamard", o->hadamard},
+      rows.push_back({{"kv", cos[i].spec.canonical()}, {"backend", o->backend}, {"pre_rope", o->pre_rope}, {"hadamard", o->hadamard},
                       {"text", o->text}, {"ctx", o->p.ctx}, {"score_from", o->p.score_from}, {"stride", o->p.stride},
                       {"windows", x.windows}, {"scored", x.scored}, {"ppl", x.ppl}, {"ppl_fp32", x.ppl_ref},
                       {"kld", x.kld}, {"kld_p99", x.kld_p99}, {"top1", x.top1}, {"seconds", x.seconds}});
@@ -242,7 +250,7 @@ void register_diverge(CLI::App* model) {
     }
     fmt::print("first divergence: {}\n", r.first_diff < 0 ? std::string("none") : fmt::format("step {}", r.first_diff));
     fmt::print("teacher-forced top-1 agreement: {:.2f}%\n", 100.0 * r.top1);
-    write_json(o->json, {{"kv", test.spec.canonical()}, {"vs", ref.spec.canonical()}, {"prompt_tokens", ids.size()},
+    write_json(o->json, {{"kv", test.spec.canonical()}, {"vs", ref.spec.canonical()}, {"backend", o->backend}, {"prompt_tokens", ids.size()},
                          {"ref", r.ref}, {"test", r.test}, {"first_diff", r.first_diff}, {"top1", r.top1}});
   });
 }
@@ -316,7 +324,7 @@ void register_needle(CLI::App* model) {
     const int per = static_cast<int>(o->depth.size()) * o->trials;
     for (const auto& [cx, ab] : acc)
       fmt::print("ctx {:>5}: accuracy fp32 {}/{}, {} {}/{}\n", cx, ab.first, per, test.spec.canonical(), ab.second, per);
-    write_json(o->json, {{"kv", test.spec.canonical()}, {"pre_rope", test.pre_rope}, {"rows", rows}});
+    write_json(o->json, {{"kv", test.spec.canonical()}, {"backend", o->backend}, {"pre_rope", test.pre_rope}, {"rows", rows}});
   });
 }
 
@@ -527,7 +535,7 @@ void register_bench(CLI::App* model) {
     if (!pp.tps.empty()) fmt::print("{:<8} {:>10.1f} {:>14.2f} {:>6}\n", fmt::format("pp{}", o->prompt), median(pp.tps), median(pp.cpu), o->reps);
     if (!tg.tps.empty()) fmt::print("{:<8} {:>10.1f} {:>14.2f} {:>6}\n", fmt::format("tg{}", o->gen), median(tg.tps), median(tg.cpu), o->reps);
     fmt::print("peak RSS    {:.0f} MB\n", rss_mb);
-    write_json(o->json, {{"kv", co.spec.canonical()}, {"threads", threads}, {"depth", o->depth}, {"prompt", o->prompt},
+    write_json(o->json, {{"kv", co.spec.canonical()}, {"backend", o->backend}, {"threads", threads}, {"depth", o->depth}, {"prompt", o->prompt},
                          {"gen", o->gen}, {"pp_tokens_per_s", median(pp.tps)}, {"tg_tokens_per_s", median(tg.tps)},
                          {"pp_cpu_ms_per_token", median(pp.cpu)}, {"tg_cpu_ms_per_token", median(tg.cpu)},
                          {"peak_rss_mb", rss_mb}, {"weights", L.model.weight_formats()}});

@@ -205,7 +205,10 @@ void run_model(const toml::table& mt, const std::vector<SchemeSpec>& specs, cons
   o.max_tokens = get_or<int64_t>(mt, "max_tokens", 2048);
   const std::string text = get_or<std::string>(mt, "text", "kjv");
   const bool pre = get_or<bool>(mt, "pre_rope", false), rot = get_or<bool>(mt, "hadamard", false);
-  json settings = {{"text", text}, {"ctx", o.ctx}, {"stride", o.stride}, {"max_tokens", o.max_tokens}, {"pre_rope", pre}};
+  const std::string backend = get_or<std::string>(mt, "backend", "cpu");
+  const AttentionBackend attn = parse_backend(backend);
+  json settings = {{"text", text},         {"ctx", o.ctx}, {"stride", o.stride}, {"max_tokens", o.max_tokens},
+                   {"pre_rope", pre},      {"backend", backend}};
   if (rot) settings["hadamard"] = true;  // only when set, so rows of earlier runs still match
   ResultTable table(out, "model");
   std::vector<const SchemeSpec*> todo;
@@ -220,7 +223,9 @@ void run_model(const toml::table& mt, const std::vector<SchemeSpec>& specs, cons
   const LlamaModel m = [&] {  // the file's mapping is released once the weights are packed
     const auto f = gguf::GgufFile::open(path);
     ids = Tokenizer::from_gguf(f).encode(read_file(text_path(text)));
-    return LlamaModel::load(f);
+    LlamaModel lm = LlamaModel::load(f);
+    lm.set_backend(attn);
+    return lm;
   }();
   std::vector<CacheOptions> caches;
   for (const SchemeSpec* s : todo) {

@@ -103,9 +103,14 @@ void hadamard_transform(float* x, int64_t n) {
 }
 
 LlamaCache::LlamaCache(const LlamaConfig& c, const CacheOptions& o) : opts_(o) {
-  for (int l = 0; l < c.layers; ++l)
+  for (int l = 0; l < c.layers; ++l) {
     layers_.push_back({make_side(o.spec, Role::Key, c.kv_heads, c.head_dim, l),
                        make_side(o.spec, Role::Value, c.kv_heads, c.head_dim, l)});
+    // The model's whole context as address space: no copies as the cache grows (resident memory
+    // stays the tokens written).
+    layers_.back().k->reserve(c.context);
+    layers_.back().v->reserve(c.context);
+  }
 }
 
 double LlamaCache::bytes() const {

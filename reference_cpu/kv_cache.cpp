@@ -19,6 +19,7 @@ class Fp32Side final : public SideStore {
  public:
   Fp32Side(int64_t H, int64_t D) : H_(H), D_(D) {}
   void append(const float* x, int64_t n) override { x_.insert(x_.end(), x, x + n * H_ * D_); }
+  void reserve(int64_t t) override { x_.reserve(static_cast<size_t>(t * H_ * D_)); }
   int64_t tokens() const override { return static_cast<int64_t>(x_.size()) / (H_ * D_); }
   int64_t heads() const override { return H_; }
   int64_t dim() const override { return D_; }
@@ -57,6 +58,7 @@ class Half16Side final : public SideStore {
  public:
   Half16Side(int64_t H, int64_t D) : H_(H), D_(D) {}
   static float widen(uint16_t b) { return kBf16 ? bf16_bits_to_float(b) : half_bits_to_float(b); }
+  void reserve(int64_t t) override { x_.reserve(static_cast<size_t>(t * H_ * D_)); }
   void append(const float* x, int64_t n) override {
     for (int64_t i = 0; i < n * H_ * D_; ++i)
       x_.push_back(kBf16 ? float_to_bf16_bits(x[i]) : float_to_half_bits(x[i]));
@@ -130,6 +132,7 @@ class Fp8Side final : public SideStore {
       frozen_ = true;
     }
   }
+  void reserve(int64_t t) override { codes_.reserve(static_cast<size_t>(t * H_ * D_)); }
   void append(const float* x, int64_t n) override {
     if (n == 0) return;
     Tensor3 chunk({n, H_, D_});
