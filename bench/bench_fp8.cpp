@@ -47,12 +47,17 @@ void set_rate(benchmark::State& state) {
                                               benchmark::Counter::kIsRate);
 }
 
-void BM_Fp8QuantDequant(benchmark::State& state, Fp8Format format, Granularity gran) {
-  const Tensor3& x = input();
+Fp8Spec dynamic_spec(Fp8Format format, Granularity gran) {
   Fp8Spec spec;
   spec.format = format;
   spec.gran = gran;
   spec.source = ScaleSource::Dynamic;
+  return spec;
+}
+
+void BM_Fp8QuantDequant(benchmark::State& state, Fp8Format format, Granularity gran) {
+  const Tensor3& x = input();
+  const Fp8Spec spec = dynamic_spec(format, gran);
   std::vector<uint8_t> codes(x.data.size());
   Tensor3 y(x.shape);
   for (auto _ : state) {
@@ -67,10 +72,7 @@ void BM_Fp8QuantDequant(benchmark::State& state, Fp8Format format, Granularity g
 
 void BM_Fp8Quantize(benchmark::State& state, bool cpu, Fp8Format format, Granularity gran) {
   const Tensor3& x = input();
-  Fp8Spec spec;
-  spec.format = format;
-  spec.gran = gran;
-  spec.source = ScaleSource::Dynamic;
+  const Fp8Spec spec = dynamic_spec(format, gran);
   std::vector<uint8_t> codes(x.data.size());
   std::vector<float> scales;
   for (auto _ : state) {
@@ -120,13 +122,4 @@ void register_all(const std::string& backend) {
 }  // namespace
 }  // namespace kvq
 
-int main(int argc, char** argv) {
-  const std::string backend = kvq::bench::take_flag(argc, argv, "backend", "both");
-  kvq::register_all(backend);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  kvq::bench::RatioTable table;
-  benchmark::RunSpecifiedBenchmarks(&table);
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return kvq::bench::ratio_main(argc, argv, kvq::register_all); }

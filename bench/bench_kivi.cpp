@@ -128,12 +128,4 @@ void register_all(const std::string& backend) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  register_all(kvq::bench::take_flag(argc, argv, "backend", "both"));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  kvq::bench::RatioTable table;
-  benchmark::RunSpecifiedBenchmarks(&table);
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return kvq::bench::ratio_main(argc, argv, register_all); }

@@ -1,8 +1,8 @@
-// Shared by the CPU benches: take_flag (a program's own --NAME=VALUE flags) and a console reporter
-// that prints, after the runs, each case's GB/s (10^9 B/s of float32 input), its fraction of the
-// memcpy measured in the same run, and backend cpu's speedup over backend ref for the same case.
-// Case names are "BM_<what>/<backend>/<case>"; the copy is "BM_Copy". With --benchmark_repetitions
-// the medians are used.
+// Shared by the CPU benches: take_flag (a program's own --NAME=VALUE flags), ratio_main and a
+// console reporter that prints, after the runs, each case's GB/s (10^9 B/s of float32 input), its
+// fraction of the memcpy measured in the same run, and backend cpu's speedup over backend ref for
+// the same case. Case names are "BM_<what>/<backend>/<case>"; the copy is "BM_Copy". With
+// --benchmark_repetitions the medians are used.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -74,5 +74,18 @@ class RatioTable : public benchmark::ConsoleReporter {
  private:
   std::map<std::string, double> bw_;
 };
+
+/// \brief The main() of a bench that reports through RatioTable: registers its cases for
+/// --backend=ref|cpu|both (default both), then runs them.
+template <typename Register>
+int ratio_main(int argc, char** argv, Register&& register_all) {
+  register_all(take_flag(argc, argv, "backend", "both"));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  RatioTable table;
+  benchmark::RunSpecifiedBenchmarks(&table);
+  benchmark::Shutdown();
+  return 0;
+}
 
 }  // namespace kvq::bench

@@ -56,6 +56,13 @@ void dispatch_bits(int bits, bool sym, F&& f) {
       fail("kivi: {} bits not supported (allowed: 2, 3, 4, 8)", bits);
   }
 }
+
+/// \brief Runs f.template operator()<B>() for the runtime bits (the same list; for code that
+/// does not specialize on sym).
+template <typename F>
+void dispatch_bits(int bits, F&& f) {
+  dispatch_bits(bits, false, [&]<int B, bool>() { return f.template operator()<B>(); });
+}
 #endif
 
 }  // namespace kvq::kivi

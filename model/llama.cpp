@@ -264,7 +264,8 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
   if (!team_->team || team_->team->size() != nt) team_->team = std::make_unique<ThreadTeam>(nt);
   ThreadTeam& team = *team_->team;
   // One team for the whole pass: the matrix products split their output panels and attention its
-  // (position, kv head) items among the members; the small serial steps run on member 0 between
+  // work items (kernels/cpu/attention.h's, or backend ref's (position, kv head) pairs) among the
+  // members, each taken from a shared counter; the small serial steps run on member 0 between
   // barriers. An error in a serial step is seen by every member after the barrier, so the team
   // leaves the pass together.
   team.run([&](int me) {

@@ -113,8 +113,9 @@ class LlamaModel {
 
   /// \brief Runs `tokens` at positions cache.tokens() .. + n - 1, appending their K/V to the
   /// cache. Writes logits [n, vocab] for every position when `all_logits`, else only for the last
-  /// ([1, vocab]). `threads` 0 = all cores; one OpenMP team runs the whole pass (the matrix
-  /// products split output panels, attention splits (position, head) pairs).
+  /// ([1, vocab]). `threads` 0 = all cores; one persistent thread team runs the whole pass (the
+  /// matrix products split output panels; attention splits positions, or a single position's
+  /// context segments on backend cpu and its (position, kv head) pairs on backend ref).
   void forward(std::span<const int32_t> tokens, LlamaCache& cache, std::vector<float>& logits,
                bool all_logits, int threads = 0, const KvObserver& observe = {}) const;
 

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "kivi/cache.h"
+#include "kivi/group.h"
 #include "kivi/minmax.h"
 #include "reference_cpu/dense_ops.h"
 
@@ -71,12 +72,16 @@ class IntSide final : public SideStore {
     return s;
   }
 
-  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s, int64_t ld) const override {
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
+           int64_t ld) const override {
     const int64_t qt = cache_.quantized_tokens();
     const int64_t te = std::min(t1, qt);
-    if (t0 < te) dispatch([&]<int B>() {
-        if (cache_.axis() == Axis::Channel) dot_channel<B>(h, q, nq, t0, te, s, ld);
-        else dot_token<B>(h, q, nq, t0, te, s, ld);
+    if (t0 < te)
+      kivi::dispatch_bits(cache_.bits(), [&]<int B>() {
+        if (cache_.axis() == Axis::Channel)
+          dot_channel<B>(h, q, nq, t0, te, s, ld);
+        else
+          dot_token<B>(h, q, nq, t0, te, s, ld);
       });
     const int64_t r0 = std::max(t0, qt);
     if (r0 < t1)
@@ -84,12 +89,16 @@ class IntSide final : public SideStore {
                 s + (r0 - t0), ld);
   }
 
-  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld, float* out) const override {
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
+                  float* out) const override {
     const int64_t qt = cache_.quantized_tokens();
     const int64_t te = std::min(t1, qt);
-    if (t0 < te) dispatch([&]<int B>() {
-        if (cache_.axis() == Axis::Token) acc_token<B>(h, p, nq, t0, te, ld, out);
-        else acc_channel<B>(h, p, nq, t0, te, ld, out);
+    if (t0 < te)
+      kivi::dispatch_bits(cache_.bits(), [&]<int B>() {
+        if (cache_.axis() == Axis::Token)
+          acc_token<B>(h, p, nq, t0, te, ld, out);
+        else
+          acc_channel<B>(h, p, nq, t0, te, ld, out);
       });
     const int64_t r0 = std::max(t0, qt);
     if (r0 < t1)
@@ -98,16 +107,6 @@ class IntSide final : public SideStore {
   }
 
  private:
-  template <typename F>
-  void dispatch(F&& f) const {
-    switch (cache_.bits()) {
-      case 2: return f.template operator()<2>();
-      case 3: return f.template operator()<3>();
-      case 4: return f.template operator()<4>();
-      case 8: return f.template operator()<8>();
-    }
-    fail("int cache: unsupported bits {}", cache_.bits());
-  }
   // Scale and (effective) min of a group as floats.
   void params(int64_t i, float& sc, float& mn) const {
     sc = half_bits_to_float(cache_.scales()[static_cast<size_t>(i)]);
@@ -116,7 +115,8 @@ class IntSide final : public SideStore {
   }
 
   template <int B>
-  void dot_channel(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s, int64_t ld) const {
+  void dot_channel(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
+                   int64_t ld) const {
     const ChannelLayout L = cache_.channel_layout();
     const int G = L.group;
     const int64_t D = L.dim;
@@ -140,21 +140,25 @@ class IntSide final : public SideStore {
       }
       for (int64_t t = std::max(t0, g * G); t < std::min(t1, (g + 1) * G); ++t)
         for (int i = 0; i < nq; ++i)
-          s[i * ld + (t - t0)] = acc[static_cast<size_t>(i * G + (t - g * G))] + base[static_cast<size_t>(i)];
+          s[i * ld + (t - t0)] =
+              acc[static_cast<size_t>(i * G + (t - g * G))] + base[static_cast<size_t>(i)];
     }
   }
 
   template <int B>
-  void dot_token(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s, int64_t ld) const {
+  void dot_token(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
+                 int64_t ld) const {
     const TokenLayout L = cache_.token_layout();
     const int64_t D = L.dim, ncg = L.channel_groups();
     const uint32_t* words = cache_.words().data();
     std::vector<float> codes(static_cast<size_t>(D)), qsum(static_cast<size_t>(nq * ncg), 0.0f);
     for (int i = 0; i < nq; ++i)
       for (int64_t c = 0; c < ncg; ++c)
-        for (int j = 0; j < L.group_len(c); ++j) qsum[static_cast<size_t>(i * ncg + c)] += q[i * D + c * L.group + j];
+        for (int j = 0; j < L.group_len(c); ++j)
+          qsum[static_cast<size_t>(i * ncg + c)] += q[i * D + c * L.group + j];
     for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t c = 0; c < ncg; ++c) unpack_run<B>(words + L.word_index(t, h, c), L.group_len(c), codes.data() + c * L.group);
+      for (int64_t c = 0; c < ncg; ++c)
+        unpack_run<B>(words + L.word_index(t, h, c), L.group_len(c), codes.data() + c * L.group);
       for (int i = 0; i < nq; ++i) {
         float total = 0;
         for (int64_t c = 0; c < ncg; ++c) {
@@ -174,7 +178,8 @@ class IntSide final : public SideStore {
   }
 
   template <int B>
-  void acc_token(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld, float* out) const {
+  void acc_token(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
+                 float* out) const {
     const TokenLayout L = cache_.token_layout();
     const int64_t D = L.dim, ncg = L.channel_groups();
     const uint32_t* words = cache_.words().data();
@@ -198,11 +203,13 @@ class IntSide final : public SideStore {
     }
     for (int i = 0; i < nq; ++i)
       for (int64_t c = 0; c < ncg; ++c)
-        for (int j = 0; j < L.group_len(c); ++j) out[i * D + c * L.group + j] += mins[static_cast<size_t>(i * ncg + c)];
+        for (int j = 0; j < L.group_len(c); ++j)
+          out[i * D + c * L.group + j] += mins[static_cast<size_t>(i * ncg + c)];
   }
 
   template <int B>
-  void acc_channel(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld, float* out) const {
+  void acc_channel(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
+                   float* out) const {
     const ChannelLayout L = cache_.channel_layout();
     const int G = L.group;
     const int64_t D = L.dim;
@@ -242,7 +249,8 @@ class IntSide final : public SideStore {
 
 }  // namespace
 
-std::unique_ptr<SideStore> make_int_side(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim) {
+std::unique_ptr<SideStore> make_int_side(const SchemeSpec& spec, Role role, int64_t heads,
+                                         int64_t dim) {
   return std::make_unique<IntSide>(spec, role, heads, dim);
 }
 

@@ -11,6 +11,7 @@
 #include "fp8/format.h"
 #include "fp8/scale.h"
 #include "kernels/cpu/isa.h"
+#include "kivi/group.h"
 #include "kivi/layout.h"
 #include "kivi/minmax.h"
 
@@ -757,20 +758,7 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
       for (int i = 0; i < NQ; ++i)
         for (int64_t t = a; t < b; ++t) sg[i * lds + (t - a)] += base[i];
     };
-    switch (k.bits) {
-      case 2:
-        run.template operator()<2>();
-        break;
-      case 3:
-        run.template operator()<3>();
-        break;
-      case 4:
-        run.template operator()<4>();
-        break;
-      default:
-        run.template operator()<8>();
-        break;
-    }
+    kivi::dispatch_bits(k.bits, run);
   }
   const int64_t r0 = std::max(t0, qt);
   if (r0 < t1)
@@ -818,24 +806,18 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
   if (t0 < te) {
     const kivi::TokenLayout L{H, D, v.group, v.bits};
     auto run = [&]<int B>() {
-      const TokenCodes<B> ld{v.words + L.word_index(t0, h, 0), H * L.words_per_token_head(),
-                             v.group, kivi::words_for(v.group, B)};
-      acc_token_values<NQ, B>(p, ldp, te - t0, ld, v.scales + L.param_index(t0, h, 0),
-                              v.sym ? nullptr : v.mins + L.param_index(t0, h, 0),
-                              H * L.channel_groups(), o, D, w.pw.data(), w.msum.data(),
-                              w.sct.data(), w.mnt.data());
+      if constexpr (B == 3) {
+        fail("cpu attention: 3-bit per-token values take the portable path");
+      } else {
+        const TokenCodes<B> ld{v.words + L.word_index(t0, h, 0), H * L.words_per_token_head(),
+                               v.group, kivi::words_for(v.group, B)};
+        acc_token_values<NQ, B>(p, ldp, te - t0, ld, v.scales + L.param_index(t0, h, 0),
+                                v.sym ? nullptr : v.mins + L.param_index(t0, h, 0),
+                                H * L.channel_groups(), o, D, w.pw.data(), w.msum.data(),
+                                w.sct.data(), w.mnt.data());
+      }
     };
-    switch (v.bits) {
-      case 2:
-        run.template operator()<2>();
-        break;
-      case 4:
-        run.template operator()<4>();
-        break;
-      default:
-        run.template operator()<8>();
-        break;
-    }
+    kivi::dispatch_bits(v.bits, run);
   }
   const int64_t r0 = std::max(t0, qt);
   if (r0 < t1)
@@ -1031,41 +1013,52 @@ int64_t CausalAttention::items() const { return parts_ ? first_item_.back() : in
 
 int64_t CausalAttention::merges() const { return parts_ ? in_.n : 0; }
 
-void CausalAttention::segment(int64_t p, int64_t s, Partial& out, Workspace& w) const {
-  const int64_t t = in_.t_begin + p, D = in_.k.dim;
+/// One position's sides as it sees them (position_view) and whether the SIMD path takes them.
+struct CausalAttention::Position {
+  StoredSide k, v;
+  bool fast = false;
+};
+
+CausalAttention::Position CausalAttention::position(int64_t p) const {
+  const int64_t t = in_.t_begin + p;
   const bool tails = in_.k_exact.data != nullptr;
-  const StoredSide k = position_view(in_.k, t, tails ? in_.k_quantized[p] : 0, in_.k_exact);
-  const StoredSide v = position_view(in_.v, t, tails ? in_.v_quantized[p] : 0, in_.v_exact);
+  Position pos;
+  pos.k = position_view(in_.k, t, tails ? in_.k_quantized[p] : 0, in_.k_exact);
+  pos.v = position_view(in_.v, t, tails ? in_.v_quantized[p] : 0, in_.v_exact);
+  pos.fast = has_fast_path(pos.k, pos.v, in_.q_heads);
+  return pos;
+}
+
+void CausalAttention::segment(const Position& pos, int64_t p, int64_t s, Partial& out,
+                              Workspace& w) const {
+  const int64_t t = in_.t_begin + p, D = in_.k.dim;
   const Call c{in_.q + p * in_.q_heads * D,
                in_.q_heads,
-               k.heads,
+               pos.k.heads,
                D,
-               static_cast<int>(in_.q_heads / k.heads),
+               static_cast<int>(in_.q_heads / pos.k.heads),
                1.0f / std::sqrt(static_cast<float>(D)),
-               k,
-               v,
+               pos.k,
+               pos.v,
                in_.int_mode,
-               block_for(k)};
+               block_for(pos.k)};
   const int64_t a = s * segment_, b = std::min(t + 1, a + segment_);
   out.init(in_.q_heads, D);
 #if KVQ_CPU_AVX2
-  if (has_fast_path(k, v, in_.q_heads)) return simd_dispatch(c, a, b, out, w.impl->scratch);
+  if (pos.fast) return simd_dispatch(c, a, b, out, w.impl->scratch);
 #endif
   portable_range(c, a, b, out, w.impl->scratch);
 }
 
-void CausalAttention::finish(int64_t p, const Partial& acc, float* out) const {
-  const int64_t t = in_.t_begin + p, D = in_.k.dim, nq = in_.q_heads / in_.k.heads;
-  const bool tails = in_.v_exact.data != nullptr;
-  const StoredSide v = position_view(in_.v, t, tails ? in_.v_quantized[p] : 0, in_.v_exact);
-  const StoredSide k = position_view(in_.k, t, tails ? in_.k_quantized[p] : 0, in_.k_exact);
+void CausalAttention::finish(const Position& pos, int64_t p, const Partial& acc, float* out) const {
+  const int64_t D = in_.k.dim, nq = in_.q_heads / in_.k.heads;
   // The fast path leaves per-channel fp8 value scales for the end (the portable path applied them).
-  const bool cf_left = v.kind == SchemeKind::Fp8 && v.gran == Granularity::Channel &&
-                       has_fast_path(k, v, in_.q_heads);
+  const bool cf_left =
+      pos.v.kind == SchemeKind::Fp8 && pos.v.gran == Granularity::Channel && pos.fast;
   float* o = out + p * in_.q_heads * D;
   for (int64_t j = 0; j < in_.q_heads; ++j) {
     const float inv = 1.0f / acc.l[static_cast<size_t>(j)];
-    const float* cf = cf_left ? v.fp8_scales + (j / nq) * D : nullptr;
+    const float* cf = cf_left ? pos.v.fp8_scales + (j / nq) * D : nullptr;
     for (int64_t d = 0; d < D; ++d)
       o[j * D + d] = acc.o[static_cast<size_t>(j * D + d)] * (inv * (cf ? cf[d] : 1.0f));
   }
@@ -1075,16 +1068,17 @@ void CausalAttention::run(int64_t item, float* out, Workspace& w) {
   if (parts_) {  // one segment of one position
     const auto it = std::upper_bound(first_item_.begin(), first_item_.end(), item) - 1;
     const int64_t p = it - first_item_.begin();
-    segment(p, item - *it, parts_->p[static_cast<size_t>(item)], w);
+    segment(position(p), p, item - *it, parts_->p[static_cast<size_t>(item)], w);
     return;
   }
   const int64_t p = in_.n - 1 - item;  // the longest positions first
+  const Position pos = position(p);
   Partial& acc = w.impl->acc;
   for (int64_t s = 0; s < segments(p); ++s) {
-    segment(p, s, w.impl->part, w);
+    segment(pos, p, s, w.impl->part, w);
     fold(acc, w.impl->part, s == 0, in_.k.dim);
   }
-  finish(p, acc, out);
+  finish(pos, p, acc, out);
 }
 
 void CausalAttention::merge(int64_t p, float* out) const {
@@ -1092,7 +1086,7 @@ void CausalAttention::merge(int64_t p, float* out) const {
   for (int64_t s = 0; s < segments(p); ++s)
     fold(acc, parts_->p[static_cast<size_t>(first_item_[static_cast<size_t>(p)] + s)], s == 0,
          in_.k.dim);
-  finish(p, acc, out);
+  finish(position(p), p, acc, out);
 }
 
 void causal_attention(const CausalInput& in, float* out, int threads) {
@@ -1116,8 +1110,7 @@ bool has_fast_path(const StoredSide& k, const StoredSide& v, int64_t q_heads) {
 
 void decode_attention(const float* q, int64_t q_heads, const StoredSide& k, const StoredSide& v,
                       float* out, const DecodeOptions& opt) {
-  check(k, v, q_heads);
-  CausalInput in;
+  CausalInput in;  // CausalAttention checks the sides
   in.q = q;
   in.n = 1;
   in.q_heads = q_heads;

@@ -94,9 +94,11 @@ class CausalAttention {
 
  private:
   struct Parts;
+  struct Position;
+  Position position(int64_t p) const;
   int64_t segments(int64_t p) const;
-  void segment(int64_t p, int64_t s, Partial& out, Workspace& w) const;
-  void finish(int64_t p, const Partial& acc, float* out) const;
+  void segment(const Position& pos, int64_t p, int64_t s, Partial& out, Workspace& w) const;
+  void finish(const Position& pos, int64_t p, const Partial& acc, float* out) const;
   CausalInput in_;
   int64_t segment_ = 0;
   std::vector<int64_t> first_item_;

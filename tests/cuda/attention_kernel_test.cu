@@ -42,6 +42,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dispatch.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/support/names.h"
 #include "kivi/cache.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/kv_cache.h"
@@ -292,17 +293,12 @@ std::vector<std::string> all_specs() {
   return s;
 }
 
-std::string sanitize(std::string s) {
-  for (char& c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return s;
-}
 
 using SweepCase = std::tuple<std::string, int64_t, int, int>;  // spec, T, gqa, head_dim
 
 std::string sweep_name(const ::testing::TestParamInfo<SweepCase>& p) {
   const auto& [spec, T, gqa, dim] = p.param;
-  return sanitize(spec) + "_T" + std::to_string(T) + "_gqa" + std::to_string(gqa) + "_d" +
+  return kvq::testing::test_name(spec) + "_T" + std::to_string(T) + "_gqa" + std::to_string(gqa) + "_d" +
          std::to_string(dim);
 }
 
@@ -334,20 +330,20 @@ class DecodeAttentionBatch : public ::testing::TestWithParam<std::string> {
 // Expected: each sequence equals the CPU reference over its own cache; lengths differ so some
 // blocks of the grid have no tokens (shorter sequences) and the merge counts splits per sequence.
 TEST_P(DecodeAttentionBatch, FiveSequencesOfDifferentLengths) {
-  run_spec(GetParam(), {1000, 37, 4099, 1, 300}, 3, 4, 128, sanitize(GetParam()) + "_batch5");
+  run_spec(GetParam(), {1000, 37, 4099, 1, 300}, 3, 4, 128, kvq::testing::test_name(GetParam()) + "_batch5");
 }
 
 // Expected: as above at the largest batch the launcher takes (kMaxBatch), short contexts.
 TEST_P(DecodeAttentionBatch, LargestBatch) {
   std::vector<int64_t> lengths;
   for (int b = 0; b < kMaxBatch; ++b) lengths.push_back(1 + (b * 37) % 300);
-  run_spec(GetParam(), lengths, 2, 8, 64, sanitize(GetParam()) + "_batch64");
+  run_spec(GetParam(), lengths, 2, 8, 64, kvq::testing::test_name(GetParam()) + "_batch64");
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, DecodeAttentionBatch,
                          ::testing::Values("bf16", "fp8_e4m3:gran=token", "fp8_e5m2:gran=channel",
                                            "kivi2", "kivi4", "int3:k=token,v=channel,g=8,r=0"),
-                         [](const ::testing::TestParamInfo<std::string>& p) { return sanitize(p.param); });
+                         [](const ::testing::TestParamInfo<std::string>& p) { return kvq::testing::test_name(p.param); });
 
 // ---- host-only: register helpers ---------------------------------------------------------------
 

@@ -11,6 +11,7 @@
 #include "core/io.h"
 #include "experiments/model_eval.h"
 #include "tests/support/model.h"
+#include "tests/support/names.h"
 
 namespace kvq {
 namespace {
@@ -107,11 +108,8 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(AttentionBackend::kCpu, AttentionBackend::kRef)),
     [](const auto& i) {
       const auto& sp = std::get<0>(i.param);
-      std::string s =
-          std::string(sp.first) + (sp.second ? "_prerope_" : "_") + to_string(std::get<1>(i.param));
-      for (char& c : s)
-        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-      return s;
+      return testing::test_name(std::string(sp.first) + (sp.second ? "_prerope_" : "_") +
+                                to_string(std::get<1>(i.param)));
     });
 
 // Mean KL(p || q) of the next-token distributions of two [n, vocab] logit arrays, in nats, and

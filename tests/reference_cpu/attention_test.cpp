@@ -16,6 +16,7 @@
 #include "experiments/synthetic.h"
 #include "fp8/scale.h"
 #include "reference_cpu/quantize.h"
+#include "tests/support/names.h"
 #include "tests/support/random.h"
 
 namespace kvq {
@@ -38,7 +39,8 @@ std::vector<double> naive_attention(const std::vector<float>& q, int64_t q_heads
     double mx = -INFINITY;
     for (int64_t t = 0; t < t_end; ++t) {
       double a = 0;
-      for (int64_t d = 0; d < D; ++d) a += static_cast<double>(q[static_cast<size_t>(j * D + d)]) * k.at(t, h, d);
+      for (int64_t d = 0; d < D; ++d)
+        a += static_cast<double>(q[static_cast<size_t>(j * D + d)]) * k.at(t, h, d);
       s[static_cast<size_t>(t)] = a / std::sqrt(static_cast<double>(D));
       mx = std::max(mx, s[static_cast<size_t>(t)]);
     }
@@ -65,11 +67,9 @@ struct Case {
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
-  std::string s = i.param.spec;
-  for (char& c : s)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-  return s + "_T" + std::to_string(i.param.tokens) + "_H" + std::to_string(i.param.heads) + "_D" +
-         std::to_string(i.param.dim) + "_gqa" + std::to_string(i.param.gqa);
+  return kvq::testing::test_name(i.param.spec) + "_T" + std::to_string(i.param.tokens) + "_H" +
+         std::to_string(i.param.heads) + "_D" + std::to_string(i.param.dim) + "_gqa" +
+         std::to_string(i.param.gqa);
 }
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -114,7 +114,8 @@ class AttentionOverCache : public ::testing::TestWithParam<Case> {
 TEST_P(AttentionOverCache, DecodeEqualsNaiveOverDequantized) {
   const Case& c = GetParam();
   const auto ks = make_side(spec_, Role::Key, k_), vs = make_side(spec_, Role::Value, v_);
-  const Tensor3 kd = round_trip(spec_, Role::Key, k_).values, vd = round_trip(spec_, Role::Value, v_).values;
+  const Tensor3 kd = round_trip(spec_, Role::Key, k_).values,
+                vd = round_trip(spec_, Role::Value, v_).values;
   // The cache stores what the whole-tensor reference stores, bit for bit.
   ASSERT_EQ(ks->dequantize().data.size(), kd.data.size());
   EXPECT_EQ(0, std::memcmp(ks->dequantize().data.data(), kd.data.data(), kd.data.size() * 4));
@@ -145,8 +146,10 @@ TEST_P(AttentionOverCache, PrefillEqualsTokenByTokenDecode) {
   // Every scheme streams: append one token at a time. FP8 dynamic tensor/head/channel scales come
   // from the first min(first, T) tokens in both caches (the one-shot cache is its own prefill).
   SchemeSpec streamed = spec_;
-  if (streamed.kind == SchemeKind::Fp8) streamed.fp8.first = std::min<int>(streamed.fp8.first, static_cast<int>(T));
-  auto k1 = make_side(streamed, Role::Key, c.heads, D), v1 = make_side(streamed, Role::Value, c.heads, D);
+  if (streamed.kind == SchemeKind::Fp8)
+    streamed.fp8.first = std::min<int>(streamed.fp8.first, static_cast<int>(T));
+  auto k1 = make_side(streamed, Role::Key, c.heads, D),
+       v1 = make_side(streamed, Role::Value, c.heads, D);
   const double tol = kPathTol * max_abs(v_.data);
   std::vector<float> o(static_cast<size_t>(qh * D));
   int64_t checked = 0;
@@ -163,14 +166,27 @@ TEST_P(AttentionOverCache, PrefillEqualsTokenByTokenDecode) {
   EXPECT_EQ(checked, T * qh * D);
 }
 
-const std::vector<std::string> kSpecs = {
-    "fp32", "bf16", "fp16",
-    "fp8_e4m3:gran=tensor", "fp8_e4m3:gran=head", "fp8_e4m3:gran=token", "fp8_e4m3:gran=channel",
-    "fp8_e5m2:gran=token", "fp8_e4m3fnuz:gran=head", "fp8_e4m3:scale=0.05",
-    "fp8_e4m3:gran=head,scale=calib:CALIB",
-    "kivi2", "kivi3", "kivi4", "kivi8", "kivi2:g=32,r=0", "kivi4:g=16,r=32,sym",
-    "int2:k=token,v=token", "int4:k=channel,v=channel,g=16,r=32", "int3:k=token,v=channel,g=8,sym",
-    "int8:k=token,v=token,g=dim"};
+const std::vector<std::string> kSpecs = {"fp32",
+                                         "bf16",
+                                         "fp16",
+                                         "fp8_e4m3:gran=tensor",
+                                         "fp8_e4m3:gran=head",
+                                         "fp8_e4m3:gran=token",
+                                         "fp8_e4m3:gran=channel",
+                                         "fp8_e5m2:gran=token",
+                                         "fp8_e4m3fnuz:gran=head",
+                                         "fp8_e4m3:scale=0.05",
+                                         "fp8_e4m3:gran=head,scale=calib:CALIB",
+                                         "kivi2",
+                                         "kivi3",
+                                         "kivi4",
+                                         "kivi8",
+                                         "kivi2:g=32,r=0",
+                                         "kivi4:g=16,r=32,sym",
+                                         "int2:k=token,v=token",
+                                         "int4:k=channel,v=channel,g=16,r=32",
+                                         "int3:k=token,v=channel,g=8,sym",
+                                         "int8:k=token,v=token,g=dim"};
 
 std::vector<Case> cases() {
   std::vector<Case> out;
@@ -199,7 +215,8 @@ TEST(AttentionMetrics, IdenticalCachesGiveZeroAndKivi2WorseThanFp8) {
   EXPECT_EQ(same.topk_overlap, 1.0);
   auto metrics_of = [&](const char* s) {
     const SchemeSpec sp = parse_spec(s);
-    return attention_metrics(q.data(), 8, *kr, *vr, *make_side(sp, Role::Key, k), *make_side(sp, Role::Value, v), 16);
+    return attention_metrics(q.data(), 8, *kr, *vr, *make_side(sp, Role::Key, k),
+                             *make_side(sp, Role::Value, v), 16);
   };
   const auto f8 = metrics_of("fp8_e4m3:gran=token"), k2 = metrics_of("kivi2:g=32,r=0");
   EXPECT_GT(f8.kl, 0.0);
@@ -209,7 +226,8 @@ TEST(AttentionMetrics, IdenticalCachesGiveZeroAndKivi2WorseThanFp8) {
 }
 
 TEST(Attention, BadShapesAreErrors) {
-  const auto k = make_side(parse_spec("fp32"), Role::Key, 2, 8), v = make_side(parse_spec("fp32"), Role::Value, 2, 8);
+  const auto k = make_side(parse_spec("fp32"), Role::Key, 2, 8),
+             v = make_side(parse_spec("fp32"), Role::Value, 2, 8);
   std::vector<float> q(3 * 8), o(3 * 8);
   EXPECT_THROW(decode_attention(q.data(), 3, *k, *v, o.data()), Error);  // empty cache
   std::vector<float> x(2 * 8, 1.0f);

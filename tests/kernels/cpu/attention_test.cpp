@@ -24,6 +24,7 @@
 #include "kernels/cpu/isa.h"
 #include "kivi/layout.h"
 #include "reference_cpu/attention.h"
+#include "tests/support/names.h"
 #include "tests/support/random.h"
 
 namespace kvq::cpu {
@@ -43,12 +44,9 @@ struct Case {
 
 std::string name_of(const ::testing::TestParamInfo<Case>& i) {
   const Case& c = i.param;
-  std::string s = c.spec;
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
-  return s + "_T" + std::to_string(c.tokens) + "_H" + std::to_string(c.heads) + "_D" +
-         std::to_string(c.dim) + "_gqa" + std::to_string(c.gqa) + "_thr" +
-         std::to_string(c.threads);
+  return kvq::testing::test_name(c.spec) + "_T" + std::to_string(c.tokens) + "_H" +
+         std::to_string(c.heads) + "_D" + std::to_string(c.dim) + "_gqa" + std::to_string(c.gqa) +
+         "_thr" + std::to_string(c.threads);
 }
 
 struct Result {

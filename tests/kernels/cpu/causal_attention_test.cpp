@@ -22,6 +22,7 @@
 #include "experiments/synthetic.h"
 #include "kernels/cpu/attention.h"
 #include "reference_cpu/attention.h"
+#include "tests/support/names.h"
 #include "tests/support/random.h"
 
 namespace kvq::cpu {
@@ -40,9 +41,7 @@ struct Case {
 
 std::string name_of(const ::testing::TestParamInfo<Case>& i) {
   const Case& c = i.param;
-  std::string s = c.spec;
-  for (char& ch : s)
-    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  std::string s = kvq::testing::test_name(c.spec);
   s += fmt::format("_H{}_D{}_gqa{}_chunks_{}", c.heads, c.dim, c.gqa, fmt::join(c.chunks, "_"));
   return s;
 }
