@@ -33,6 +33,8 @@ constexpr int64_t kBlock = 256;  // tokens per block (rounded to a multiple of a
 // Tokens per segment = blocks * this: the unit of the split across threads and of the fold, the
 // same for every position and thread count (so results depend on neither).
 constexpr int64_t kBlocksPerSegment = 2;
+// Positions per work item when a call has many: they share each K/V block while it is in cache.
+constexpr int64_t kTile = 16;
 
 struct Call {
   const float* q;
@@ -43,6 +45,15 @@ struct Call {
   const StoredSide& v;
   IntMode mode;
   int64_t block;  // tokens per block
+};
+
+/// One position's share of a tile's block (simd_tile_block): its call, partial, score rows
+/// ([NQ, block + 8]) and token range.
+struct TileSlot {
+  const Call* c;
+  Partial* P;
+  float* s;
+  int64_t t0, t1;
 };
 
 /// Scratch of one thread.
@@ -409,6 +420,153 @@ void acc_rows(const float* p, int64_t ldp, int64_t n, const L& ld, float* o, int
     if constexpr (Prefetchable<L>) prefetch_rows(ld, j0 + kSubRows, n, D);
     acc_chunks<NQ, CW>(p, ldp, j0, std::min(n, j0 + kSubRows), ld, o, D, 0);
   }
+}
+
+/// Scores of every kv head, tokens in address order: for TT tokens at a time, each head's rows
+/// (a token's heads are contiguous, so a step reads TT whole tokens) dotted with that head's NQ
+/// queries (q is [H, NQ, D]) into s[h * hs + i * lds + t]. Row (t, h) is ld(t * H + h, .). Each
+/// score is the arithmetic of dot_rows (the same lane-wise fma chain over d and the same
+/// horizontal sum); only the order in which scores are produced differs.
+template <int NQ, int TT, class L>
+void dot_heads(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, float* s, int64_t hs,
+               int64_t lds) {
+  int64_t t = 0;
+  auto step = [&]<int U>() {
+    for (int64_t h = 0; h < H; ++h) {
+      __m256 acc[NQ * U];
+      for (auto& a : acc) a = _mm256_setzero_ps();
+      const float* qh = q + h * NQ * D;
+      for (int64_t d = 0; d < D; d += 8) {
+        __m256 kv[U];
+        for (int u = 0; u < U; ++u) kv[u] = ld((t + u) * H + h, d);
+        for (int i = 0; i < NQ; ++i) {
+          const __m256 qv = _mm256_loadu_ps(qh + i * D + d);
+          for (int u = 0; u < U; ++u) acc[i * U + u] = _mm256_fmadd_ps(qv, kv[u], acc[i * U + u]);
+        }
+      }
+      constexpr int kN = NQ * U, kPad = (kN + 3) / 4 * 4;
+      alignas(16) float res[kPad];
+      for (int a = 0; a < kN; a += 4) {
+        const __m256 z = _mm256_setzero_ps();
+        _mm_store_ps(res + a, hsum4(acc[a], a + 1 < kN ? acc[a + 1] : z,
+                                    a + 2 < kN ? acc[a + 2] : z, a + 3 < kN ? acc[a + 3] : z));
+      }
+      for (int i = 0; i < NQ; ++i)
+        for (int u = 0; u < U; ++u) s[h * hs + i * lds + t + u] = res[i * U + u];
+    }
+    t += U;
+  };
+  while (t + TT <= n) step.template operator()<TT>();
+  while (t < n) step.template operator()<1>();
+}
+
+/// Values of every kv head, tokens in address order: o_h,i += p[h * hs + i * ldp + t] * row (t, h),
+/// two tokens at a time, each head's o ([H, NQ, D]) loaded once per step, both tokens' fmas
+/// applied in token order, stored. Per element the same fma chain in token order as acc_rows, so
+/// the same bits.
+template <int NQ, class L>
+void acc_heads(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
+               const L& ld, float* o) {
+  int64_t t = 0;
+  auto step = [&]<int U>() {
+    for (int64_t h = 0; h < H; ++h) {
+      float* oh = o + h * NQ * D;
+      __m256 pw[NQ * U];
+      for (int i = 0; i < NQ; ++i)
+        for (int u = 0; u < U; ++u) pw[i * U + u] = _mm256_set1_ps(p[h * hs + i * ldp + t + u]);
+      for (int64_t d = 0; d < D; d += 8) {
+        __m256 v[U];
+        for (int u = 0; u < U; ++u) v[u] = ld((t + u) * H + h, d);
+        for (int i = 0; i < NQ; ++i) {
+          __m256 x = _mm256_loadu_ps(oh + i * D + d);
+          for (int u = 0; u < U; ++u) x = _mm256_fmadd_ps(pw[i * U + u], v[u], x);
+          _mm256_storeu_ps(oh + i * D + d, x);
+        }
+      }
+    }
+    t += U;
+  };
+  while (t + 2 <= n) step.template operator()<2>();
+  while (t < n) step.template operator()<1>();
+}
+
+
+/// dot_heads for a stream read once (a decode step): rows strictly in address order, TT rows
+/// (not tokens) per step, so every load instruction walks memory with one constant stride, which
+/// the hardware prefetchers follow (twice the bandwidth of dot_heads' token pairs on a cold
+/// stream). Same bits as dot_heads.
+template <int NQ, int TT, class L>
+void dot_heads_stream(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, float* s,
+                      int64_t hs, int64_t lds) {
+  const int64_t rows = n * H;
+  int64_t r = 0, t = 0, h = 0;  // row r's token and head
+  auto step = [&]<int U>() {
+    __m256 acc[NQ * U];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    int64_t tu[U], hu[U];
+    for (int u = 0; u < U; ++u) {
+      tu[u] = t;
+      hu[u] = h;
+      if (++h == H) h = 0, ++t;
+    }
+    for (int64_t d = 0; d < D; d += 8)
+      for (int u = 0; u < U; ++u) {
+        const __m256 kv = ld(r + u, d);
+        const float* qh = q + hu[u] * NQ * D + d;
+        for (int i = 0; i < NQ; ++i)
+          acc[i * U + u] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i * D), kv, acc[i * U + u]);
+      }
+    constexpr int kN = NQ * U, kPad = (kN + 3) / 4 * 4;
+    alignas(16) float res[kPad];
+    for (int a = 0; a < kN; a += 4) {
+      const __m256 z = _mm256_setzero_ps();
+      _mm_store_ps(res + a, hsum4(acc[a], a + 1 < kN ? acc[a + 1] : z, a + 2 < kN ? acc[a + 2] : z,
+                                  a + 3 < kN ? acc[a + 3] : z));
+    }
+    for (int u = 0; u < U; ++u)
+      for (int i = 0; i < NQ; ++i) s[hu[u] * hs + i * lds + tu[u]] = res[i * U + u];
+    r += U;
+  };
+  while (r + TT <= rows) step.template operator()<TT>();
+  while (r < rows) step.template operator()<1>();
+}
+
+/// acc_heads for a stream read once: one row at a time in address order (see dot_heads_stream).
+/// Same bits as acc_heads.
+template <int NQ, class L>
+void acc_heads_stream(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
+                      const L& ld, float* o) {
+  int64_t r = 0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < H; ++h, ++r) {
+      float* oh = o + h * NQ * D;
+      __m256 pw[NQ];
+      for (int i = 0; i < NQ; ++i) pw[i] = _mm256_set1_ps(p[h * hs + i * ldp + t]);
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 v = ld(r, d);
+        for (int i = 0; i < NQ; ++i) {
+          float* x = oh + i * D + d;
+          _mm256_storeu_ps(x, _mm256_fmadd_ps(pw[i], v, _mm256_loadu_ps(x)));
+        }
+      }
+    }
+}
+
+template <bool kStream, int NQ, int TT, class L>
+void dot_heads_any(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, float* s,
+                   int64_t hs, int64_t lds) {
+  if constexpr (kStream)
+    dot_heads_stream<NQ, TT>(q, H, D, n, ld, s, hs, lds);
+  else
+    dot_heads<NQ, TT>(q, H, D, n, ld, s, hs, lds);
+}
+template <bool kStream, int NQ, class L>
+void acc_heads_any(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
+                   const L& ld, float* o) {
+  if constexpr (kStream)
+    acc_heads_stream<NQ>(p, hs, ldp, H, D, n, ld, o);
+  else
+    acc_heads<NQ>(p, hs, ldp, H, D, n, ld, o);
 }
 
 template <int NQ>
@@ -832,7 +990,7 @@ void prepare(Scratch& w, const Call& c) {
     if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
   };
   grow(w.s, c.nq * lds);
-  grow(w.qs, c.nq * D);
+  grow(w.qs, c.q_heads * D);
   if (c.k.kind == SchemeKind::Int) {
     grow(w.wt, D * kivi::words_for(c.k.group, c.k.bits));
     grow(w.c8, D * (c.k.group + 32));
@@ -847,46 +1005,170 @@ void prepare(Scratch& w, const Call& c) {
   }
 }
 
-template <int NQ>
-void simd_range(const Call& c, int64_t a, int64_t b, Partial& P, Scratch& w) {
-  const int64_t D = c.D, lds = c.block + 8;
-  prepare(w, c);
-  for (int64_t t0 = a; t0 < b; t0 += c.block) {
-    const int64_t t1 = std::min(b, t0 + c.block), n = t1 - t0;
-    for (int64_t h = 0; h < c.H; ++h) {
-      scores<NQ>(c, h, t0, t1, w.s.data(), lds, w);
-      for (int i = 0; i < NQ; ++i) {
-        const int64_t j = h * NQ + i;
-        softmax_step(w.s.data() + i * lds, n, c.scale, P.m[static_cast<size_t>(j)],
-                     P.l[static_cast<size_t>(j)], P.o.data() + j * D, D);
-      }
-      values<NQ>(c, h, t0, t1, w.s.data(), lds, P.o.data() + h * NQ * D, w);
+bool row_kind(SchemeKind k) { return is_dense(k) || k == SchemeKind::Fp8; }
+
+/// scores() of every kv head at once in memory order (dot_heads), for dense and fp8 keys; the same
+/// bits as scores() head by head. s[h * hs + i * lds + (t - t0)].
+template <int NQ, bool kStream>
+void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, int64_t lds,
+                 Scratch& w) {
+  constexpr int TT = kTokensPerStep<NQ>;
+  const StoredSide& k = c.k;
+  const int64_t H = c.H, D = c.D, row = H * D;
+  if (is_dense(k.kind)) {
+    const int64_t te = dense_end(k, t1);
+    if (t0 < te) {
+      if (k.kind == SchemeKind::Fp32)
+        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, F32Rows{k.f32 + t0 * row, D}, s, hs, lds);
+      else if (k.kind == SchemeKind::Bf16)
+        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, Bf16Rows{k.half16 + t0 * row, D}, s, hs, lds);
+      else
+        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, Fp16Rows{k.half16 + t0 * row, D}, s, hs, lds);
     }
+    const int64_t r0 = std::max(t0, te);
+    if (r0 < t1)
+      dot_heads_any<kStream, NQ, TT>(c.q, H, D, t1 - r0,
+                        F32Rows{k.residual + (r0 - k.quantized_tokens) * row, D}, s + (r0 - t0),
+                        hs, lds);
+    return;
   }
+  const float* qq = c.q;
+  if (k.gran == Granularity::Channel) {  // fold the per-channel scales into q
+    for (int64_t h = 0; h < H; ++h)
+      for (int i = 0; i < NQ; ++i)
+        for (int64_t d = 0; d < D; ++d)
+          w.qs[static_cast<size_t>((h * NQ + i) * D + d)] =
+              c.q[(h * NQ + i) * D + d] * k.fp8_scales[h * D + d];
+    qq = w.qs.data();
+  }
+  with_fp8_rows(k, k.codes + t0 * row, D,
+                [&](const auto& ld) { dot_heads_any<kStream, NQ, TT>(qq, H, D, t1 - t0, ld, s, hs, lds); });
+  if (k.gran != Granularity::Channel)
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const float f = fp8_token_factor(k, t, h);
+        for (int i = 0; i < NQ; ++i) s[h * hs + i * lds + (t - t0)] *= f;
+      }
 }
 
-void simd_dispatch(const Call& c, int64_t a, int64_t b, Partial& P, Scratch& w) {
-  switch (c.nq) {
-    case 1:
-      return simd_range<1>(c, a, b, P, w);
-    case 2:
-      return simd_range<2>(c, a, b, P, w);
-    case 3:
-      return simd_range<3>(c, a, b, P, w);
-    case 4:
-      return simd_range<4>(c, a, b, P, w);
-    case 5:
-      return simd_range<5>(c, a, b, P, w);
-    case 6:
-      return simd_range<6>(c, a, b, P, w);
-    case 7:
-      return simd_range<7>(c, a, b, P, w);
-    case 8:
-      return simd_range<8>(c, a, b, P, w);
+/// values() of every kv head at once in memory order (acc_heads), for dense and fp8 values; the
+/// same bits as values() head by head. o is [H, NQ, D].
+template <int NQ, bool kStream>
+void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, int64_t ldp,
+                 float* o) {
+  const StoredSide& v = c.v;
+  const int64_t H = c.H, D = c.D, row = H * D;
+  if (is_dense(v.kind)) {
+    const int64_t te = dense_end(v, t1);
+    if (t0 < te) {
+      if (v.kind == SchemeKind::Fp32)
+        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, F32Rows{v.f32 + t0 * row, D}, o);
+      else if (v.kind == SchemeKind::Bf16)
+        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, Bf16Rows{v.half16 + t0 * row, D}, o);
+      else
+        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, Fp16Rows{v.half16 + t0 * row, D}, o);
+    }
+    const int64_t r0 = std::max(t0, te);
+    if (r0 < t1)
+      acc_heads_any<kStream, NQ>(p + (r0 - t0), hs, ldp, H, D, t1 - r0,
+                    F32Rows{v.residual + (r0 - v.quantized_tokens) * row, D}, o);
+    return;
   }
-  fail("cpu attention: GQA group {} outside 1..8", c.nq);
+  if (v.gran != Granularity::Channel)  // per-channel scales multiply the final output
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const float f = fp8_token_factor(v, t, h);
+        for (int i = 0; i < NQ; ++i) p[h * hs + i * ldp + (t - t0)] *= f;
+      }
+  with_fp8_rows(v, v.codes + t0 * row, D,
+                [&](const auto& ld) { acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, ld, o); });
 }
+
+/// One block of every kv head for several positions at once (one for a decode step), each with
+/// exactly the arithmetic of scores(), the softmax step and values() head by head: scores and
+/// values go sub-block by sub-block, every position of the tile through the same sub-block while
+/// it is in L1. Dense and fp8 sides stream every head of a sub-block in address order (a token's
+/// heads are contiguous); int sides go head by head. None of this changes a bit: a score is one
+/// token's own dot product, a value row is one more fma on o (kept in memory between sub-blocks,
+/// exactly), and each head's softmax step still comes between its scores and its values.
+/// Per-token int values fold their minima once per call, so they take their block whole.
+template <int NQ>
+void simd_tile_block(std::span<const TileSlot> slots, Scratch& w) {
+  const Call& c0 = *slots[0].c;
+  const int64_t D = c0.D, H = c0.H, lds = c0.block + 8, hs = NQ * lds;
+  const int64_t sub = c0.k.kind == SchemeKind::Int ? std::max<int64_t>(kSubRows, c0.k.group)
+                                                   : kSubRows;
+  // One position streams its rows from memory once; several reuse them from cache.
+  const bool stream = slots.size() == 1;
+  int64_t longest = 0;
+  for (const TileSlot& x : slots) {
+    prepare(w, *x.c);
+    longest = std::max(longest, x.t1 - x.t0);
+  }
+  for (int64_t u = 0; u < longest; u += sub)
+    for (const TileSlot& x : slots) {
+      const int64_t a = x.t0 + u, b = std::min(x.t1, a + sub);
+      if (a >= b) continue;
+      if (row_kind(x.c->k.kind)) {
+        if (stream)
+          scores_rows<NQ, true>(*x.c, a, b, x.s + u, hs, lds, w);
+        else
+          scores_rows<NQ, false>(*x.c, a, b, x.s + u, hs, lds, w);
+      } else {
+        for (int64_t h = 0; h < H; ++h) scores<NQ>(*x.c, h, a, b, x.s + h * hs + u, lds, w);
+      }
+    }
+  for (const TileSlot& x : slots)
+    for (int64_t h = 0; h < H; ++h)
+      for (int i = 0; i < NQ; ++i) {
+        const int64_t j = h * NQ + i;
+        softmax_step(x.s + h * hs + i * lds, x.t1 - x.t0, x.c->scale,
+                     x.P->m[static_cast<size_t>(j)], x.P->l[static_cast<size_t>(j)],
+                     x.P->o.data() + j * D, D);
+      }
+  const bool whole = c0.v.kind == SchemeKind::Int;
+  for (int64_t u = 0; u < longest; u += whole ? longest : kSubRows)
+    for (const TileSlot& x : slots) {
+      const int64_t a = x.t0 + u, b = whole ? x.t1 : std::min(x.t1, a + kSubRows);
+      if (a >= b) continue;
+      if (row_kind(x.c->v.kind)) {
+        if (stream)
+          values_rows<NQ, true>(*x.c, a, b, x.s + u, hs, lds, x.P->o.data());
+        else
+          values_rows<NQ, false>(*x.c, a, b, x.s + u, hs, lds, x.P->o.data());
+      } else {
+        for (int64_t h = 0; h < H; ++h)
+          values<NQ>(*x.c, h, a, b, x.s + h * hs + u, lds, x.P->o.data() + h * NQ * D, w);
+      }
+    }
+}
+
+/// Calls f.template operator()<NQ>() for the call's GQA group.
+template <class F>
+void dispatch_nq(int nq, F&& f) {
+  switch (nq) {
+    case 1:
+      return f.template operator()<1>();
+    case 2:
+      return f.template operator()<2>();
+    case 3:
+      return f.template operator()<3>();
+    case 4:
+      return f.template operator()<4>();
+    case 5:
+      return f.template operator()<5>();
+    case 6:
+      return f.template operator()<6>();
+    case 7:
+      return f.template operator()<7>();
+    case 8:
+      return f.template operator()<8>();
+  }
+  fail("cpu attention: GQA group {} outside 1..8", nq);
+}
+
 #endif
+
 
 bool side_fast(const StoredSide& s, bool key) {
   if (s.kind != SchemeKind::Int) return true;
@@ -968,7 +1250,8 @@ StoredSide position_view(const StoredSide& s, int64_t t, int64_t qt, ExactTail t
 
 struct CausalAttention::Workspace::Impl {
   Scratch scratch;
-  Partial acc, part;
+  std::vector<Partial> acc, part;  // per position of a tile
+  std::vector<float> s;            // the tile's score rows
 };
 CausalAttention::Workspace::Workspace() : impl(std::make_unique<Impl>()) {}
 CausalAttention::Workspace::~Workspace() = default;
@@ -995,11 +1278,14 @@ CausalAttention::CausalAttention(const CausalInput& in, int members) : in_(in) {
               in.k_exact.begin, in.v_exact.begin, in.t_begin);
   }
   segment_ = block_for(in.k) * kBlocksPerSegment;
-  if (in.n < members) {  // few positions: one item per (position, segment), folded by merge()
+  const int m = std::max(1, members);
+  if (in.n < m) {  // few positions: one item per (position, segment), folded by merge()
     first_item_.push_back(0);
     for (int64_t p = 0; p < in.n; ++p) first_item_.push_back(first_item_.back() + segments(p));
     parts_ = std::make_unique<Parts>();
     parts_->p.resize(static_cast<size_t>(first_item_.back()));
+  } else {  // tiles of positions, at least 4 per member when there are enough
+    tile_ = std::clamp<int64_t>(in.n / (4 * m), 1, kTile);
   }
 }
 
@@ -1009,14 +1295,18 @@ int64_t CausalAttention::segments(int64_t p) const {
   return (in_.t_begin + p + 1 + segment_ - 1) / segment_;
 }
 
-int64_t CausalAttention::items() const { return parts_ ? first_item_.back() : in_.n; }
+int64_t CausalAttention::items() const {
+  return parts_ ? first_item_.back() : (in_.n + tile_ - 1) / tile_;
+}
 
 int64_t CausalAttention::merges() const { return parts_ ? in_.n : 0; }
 
-/// One position's sides as it sees them (position_view) and whether the SIMD path takes them.
+/// One position's sides as it sees them (position_view), whether the SIMD path takes them, and
+/// its call.
 struct CausalAttention::Position {
   StoredSide k, v;
   bool fast = false;
+  int64_t t = 0;  // the position's token index
 };
 
 CausalAttention::Position CausalAttention::position(int64_t p) const {
@@ -1026,28 +1316,43 @@ CausalAttention::Position CausalAttention::position(int64_t p) const {
   pos.k = position_view(in_.k, t, tails ? in_.k_quantized[p] : 0, in_.k_exact);
   pos.v = position_view(in_.v, t, tails ? in_.v_quantized[p] : 0, in_.v_exact);
   pos.fast = has_fast_path(pos.k, pos.v, in_.q_heads);
+  pos.t = t;
   return pos;
 }
 
+namespace {
+Call make_call(const CausalInput& in, int64_t p, const StoredSide& k, const StoredSide& v) {
+  const int64_t D = k.dim;
+  return Call{in.q + p * in.q_heads * D,
+              in.q_heads,
+              k.heads,
+              D,
+              static_cast<int>(in.q_heads / k.heads),
+              1.0f / std::sqrt(static_cast<float>(D)),
+              k,
+              v,
+              in.int_mode,
+              block_for(k)};
+}
+}  // namespace
+
 void CausalAttention::segment(const Position& pos, int64_t p, int64_t s, Partial& out,
                               Workspace& w) const {
-  const int64_t t = in_.t_begin + p, D = in_.k.dim;
-  const Call c{in_.q + p * in_.q_heads * D,
-               in_.q_heads,
-               pos.k.heads,
-               D,
-               static_cast<int>(in_.q_heads / pos.k.heads),
-               1.0f / std::sqrt(static_cast<float>(D)),
-               pos.k,
-               pos.v,
-               in_.int_mode,
-               block_for(pos.k)};
-  const int64_t a = s * segment_, b = std::min(t + 1, a + segment_);
-  out.init(in_.q_heads, D);
+  const Call c = make_call(in_, p, pos.k, pos.v);
+  const int64_t a = s * segment_, b = std::min(pos.t + 1, a + segment_);
+  out.init(in_.q_heads, c.D);
+  for (int64_t t0 = a; t0 < b; t0 += c.block) {
+    const int64_t t1 = std::min(b, t0 + c.block);
 #if KVQ_CPU_AVX2
-  if (pos.fast) return simd_dispatch(c, a, b, out, w.impl->scratch);
+    if (pos.fast) {  // the same kernel as a tile of one position
+      w.impl->s.resize(static_cast<size_t>(in_.q_heads * (c.block + 8)));
+      const TileSlot slot{&c, &out, w.impl->s.data(), t0, t1};
+      dispatch_nq(c.nq, [&]<int NQ>() { simd_tile_block<NQ>({&slot, 1}, w.impl->scratch); });
+      continue;
+    }
 #endif
-  portable_range(c, a, b, out, w.impl->scratch);
+    portable_range(c, t0, t1, out, w.impl->scratch);
+  }
 }
 
 void CausalAttention::finish(const Position& pos, int64_t p, const Partial& acc, float* out) const {
@@ -1071,14 +1376,64 @@ void CausalAttention::run(int64_t item, float* out, Workspace& w) {
     segment(position(p), p, item - *it, parts_->p[static_cast<size_t>(item)], w);
     return;
   }
-  const int64_t p = in_.n - 1 - item;  // the longest positions first
-  const Position pos = position(p);
-  Partial& acc = w.impl->acc;
-  for (int64_t s = 0; s < segments(p); ++s) {
-    segment(pos, p, s, w.impl->part, w);
-    fold(acc, w.impl->part, s == 0, in_.k.dim);
+  // A tile of positions [lo, hi), the longest first. Each position runs exactly the blocks, in
+  // exactly the order, it runs alone (segment by segment, block by block, folded in order); the
+  // tile only interleaves positions block by block and head by head, so each head's K/V block is
+  // read from memory once and reused from cache by the other positions.
+  const int64_t hi = in_.n - item * tile_, lo = std::max<int64_t>(0, hi - tile_), m = hi - lo;
+  std::vector<Position> pos;
+  std::vector<Call> calls;
+  pos.reserve(static_cast<size_t>(m));
+  calls.reserve(static_cast<size_t>(m));
+  for (int64_t p = lo; p < hi; ++p) {
+    pos.push_back(position(p));
+    calls.push_back(make_call(in_, p, pos.back().k, pos.back().v));
   }
-  finish(pos, p, acc, out);
+  auto& acc = w.impl->acc;
+  auto& part = w.impl->part;
+  if (static_cast<int64_t>(acc.size()) < m) {
+    acc.resize(static_cast<size_t>(m));
+    part.resize(static_cast<size_t>(m));
+  }
+  const int64_t D = in_.k.dim;
+  const int64_t block = calls[0].block;  // the same for every position (block_for)
+  for (const Call& c : calls)
+    KVQ_CHECK(c.block == block, "cpu attention: positions of one call read blocks of {} and {}",
+              block, c.block);
+  std::vector<TileSlot> slots;
+  w.impl->s.resize(static_cast<size_t>(m * in_.q_heads * (block + 8)));
+  for (int64_t s = 0; s < segments(hi - 1); ++s) {
+    const int64_t a = s * segment_;
+    for (int64_t x = 0; x < m; ++x)
+      if (s < segments(lo + x)) part[static_cast<size_t>(x)].init(in_.q_heads, D);
+    for (int64_t bi = 0; bi * block < segment_; ++bi) {
+      // This block's fast positions go together (simd_tile_block); the others one by one.
+      slots.clear();
+      for (int64_t x = 0; x < m; ++x) {
+        const Call& c = calls[static_cast<size_t>(x)];
+        const int64_t b = std::min(pos[static_cast<size_t>(x)].t + 1, a + segment_);
+        const int64_t t0 = a + bi * c.block, t1 = std::min(b, t0 + c.block);
+        if (t0 >= b) continue;
+        if (!pos[static_cast<size_t>(x)].fast) {
+          portable_range(c, t0, t1, part[static_cast<size_t>(x)], w.impl->scratch);
+          continue;
+        }
+        slots.push_back({&c, &part[static_cast<size_t>(x)],
+                         w.impl->s.data() + x * in_.q_heads * (block + 8), t0, t1});
+      }
+#if KVQ_CPU_AVX2
+      if (!slots.empty())
+        dispatch_nq(calls[0].nq, [&]<int NQ>() {
+          simd_tile_block<NQ>(slots, w.impl->scratch);
+        });
+#endif
+    }
+    for (int64_t x = 0; x < m; ++x)
+      if (s < segments(lo + x))
+        fold(acc[static_cast<size_t>(x)], part[static_cast<size_t>(x)], s == 0, D);
+  }
+  for (int64_t x = 0; x < m; ++x)
+    finish(pos[static_cast<size_t>(x)], lo + x, acc[static_cast<size_t>(x)], out);
 }
 
 void CausalAttention::merge(int64_t p, float* out) const {

@@ -101,6 +101,7 @@ class CausalAttention {
   void finish(const Position& pos, int64_t p, const Partial& acc, float* out) const;
   CausalInput in_;
   int64_t segment_ = 0;
+  int64_t tile_ = 1;  // positions per item when there is one item per several positions
   std::vector<int64_t> first_item_;
   std::unique_ptr<Parts> parts_;
 };
