@@ -490,14 +490,17 @@ void acc_heads(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, in
   while (t < n) step.template operator()<1>();
 }
 
+/// Rows a stream kernel prefetches ahead of the one it reads (4 KB of 256-byte rows; measured
+/// at 8k context, fp32, D 64: 7 -> 10 GB/s per thread).
+constexpr int64_t kStreamAhead = 16;
 
 /// dot_heads for a stream read once (a decode step): rows strictly in address order, TT rows
-/// (not tokens) per step, so every load instruction walks memory with one constant stride, which
-/// the hardware prefetchers follow (twice the bandwidth of dot_heads' token pairs on a cold
-/// stream). Same bits as dot_heads.
+/// (not tokens) per step, so every load instruction walks memory with one constant stride (twice
+/// the bandwidth of dot_heads' token pairs on a cold stream), and rows kStreamAhead ahead are
+/// prefetched, up to `valid` rows from the base (the rows that exist). Same bits as dot_heads.
 template <int NQ, int TT, class L>
 void dot_heads_stream(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, float* s,
-                      int64_t hs, int64_t lds) {
+                      int64_t hs, int64_t lds, int64_t valid) {
   const int64_t rows = n * H;
   int64_t r = 0, t = 0, h = 0;  // row r's token and head
   auto step = [&]<int U>() {
@@ -509,6 +512,9 @@ void dot_heads_stream(const float* q, int64_t H, int64_t D, int64_t n, const L& 
       hu[u] = h;
       if (++h == H) h = 0, ++t;
     }
+    if constexpr (Prefetchable<L>)
+      for (int u = 0; u < U; ++u)
+        if (r + u + kStreamAhead < valid) ld.prefetch(r + u + kStreamAhead, D);
     for (int64_t d = 0; d < D; d += 8)
       for (int u = 0; u < U; ++u) {
         const __m256 kv = ld(r + u, d);
@@ -531,15 +537,17 @@ void dot_heads_stream(const float* q, int64_t H, int64_t D, int64_t n, const L& 
   while (r < rows) step.template operator()<1>();
 }
 
-/// acc_heads for a stream read once: one row at a time in address order (see dot_heads_stream).
-/// Same bits as acc_heads.
+/// acc_heads for a stream read once: one row at a time in address order, prefetched as in
+/// dot_heads_stream. Same bits as acc_heads.
 template <int NQ, class L>
 void acc_heads_stream(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
-                      const L& ld, float* o) {
+                      const L& ld, float* o, int64_t valid) {
   int64_t r = 0;
   for (int64_t t = 0; t < n; ++t)
     for (int64_t h = 0; h < H; ++h, ++r) {
       float* oh = o + h * NQ * D;
+      if constexpr (Prefetchable<L>)
+        if (r + kStreamAhead < valid) ld.prefetch(r + kStreamAhead, D);
       __m256 pw[NQ];
       for (int i = 0; i < NQ; ++i) pw[i] = _mm256_set1_ps(p[h * hs + i * ldp + t]);
       for (int64_t d = 0; d < D; d += 8) {
@@ -552,19 +560,20 @@ void acc_heads_stream(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_
     }
 }
 
+/// The stream or the cached variant; `valid`: rows that exist from the loader's base.
 template <bool kStream, int NQ, int TT, class L>
 void dot_heads_any(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, float* s,
-                   int64_t hs, int64_t lds) {
+                   int64_t hs, int64_t lds, int64_t valid) {
   if constexpr (kStream)
-    dot_heads_stream<NQ, TT>(q, H, D, n, ld, s, hs, lds);
+    dot_heads_stream<NQ, TT>(q, H, D, n, ld, s, hs, lds, valid);
   else
-    dot_heads<NQ, TT>(q, H, D, n, ld, s, hs, lds);
+    dot_heads<NQ, TT>(q, H, D, n, ld, s, hs, lds);  // rows come from cache: no prefetch
 }
 template <bool kStream, int NQ, class L>
 void acc_heads_any(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
-                   const L& ld, float* o) {
+                   const L& ld, float* o, int64_t valid) {
   if constexpr (kStream)
-    acc_heads_stream<NQ>(p, hs, ldp, H, D, n, ld, o);
+    acc_heads_stream<NQ>(p, hs, ldp, H, D, n, ld, o, valid);
   else
     acc_heads<NQ>(p, hs, ldp, H, D, n, ld, o);
 }
@@ -1016,20 +1025,23 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
   const StoredSide& k = c.k;
   const int64_t H = c.H, D = c.D, row = H * D;
   if (is_dense(k.kind)) {
-    const int64_t te = dense_end(k, t1);
+    const int64_t te = dense_end(k, t1), main = (dense_end(k, k.tokens) - t0) * H;
     if (t0 < te) {
       if (k.kind == SchemeKind::Fp32)
-        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, F32Rows{k.f32 + t0 * row, D}, s, hs, lds);
+        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, F32Rows{k.f32 + t0 * row, D}, s, hs, lds,
+                                       main);
       else if (k.kind == SchemeKind::Bf16)
-        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, Bf16Rows{k.half16 + t0 * row, D}, s, hs, lds);
+        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, Bf16Rows{k.half16 + t0 * row, D}, s, hs,
+                                       lds, main);
       else
-        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, Fp16Rows{k.half16 + t0 * row, D}, s, hs, lds);
+        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, Fp16Rows{k.half16 + t0 * row, D}, s, hs,
+                                       lds, main);
     }
     const int64_t r0 = std::max(t0, te);
     if (r0 < t1)
       dot_heads_any<kStream, NQ, TT>(c.q, H, D, t1 - r0,
-                        F32Rows{k.residual + (r0 - k.quantized_tokens) * row, D}, s + (r0 - t0),
-                        hs, lds);
+                                     F32Rows{k.residual + (r0 - k.quantized_tokens) * row, D},
+                                     s + (r0 - t0), hs, lds, (k.tokens - r0) * H);
     return;
   }
   const float* qq = c.q;
@@ -1041,8 +1053,9 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
               c.q[(h * NQ + i) * D + d] * k.fp8_scales[h * D + d];
     qq = w.qs.data();
   }
-  with_fp8_rows(k, k.codes + t0 * row, D,
-                [&](const auto& ld) { dot_heads_any<kStream, NQ, TT>(qq, H, D, t1 - t0, ld, s, hs, lds); });
+  with_fp8_rows(k, k.codes + t0 * row, D, [&](const auto& ld) {
+    dot_heads_any<kStream, NQ, TT>(qq, H, D, t1 - t0, ld, s, hs, lds, (k.tokens - t0) * H);
+  });
   if (k.gran != Granularity::Channel)
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t h = 0; h < H; ++h) {
@@ -1059,19 +1072,23 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
   const StoredSide& v = c.v;
   const int64_t H = c.H, D = c.D, row = H * D;
   if (is_dense(v.kind)) {
-    const int64_t te = dense_end(v, t1);
+    const int64_t te = dense_end(v, t1), main = (dense_end(v, v.tokens) - t0) * H;
     if (t0 < te) {
       if (v.kind == SchemeKind::Fp32)
-        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, F32Rows{v.f32 + t0 * row, D}, o);
+        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, F32Rows{v.f32 + t0 * row, D}, o,
+                                   main);
       else if (v.kind == SchemeKind::Bf16)
-        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, Bf16Rows{v.half16 + t0 * row, D}, o);
+        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, Bf16Rows{v.half16 + t0 * row, D}, o,
+                                   main);
       else
-        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, Fp16Rows{v.half16 + t0 * row, D}, o);
+        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, Fp16Rows{v.half16 + t0 * row, D}, o,
+                                   main);
     }
     const int64_t r0 = std::max(t0, te);
     if (r0 < t1)
       acc_heads_any<kStream, NQ>(p + (r0 - t0), hs, ldp, H, D, t1 - r0,
-                    F32Rows{v.residual + (r0 - v.quantized_tokens) * row, D}, o);
+                                 F32Rows{v.residual + (r0 - v.quantized_tokens) * row, D}, o,
+                                 (v.tokens - r0) * H);
     return;
   }
   if (v.gran != Granularity::Channel)  // per-channel scales multiply the final output
@@ -1080,8 +1097,9 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
         const float f = fp8_token_factor(v, t, h);
         for (int i = 0; i < NQ; ++i) p[h * hs + i * ldp + (t - t0)] *= f;
       }
-  with_fp8_rows(v, v.codes + t0 * row, D,
-                [&](const auto& ld) { acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, ld, o); });
+  with_fp8_rows(v, v.codes + t0 * row, D, [&](const auto& ld) {
+    acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, ld, o, (v.tokens - t0) * H);
+  });
 }
 
 /// One block of every kv head for several positions at once (one for a decode step), each with
@@ -1096,8 +1114,8 @@ template <int NQ>
 void simd_tile_block(std::span<const TileSlot> slots, Scratch& w) {
   const Call& c0 = *slots[0].c;
   const int64_t D = c0.D, H = c0.H, lds = c0.block + 8, hs = NQ * lds;
-  const int64_t sub = c0.k.kind == SchemeKind::Int ? std::max<int64_t>(kSubRows, c0.k.group)
-                                                   : kSubRows;
+  const int64_t sub =
+      c0.k.kind == SchemeKind::Int ? std::max<int64_t>(kSubRows, c0.k.group) : kSubRows;
   // One position streams its rows from memory once; several reuse them from cache.
   const bool stream = slots.size() == 1;
   int64_t longest = 0;
@@ -1168,7 +1186,6 @@ void dispatch_nq(int nq, F&& f) {
 }
 
 #endif
-
 
 bool side_fast(const StoredSide& s, bool key) {
   if (s.kind != SchemeKind::Int) return true;
@@ -1423,9 +1440,7 @@ void CausalAttention::run(int64_t item, float* out, Workspace& w) {
       }
 #if KVQ_CPU_AVX2
       if (!slots.empty())
-        dispatch_nq(calls[0].nq, [&]<int NQ>() {
-          simd_tile_block<NQ>(slots, w.impl->scratch);
-        });
+        dispatch_nq(calls[0].nq, [&]<int NQ>() { simd_tile_block<NQ>(slots, w.impl->scratch); });
 #endif
     }
     for (int64_t x = 0; x < m; ++x)
