@@ -10,10 +10,12 @@
 //   build/bench/bench_attention --benchmark_repetitions=3
 //   --benchmark_enable_random_interleaving=true
 // Flags of this program (before the benchmark ones): --backend=ref|cpu|both (default both),
-// --int-mode=exact|int8|both (backend cpu's int keys; default both), --contexts=1024,4096,...
+// --int-mode=exact|int8|both (backend cpu's int keys; default both), --contexts=1024,4096,...,
+// --shape=H,D,GQA (default 8,128,4; SmolLM2-135M's is 3,64,3)
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -30,7 +32,7 @@ namespace {
 
 using namespace kvq;
 
-constexpr int64_t kHeads = 8, kDim = 128, kGqa = 4;
+int64_t kHeads = 8, kDim = 128, kGqa = 4;  // --shape=H,D,GQA
 const std::vector<std::string> kSchemes = {"bf16", "fp8_e4m3:gran=token", "fp8_e4m3:gran=tensor",
                                            "kivi4", "kivi2"};
 std::vector<int64_t> g_contexts = {1024, 4096, 16384, 32768};
@@ -160,6 +162,12 @@ int main(int argc, char** argv) {
   const std::string backend = kvq::bench::take_flag(argc, argv, "backend", "both");
   const std::string int_mode = kvq::bench::take_flag(argc, argv, "int-mode", "both");
   const std::string contexts = kvq::bench::take_flag(argc, argv, "contexts", "");
+  const std::string shape = kvq::bench::take_flag(argc, argv, "shape", "");
+  if (!shape.empty() &&
+      std::sscanf(shape.c_str(), "%ld,%ld,%ld", &kHeads, &kDim, &kGqa) != 3) {  // NOLINT
+    std::fprintf(stderr, "bench_attention: --shape=H,D,GQA, for example --shape=3,64,3\n");
+    return 2;
+  }
   if (!contexts.empty()) {
     g_contexts.clear();
     std::stringstream ss(contexts);
