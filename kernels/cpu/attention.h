@@ -10,9 +10,12 @@
 // context is cut into fixed segments (2 blocks, counted from token 0); each segment's partial is
 // folded into the tokens before it, in order:
 //   M = max(m_a, m_s),  l = e^(m_a - M) l_a + e^(m_s - M) l_s,  o likewise.
-// Threads take whole segments (one position) or whole positions (several), so the arithmetic of a
-// position depends on neither the thread count nor the other positions of the call: chunked
-// prefill and token-by-token decode give bit-identical outputs on this backend.
+// Threads take whole segments (one position) or tiles of up to 16 positions (several; a tile goes
+// through each block together, so its K/V comes from cache for all but the first), so the
+// arithmetic of a position depends on neither the thread count nor the other positions of the
+// call: chunked prefill and token-by-token decode give bit-identical outputs on this backend.
+// Dense and fp8 sides read every kv head of a block in address order (row (t, h) is row t*H + h;
+// a decode step streams them with a software prefetch ahead); int sides go head by head.
 //
 // Paths (AVX2+FMA+F16C; anything else takes the portable path, same results within tolerance):
 //   fp32 / bf16 / fp16   rows widened in registers, several tokens x query heads of accumulators
