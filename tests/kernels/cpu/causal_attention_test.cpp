@@ -164,6 +164,13 @@ std::vector<Case> grid() {
   v.push_back({"bf16", 2, 20, 2, {40, 9}});             // ragged head_dim: portable path
   v.push_back({"kivi2:g=8,r=16", 2, 20, 1, {33, 12}});  // ragged head_dim: portable path
   v.push_back({"kivi4", 1, 64, 8, {1100}});
+  // Dense and fp8 sides at other head counts and widths: tiles of several positions (chunks)
+  // against the streaming single-position kernels (decode), which read every head in address order.
+  v.push_back({"bf16", 8, 128, 4, {300, 1, 40}});
+  v.push_back({"fp16", 3, 64, 1, {520, 2}});
+  v.push_back({"fp32", 1, 64, 8, {600, 1}});
+  v.push_back({"fp8_e4m3:gran=channel", 4, 128, 2, {300, 1}});
+  v.push_back({"fp8_e4m3fnuz:gran=token", 5, 64, 2, {260, 3}});
   return v;
 }
 
