@@ -350,40 +350,52 @@ struct ChannelCodes {
   }
 };
 
+/// The score arithmetic every float dot kernel shares, and so the definition of a score on this
+/// backend: for U loader rows and NQ queries each (row u's queries at q[u] + i * D),
+/// res[i * U + u] = the lane-wise fma chain over d in steps of 8, then hsum4's fixed tree. Which
+/// rows go together, and in which order blocks are taken, never changes a score.
+template <int NQ, int U, class L>
+inline void dot_core(const float* const* q, const int64_t* rows, int64_t D, const L& ld,
+                     float* res) {
+  __m256 acc[NQ * U];
+  for (auto& a : acc) a = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) {
+    __m256 kv[U];
+    for (int u = 0; u < U; ++u) kv[u] = ld(rows[u], d);
+    for (int i = 0; i < NQ; ++i)
+      for (int u = 0; u < U; ++u)
+        acc[i * U + u] = _mm256_fmadd_ps(_mm256_loadu_ps(q[u] + i * D + d), kv[u], acc[i * U + u]);
+  }
+  constexpr int kN = NQ * U;
+  for (int a = 0; a < kN; a += 4) {
+    const __m256 z = _mm256_setzero_ps();
+    alignas(16) float r[4];
+    _mm_store_ps(r, hsum4(acc[a], a + 1 < kN ? acc[a + 1] : z, a + 2 < kN ? acc[a + 2] : z,
+                          a + 3 < kN ? acc[a + 3] : z));
+    for (int b = 0; b < 4 && a + b < kN; ++b) res[a + b] = r[b];
+  }
+}
+
 /// s[i * lds + j] = <q_i, row j> for j < n, i < NQ; q is [NQ, D]. TT tokens at a time, so NQ * TT
 /// independent accumulators hide the FMA latency.
 template <int NQ, int TT, class L>
 void dot_rows(const float* q, int64_t D, int64_t n, const L& ld, float* s, int64_t lds) {
   int64_t j = 0;
-  for (; j + TT <= n; j += TT) {
-    __m256 acc[NQ * TT];
-    for (auto& a : acc) a = _mm256_setzero_ps();
+  auto step = [&]<int U>() {
     if constexpr (Prefetchable<L>) {
-      if (j % kSubRows < TT) prefetch_rows(ld, j / kSubRows * kSubRows + kSubRows, n, D);
+      if (j % kSubRows < U) prefetch_rows(ld, j / kSubRows * kSubRows + kSubRows, n, D);
     }
-    for (int64_t d = 0; d < D; d += 8) {
-      __m256 kv[TT];
-      for (int u = 0; u < TT; ++u) kv[u] = ld(j + u, d);
-      for (int i = 0; i < NQ; ++i) {
-        const __m256 qv = _mm256_loadu_ps(q + i * D + d);
-        for (int u = 0; u < TT; ++u) acc[i * TT + u] = _mm256_fmadd_ps(qv, kv[u], acc[i * TT + u]);
-      }
-    }
-    constexpr int kN = NQ * TT, kPad = (kN + 3) / 4 * 4;
-    alignas(16) float r[kPad];
-    for (int a = 0; a < kN; a += 4) {
-      const __m256 z = _mm256_setzero_ps();
-      _mm_store_ps(r + a, hsum4(acc[a], a + 1 < kN ? acc[a + 1] : z, a + 2 < kN ? acc[a + 2] : z,
-                                a + 3 < kN ? acc[a + 3] : z));
-    }
+    const float* qs[U];
+    int64_t rows[U];
+    for (int u = 0; u < U; ++u) qs[u] = q, rows[u] = j + u;
+    float res[NQ * U];
+    dot_core<NQ, U>(qs, rows, D, ld, res);
     for (int i = 0; i < NQ; ++i)
-      for (int u = 0; u < TT; ++u) s[i * lds + j + u] = r[i * TT + u];
-  }
-  if constexpr (TT > 1) {
-    if (j < n)
-      dot_rows<NQ, 1>(
-          q, D, n - j, [&](int64_t jj, int64_t d) { return ld(j + jj, d); }, s + j, lds);
-  }
+      for (int u = 0; u < U; ++u) s[i * lds + j + u] = res[i * U + u];
+    j += U;
+  };
+  while (j + TT <= n) step.template operator()<TT>();
+  while (j < n) step.template operator()<1>();
 }
 
 /// o_i[d] += sum_j p[i * ldp + j] * row_j[d] for rows [j0, j1), d in [d0, D), CW vectors of
@@ -433,24 +445,11 @@ void dot_heads(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, flo
   int64_t t = 0;
   auto step = [&]<int U>() {
     for (int64_t h = 0; h < H; ++h) {
-      __m256 acc[NQ * U];
-      for (auto& a : acc) a = _mm256_setzero_ps();
-      const float* qh = q + h * NQ * D;
-      for (int64_t d = 0; d < D; d += 8) {
-        __m256 kv[U];
-        for (int u = 0; u < U; ++u) kv[u] = ld((t + u) * H + h, d);
-        for (int i = 0; i < NQ; ++i) {
-          const __m256 qv = _mm256_loadu_ps(qh + i * D + d);
-          for (int u = 0; u < U; ++u) acc[i * U + u] = _mm256_fmadd_ps(qv, kv[u], acc[i * U + u]);
-        }
-      }
-      constexpr int kN = NQ * U, kPad = (kN + 3) / 4 * 4;
-      alignas(16) float res[kPad];
-      for (int a = 0; a < kN; a += 4) {
-        const __m256 z = _mm256_setzero_ps();
-        _mm_store_ps(res + a, hsum4(acc[a], a + 1 < kN ? acc[a + 1] : z,
-                                    a + 2 < kN ? acc[a + 2] : z, a + 3 < kN ? acc[a + 3] : z));
-      }
+      const float* qs[U];
+      int64_t rows[U];
+      for (int u = 0; u < U; ++u) qs[u] = q + h * NQ * D, rows[u] = (t + u) * H + h;
+      float res[NQ * U];
+      dot_core<NQ, U>(qs, rows, D, ld, res);
       for (int i = 0; i < NQ; ++i)
         for (int u = 0; u < U; ++u) s[h * hs + i * lds + t + u] = res[i * U + u];
     }
@@ -504,31 +503,17 @@ void dot_heads_stream(const float* q, int64_t H, int64_t D, int64_t n, const L& 
   const int64_t rows = n * H;
   int64_t r = 0, t = 0, h = 0;  // row r's token and head
   auto step = [&]<int U>() {
-    __m256 acc[NQ * U];
-    for (auto& a : acc) a = _mm256_setzero_ps();
-    int64_t tu[U], hu[U];
-    for (int u = 0; u < U; ++u) {
-      tu[u] = t;
-      hu[u] = h;
-      if (++h == H) h = 0, ++t;
-    }
     if constexpr (Prefetchable<L>)
       for (int u = 0; u < U; ++u)
         if (r + u + kStreamAhead < valid) ld.prefetch(r + u + kStreamAhead, D);
-    for (int64_t d = 0; d < D; d += 8)
-      for (int u = 0; u < U; ++u) {
-        const __m256 kv = ld(r + u, d);
-        const float* qh = q + hu[u] * NQ * D + d;
-        for (int i = 0; i < NQ; ++i)
-          acc[i * U + u] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i * D), kv, acc[i * U + u]);
-      }
-    constexpr int kN = NQ * U, kPad = (kN + 3) / 4 * 4;
-    alignas(16) float res[kPad];
-    for (int a = 0; a < kN; a += 4) {
-      const __m256 z = _mm256_setzero_ps();
-      _mm_store_ps(res + a, hsum4(acc[a], a + 1 < kN ? acc[a + 1] : z, a + 2 < kN ? acc[a + 2] : z,
-                                  a + 3 < kN ? acc[a + 3] : z));
+    const float* qs[U];
+    int64_t rs[U], tu[U], hu[U];
+    for (int u = 0; u < U; ++u) {
+      qs[u] = q + h * NQ * D, rs[u] = r + u, tu[u] = t, hu[u] = h;
+      if (++h == H) h = 0, ++t;
     }
+    float res[NQ * U];
+    dot_core<NQ, U>(qs, rs, D, ld, res);
     for (int u = 0; u < U; ++u)
       for (int i = 0; i < NQ; ++i) s[hu[u] * hs + i * lds + tu[u]] = res[i * U + u];
     r += U;
