@@ -806,6 +806,15 @@ inline void transpose_words(const uint32_t* words, int64_t D, int64_t wpg, uint3
     for (int64_t x = 0; x < wpg; ++x) wt[x * D + d] = words[d * wpg + x];
 }
 
+/// Runs f(loader) with the loader of a dense side's kind, element `offset` of its storage first,
+/// rows `stride` elements apart.
+template <class F>
+void with_dense_rows(const StoredSide& s, int64_t offset, int64_t stride, F&& f) {
+  if (s.kind == SchemeKind::Fp32) return f(F32Rows{s.f32 + offset, stride});
+  if (s.kind == SchemeKind::Bf16) return f(Bf16Rows{s.half16 + offset, stride});
+  return f(Fp16Rows{s.half16 + offset, stride});
+}
+
 /// Runs f(loader) with the fp8 loader of the side's format.
 template <class F>
 void with_fp8_rows(const StoredSide& s, const uint8_t* base, int64_t stride, F&& f) {
@@ -819,53 +828,13 @@ void with_fp8_rows(const StoredSide& s, const uint8_t* base, int64_t stride, F&&
   }
 }
 
-/// Scores of kv head h over tokens [t0, t1) into s[i * lds + (t - t0)] (unscaled).
+/// Int keys (per-channel): scores of kv head h over tokens [t0, t1) into s[i * lds + (t - t0)]
+/// (unscaled). Dense and fp8 keys go through scores_rows.
 template <int NQ>
 void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t lds, Scratch& w) {
   const StoredSide& k = c.k;
-  const int64_t H = c.H, D = c.D, n = t1 - t0, row = H * D;
+  const int64_t H = c.H, D = c.D, row = H * D;
   const float* q = c.q + h * NQ * D;
-  if (is_dense(k.kind)) {  // tokens below dense_end from the side, the rest from its residual
-    const int64_t te = dense_end(k, t1);
-    if (t0 < te) {
-      if (k.kind == SchemeKind::Fp32)
-        dot<NQ>(q, D, te - t0, F32Rows{k.f32 + t0 * row + h * D, row}, s, lds);
-      else if (k.kind == SchemeKind::Bf16)
-        dot<NQ>(q, D, te - t0, Bf16Rows{k.half16 + t0 * row + h * D, row}, s, lds);
-      else
-        dot<NQ>(q, D, te - t0, Fp16Rows{k.half16 + t0 * row + h * D, row}, s, lds);
-    }
-    const int64_t r0 = std::max(t0, te);
-    if (r0 < t1)
-      dot<NQ>(q, D, t1 - r0, F32Rows{k.residual + (r0 - k.quantized_tokens) * row + h * D, row},
-              s + (r0 - t0), lds);
-    return;
-  }
-  switch (k.kind) {
-    case SchemeKind::Fp32:
-    case SchemeKind::Bf16:
-    case SchemeKind::Fp16:
-    case SchemeKind::Fp8: {
-      const float* qq = q;
-      if (k.gran == Granularity::Channel) {  // fold the per-channel scales into q
-        const float* cf = k.fp8_scales + h * D;
-        for (int i = 0; i < NQ; ++i)
-          for (int64_t d = 0; d < D; ++d)
-            w.qs[static_cast<size_t>(i * D + d)] = q[i * D + d] * cf[d];
-        qq = w.qs.data();
-      }
-      with_fp8_rows(k, k.codes + t0 * row + h * D, row,
-                    [&](const auto& ld) { dot<NQ>(qq, D, n, ld, s, lds); });
-      if (k.gran != Granularity::Channel)
-        for (int64_t t = t0; t < t1; ++t) {
-          const float f = fp8_token_factor(k, t, h);
-          for (int i = 0; i < NQ; ++i) s[i * lds + (t - t0)] *= f;
-        }
-      return;
-    }
-    case SchemeKind::Int:
-      break;
-  }
   // Per-channel int keys: each token group folds its scales into q; the window is exact.
   const int64_t qt = k.quantized_tokens, te = std::min(t1, qt);
   const int G = k.group;
@@ -917,43 +886,13 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
     dot<NQ>(q, D, t1 - r0, F32Rows{k.residual + (r0 - qt) * row + h * D, row}, s + (r0 - t0), lds);
 }
 
-/// o_i += sum_t p_i[t - t0] * V[t, h, :] for kv head h over tokens [t0, t1); p may be rescaled.
+/// Int values (per-token): o_i += sum_t p_i[t - t0] * V[t, h, :] for kv head h over tokens
+/// [t0, t1). Dense and fp8 values go through values_rows.
 template <int NQ>
 void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t ldp, float* o,
             Scratch& w) {
   const StoredSide& v = c.v;
-  const int64_t H = c.H, D = c.D, n = t1 - t0, row = H * D;
-  if (is_dense(v.kind)) {
-    const int64_t te = dense_end(v, t1);
-    if (t0 < te) {
-      if (v.kind == SchemeKind::Fp32)
-        accumulate<NQ>(p, ldp, te - t0, F32Rows{v.f32 + t0 * row + h * D, row}, o, D);
-      else if (v.kind == SchemeKind::Bf16)
-        accumulate<NQ>(p, ldp, te - t0, Bf16Rows{v.half16 + t0 * row + h * D, row}, o, D);
-      else
-        accumulate<NQ>(p, ldp, te - t0, Fp16Rows{v.half16 + t0 * row + h * D, row}, o, D);
-    }
-    const int64_t r0 = std::max(t0, te);
-    if (r0 < t1)
-      accumulate<NQ>(p + (r0 - t0), ldp, t1 - r0,
-                     F32Rows{v.residual + (r0 - v.quantized_tokens) * row + h * D, row}, o, D);
-    return;
-  }
-  switch (v.kind) {
-    case SchemeKind::Fp32:
-    case SchemeKind::Bf16:
-    case SchemeKind::Fp16:
-    case SchemeKind::Fp8:
-      if (v.gran != Granularity::Channel)  // per-channel scales multiply the final output
-        for (int64_t t = t0; t < t1; ++t) {
-          const float f = fp8_token_factor(v, t, h);
-          for (int i = 0; i < NQ; ++i) p[i * ldp + (t - t0)] *= f;
-        }
-      return with_fp8_rows(v, v.codes + t0 * row + h * D, row,
-                           [&](const auto& ld) { accumulate<NQ>(p, ldp, n, ld, o, D); });
-    case SchemeKind::Int:
-      break;
-  }
+  const int64_t H = c.H, D = c.D, row = H * D;
   const int64_t qt = v.quantized_tokens, te = std::min(t1, qt);
   if (t0 < te) {
     const kivi::TokenLayout L{H, D, v.group, v.bits};
@@ -1001,8 +940,8 @@ void prepare(Scratch& w, const Call& c) {
 
 bool row_kind(SchemeKind k) { return is_dense(k) || k == SchemeKind::Fp8; }
 
-/// scores() of every kv head at once in memory order (dot_heads), for dense and fp8 keys; the same
-/// bits as scores() head by head. s[h * hs + i * lds + (t - t0)].
+/// Scores of every kv head at once in address order (dot_heads, or dot_heads_stream for a stream
+/// read once), for dense and fp8 keys: s[h * hs + i * lds + (t - t0)], unscaled.
 template <int NQ, bool kStream>
 void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, int64_t lds,
                  Scratch& w) {
@@ -1012,15 +951,9 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
   if (is_dense(k.kind)) {
     const int64_t te = dense_end(k, t1), main = (dense_end(k, k.tokens) - t0) * H;
     if (t0 < te) {
-      if (k.kind == SchemeKind::Fp32)
-        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, F32Rows{k.f32 + t0 * row, D}, s, hs, lds,
-                                       main);
-      else if (k.kind == SchemeKind::Bf16)
-        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, Bf16Rows{k.half16 + t0 * row, D}, s, hs,
-                                       lds, main);
-      else
-        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, Fp16Rows{k.half16 + t0 * row, D}, s, hs,
-                                       lds, main);
+      with_dense_rows(k, t0 * row, D, [&](const auto& ld) {
+        dot_heads_any<kStream, NQ, TT>(c.q, H, D, te - t0, ld, s, hs, lds, main);
+      });
     }
     const int64_t r0 = std::max(t0, te);
     if (r0 < t1)
@@ -1049,8 +982,8 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
       }
 }
 
-/// values() of every kv head at once in memory order (acc_heads), for dense and fp8 values; the
-/// same bits as values() head by head. o is [H, NQ, D].
+/// Values of every kv head at once in address order (acc_heads, or acc_heads_stream), for dense
+/// and fp8 values; o is [H, NQ, D].
 template <int NQ, bool kStream>
 void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, int64_t ldp,
                  float* o) {
@@ -1059,15 +992,9 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
   if (is_dense(v.kind)) {
     const int64_t te = dense_end(v, t1), main = (dense_end(v, v.tokens) - t0) * H;
     if (t0 < te) {
-      if (v.kind == SchemeKind::Fp32)
-        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, F32Rows{v.f32 + t0 * row, D}, o,
-                                   main);
-      else if (v.kind == SchemeKind::Bf16)
-        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, Bf16Rows{v.half16 + t0 * row, D}, o,
-                                   main);
-      else
-        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, Fp16Rows{v.half16 + t0 * row, D}, o,
-                                   main);
+      with_dense_rows(v, t0 * row, D, [&](const auto& ld) {
+        acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, te - t0, ld, o, main);
+      });
     }
     const int64_t r0 = std::max(t0, te);
     if (r0 < t1)
@@ -1088,7 +1015,7 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
 }
 
 /// One block of every kv head for several positions at once (one for a decode step), each with
-/// exactly the arithmetic of scores(), the softmax step and values() head by head: scores and
+/// exactly the arithmetic it has alone (scores, each head's softmax step, values): scores and
 /// values go sub-block by sub-block, every position of the tile through the same sub-block while
 /// it is in L1. Dense and fp8 sides stream every head of a sub-block in address order (a token's
 /// heads are contiguous); int sides go head by head. None of this changes a bit: a score is one
