@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "experiments/commands.h"
+#include "experiments/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -12,6 +13,8 @@ int main(int argc, char** argv) {
       "Schemes are named by spec strings such as fp8_e4m3:gran=head or kivi2:g=32,r=128.\n"
       "Run 'kvq <command> --help' for each command's options and examples.",
       "kvq"};
+  app.set_version_flag("--version", kvq::version_string(),
+                       "print the version and the commit built");
   app.require_subcommand(1);
   kvq::cli::register_plan(app);
   kvq::cli::register_quant(app);
@@ -24,6 +27,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "kvq: %s (see 'kvq --help')\n", e.what());
