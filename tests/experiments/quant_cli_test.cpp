@@ -46,7 +46,8 @@ class QuantCli : public ::testing::Test {
 
 TEST_F(QuantCli, Fp8EveryFormatAndGranularityWritesSameShapeAndStats) {
   std::vector<float> x(5 * 3 * 8);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 17) - 8.0f + (i % 8 == 3 ? 40.0f : 0.0f);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(i % 17) - 8.0f + (i % 8 == 3 ? 40.0f : 0.0f);
   write_npy(path("k.npy"), {5, 3, 8}, x.data());
   int checked = 0;
   for (const char* fmt : {"fp8_e4m3", "fp8_e4m3fnuz", "fp8_e5m2"})
@@ -56,10 +57,12 @@ TEST_F(QuantCli, Fp8EveryFormatAndGranularityWritesSameShapeAndStats) {
                              path("o.npy") + " --stats " + path("s.json"));
       ASSERT_EQ(r.status, 0) << spec << ": " << r.err;
       const auto j = nlohmann::json::parse(r.out);
-      for (const char* key : {"scheme", "effective_bits", "mse", "nmse", "snr_db", "max_abs_err", "cosine"})
+      for (const char* key :
+           {"scheme", "effective_bits", "mse", "nmse", "snr_db", "max_abs_err", "cosine"})
         EXPECT_TRUE(j.contains(key)) << key;
       EXPECT_EQ(j["scheme"], spec + ",scale=dynamic");
-      EXPECT_EQ(nlohmann::json::parse(testing::slurp(path("s.json"))), j) << "--stats equals stdout";
+      EXPECT_EQ(nlohmann::json::parse(testing::slurp(path("s.json"))), j)
+          << "--stats equals stdout";
       const auto o = read_npy(path("o.npy"));
       EXPECT_EQ(o.shape, (std::vector<int64_t>{5, 3, 8}));
       // An 8-bit float keeps every value within 1/8 relative of the input (3 mantissa bits or
@@ -84,6 +87,24 @@ TEST_F(QuantCli, Rank2IsOneHeadAndFloat16Accepted) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["mse"], 0.0);
 }
 
+// Issue 14: T <= r quantized nothing and reported "exact" without a word. Expected: one warning
+// line on stderr, exit 0, and the report still valid JSON on stdout (residual_tokens = T).
+TEST_F(QuantCli, NothingQuantized_warnsOnStderr) {
+  std::vector<float> x(4 * 2 * 32);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) - 3.0f;
+  write_npy(path("short.npy"), {4, 2, 32}, x.data());
+  const std::string out = " " + path("o.npy");
+  const auto r = run_kvq("quant -s kivi2:g=32,r=128 --role value " + path("short.npy") + out);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err_lines(), 1) << r.err;
+  EXPECT_NE(r.err.find("warning: all 4 tokens stay exact"), std::string::npos) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["residual_tokens"], 4);
+  // With r = 0 per-token values quantize every token: no warning.
+  const auto q = run_kvq("quant -s kivi2:g=32,r=0 --role value " + path("short.npy") + out);
+  ASSERT_EQ(q.status, 0) << q.err;
+  EXPECT_EQ(q.err_lines(), 0) << q.err;
+}
+
 TEST_F(QuantCli, BadInputsGiveOneLineAndNonzeroExit) {
   const std::string f4 = "{'descr': '<f4', 'fortran_order': False, 'shape': ";
   std::string four(16, '\0');
@@ -99,7 +120,8 @@ TEST_F(QuantCli, BadInputsGiveOneLineAndNonzeroExit) {
   float inf[4] = {1, 2, 3, 1.0f / 0.0f};
   write_npy(path("inf.npy"), {2, 2}, inf);
   const std::string out = " " + path("o.npy");
-  expect_one_line_error("quant -s fp8_e4m3 " + path("missing.npy") + out, "missing.npy: no such file");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("missing.npy") + out,
+                        "missing.npy: no such file");
   expect_one_line_error("quant -s fp8_e4m3 " + dir_.string() + out, "is a directory");
   expect_one_line_error("quant -s fp8_e4m3 " + path("notnpy.npy") + out, "not an .npy file");
   expect_one_line_error("quant -s fp8_e4m3 " + path("f8.npy") + out, "unsupported dtype '<f8'");
@@ -107,9 +129,12 @@ TEST_F(QuantCli, BadInputsGiveOneLineAndNonzeroExit) {
   expect_one_line_error("quant -s fp8_e4m3 " + path("rank1.npy") + out, "rank 1");
   expect_one_line_error("quant -s fp8_e4m3 " + path("rank4.npy") + out, "rank 4");
   expect_one_line_error("quant -s fp8_e4m3 " + path("zero.npy") + out, "zero-sized");
-  expect_one_line_error("quant -s fp8_e4m3 " + path("lies.npy") + out, "needs 32 data bytes but the file has 16");
-  expect_one_line_error("quant -s fp8_e4m3 " + path("nan.npy") + out, "at token 0, head 1, channel 1");
-  expect_one_line_error("quant -s fp8_e4m3 " + path("inf.npy") + out, "at token 1, head 0, channel 1");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("lies.npy") + out,
+                        "needs 32 data bytes but the file has 16");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("nan.npy") + out,
+                        "at token 0, head 1, channel 1");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("inf.npy") + out,
+                        "at token 1, head 0, channel 1");
   write_npy(path("ok.npy"), {1, 2, 3}, bad);  // contents irrelevant: spec errors come first
   expect_one_line_error("quant -s fp8_e4m3:gran=row " + path("ok.npy") + out, "gran=row");
   expect_one_line_error("quant -s nf4 " + path("ok.npy") + out, "unknown scheme 'nf4'");
@@ -121,7 +146,8 @@ TEST_F(QuantCli, BadInputsGiveOneLineAndNonzeroExit) {
 TEST_F(QuantCli, UnwritableOutputIsAnError) {
   float x[2] = {1, 2};
   write_npy(path("x.npy"), {1, 2}, x);
-  expect_one_line_error("quant -s bf16 " + path("x.npy") + " /nonexistent_dir/o.npy", "cannot open for writing");
+  expect_one_line_error("quant -s bf16 " + path("x.npy") + " /nonexistent_dir/o.npy",
+                        "cannot open for writing");
 }
 
 }  // namespace
