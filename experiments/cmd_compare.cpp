@@ -13,13 +13,13 @@ namespace kvq::cli {
 namespace {
 
 void add_synth_options(CLI::App* c, SyntheticSpec& s) {
-  c->add_option("--tokens", s.shape.tokens, "tokens")->check(CLI::PositiveNumber)->capture_default_str();
-  c->add_option("--heads", s.shape.heads, "kv heads")->check(CLI::PositiveNumber)->capture_default_str();
-  c->add_option("--head-dim", s.shape.dim, "channels per head")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--tokens", s.shape.tokens, "tokens")->check(at_least(1))->capture_default_str();
+  c->add_option("--heads", s.shape.heads, "kv heads")->check(at_least(1))->capture_default_str();
+  c->add_option("--head-dim", s.shape.dim, "channels per head")->check(at_least(1))->capture_default_str();
   c->add_option("--outliers", s.outlier_channels, "outlier channels per head")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(at_least(0))->capture_default_str();
   c->add_option("--outlier-scale", s.outlier_scale, "outlier magnitude multiplier")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(above_zero())->capture_default_str();
   c->add_option("--seed", s.seed, "random seed")->capture_default_str();
 }
 

@@ -78,7 +78,7 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
                 "store Walsh-Hadamard-rotated K and V (q, k, v rotated per head, the output rotated back), "
                 "as llama.cpp does for its quantized caches");
   }
-  c->add_option("--threads", o.threads, "threads (0 = all cores)")->capture_default_str();
+  c->add_option("--threads", o.threads, "threads (0 = all cores)")->check(at_least(0))->capture_default_str();
   c->add_option("--backend", o.backend,
                 "attention backend: cpu (SIMD kernels) or ref (the scalar reference); both read the same "
                 "stored codes, and each keeps chunked prefill == token-by-token decode bit-identical")
@@ -133,7 +133,7 @@ void register_generate(CLI::App* model) {
   add_common(c, *o);
   c->add_option("--prompt", o->prompt, "prompt text");
   c->add_option("--prompt-file", o->prompt_file, "file holding the prompt");
-  c->add_option("-n", o->n, "tokens to generate")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("-n", o->n, "tokens to generate")->check(at_least(1))->capture_default_str();
   c->add_flag("--chat", o->chat, "wrap the prompt in the instruct chat template");
   c->callback([o] {
     const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
@@ -172,15 +172,15 @@ void register_ppl(CLI::App* model) {
       "decode would hold. Example: kvq model ppl --kv kivi2 --text kjv --ctx 1024 --max-tokens 8192");
   add_common(c, *o);
   c->add_option("--text", o->text, "text file, or 'kjv' (King James Bible, scripts/fetch-text.sh)")->capture_default_str();
-  c->add_option("--ctx", o->p.ctx, "window length (tokens)")->capture_default_str();
-  c->add_option("--stride", o->p.stride, "window step; 0 = --ctx (non-overlapping)")->capture_default_str();
+  c->add_option("--ctx", o->p.ctx, "window length (tokens)")->check(at_least(2))->capture_default_str();
+  c->add_option("--stride", o->p.stride, "window step; 0 = --ctx (non-overlapping)")->check(at_least(0))->capture_default_str();
   c->add_option("--score-from", o->p.score_from,
                 "score only positions >= N of every window (llama-perplexity scores the second half: "
                 "--score-from CTX/2); 0 = all")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least(0))
       ->capture_default_str();
-  c->add_option("--chunk", o->p.chunk, "prefill chunk (tokens)")->capture_default_str();
-  c->add_option("--max-tokens", o->p.max_tokens, "use the first N tokens of the text (0 = all)")->capture_default_str();
+  c->add_option("--chunk", o->p.chunk, "prefill chunk (tokens)")->check(at_least(1))->capture_default_str();
+  c->add_option("--max-tokens", o->p.max_tokens, "use the first N tokens of the text (0 = all)")->check(at_least(0))->capture_default_str();
   c->add_option("--also", o->also,
                 "more schemes scored in the same pass against the same fp32 reference (computed once per "
                 "window); one row each. Example: --kv fp8_e4m3 --also fp8_e4m3:first=16 kivi4");
@@ -229,7 +229,7 @@ void register_diverge(CLI::App* model) {
   c->add_option("--vs", o->vs, "reference scheme")->capture_default_str();
   c->add_option("--prompt", o->prompt, "prompt text");
   c->add_option("--prompt-file", o->prompt_file, "file holding the prompt");
-  c->add_option("-n", o->n, "tokens to generate")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("-n", o->n, "tokens to generate")->check(at_least(1))->capture_default_str();
   c->add_flag("--chat", o->chat, "wrap the prompt in the instruct chat template");
   c->callback([o] {
     const CacheOptions test = cache_options(o->kv, o->pre_rope, o->hadamard), ref = cache_options(o->vs, false);
@@ -272,7 +272,7 @@ void register_needle(CLI::App* model) {
   add_common(c, *o);
   c->add_option("--ctx", o->ctx, "context lengths (comma separated, <= 8192)")->delimiter(',')->capture_default_str();
   c->add_option("--depth", o->depth, "needle depths in [0, 1] (comma separated)")->delimiter(',')->capture_default_str();
-  c->add_option("--trials", o->trials, "pass keys per (ctx, depth)")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--trials", o->trials, "pass keys per (ctx, depth)")->check(at_least(1))->capture_default_str();
   c->add_option("--seed", o->seed, "pass key seed")->capture_default_str();
   c->add_option("--text", o->text, "haystack text file, or 'kjv'")->capture_default_str();
   c->callback([o] {
@@ -340,7 +340,7 @@ void register_dump(CLI::App* model) {
   add_common(c, *o, false);
   c->add_option("--prompt", o->prompt, "prompt text");
   c->add_option("--prompt-file", o->prompt_file, "file holding the prompt ('kjv' for the Bible)");
-  c->add_option("--max-tokens", o->max_tokens, "truncate the prompt to N tokens")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--max-tokens", o->max_tokens, "truncate the prompt to N tokens")->check(at_least(1))->capture_default_str();
   c->add_option("--out", o->out, "output .safetensors")->required();
   c->callback([o] {
     const std::string text = o->prompt_file.empty() ? prompt_text(o->prompt, "") : read_file(text_path(o->prompt_file));
@@ -385,8 +385,8 @@ void register_calibrate(CLI::App* model) {
   add_common(c, *o, false);
   c->add_flag("--pre-rope", o->pre_rope, "record keys before RoPE (for --pre-rope runs)");
   c->add_option("--text", o->text, "text file, or 'kjv'")->capture_default_str();
-  c->add_option("--tokens", o->tokens, "calibration tokens")->check(CLI::PositiveNumber)->capture_default_str();
-  c->add_option("--ctx", o->ctx, "window length")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--tokens", o->tokens, "calibration tokens")->check(at_least(1))->capture_default_str();
+  c->add_option("--ctx", o->ctx, "window length")->check(at_least(1))->capture_default_str();
   c->add_option("--out", o->out, "output JSON")->required();
   c->callback([o] {
     const std::string text = read_file(text_path(o->text));
@@ -436,7 +436,7 @@ void register_logits(CLI::App* model) {
   add_common(c, *o);
   c->add_option("--prompt", o->prompt, "prompt text");
   c->add_option("--prompt-file", o->prompt_file, "file holding the text ('kjv' for the Bible)");
-  c->add_option("--max-tokens", o->max_tokens, "truncate to N tokens")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--max-tokens", o->max_tokens, "truncate to N tokens")->check(at_least(1))->capture_default_str();
   c->add_option("--out", o->out, "output logits .npy")->required();
   c->add_option("--ids-out", o->ids_out, "also write the token ids as a JSON array");
   c->callback([o] {
@@ -470,10 +470,10 @@ void register_bench(CLI::App* model) {
       "Example: kvq model bench --threads 2 --prompt 512 --gen 64 --depth 8192 --kv kivi2");
   add_common(c, *o);
   c->add_option("--text", o->text, "text the tokens come from, or 'kjv'")->capture_default_str();
-  c->add_option("--prompt", o->prompt, "prefill tokens (0 = skip pp)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  c->add_option("--gen", o->gen, "decoded tokens (0 = skip tg)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  c->add_option("--depth", o->depth, "tokens in the cache before each measurement")->check(CLI::NonNegativeNumber)->capture_default_str();
-  c->add_option("--reps", o->reps, "repetitions (the median is reported)")->check(CLI::PositiveNumber)->capture_default_str();
+  c->add_option("--prompt", o->prompt, "prefill tokens (0 = skip pp)")->check(at_least(0))->capture_default_str();
+  c->add_option("--gen", o->gen, "decoded tokens (0 = skip tg)")->check(at_least(0))->capture_default_str();
+  c->add_option("--depth", o->depth, "tokens in the cache before each measurement")->check(at_least(0))->capture_default_str();
+  c->add_option("--reps", o->reps, "repetitions (the median is reported)")->check(at_least(1))->capture_default_str();
   c->callback([o] {
     const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = read_file(text_path(o->text));

@@ -34,7 +34,7 @@ void register_quant(CLI::App& app) {
       ->check(CLI::IsMember({"key", "value"}))
       ->capture_default_str();
   c->add_option("--layer", o->layer, "layer index for scale=calib:FILE")
-      ->check(CLI::NonNegativeNumber)
+      ->check(at_least(0))
       ->capture_default_str();
   c->add_option("--stats", o->stats, "also write the JSON report to this file (atomically)");
   c->add_option("input", o->in,

@@ -12,4 +12,10 @@ void register_plan(CLI::App& app);
 void register_model(CLI::App& app);
 void register_run(CLI::App& app);
 
+/// \brief A whole number >= `min`, rejected with a plain message ("must be at least 1, got -3")
+/// where CLI11's own range checks print the type's maximum, a 300-digit number.
+CLI::Validator at_least(long long min);
+/// \brief A number > 0, with a plain message.
+CLI::Validator above_zero();
+
 }  // namespace kvq::cli

@@ -105,6 +105,30 @@ TEST_F(QuantCli, NothingQuantized_warnsOnStderr) {
   EXPECT_EQ(q.err_lines(), 0) << q.err;
 }
 
+// Issue 14: numeric flags are checked when the command line is parsed, before any model loads
+// (no "loaded ..." banner), with a plain message: CLI11's own range check printed the type's
+// maximum, a 300-digit number; --threads -1 and --stride -3 used to run.
+TEST_F(QuantCli, NumericFlagsCheckedBeforeWork_plainMessages) {
+  const struct {
+    std::string args, message;
+  } cases[] = {
+      {"quant -s fp8_e4m3 --layer -1 a.npy b.npy", "--layer: must be at least 0, got -1"},
+      {"model ppl --threads -1", "--threads: must be at least 0, got -1"},
+      {"model ppl --stride -3", "--stride: must be at least 0, got -3"},
+      {"model ppl --ctx 0", "--ctx: must be at least 2, got 0"},
+      {"model ppl --chunk x", "--chunk: must be a whole number, got 'x'"},
+      {"model bench --reps 0", "--reps: must be at least 1, got 0"},
+      {"compare --outlier-scale 0", "--outlier-scale: must be greater than 0, got 0"},
+  };
+  for (const auto& c : cases) {
+    const auto r = run_kvq(c.args);
+    EXPECT_EQ(r.status, 2) << c.args;
+    EXPECT_EQ(r.err_lines(), 1) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_LT(r.err.size(), 120u) << c.args << ": " << r.err;
+  }
+}
+
 TEST_F(QuantCli, BadInputsGiveOneLineAndNonzeroExit) {
   const std::string f4 = "{'descr': '<f4', 'fortran_order': False, 'shape': ";
   std::string four(16, '\0');
