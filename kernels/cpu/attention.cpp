@@ -58,7 +58,8 @@ struct TileSlot {
 
 /// Scratch of one thread.
 struct Scratch {
-  std::vector<float> s, qs;
+  std::vector<float> s, qs;  // s: the portable path's scores
+  std::vector<TileSlot> slots;
   std::vector<uint32_t> wt;
   std::vector<uint8_t> c8;      // int8 mode: one key group's codes, token-major bytes [G, D]
   std::vector<int8_t> q8;       // int8 mode: the quantized query [NQ, D]
@@ -918,11 +919,10 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
 
 /// Sizes one thread's scratch for a call (grows only; contents need no initial values).
 void prepare(Scratch& w, const Call& c) {
-  const int64_t D = c.D, lds = c.block + 8;
+  const int64_t D = c.D;
   auto grow = [](auto& v, int64_t n) {
     if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
   };
-  grow(w.s, c.nq * lds);
   grow(w.qs, c.q_heads * D);
   if (c.k.kind == SchemeKind::Int) {
     grow(w.wt, D * kivi::words_for(c.k.group, c.k.bits));
@@ -1250,7 +1250,8 @@ CausalAttention::Position CausalAttention::position(int64_t p) const {
 }
 
 namespace {
-Call make_call(const CausalInput& in, int64_t p, const StoredSide& k, const StoredSide& v) {
+Call make_call(const CausalInput& in, int64_t p, const StoredSide& k, const StoredSide& v,
+               int64_t block) {
   const int64_t D = k.dim;
   return Call{in.q + p * in.q_heads * D,
               in.q_heads,
@@ -1261,27 +1262,50 @@ Call make_call(const CausalInput& in, int64_t p, const StoredSide& k, const Stor
               k,
               v,
               in.int_mode,
-              block_for(k)};
+              block};
+}
+
+/// One position of a segment run: its call, whether the SIMD path takes it, its end (t + 1), its
+/// partial and its score rows.
+struct Member {
+  const Call* c;
+  bool fast;
+  int64_t end;
+  Partial* part;
+  float* s;
+};
+
+/// Segment [a, a + seg) of every member, block by block: each block's fast members together
+/// (simd_tile_block), the others on the portable path. A member's arithmetic is the same alone or
+/// with others, so a decode step (one member) and a prefill tile give the same bits.
+void run_segment(std::span<const Member> ms, int64_t a, int64_t seg, Scratch& w) {
+  const int64_t block = ms[0].c->block;
+  for (int64_t t0 = a; t0 < a + seg; t0 += block) {
+    w.slots.clear();
+    for (const Member& x : ms) {
+      const int64_t b = std::min(x.end, a + seg), t1 = std::min(b, t0 + block);
+      if (t0 >= b) continue;
+      if (!x.fast) {
+        portable_range(*x.c, t0, t1, *x.part, w);
+        continue;
+      }
+      w.slots.push_back({x.c, x.part, x.s, t0, t1});
+    }
+#if KVQ_CPU_AVX2
+    if (!w.slots.empty())
+      dispatch_nq(ms[0].c->nq, [&]<int NQ>() { simd_tile_block<NQ>(w.slots, w); });
+#endif
+  }
 }
 }  // namespace
 
 void CausalAttention::segment(const Position& pos, int64_t p, int64_t s, Partial& out,
                               Workspace& w) const {
-  const Call c = make_call(in_, p, pos.k, pos.v);
-  const int64_t a = s * segment_, b = std::min(pos.t + 1, a + segment_);
+  const Call c = make_call(in_, p, pos.k, pos.v, segment_ / kBlocksPerSegment);
   out.init(in_.q_heads, c.D);
-  for (int64_t t0 = a; t0 < b; t0 += c.block) {
-    const int64_t t1 = std::min(b, t0 + c.block);
-#if KVQ_CPU_AVX2
-    if (pos.fast) {  // the same kernel as a tile of one position
-      w.impl->s.resize(static_cast<size_t>(in_.q_heads * (c.block + 8)));
-      const TileSlot slot{&c, &out, w.impl->s.data(), t0, t1};
-      dispatch_nq(c.nq, [&]<int NQ>() { simd_tile_block<NQ>({&slot, 1}, w.impl->scratch); });
-      continue;
-    }
-#endif
-    portable_range(c, t0, t1, out, w.impl->scratch);
-  }
+  w.impl->s.resize(static_cast<size_t>(in_.q_heads * (c.block + 8)));
+  const Member m{&c, pos.fast, pos.t + 1, &out, w.impl->s.data()};
+  run_segment({&m, 1}, s * segment_, segment_, w.impl->scratch);
 }
 
 void CausalAttention::finish(const Position& pos, int64_t p, const Partial& acc, float* out) const {
@@ -1310,51 +1334,30 @@ void CausalAttention::run(int64_t item, float* out, Workspace& w) {
   // tile only interleaves positions block by block and head by head, so each head's K/V block is
   // read from memory once and reused from cache by the other positions.
   const int64_t hi = in_.n - item * tile_, lo = std::max<int64_t>(0, hi - tile_), m = hi - lo;
+  const int64_t D = in_.k.dim, block = segment_ / kBlocksPerSegment;
   std::vector<Position> pos;
   std::vector<Call> calls;
+  std::vector<Member> members;
   pos.reserve(static_cast<size_t>(m));
   calls.reserve(static_cast<size_t>(m));
-  for (int64_t p = lo; p < hi; ++p) {
-    pos.push_back(position(p));
-    calls.push_back(make_call(in_, p, pos.back().k, pos.back().v));
-  }
   auto& acc = w.impl->acc;
   auto& part = w.impl->part;
   if (static_cast<int64_t>(acc.size()) < m) {
     acc.resize(static_cast<size_t>(m));
     part.resize(static_cast<size_t>(m));
   }
-  const int64_t D = in_.k.dim;
-  const int64_t block = calls[0].block;  // the same for every position (block_for)
-  for (const Call& c : calls)
-    KVQ_CHECK(c.block == block, "cpu attention: positions of one call read blocks of {} and {}",
-              block, c.block);
-  std::vector<TileSlot> slots;
   w.impl->s.resize(static_cast<size_t>(m * in_.q_heads * (block + 8)));
+  for (int64_t x = 0; x < m; ++x) {
+    pos.push_back(position(lo + x));
+    calls.push_back(make_call(in_, lo + x, pos.back().k, pos.back().v, block));
+    members.push_back({&calls.back(), pos.back().fast, pos.back().t + 1,
+                       &part[static_cast<size_t>(x)],
+                       w.impl->s.data() + x * in_.q_heads * (block + 8)});
+  }
   for (int64_t s = 0; s < segments(hi - 1); ++s) {
-    const int64_t a = s * segment_;
     for (int64_t x = 0; x < m; ++x)
       if (s < segments(lo + x)) part[static_cast<size_t>(x)].init(in_.q_heads, D);
-    for (int64_t bi = 0; bi * block < segment_; ++bi) {
-      // This block's fast positions go together (simd_tile_block); the others one by one.
-      slots.clear();
-      for (int64_t x = 0; x < m; ++x) {
-        const Call& c = calls[static_cast<size_t>(x)];
-        const int64_t b = std::min(pos[static_cast<size_t>(x)].t + 1, a + segment_);
-        const int64_t t0 = a + bi * c.block, t1 = std::min(b, t0 + c.block);
-        if (t0 >= b) continue;
-        if (!pos[static_cast<size_t>(x)].fast) {
-          portable_range(c, t0, t1, part[static_cast<size_t>(x)], w.impl->scratch);
-          continue;
-        }
-        slots.push_back({&c, &part[static_cast<size_t>(x)],
-                         w.impl->s.data() + x * in_.q_heads * (block + 8), t0, t1});
-      }
-#if KVQ_CPU_AVX2
-      if (!slots.empty())
-        dispatch_nq(calls[0].nq, [&]<int NQ>() { simd_tile_block<NQ>(slots, w.impl->scratch); });
-#endif
-    }
+    run_segment(members, s * segment_, segment_, w.impl->scratch);  // shorter ones skip the rest
     for (int64_t x = 0; x < m; ++x)
       if (s < segments(lo + x))
         fold(acc[static_cast<size_t>(x)], part[static_cast<size_t>(x)], s == 0, D);
