@@ -10,40 +10,38 @@ namespace kvq::cpu {
 namespace {
 
 #if KVQ_CPU_AVX2
-// fp8::encode<F> on 8 lanes, line for line (fp8/format.h): the same selects, the same exact
-// power-of-two scalings, the same nearest-even rounding. Returns one code per 32-bit lane.
+// fp8::encode<F> on 8 lanes, in integer arithmetic on the float's bits (equal to fp8/format.h's
+// definition on every float; the full tier checks all 2^32). |x| is clamped to the largest finite
+// code as an integer (positive floats order as their bits; +inf included). In the normal range the
+// code is the rebiased exponent and top mantissa bits, rounded to nearest even by adding half an
+// ulp minus one plus the kept LSB (a mantissa carry rolls into the exponent, as it must). Below the
+// smallest normal the quantum is fixed: adding 2^(kMinExp - M + 23) puts round(|x| / quantum),
+// rounded to nearest even by the FPU, in the low bits (2^M there is the smallest normal's code).
+// Returns one code per 32-bit lane.
 template <Fp8Format F>
 inline __m256i encode8(__m256 x) {
   using T = fp8::Traits<F>;
   constexpr int kMinExp = 1 - T::kBias;
+  constexpr int kShift = 23 - T::kMantBits;
   const __m256i bits = _mm256_castps_si256(x);
-  const __m256i sign = _mm256_srli_epi32(bits, 31);
   const __m256i abits = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
   const __m256i nan = _mm256_cmpgt_epi32(abits, _mm256_set1_epi32(0x7f800000));
-  const __m256 kmax = _mm256_set1_ps(T::kMax);
-  __m256 a = _mm256_castsi256_ps(abits);
-  a = _mm256_blendv_ps(a, kmax, _mm256_cmp_ps(a, kmax, _CMP_GE_OQ));  // saturate (+inf too)
-  __m256i e =
-      _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(a), 23), _mm256_set1_epi32(127));
-  e = _mm256_max_epi32(e, _mm256_set1_epi32(kMinExp));  // subnormal range: fixed quantum
-  const __m256 inv_quantum = _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127 + T::kMantBits), e), 23));
-  const __m256 quantum = _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_set1_epi32(127 - T::kMantBits), e), 23));
-  __m256 r = _mm256_mul_ps(
-      _mm256_round_ps(_mm256_mul_ps(a, inv_quantum), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-      quantum);
-  r = _mm256_blendv_ps(r, kmax, _mm256_cmp_ps(r, kmax, _CMP_GT_OQ));
-  const __m256i rb = _mm256_castps_si256(r);
-  const __m256i re = _mm256_sub_epi32(_mm256_srli_epi32(rb, 23), _mm256_set1_epi32(127));
-  const __m256i normal = _mm256_or_si256(
-      _mm256_slli_epi32(_mm256_add_epi32(re, _mm256_set1_epi32(T::kBias)), T::kMantBits),
-      _mm256_srli_epi32(_mm256_and_si256(rb, _mm256_set1_epi32(0x7fffff)), 23 - T::kMantBits));
-  const float sub_scale = bits_float(static_cast<uint32_t>(127 - (kMinExp - T::kMantBits)) << 23);
-  const __m256i sub = _mm256_cvttps_epi32(_mm256_mul_ps(r, _mm256_set1_ps(sub_scale)));
-  const __m256i mag =
-      _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(kMinExp), re));
-  __m256i code = _mm256_or_si256(_mm256_slli_epi32(sign, 7), mag);
+  const __m256i a =
+      _mm256_min_epi32(abits, _mm256_set1_epi32(static_cast<int>(float_bits(T::kMax))));
+  const __m256i rebiased = _mm256_sub_epi32(a, _mm256_set1_epi32((127 - T::kBias) << 23));
+  const __m256i half =
+      _mm256_add_epi32(_mm256_set1_epi32((1 << (kShift - 1)) - 1),
+                       _mm256_and_si256(_mm256_srli_epi32(a, kShift), _mm256_set1_epi32(1)));
+  const __m256i normal = _mm256_srli_epi32(_mm256_add_epi32(rebiased, half), kShift);
+  const __m256 magic =
+      _mm256_set1_ps(bits_float(static_cast<uint32_t>(127 + kMinExp - T::kMantBits + 23) << 23));
+  const __m256i sub =
+      _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), magic)),
+                       _mm256_castps_si256(magic));
+  const __m256i min_normal = _mm256_set1_epi32((127 + kMinExp) << 23);
+  const __m256i mag = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(min_normal, a));
+  __m256i code =
+      _mm256_or_si256(mag, _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80)));
   if constexpr (T::kFnuz)  // no -0: 0x80 is the NaN
     code = _mm256_andnot_si256(_mm256_cmpeq_epi32(mag, _mm256_setzero_si256()), code);
   return _mm256_blendv_epi8(code, _mm256_set1_epi32(T::kNaN), nan);

@@ -1,6 +1,7 @@
 #include "kernels/cpu/kivi.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/cpu/isa.h"
@@ -98,18 +99,44 @@ void columns_t(const float* x, int64_t cols, int n, uint32_t* words, uint16_t* s
   const int64_t wpg = words_for(n, B);
   alignas(32) uint32_t tmp[8 * 64];  // [word][lane]: words_for(n, B) <= 64 on this path
   int64_t c0 = 0;
-  if (wpg <= 64) {
+  if (wpg <= 64 && cols >= 8) {
+    // Min, max and finiteness of every column first, row by row: the group's rows are cols
+    // floats apart (pages apart), which the hardware prefetchers follow only when read in
+    // order. The code pass below then finds the group in L2.
+    const int64_t cols8 = cols / 8 * 8;
+    thread_local std::vector<float> stats;
+    stats.resize(static_cast<size_t>(3 * cols8));
+    float* smn = stats.data();
+    float* smx = smn + cols8;
+    float* snf = smx + cols8;
     const __m256 zero = _mm256_setzero_ps();
-    for (; c0 + 8 <= cols; c0 += 8) {
-      const float* xc = x + c0;
-      __m256 mn = _mm256_loadu_ps(xc), mx = mn, nf = _mm256_mul_ps(mn, zero);
-      for (int i = 1; i < n; ++i) {
-        const __m256 v = _mm256_loadu_ps(xc + i * cols);
-        mn = _mm256_min_ps(v, mn);  // v < mn ? v : mn, as kivi::min_step
-        mx = _mm256_max_ps(v, mx);
-        nf = _mm256_add_ps(nf, _mm256_mul_ps(v, zero));
+    for (int64_t c = 0; c < cols8; c += 8) {
+      const __m256 v = _mm256_loadu_ps(x + c);
+      _mm256_storeu_ps(smn + c, v);
+      _mm256_storeu_ps(smx + c, v);
+      _mm256_storeu_ps(snf + c, _mm256_mul_ps(v, zero));
+    }
+    for (int i = 1; i < n; i += 4) {  // up to 4 rows per visit of the running values
+      const int rows = std::min(4, n - i);
+      const float* xr = x + i * cols;
+      for (int64_t c = 0; c < cols8; c += 8) {
+        __m256 mn = _mm256_loadu_ps(smn + c), mx = _mm256_loadu_ps(smx + c);
+        __m256 nf = _mm256_loadu_ps(snf + c);
+        for (int r = 0; r < rows; ++r) {
+          const __m256 v = _mm256_loadu_ps(xr + r * cols + c);
+          mn = _mm256_min_ps(v, mn);  // v < mn ? v : mn, as kivi::min_step
+          mx = _mm256_max_ps(v, mx);
+          nf = _mm256_add_ps(nf, _mm256_mul_ps(v, zero));
+        }
+        _mm256_storeu_ps(smn + c, mn);
+        _mm256_storeu_ps(smx + c, mx);
+        _mm256_storeu_ps(snf + c, nf);
       }
-      const Params8 p = params8<B, S>(mn, mx, nf);
+    }
+    for (; c0 < cols8; c0 += 8) {
+      const float* xc = x + c0;
+      const Params8 p = params8<B, S>(_mm256_loadu_ps(smn + c0), _mm256_loadu_ps(smx + c0),
+                                      _mm256_loadu_ps(snf + c0));
       __m256 tie = zero;
       for (int64_t w = 0; w < wpg; ++w) {
         __m256i acc = _mm256_setzero_si256();
@@ -199,40 +226,65 @@ inline __attribute__((always_inline)) void pack_vectors(const __m256i* k, int le
   }
 }
 
+// Groups of one row, 8 at a time: their min / max are reduced into one lane each, so one params8
+// (two divisions, the fp16 round trip) serves 8 groups, then each group's codes take its lane.
 template <int B, bool S>
 void row_t(const float* x, int64_t dim, int group, uint32_t* words, uint16_t* scales,
            uint16_t* mins) {
   const int64_t wpg = words_for(group, B);
+  const int64_t groups = (dim + group - 1) / group;
   const __m256 zero = _mm256_setzero_ps();
-  for (int64_t c0 = 0, cg = 0; c0 < dim; c0 += group, ++cg) {
-    const float* g = x + c0;
-    const int len = static_cast<int>(dim - c0 < group ? dim - c0 : group);
-    uint32_t* wout = words + cg * wpg;
-    if (len % 8 != 0 || len > 256) {
-      reference_group<B, S>(g, 1, len, wout, scales, mins, cg);
-      continue;
+  for (int64_t cg0 = 0; cg0 < groups; cg0 += 8) {
+    const int nb = static_cast<int>(std::min<int64_t>(8, groups - cg0));
+    alignas(32) float mnl[8] = {}, mxl[8] = {}, nfl[8] = {};
+    bool fast[8] = {};
+    for (int j = 0; j < nb; ++j) {
+      const int64_t c0 = (cg0 + j) * group;
+      const int len = static_cast<int>(dim - c0 < group ? dim - c0 : group);
+      fast[j] = len % 8 == 0 && len <= 256;
+      if (!fast[j]) continue;
+      const float* g = x + c0;
+      __m256 mn = _mm256_loadu_ps(g), mx = mn, nf = _mm256_mul_ps(mn, zero);
+      for (int v = 1; v < len / 8; ++v) {
+        const __m256 y = _mm256_loadu_ps(g + 8 * v);
+        mn = _mm256_min_ps(y, mn);
+        mx = _mm256_max_ps(y, mx);
+        nf = _mm256_add_ps(nf, _mm256_mul_ps(y, zero));
+      }
+      const bool finite = _mm256_movemask_ps(_mm256_cmp_ps(nf, zero, _CMP_NEQ_UQ)) == 0;
+      mnl[j] = _mm256_cvtss_f32(lanes_min(mn));
+      mxl[j] = _mm256_cvtss_f32(lanes_max(mx));
+      nfl[j] = finite ? 0.0f : bits_float(0x7fc00000u);
     }
-    const int nv = len / 8;
-    __m256 mn = _mm256_loadu_ps(g), mx = mn, nf = _mm256_mul_ps(mn, zero);
-    for (int v = 1; v < nv; ++v) {
-      const __m256 y = _mm256_loadu_ps(g + 8 * v);
-      mn = _mm256_min_ps(y, mn);
-      mx = _mm256_max_ps(y, mx);
-      nf = _mm256_add_ps(nf, _mm256_mul_ps(y, zero));
+    const Params8 pb = params8<B, S>(_mm256_load_ps(mnl), _mm256_load_ps(mxl), _mm256_load_ps(nfl));
+    alignas(16) uint16_t sh[8], mh[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(sh), pb.scale_h);
+    _mm_store_si128(reinterpret_cast<__m128i*>(mh), pb.min_h);
+    for (int j = 0; j < nb; ++j) {
+      const int64_t cg = cg0 + j, c0 = cg * group;
+      const int len = static_cast<int>(dim - c0 < group ? dim - c0 : group);
+      const float* g = x + c0;
+      uint32_t* wout = words + cg * wpg;
+      if (!fast[j]) {
+        reference_group<B, S>(g, 1, len, wout, scales, mins, cg);
+        continue;
+      }
+      const __m256i lane = _mm256_set1_epi32(j);
+      Params8 p;
+      p.z = _mm256_permutevar8x32_ps(pb.z, lane);
+      p.s = _mm256_permutevar8x32_ps(pb.s, lane);
+      p.valid = _mm256_permutevar8x32_epi32(pb.valid, lane);
+      __m256 tie = zero;
+      __m256i k[32];
+      for (int v = 0; v < len / 8; ++v) k[v] = codes8<B, S>(_mm256_loadu_ps(g + 8 * v), p, tie);
+      if (_mm256_movemask_ps(tie)) {
+        reference_group<B, S>(g, 1, len, wout, scales, mins, cg);
+        continue;
+      }
+      scales[cg] = sh[j];
+      if (!S) mins[cg] = mh[j];
+      pack_vectors<B>(k, len, wout);
     }
-    const bool finite = _mm256_movemask_ps(_mm256_cmp_ps(nf, zero, _CMP_NEQ_UQ)) == 0;
-    const Params8 p = params8<B, S>(lanes_min(mn), lanes_max(mx),
-                                    finite ? zero : _mm256_set1_ps(bits_float(0x7fc00000u)));
-    __m256 tie = zero;
-    __m256i k[32];
-    for (int v = 0; v < nv; ++v) k[v] = codes8<B, S>(_mm256_loadu_ps(g + 8 * v), p, tie);
-    if (_mm256_movemask_ps(tie)) {
-      reference_group<B, S>(g, 1, len, wout, scales, mins, cg);
-      continue;
-    }
-    scales[cg] = static_cast<uint16_t>(_mm_extract_epi16(p.scale_h, 0));
-    if (!S) mins[cg] = static_cast<uint16_t>(_mm_extract_epi16(p.min_h, 0));
-    pack_vectors<B>(k, len, wout);
   }
 }
 #else
@@ -300,6 +352,11 @@ void kivi_quantize(const IntSpec& spec, Role role, const float* x, int64_t token
     out.words.resize(static_cast<size_t>(lay.words_for_tokens(tokens)));
     out.scales.resize(static_cast<size_t>(lay.params_for_tokens(tokens)));
     out.mins.resize(spec.sym ? 0 : out.scales.size());
+    if (dim % G == 0) {  // then the whole tensor is one row of groups in the layout's order
+      kivi_quantize_row(x, tokens * row, G, b, spec.sym, out.words.data(), out.scales.data(),
+                        spec.sym ? nullptr : out.mins.data());
+      return;
+    }
     for (int64_t t = 0; t < tokens; ++t)
       for (int64_t h = 0; h < heads; ++h)
         kivi_quantize_row(x + t * row + h * dim, dim, G, b, spec.sym,

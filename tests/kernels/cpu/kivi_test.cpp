@@ -3,6 +3,8 @@
 // kivi/layout.h): words, fp16 scales and minima bit for bit, both axes, 2/3/4/8 bits, asym and
 // sym, ragged shapes (T not a multiple of G, head_dim 72 and 13 with short last channel groups),
 // groups holding NaN, +-inf, subnormals, constants, values beyond fp16, and tie-heavy data.
+// A per-token tensor whose G divides D is quantized as one row of groups, 8 groups per parameter
+// computation: those shapes run every data kind, with a last batch of fewer than 8 groups.
 //
 // The F16C conversion the kernels use for fp16 parameters (vcvtps2ph, nearest even) must equal
 // core/half.h's float_to_half_bits on every float that can reach it (all but NaN, which takes
@@ -163,7 +165,11 @@ std::vector<Case> grid() {
         v.push_back({bits, sym, Axis::Token, {37, 3, 72}, 32, data});     // 72 = 32 + 32 + 8
         v.push_back({bits, sym, Axis::Token, {9, 2, 13}, 8, data});       // 13 = 8 + 5
         v.push_back({bits, sym, Axis::Channel, {9, 2, 13}, 4, data});     // 13 columns * 2 heads
+        // G divides D: the whole tensor is one row of 60 groups (7 batches of 8, then 4)
+        v.push_back({bits, sym, Axis::Token, {10, 3, 64}, 32, data});
       }
+  v.push_back({2, false, Axis::Token, {8, 1, 512}, 512, Data::Specials});  // groups over 256
+  v.push_back({3, true, Axis::Token, {5, 3, 48}, 16, Data::TieHeavy});     // 45 groups of 16
   for (int bits : {2, 4}) {  // the bench shape, G = 32 and 128 channels or tokens
     v.push_back({bits, false, Axis::Channel, {256, 8, 128}, 32, Data::Outliers});
     v.push_back({bits, false, Axis::Token, {64, 8, 128}, 32, Data::Outliers});
