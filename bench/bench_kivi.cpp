@@ -4,7 +4,8 @@
 // fraction of memcpy and backend cpu's speedup over ref:
 //   BM_Quantize/ref/...  kivi::SideCache with r=0, one append (every token quantized)
 //   BM_Quantize/cpu/...  cpu::kivi_quantize (kernels/cpu/kivi.h): the same bytes, bit for bit
-//   BM_Append/ref/...    the streaming cache with the spec's window, one append and token by token
+//   BM_Append/ref|cpu/... the streaming cache with the spec's window, one append and token by
+//                         token, with the reference's group quantizers or backend cpu's
 //   build/<preset>/bench/bench_kivi [--backend=ref|cpu|both] [--benchmark_filter=kivi2]
 //   [--benchmark_repetitions=3
 //       --benchmark_enable_random_interleaving=true]
@@ -59,12 +60,14 @@ void BM_Copy(benchmark::State& state) {
 }
 
 void BM_Append(benchmark::State& state, const std::string& spec_text, kvq::Role role,
-               bool per_token) {
+               bool per_token, bool cpu) {
   const kvq::SchemeSpec spec = kvq::parse_spec(spec_text);
   const std::vector<float>& x = input();
   int64_t quantized = 0;
   for (auto _ : state) {
-    kvq::kivi::SideCache cache(spec.q, role, kHeads, kDim);
+    kvq::kivi::SideCache cache(
+        spec.q, role, kHeads, kDim,
+        cpu ? kvq::cpu::kivi_group_quantizers() : kvq::kivi::GroupQuantizers{});
     if (per_token) {
       for (int64_t t = 0; t < kTokens; ++t) cache.append(x.data() + t * kRow, 1);
     } else {
@@ -114,16 +117,18 @@ void register_all(const std::string& backend) {
                             {"kivi4", "kivi4"},
                             {"int3", "int3:k=channel,v=token"},
                             {"int8", "int8:k=channel,v=token"}};
-  if (backend == "cpu") return;  // the streaming appends below are backend ref
   for (const auto& s : specs)
     for (kvq::Role role : {kvq::Role::Key, kvq::Role::Value})
-      for (bool per_token : {false, true}) {
-        const std::string name = std::string("BM_Append/ref/") + s[0] +
-                                 (role == kvq::Role::Key ? "/key_channel" : "/value_token") +
-                                 (per_token ? "/token_by_token" : "/one_append");
-        benchmark::RegisterBenchmark(name.c_str(), BM_Append, std::string(s[1]), role, per_token)
-            ->Unit(benchmark::kMillisecond);
-      }
+      for (bool per_token : {false, true})
+        for (bool cpu : {false, true}) {
+          if ((cpu && backend == "ref") || (!cpu && backend == "cpu")) continue;
+          const std::string name = std::string("BM_Append/") + (cpu ? "cpu/" : "ref/") + s[0] +
+                                   (role == kvq::Role::Key ? "/key_channel" : "/value_token") +
+                                   (per_token ? "/token_by_token" : "/one_append");
+          benchmark::RegisterBenchmark(name.c_str(), BM_Append, std::string(s[1]), role, per_token,
+                                       cpu)
+              ->Unit(benchmark::kMillisecond);
+        }
 }
 
 }  // namespace

@@ -149,8 +149,14 @@ void quantize_row(const float* x, int64_t dim, int group, uint32_t* words, uint1
 
 }  // namespace
 
-SideCache::SideCache(const IntSpec& spec, Role role, int64_t heads, int64_t head_dim)
-    : spec_(spec), role_(role), axis_(spec.axis(role)), heads_(heads), dim_(head_dim) {
+SideCache::SideCache(const IntSpec& spec, Role role, int64_t heads, int64_t head_dim,
+                     const GroupQuantizers& quantizers)
+    : spec_(spec),
+      role_(role),
+      axis_(spec.axis(role)),
+      heads_(heads),
+      dim_(head_dim),
+      quant_(quantizers) {
   const int b = spec.bits;
   KVQ_CHECK(b == 2 || b == 3 || b == 4 || b == 8,
             "kivi: {} bits not supported (allowed: 2, 3, 4, 8)", b);
@@ -234,6 +240,16 @@ void SideCache::quantize_channel_blocks(const float* src, int64_t count) {
   words_.resize(static_cast<size_t>(lay.words_for_tokens(quantized_ + count)));
   scales_.resize(static_cast<size_t>(lay.params_for_tokens(quantized_ + count)));
   if (!spec_.sym) mins_.resize(scales_.size());
+  if (quant_.columns) {
+    for (int64_t g = g0; g < g0 + ng; ++g) {
+      const int64_t p0 = lay.param_index(g, 0, 0);
+      quant_.columns(src + (g - g0) * group_ * row_, row_, group_, spec_.bits, spec_.sym,
+                     words_.data() + lay.word_index(g, 0, 0), scales_.data() + p0,
+                     spec_.sym ? nullptr : mins_.data() + p0);
+    }
+    quantized_ += count;
+    return;
+  }
   fscratch_.resize(static_cast<size_t>(5 * row_));
   uscratch_.resize(static_cast<size_t>(2 * row_));
   dispatch_bits(spec_.bits, spec_.sym, [&]<int B, bool S>() {
@@ -254,6 +270,21 @@ void SideCache::quantize_token_rows(const float* src, int64_t count) {
   words_.resize(static_cast<size_t>(lay.words_for_tokens(quantized_ + count)));
   scales_.resize(static_cast<size_t>(lay.params_for_tokens(quantized_ + count)));
   if (!spec_.sym) mins_.resize(scales_.size());
+  if (quant_.row) {
+    // When G divides D the rows' groups follow each other in the layout: one row of them.
+    const int64_t rows = dim_ % group_ == 0 ? 1 : count * heads_;
+    const int64_t len = dim_ % group_ == 0 ? count * row_ : dim_;
+    const int64_t t0 = quantized_;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = t0 + r / heads_, h = r % heads_;
+      const int64_t p0 = lay.param_index(t, h, 0);
+      quant_.row(src + r * dim_, len, group_, spec_.bits, spec_.sym,
+                 words_.data() + lay.word_index(t, h, 0), scales_.data() + p0,
+                 spec_.sym ? nullptr : mins_.data() + p0);
+    }
+    quantized_ += count;
+    return;
+  }
   dispatch_bits(spec_.bits, spec_.sym, [&]<int B, bool S>() {
     for (int64_t t = quantized_; t < quantized_ + count; ++t)
       for (int64_t h = 0; h < heads_; ++h) {

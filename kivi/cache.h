@@ -24,6 +24,20 @@
 
 namespace kvq::kivi {
 
+/// \brief Group quantizers a backend may lend a SideCache in place of the portable loops of
+/// kivi/cache.cpp. Each must write exactly the bytes those write (backend cpu's, in
+/// kernels/cpu/kivi.h, are tested bit for bit against this cache). Null: the portable loop.
+struct GroupQuantizers {
+  /// One token group of the per-channel side, all `cols` columns: element i of column c is
+  /// x[i * cols + c], i < n; writes words[c * words_for(n, bits) + w], scales[c], mins[c].
+  void (*columns)(const float* x, int64_t cols, int n, int bits, bool sym, uint32_t* words,
+                  uint16_t* scales, uint16_t* mins) = nullptr;
+  /// ceil(dim / group) per-token groups of `group` contiguous channels (the last may be
+  /// shorter), laid out as TokenLayout says for one (token, head).
+  void (*row)(const float* x, int64_t dim, int group, int bits, bool sym, uint32_t* words,
+              uint16_t* scales, uint16_t* mins) = nullptr;
+};
+
 /// \brief One side (K or V) of one layer's KIVI cache: packed codes, fp16 scales and minima,
 /// and the exact float32 residual window.
 class SideCache {
@@ -32,7 +46,9 @@ class SideCache {
   /// heads of `head_dim` channels. Throws kvq::Error naming the value on bits outside
   /// {2, 3, 4, 8}, a group larger than head_dim on the per-token side, g=dim or an R that is not
   /// a multiple of G on the per-channel side, negative R, or a non-positive shape.
-  SideCache(const IntSpec& spec, Role role, int64_t heads, int64_t head_dim);
+  /// `quantizers` replaces the portable group loops (same bytes; see GroupQuantizers).
+  SideCache(const IntSpec& spec, Role role, int64_t heads, int64_t head_dim,
+            const GroupQuantizers& quantizers = {});
 
   /// \brief Appends n >= 0 tokens x[n, heads, head_dim] (float32, C order) and quantizes those
   /// that leave the residual window.
@@ -88,6 +104,7 @@ class SideCache {
   Axis axis_;
   int64_t heads_, dim_, row_;  // row_ = heads * head_dim floats per token
   int group_;
+  GroupQuantizers quant_;
   int64_t tokens_ = 0, quantized_ = 0;
   std::vector<uint32_t> words_;
   std::vector<uint16_t> scales_, mins_;

@@ -9,6 +9,8 @@
 
 #include "core/error.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/fp8.h"
+#include "kernels/cpu/kivi.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/matmul.h"
 
@@ -103,9 +105,15 @@ void hadamard_transform(float* x, int64_t n) {
 }
 
 LlamaCache::LlamaCache(const LlamaConfig& c, const CacheOptions& o) : opts_(o) {
+  // Appends quantize on backend cpu's kernels whatever the attention backend: the bytes are the
+  // reference's, bit for bit (tests/kernels/cpu/, tests/reference_cpu/kv_cache_test.cpp).
+  SideKernels k;
+  k.kivi = cpu::kivi_group_quantizers();
+  k.fp8_scales = cpu::fp8_compute_scales;
+  k.fp8_quantize = cpu::fp8_quantize;
   for (int l = 0; l < c.layers; ++l) {
-    layers_.push_back({make_side(o.spec, Role::Key, c.kv_heads, c.head_dim, l),
-                       make_side(o.spec, Role::Value, c.kv_heads, c.head_dim, l)});
+    layers_.push_back({make_side(o.spec, Role::Key, c.kv_heads, c.head_dim, l, k),
+                       make_side(o.spec, Role::Value, c.kv_heads, c.head_dim, l, k)});
     // The model's whole context as address space: no copies as the cache grows (resident memory
     // stays the tokens written).
     layers_.back().k->reserve(c.context);

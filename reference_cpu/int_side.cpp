@@ -42,8 +42,8 @@ inline void unpack_run(const uint32_t* words, int n, float* out) {
 
 class IntSide final : public SideStore {
  public:
-  IntSide(const SchemeSpec& spec, Role role, int64_t H, int64_t D)
-      : spec_(spec), role_(role), cache_(spec.q, role, H, D) {}
+  IntSide(const SchemeSpec& spec, Role role, int64_t H, int64_t D, const kivi::GroupQuantizers& q)
+      : spec_(spec), role_(role), cache_(spec.q, role, H, D, q) {}
 
   void append(const float* x, int64_t n) override { cache_.append(x, n); }
   int64_t tokens() const override { return cache_.tokens(); }
@@ -250,8 +250,8 @@ class IntSide final : public SideStore {
 }  // namespace
 
 std::unique_ptr<SideStore> make_int_side(const SchemeSpec& spec, Role role, int64_t heads,
-                                         int64_t dim) {
-  return std::make_unique<IntSide>(spec, role, heads, dim);
+                                         int64_t dim, const kivi::GroupQuantizers& q) {
+  return std::make_unique<IntSide>(spec, role, heads, dim, q);
 }
 
 }  // namespace kvq

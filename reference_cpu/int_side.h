@@ -9,6 +9,6 @@ namespace kvq {
 
 /// \brief A SideStore over a streaming kivi::SideCache for an int<B> / kivi<B> spec.
 std::unique_ptr<SideStore> make_int_side(const SchemeSpec& spec, Role role, int64_t heads,
-                                         int64_t dim);
+                                         int64_t dim, const kivi::GroupQuantizers& q = {});
 
 }  // namespace kvq

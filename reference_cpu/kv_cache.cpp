@@ -120,8 +120,14 @@ class Half16Side final : public SideStore {
 
 class Fp8Side final : public SideStore {
  public:
-  Fp8Side(const SchemeSpec& spec, Role role, int64_t H, int64_t D, int layer)
-      : spec_(spec), role_(role), H_(H), D_(D) {
+  Fp8Side(const SchemeSpec& spec, Role role, int64_t H, int64_t D, int layer,
+          const SideKernels& k)
+      : spec_(spec),
+        role_(role),
+        H_(H),
+        D_(D),
+        scales_fn_(k.fp8_scales ? k.fp8_scales : fp8::compute_scales),
+        quantize_fn_(k.fp8_quantize ? k.fp8_quantize : fp8::quantize) {
     const Fp8Spec& f = spec.fp8;
     for (int c = 0; c < 256; ++c)
       lut_[static_cast<size_t>(c)] = fp8::decode(f.format, static_cast<uint8_t>(c));
@@ -138,11 +144,10 @@ class Fp8Side final : public SideStore {
     Tensor3 chunk({n, H_, D_});
     std::copy(x, x + n * H_ * D_, chunk.data.begin());
     if (gran_ == Granularity::Token) {
-      const auto s =
-          fp8::compute_scales(spec_.fp8, role_, chunk);  // per (token, head): streaming-safe
+      const auto s = scales_fn_(spec_.fp8, role_, chunk, 0);  // per (token, head): streaming-safe
       scales_.insert(scales_.end(), s.begin(), s.end());
       std::vector<uint8_t> c;
-      fp8::quantize(spec_.fp8, s, chunk, c);
+      quantize_fn_(spec_.fp8, s, chunk, c);
       codes_.insert(codes_.end(), c.begin(), c.end());
       return;
     }
@@ -159,7 +164,7 @@ class Fp8Side final : public SideStore {
       frozen_ = true;
     }
     std::vector<uint8_t> c;
-    fp8::quantize(spec_.fp8, scales_, chunk, c);
+    quantize_fn_(spec_.fp8, scales_, chunk, c);
     codes_.insert(codes_.end(), c.begin(), c.end());
   }
   int64_t tokens() const override {
@@ -273,6 +278,8 @@ class Fp8Side final : public SideStore {
   SchemeSpec spec_;
   Role role_;
   int64_t H_, D_;
+  decltype(SideKernels::fp8_scales) scales_fn_;  // the streaming append's quantize kernels
+  decltype(SideKernels::fp8_quantize) quantize_fn_;
   Granularity gran_;
   bool frozen_ = false;
   std::vector<float> pending_;  // exact tokens held until the first-N scales are known
@@ -324,7 +331,7 @@ std::unique_ptr<SideStore> make_view(const SideStore& base, Tensor3 values) {
 }
 
 std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim,
-                                     int layer) {
+                                     int layer, const SideKernels& kernels) {
   KVQ_CHECK(heads > 0 && dim > 0, "cache shape: heads {} and head_dim {} must be positive", heads,
             dim);
   switch (spec.kind) {
@@ -335,9 +342,9 @@ std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, int64_t 
     case SchemeKind::Fp16:
       return std::make_unique<Half16Side<false>>(heads, dim);
     case SchemeKind::Fp8:
-      return std::make_unique<Fp8Side>(spec, role, heads, dim, layer);
+      return std::make_unique<Fp8Side>(spec, role, heads, dim, layer, kernels);
     case SchemeKind::Int:
-      return make_int_side(spec, role, heads, dim);
+      return make_int_side(spec, role, heads, dim, kernels.kivi);
   }
   fail("make_side: unknown scheme kind");
 }

@@ -16,6 +16,7 @@
 #include "core/spec.h"
 #include "core/stored_side.h"
 #include "core/tensor.h"
+#include "kivi/cache.h"
 
 namespace kvq {
 
@@ -59,9 +60,23 @@ class SideStore {
   virtual StoredSide stored() const;
 };
 
-/// \brief A cache side for `spec` in `role`; `layer` selects calib scales.
+/// \brief Quantize kernels a backend lends the cache sides for their streaming appends, in place of
+/// the reference's own (fp8/scale.h, kivi/cache.cpp). Each must produce the same bytes; backend
+/// cpu's (kernels/cpu/) are tested bit for bit. Null members: the reference's.
+struct SideKernels {
+  kivi::GroupQuantizers kivi;
+  /// fp8::compute_scales' contract.
+  std::vector<float> (*fp8_scales)(const Fp8Spec& spec, Role role, const Tensor3& x,
+                                   int layer) = nullptr;
+  /// fp8::quantize's contract.
+  void (*fp8_quantize)(const Fp8Spec& spec, const std::vector<float>& scales, const Tensor3& x,
+                       std::vector<uint8_t>& codes) = nullptr;
+};
+
+/// \brief A cache side for `spec` in `role`; `layer` selects calib scales; `kernels` quantize its
+/// appends (the reference's when empty).
 std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim,
-                                     int layer = 0);
+                                     int layer = 0, const SideKernels& kernels = {});
 
 /// \brief A cache side preloaded with `x` in one append (the whole prompt at once).
 std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, const Tensor3& x,

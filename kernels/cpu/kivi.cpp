@@ -319,6 +319,13 @@ void kivi_quantize_row(const float* x, int64_t dim, int group, int bits, bool sy
                 [&]<int B, bool S>() { row_t<B, S>(x, dim, group, words, scales, mins); });
 }
 
+kivi::GroupQuantizers kivi_group_quantizers() {
+  kivi::GroupQuantizers q;
+  q.columns = kivi_quantize_columns;
+  q.row = kivi_quantize_row;
+  return q;
+}
+
 void kivi_quantize(const IntSpec& spec, Role role, const float* x, int64_t tokens, int64_t heads,
                    int64_t dim, KiviPacked& out) {
   const int b = spec.bits;

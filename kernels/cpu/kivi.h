@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/spec.h"
+#include "kivi/cache.h"
 
 namespace kvq::cpu {
 
@@ -26,6 +27,10 @@ void kivi_quantize_columns(const float* x, int64_t cols, int n, int bits, bool s
 /// (token, head): words from `words`, parameters from scales[0] / mins[0].
 void kivi_quantize_row(const float* x, int64_t dim, int group, int bits, bool sym, uint32_t* words,
                        uint16_t* scales, uint16_t* mins);
+
+/// \brief The two above as a kivi::SideCache's group quantizers (its streaming appends then store
+/// through backend cpu, byte for byte the same).
+kivi::GroupQuantizers kivi_group_quantizers();
 
 /// \brief Packed codes and fp16 parameters of a whole tensor in kivi/layout.h's layout.
 struct KiviPacked {
