@@ -803,6 +803,27 @@ inline void transpose_words(const uint32_t* words, int64_t D, int64_t wpg, uint3
     }
     return;
   }
+  if (wpg == 4 && D % 8 == 0) {  // kivi4 at G=32: a 4 x 8 transpose per 8 channels
+    const __m256i idx = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    auto pairs = [&](int64_t d) {  // channels d, d+1: [w(d,0) w(d+1,0) w(d,1) w(d+1,1) ...]
+      return _mm256_permutevar8x32_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + 4 * d)), idx);
+    };
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256i v0 = pairs(d), v1 = pairs(d + 2), v2 = pairs(d + 4), v3 = pairs(d + 6);
+      const __m256i t0 = _mm256_unpacklo_epi64(v0, v1), t1 = _mm256_unpackhi_epi64(v0, v1);
+      const __m256i t2 = _mm256_unpacklo_epi64(v2, v3), t3 = _mm256_unpackhi_epi64(v2, v3);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wt + d),
+                          _mm256_permute2x128_si256(t0, t2, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wt + D + d),
+                          _mm256_permute2x128_si256(t1, t3, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wt + 2 * D + d),
+                          _mm256_permute2x128_si256(t0, t2, 0x31));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wt + 3 * D + d),
+                          _mm256_permute2x128_si256(t1, t3, 0x31));
+    }
+    return;
+  }
   for (int64_t d = 0; d < D; ++d)
     for (int64_t x = 0; x < wpg; ++x) wt[x * D + d] = words[d * wpg + x];
 }
