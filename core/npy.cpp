@@ -1,5 +1,6 @@
 #include "core/npy.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <regex>
@@ -61,11 +62,20 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
   if (descr.size() >= 2 && (descr.front() == '\'' || descr.front() == '"'))
     descr = descr.substr(1, descr.size() - 2);
   a.descr = descr;
+  // Floats of 2, 4 or 8 bytes in either byte order ('=' and '|' are this machine's, little).
   size_t item = 0;
-  if (descr == "<f4" || descr == "=f4") item = 4;
-  else if (descr == "<f2" || descr == "=f2") item = 2;
-  else
-    fail("{}: unsupported dtype '{}' (expected float32 '<f4' or float16 '<f2')", name, descr);
+  bool swap = false;
+  if (descr.size() == 3 && descr[1] == 'f' &&
+      std::string("<=|>").find(descr[0]) != std::string::npos &&
+      (descr[2] == '2' || descr[2] == '4' || descr[2] == '8')) {
+    item = static_cast<size_t>(descr[2] - '0');
+    swap = descr[0] == '>';
+  } else {
+    fail(
+        "{}: unsupported dtype '{}' (expected float16, float32 or float64: '<f2', '<f4', '<f8', "
+        "or big-endian '>f...')",
+        name, descr);
+  }
 
   const std::string fo = dict_value(header, "fortran_order", name);
   if (fo == "True") fail("{}: Fortran-order arrays are not supported; save with C order", name);
@@ -91,13 +101,25 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
     fail("{}: header shape {} needs {} data bytes but the file has {}", name, shp, want, have);
   a.data.resize(static_cast<size_t>(n));
   const char* p = bytes.data() + data_off;
-  if (item == 4) {
+  auto element = [&](int64_t i, auto zero) {  // element i as stored, byte-swapped if big-endian
+    decltype(zero) v;
+    char b[sizeof(v)];
+    std::memcpy(b, p + i * static_cast<int64_t>(sizeof(v)), sizeof(v));
+    if (swap) std::reverse(b, b + sizeof(v));
+    std::memcpy(&v, b, sizeof(v));
+    return v;
+  };
+  if (item == 4 && !swap) {
     std::memcpy(a.data.data(), p, want);
   } else {
     for (int64_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, p + 2 * i, 2);
-      a.data[static_cast<size_t>(i)] = half_bits_to_float(h);
+      float& out = a.data[static_cast<size_t>(i)];
+      if (item == 2)
+        out = half_bits_to_float(element(i, uint16_t{}));
+      else if (item == 4)
+        out = element(i, 0.0f);
+      else
+        out = static_cast<float>(element(i, 0.0));  // float64: nearest float32
     }
   }
   return a;
@@ -112,8 +134,10 @@ std::string encode_npy(const std::vector<int64_t>& shape, const float* data) {
     dims += fmt::format("{}, ", d);
     n *= d;
   }
-  if (shape.size() > 1) dims.resize(dims.size() - 2);
-  else if (shape.size() == 1) dims.resize(dims.size() - 1);
+  if (shape.size() > 1)
+    dims.resize(dims.size() - 2);
+  else if (shape.size() == 1)
+    dims.resize(dims.size() - 1);
   std::string header =
       fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}", dims);
   const size_t total = 10 + header.size() + 1;

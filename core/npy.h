@@ -1,4 +1,5 @@
-// NumPy .npy files (format versions 1.0, 2.0, 3.0): float32 / float16 in, float32 out.
+// NumPy .npy files (format versions 1.0, 2.0, 3.0): float16 / float32 / float64 in either byte
+// order in, float32 out.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,8 @@
 
 namespace kvq {
 
-/// \brief An n-d float array read from an .npy file (float16 is widened exactly).
+/// \brief An n-d float array read from an .npy file (float16 is widened exactly, float64 rounded
+/// to the nearest float32).
 struct NpyArray {
   std::vector<int64_t> shape;
   std::vector<float> data;
@@ -15,7 +17,7 @@ struct NpyArray {
 };
 
 /// \brief Parses .npy bytes; `name` is used in error messages. Rejects Fortran order, dtypes other
-/// than little-endian float32/float16, and headers whose shape disagrees with the data size.
+/// than float16/32/64 (either byte order), and headers whose shape disagrees with the data size.
 NpyArray parse_npy(const std::string& bytes, const std::string& name);
 
 /// \brief Reads an .npy file (see parse_npy).

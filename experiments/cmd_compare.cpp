@@ -62,7 +62,8 @@ void register_compare(CLI::App& app) {
   c->add_option("--schemes", o->schemes, "scheme specs (space separated)")->capture_default_str();
   c->add_option("--role", o->role, "key or value")->check(CLI::IsMember({"key", "value"}))->capture_default_str();
   c->add_option("--json", o->json, "also write every row as JSON lines to this file (atomically)");
-  c->add_option("input", o->in, "input npy [tokens, heads, head_dim] or [tokens, head_dim]");
+  c->add_option("input", o->in,
+                "input npy or FILE.safetensors:TENSOR, [tokens, heads, head_dim] or [tokens, head_dim]");
   add_synth_options(c, o->synth);
   c->callback([o] {
     const Tensor3 x = o->in.empty() ? synthetic_kv(o->synth) : load_kv(o->in).tensor;

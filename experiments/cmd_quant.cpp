@@ -38,7 +38,8 @@ void register_quant(CLI::App& app) {
       ->capture_default_str();
   c->add_option("--stats", o->stats, "also write the JSON report to this file (atomically)");
   c->add_option("input", o->in,
-                "input npy: float32/float16, [tokens, heads, head_dim] or [tokens, head_dim]")
+                "input: an npy (float16/32/64, either byte order) or FILE.safetensors:TENSOR (e.g. a\n"
+                "`kvq model dump`'s kv.safetensors:layer.3.k), [tokens, heads, head_dim] or [tokens, head_dim]")
       ->required();
   c->add_option("output", o->out,
                 "output npy: float32, same shape, the values the cache reads back")

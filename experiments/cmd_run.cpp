@@ -6,10 +6,12 @@
 // key and settings match are skipped).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -27,6 +29,7 @@
 #include "reference_cpu/attention.h"
 #include "reference_cpu/metrics.h"
 #include "reference_cpu/quantize.h"
+#include "model/llama.h"
 #include "model/tokenizer.h"
 
 namespace kvq::cli {
@@ -65,21 +68,33 @@ class ResultTable {
     std::string jl;
     for (const auto& r : rows_) jl += r.dump() + "\n";
     write_file_atomic((dir_ / (task_ + ".jsonl")).string(), jl);
-    // CSV: the union of scalar columns, in first-seen order.
-    std::vector<std::string> cols;
-    std::set<std::string> seen;
+    // CSV: the union of scalar columns, in first-seen order, then the settings the row was made
+    // with (so rows of different settings stay apart in a spreadsheet too).
+    std::vector<std::string> cols, set_cols;
+    std::set<std::string> seen, set_seen;
     for (const auto& r : rows_)
-      for (const auto& [k, v] : r.items())
+      for (const auto& [k, v] : r.items()) {
         if (!v.is_structured() && seen.insert(k).second) cols.push_back(k);
+        if (k == "settings" && v.is_object())
+          for (const auto& [sk, sv] : v.items())
+            if (!sv.is_structured() && set_seen.insert(sk).second) set_cols.push_back(sk);
+      }
+    auto cell = [](const json& v) {
+      return v.is_string() ? "\"" + v.get<std::string>() + "\"" : v.dump();
+    };
     std::string csv;
     for (size_t i = 0; i < cols.size(); ++i) csv += (i ? "," : "") + cols[i];
+    for (const auto& k : set_cols) csv += ",settings." + k;
     csv += "\n";
     for (const auto& r : rows_) {
       for (size_t i = 0; i < cols.size(); ++i) {
         if (i) csv += ",";
-        if (!r.contains(cols[i])) continue;
-        const auto& v = r[cols[i]];
-        csv += v.is_string() ? "\"" + v.get<std::string>() + "\"" : v.dump();
+        if (r.contains(cols[i])) csv += cell(r[cols[i]]);
+      }
+      const json st = r.value("settings", json::object());
+      for (const auto& k : set_cols) {
+        csv += ",";
+        if (st.is_object() && st.contains(k)) csv += cell(st[k]);
       }
       csv += "\n";
     }
@@ -92,64 +107,224 @@ class ResultTable {
   std::vector<json> rows_;
 };
 
-template <typename T>
-T get_or(const toml::table& t, std::string_view key, T def) {
-  const auto* n = t.get(key);
-  if (!n) return def;
-  if (auto v = n->value<T>()) return *v;
-  fail("config: '{}' has the wrong type", key);
+// Where a key lives, for messages: "FILE:LINE: [model].ctx must be ...".
+struct Where {
+  std::string file, table;  // table "" for the top level
+  std::string key(std::string_view k) const {
+    return table.empty() ? std::string(k) : fmt::format("[{}].{}", table, k);
+  }
+  std::string at(const toml::node& n) const {
+    return n.source().begin.line > 0 ? fmt::format("{}:{}", file, n.source().begin.line) : file;
+  }
+};
+
+const char* type_of(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a number";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date or time";
+  }
 }
 
-std::vector<std::string> string_list(const toml::table& t, std::string_view key, const std::string& where) {
+template <typename T>
+T get_or(const toml::table& t, const Where& w, std::string_view key, T def) {
+  const auto* n = t.get(key);
+  if (!n) return def;
+  const char* want = "a string";
+  if constexpr (std::is_same_v<T, double>) {
+    want = "a number";
+    if (n->is_number()) return *n->value<double>();
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    want = "an integer";
+    if (auto v = n->value_exact<int64_t>()) return *v;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    want = "true or false";
+    if (auto v = n->value_exact<bool>()) return *v;
+  } else {
+    if (auto v = n->value_exact<std::string>()) return *v;
+  }
+  fail("{}: {} must be {} (got {})", w.at(*n), w.key(key), want, type_of(*n));
+}
+
+// Every key of t must be in `allowed` (sweep placeholders are checked by expand_sweep).
+void check_keys(const toml::table& t, const Where& w, const std::vector<std::string>& allowed) {
+  for (const auto& [k, v] : t) {
+    if (std::find(allowed.begin(), allowed.end(), k.str()) != allowed.end()) continue;
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    fail("{}: unknown key {} (allowed: {})", w.at(v), w.key(k.str()), list);
+  }
+}
+
+std::vector<std::string> string_list(const toml::table& t, const Where& w, std::string_view key) {
   std::vector<std::string> out;
   const auto* n = t.get(key);
   if (!n) return out;
   const auto* a = n->as_array();
-  KVQ_CHECK(a, "config: {}{} must be an array of strings", where, key);
+  KVQ_CHECK(a, "{}: {} must be an array of strings (got {})", w.at(*n), w.key(key), type_of(*n));
   for (const auto& e : *a) {
-    auto s = e.value<std::string>();
-    KVQ_CHECK(s.has_value(), "config: {}{} must be an array of strings", where, key);
+    auto s = e.value_exact<std::string>();
+    KVQ_CHECK(s.has_value(), "{}: {} must be an array of strings (an element is {})", w.at(e),
+              w.key(key), type_of(e));
     out.push_back(*s);
   }
   return out;
 }
 
-// [sweep] template = "int{b}:k={k},v=token,g={g}" with b = [2, 4], g = [32, 128], ...
-std::vector<std::string> expand_sweep(const toml::table& sw) {
-  const std::string tmpl = get_or<std::string>(sw, "template", "");
-  KVQ_CHECK(!tmpl.empty(), "config: [sweep] needs a template, e.g. template = \"kivi{{b}}:g={{g}}\"");
+// [sweep] template = "int{b}:k={k},v=token,g={g}" with b = [2, 4], g = [32, 128], ...; the
+// combinations listed in exclude = [...] are left out.
+std::vector<std::string> expand_sweep(const toml::table& sw, const Where& w) {
+  const std::string tmpl = get_or<std::string>(sw, w, "template", "");
+  KVQ_CHECK(!tmpl.empty(), "{}: [sweep] needs a template, e.g. template = \"kivi{{b}}:g={{g}}\"", w.file);
   std::vector<std::string> out{tmpl};
   for (const auto& [k, v] : sw) {
-    if (k.str() == "template") continue;
+    if (k.str() == "template" || k.str() == "exclude") continue;
     const auto* a = v.as_array();
-    KVQ_CHECK(a && !a->empty(), "config: [sweep] {} must be a non-empty array", k.str());
+    KVQ_CHECK(a && !a->empty(), "{}: {} must be a non-empty array", w.at(v), w.key(k.str()));
     const std::string ph = "{" + std::string(k.str()) + "}";
-    KVQ_CHECK(tmpl.find(ph) != std::string::npos, "config: [sweep] {} does not appear in the template as {}", k.str(), ph);
+    KVQ_CHECK(tmpl.find(ph) != std::string::npos, "{}: {} does not appear in the template as {}",
+              w.at(v), w.key(k.str()), ph);
     std::vector<std::string> next;
     for (const auto& s : out)
       for (const auto& e : *a) {
         std::string val;
-        if (auto i = e.value<int64_t>()) val = std::to_string(*i);
-        else if (auto st = e.value<std::string>()) val = *st;
-        else fail("config: [sweep] {} values must be integers or strings", k.str());
+        if (auto i = e.value_exact<int64_t>()) val = std::to_string(*i);
+        else if (auto st = e.value_exact<std::string>()) val = *st;
+        else fail("{}: {} values must be integers or strings (got {})", w.at(e), w.key(k.str()), type_of(e));
         std::string r = s;
         for (size_t p; (p = r.find(ph)) != std::string::npos;) r.replace(p, ph.size(), val);
         next.push_back(r);
       }
     out = std::move(next);
   }
+  const auto excluded = string_list(sw, w, "exclude");
+  std::erase_if(out, [&](const std::string& s) {
+    return std::find(excluded.begin(), excluded.end(), s) != excluded.end();
+  });
   return out;
 }
 
-void run_synthetic(const toml::table& syn, const std::vector<SchemeSpec>& specs, const std::filesystem::path& out) {
+// The rows of a task: its specs with where each came from (a sweep's bad combinations are
+// skipped with a line; an explicit spec that does not fit is an error).
+struct Row {
+  SchemeSpec spec;
+  std::string text;  // as written in the config
+  bool from_sweep = false;
+};
+
+// Whether spec can hold heads x head_dim for both roles; the reason when not.
+std::string misfit(const SchemeSpec& spec, int64_t heads, int64_t dim) {
+  try {
+    for (Role role : {Role::Key, Role::Value}) (void)make_side(spec, role, heads, dim);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Keeps the rows that fit [heads, dim]; a sweep row that does not is skipped with a line, an
+// explicit one is added to `errors`.
+std::vector<SchemeSpec> fitting(const std::vector<Row>& rows, const std::string& task, int64_t heads,
+                                int64_t dim, std::vector<std::string>& errors) {
+  std::vector<SchemeSpec> out;
+  for (const Row& r : rows) {
+    const std::string why = misfit(r.spec, heads, dim);
+    if (why.empty()) {
+      out.push_back(r.spec);
+    } else if (r.from_sweep) {
+      fmt::print(stderr, "kvq run: [sweep] {} skipped for {} (heads {}, head_dim {}): {}\n", r.text,
+                 task, heads, dim, why);
+    } else {
+      errors.push_back(fmt::format("{} ({} rows: heads {}, head_dim {}): {}", r.text, task, heads, dim, why));
+    }
+  }
+  return out;
+}
+
+struct SyntheticPlan {
   SyntheticSpec ks;
-  ks.shape = {get_or<int64_t>(syn, "tokens", 2048), get_or<int64_t>(syn, "heads", 8), get_or<int64_t>(syn, "head_dim", 128)};
-  ks.outlier_channels = static_cast<int>(get_or<int64_t>(syn, "outliers", 2));
-  ks.outlier_scale = static_cast<float>(get_or<double>(syn, "outlier_scale", 12.0));
-  ks.seed = static_cast<uint64_t>(get_or<int64_t>(syn, "seed", 0));
-  const int64_t gqa = get_or<int64_t>(syn, "gqa", 4), nqueries = get_or<int64_t>(syn, "queries", 4);
-  KVQ_CHECK(ks.shape.tokens > 0 && ks.shape.heads > 0 && ks.shape.dim > 0 && gqa > 0 && nqueries > 0,
-            "config: [synthetic] sizes must be positive");
+  int64_t gqa = 4, queries = 4;
+  json settings;
+  std::vector<SchemeSpec> specs;
+};
+
+SyntheticPlan plan_synthetic(const toml::table& syn, const Where& w) {
+  check_keys(syn, w, {"tokens", "heads", "head_dim", "outliers", "outlier_scale", "gqa", "queries", "seed"});
+  SyntheticPlan p;
+  p.ks.shape = {get_or<int64_t>(syn, w, "tokens", 2048), get_or<int64_t>(syn, w, "heads", 8),
+                get_or<int64_t>(syn, w, "head_dim", 128)};
+  const int64_t outliers = get_or<int64_t>(syn, w, "outliers", 2);
+  p.ks.outlier_scale = static_cast<float>(get_or<double>(syn, w, "outlier_scale", 12.0));
+  const int64_t seed = get_or<int64_t>(syn, w, "seed", 0);
+  p.gqa = get_or<int64_t>(syn, w, "gqa", 4);
+  p.queries = get_or<int64_t>(syn, w, "queries", 4);
+  for (const auto& [k, v] : std::initializer_list<std::pair<const char*, int64_t>>{
+           {"tokens", p.ks.shape.tokens}, {"heads", p.ks.shape.heads}, {"head_dim", p.ks.shape.dim},
+           {"gqa", p.gqa}, {"queries", p.queries}})
+    KVQ_CHECK(v >= 1 && v <= (int64_t{1} << 24), "{}: {} must be between 1 and 16777216, got {}", w.file, w.key(k), v);
+  KVQ_CHECK(outliers >= 0 && outliers <= p.ks.shape.dim, "{}: {} must be between 0 and head_dim {}, got {}",
+            w.file, w.key("outliers"), p.ks.shape.dim, outliers);
+  KVQ_CHECK(seed >= 0, "{}: {} must be >= 0, got {}", w.file, w.key("seed"), seed);
+  KVQ_CHECK(std::isfinite(p.ks.outlier_scale) && p.ks.outlier_scale > 0, "{}: {} must be a positive number",
+            w.file, w.key("outlier_scale"));
+  KVQ_CHECK(p.ks.shape.tokens * p.ks.shape.heads * p.ks.shape.dim <= (int64_t{1} << 28),
+            "{}: [synthetic] tokens x heads x head_dim = {} values; at most 2^28 (1 GiB of float32)", w.file,
+            p.ks.shape.tokens * p.ks.shape.heads * p.ks.shape.dim);
+  p.ks.outlier_channels = static_cast<int>(outliers);
+  p.ks.seed = static_cast<uint64_t>(seed);
+  p.settings = {{"tokens", p.ks.shape.tokens}, {"heads", p.ks.shape.heads}, {"head_dim", p.ks.shape.dim},
+                {"outliers", p.ks.outlier_channels}, {"outlier_scale", p.ks.outlier_scale}, {"seed", p.ks.seed},
+                {"gqa", p.gqa}, {"queries", p.queries}};
+  return p;
+}
+
+struct ModelPlan {
+  eval::PplOptions o;
+  std::string text, backend, model_file;
+  bool pre = false, rot = false;
+  json settings;
+  std::vector<SchemeSpec> specs;
+};
+
+ModelPlan plan_model(const toml::table& mt, const Where& w, const std::string& model_flag) {
+  check_keys(mt, w, {"text", "ctx", "stride", "chunk", "max_tokens", "pre_rope", "hadamard", "backend", "schemes"});
+  ModelPlan p;
+  const int64_t ctx = get_or<int64_t>(mt, w, "ctx", 512), stride = get_or<int64_t>(mt, w, "stride", 0),
+                chunk = get_or<int64_t>(mt, w, "chunk", 256);
+  p.o.max_tokens = get_or<int64_t>(mt, w, "max_tokens", 2048);
+  KVQ_CHECK(ctx >= 2 && ctx <= 1 << 20, "{}: {} must be between 2 and 1048576, got {}", w.file, w.key("ctx"), ctx);
+  KVQ_CHECK(stride >= 0 && stride <= ctx, "{}: {} must be between 0 (= ctx) and ctx {}, got {}", w.file,
+            w.key("stride"), ctx, stride);
+  KVQ_CHECK(chunk >= 1 && chunk <= 1 << 20, "{}: {} must be between 1 and 1048576, got {}", w.file, w.key("chunk"), chunk);
+  KVQ_CHECK(p.o.max_tokens >= 2, "{}: {} must be at least 2, got {}", w.file, w.key("max_tokens"), p.o.max_tokens);
+  p.o.ctx = static_cast<int>(ctx);
+  p.o.stride = static_cast<int>(stride);
+  p.o.chunk = static_cast<int>(chunk);
+  p.text = get_or<std::string>(mt, w, "text", "kjv");
+  p.pre = get_or<bool>(mt, w, "pre_rope", false);
+  p.rot = get_or<bool>(mt, w, "hadamard", false);
+  p.backend = get_or<std::string>(mt, w, "backend", "cpu");
+  try {
+    (void)parse_backend(p.backend);
+  } catch (const Error& e) {
+    fail("{}: {}: {}", w.file, w.key("backend"), e.what());
+  }
+  (void)text_path(p.text);  // the files exist before any work starts
+  p.model_file = model_path(model_flag);
+  p.settings = {{"text", p.text}, {"ctx", p.o.ctx}, {"stride", p.o.stride}, {"max_tokens", p.o.max_tokens},
+                {"pre_rope", p.pre}, {"backend", p.backend}};
+  if (p.rot) p.settings["hadamard"] = true;  // only when set, so rows of earlier runs still match
+  return p;
+}
+
+void run_synthetic(const SyntheticPlan& p, const std::filesystem::path& out) {
+  const SyntheticSpec& ks = p.ks;
+  const std::vector<SchemeSpec>& specs = p.specs;
+  const int64_t gqa = p.gqa, nqueries = p.queries;
   SyntheticSpec vs = ks;
   vs.outlier_channels = 0;
   vs.seed = ks.seed + 1;
@@ -159,9 +334,7 @@ void run_synthetic(const toml::table& syn, const std::vector<SchemeSpec>& specs,
   std::vector<std::vector<float>> qs(static_cast<size_t>(nqueries), std::vector<float>(static_cast<size_t>(ks.shape.heads * gqa * ks.shape.dim)));
   for (auto& q : qs)
     for (float& x : q) x = nd(rng);
-  const json settings = {{"tokens", ks.shape.tokens}, {"heads", ks.shape.heads}, {"head_dim", ks.shape.dim},
-                         {"outliers", ks.outlier_channels}, {"outlier_scale", ks.outlier_scale}, {"seed", ks.seed},
-                         {"gqa", gqa}, {"queries", nqueries}};
+  const json& settings = p.settings;
   ResultTable table(out, "synthetic");
   const SchemeSpec f32 = parse_spec("fp32");
   const auto kr = make_side(f32, Role::Key, k), vr = make_side(f32, Role::Value, v);
@@ -196,20 +369,13 @@ void run_synthetic(const toml::table& syn, const std::vector<SchemeSpec>& specs,
   }
 }
 
-void run_model(const toml::table& mt, const std::vector<SchemeSpec>& specs, const std::filesystem::path& out,
-               const std::string& model_file) {
-  eval::PplOptions o;
-  o.ctx = static_cast<int>(get_or<int64_t>(mt, "ctx", 512));
-  o.stride = static_cast<int>(get_or<int64_t>(mt, "stride", 0));
-  o.chunk = static_cast<int>(get_or<int64_t>(mt, "chunk", 256));
-  o.max_tokens = get_or<int64_t>(mt, "max_tokens", 2048);
-  const std::string text = get_or<std::string>(mt, "text", "kjv");
-  const bool pre = get_or<bool>(mt, "pre_rope", false), rot = get_or<bool>(mt, "hadamard", false);
-  const std::string backend = get_or<std::string>(mt, "backend", "cpu");
-  const AttentionBackend attn = parse_backend(backend);
-  json settings = {{"text", text},         {"ctx", o.ctx}, {"stride", o.stride}, {"max_tokens", o.max_tokens},
-                   {"pre_rope", pre},      {"backend", backend}};
-  if (rot) settings["hadamard"] = true;  // only when set, so rows of earlier runs still match
+void run_model(const ModelPlan& p, const std::filesystem::path& out) {
+  const eval::PplOptions& o = p.o;
+  const std::vector<SchemeSpec>& specs = p.specs;
+  const bool pre = p.pre, rot = p.rot;
+  const AttentionBackend attn = parse_backend(p.backend);
+  const json& settings = p.settings;
+  const std::string& text = p.text;
   ResultTable table(out, "model");
   std::vector<const SchemeSpec*> todo;
   for (const auto& s : specs)
@@ -218,7 +384,7 @@ void run_model(const toml::table& mt, const std::vector<SchemeSpec>& specs, cons
     fmt::print(stderr, "[model] all {} schemes done already\n", specs.size());
     return;
   }
-  const std::string path = model_path(model_file);
+  const std::string& path = p.model_file;
   std::vector<int32_t> ids;
   const LlamaModel m = [&] {  // the file's mapping is released once the weights are packed
     const auto f = gguf::GgufFile::open(path);
@@ -257,6 +423,7 @@ void run_model(const toml::table& mt, const std::vector<SchemeSpec>& specs, cons
 void register_run(CLI::App& app) {
   struct O {
     std::string config, out, model_file, only;
+    bool append = false;
   };
   auto o = std::make_shared<O>();
   auto* c = app.add_subcommand(
@@ -264,43 +431,117 @@ void register_run(CLI::App& app) {
       "Run an experiment config (TOML): every scheme on synthetic K/V (reconstruction SNR, attention KL,\n"
       "top-32 overlap) and, with a [model] table, on SmolLM2 (perplexity, KLD, top-1 vs the fp32 cache).\n"
       "Rows go to OUT/synthetic.{jsonl,csv} and OUT/model.{jsonl,csv} as each finishes; rerunning resumes.\n"
+      "Everything is checked before the first row runs: unknown keys, types and ranges (FILE:LINE:\n"
+      "[table].key), every scheme against the shapes it will meet (a [sweep] combination that does not\n"
+      "fit is skipped with a line; an explicit one is an error), the model and text files.\n"
       "Example: kvq run experiments/configs/default.toml   (see that file for every key)");
   c->add_option("config", o->config, "TOML config")->required();
   c->add_option("--out", o->out, "results directory (default: the config's `out`)");
   c->add_option("--model-file", o->model_file, "GGUF model (default: the fetched SmolLM2)");
   c->add_option("--only", o->only, "run one task")->check(CLI::IsMember({"synthetic", "model"}));
+  c->add_flag("--append", o->append,
+              "add rows to an OUT made by a different config (its config is kept; this one is saved\n"
+              "beside it as config-N.toml); without it a changed config into an existing OUT is refused");
   c->callback([o] {
     toml::table cfg;
+    const std::string config_text = read_file(o->config);
     try {
-      cfg = toml::parse(read_file(o->config), o->config);
+      cfg = toml::parse(config_text, o->config);
     } catch (const toml::parse_error& e) {
       fail("{}:{}:{}: {}", o->config, e.source().begin.line, e.source().begin.column, e.description());
     }
-    static const std::set<std::string> known{"name", "out", "schemes", "synthetic", "model", "sweep"};
-    for (const auto& [k, v] : cfg)
-      KVQ_CHECK(known.count(std::string(k.str())), "{}: unknown key '{}' (allowed: name, out, schemes, [synthetic], [model], [sweep])",
-                o->config, k.str());
-    std::vector<std::string> names = string_list(cfg, "schemes", "");
-    if (const auto* sw = cfg["sweep"].as_table()) {
-      const auto more = expand_sweep(*sw);
-      names.insert(names.end(), more.begin(), more.end());
-    }
-    KVQ_CHECK(!names.empty(), "{}: no schemes (give schemes = [...] or a [sweep])", o->config);
-    std::vector<SchemeSpec> specs;
-    for (const auto& n : names) specs.push_back(parse_spec(n));  // every spec checked before any work
-    const std::string out = !o->out.empty() ? o->out : get_or<std::string>(cfg, "out", "results/" + get_or<std::string>(cfg, "name", "run"));
-    std::filesystem::create_directories(out);
-    write_file_atomic(out + "/config.toml", read_file(o->config));
-    fmt::print(stderr, "kvq run: {} schemes -> {}\n", specs.size(), out);
-    if (const auto* syn = cfg["synthetic"].as_table(); syn && o->only != "model") run_synthetic(*syn, specs, out);
-    if (const auto* mt = cfg["model"].as_table(); mt && o->only != "synthetic") {
-      std::vector<SchemeSpec> ms = specs;
-      if (mt->get("schemes")) {
-        ms.clear();
-        for (const auto& n : string_list(*mt, "schemes", "[model].")) ms.push_back(parse_spec(n));
+    const Where top{o->config, ""};
+    check_keys(cfg, top, {"name", "out", "schemes", "synthetic", "model", "sweep"});
+    auto table_of = [&](const char* name) -> const toml::table* {
+      const auto* n = cfg.get(name);
+      if (!n) return nullptr;
+      KVQ_CHECK(n->is_table(), "{}: {} must be a table ([{}]), got {}", top.at(*n), name, name, type_of(*n));
+      return n->as_table();
+    };
+    const toml::table* syn = table_of("synthetic");
+    const toml::table* mt = table_of("model");
+    const toml::table* sw = table_of("sweep");
+    // Rows: explicit specs, then the sweep's combinations; a combination whose spec does not
+    // parse is skipped with a line, an explicit spec that does not parse is an error.
+    std::vector<std::string> errors;
+    std::vector<Row> rows;
+    auto add_rows = [&](const std::vector<std::string>& names, bool from_sweep, std::vector<Row>& to) {
+      for (const auto& n : names) {
+        try {
+          to.push_back({parse_spec(n), n, from_sweep});
+        } catch (const Error& e) {
+          if (from_sweep)
+            fmt::print(stderr, "kvq run: [sweep] {} skipped: {}\n", n, e.what());
+          else
+            errors.push_back(fmt::format("{}: {}", n, e.what()));
+        }
       }
-      run_model(*mt, ms, out, o->model_file);
+    };
+    add_rows(string_list(cfg, top, "schemes"), false, rows);
+    size_t swept = 0;
+    if (sw) {
+      const auto names = expand_sweep(*sw, Where{o->config, "sweep"});
+      swept = names.size();
+      add_rows(names, true, rows);
     }
+    KVQ_CHECK(!rows.empty() || !errors.empty() || swept > 0,
+              "{}: no schemes (give schemes = [...] or a [sweep])", o->config);
+    const bool want_syn = syn && o->only != "model", want_model = mt && o->only != "synthetic";
+    KVQ_CHECK(syn || mt, "{}: nothing to run: give a [synthetic] table, a [model] table or both", o->config);
+    KVQ_CHECK(want_syn || want_model, "{}: --only {} but the config has no [{}] table", o->config, o->only, o->only);
+    std::optional<SyntheticPlan> sp;
+    std::optional<ModelPlan> mp;
+    if (want_syn) {
+      sp = plan_synthetic(*syn, Where{o->config, "synthetic"});
+      sp->specs = fitting(rows, "synthetic", sp->ks.shape.heads, sp->ks.shape.dim, errors);
+      for (const SchemeSpec& s : sp->specs)
+        if (s.kind == SchemeKind::Int && quantized_tokens(s.q, s.q.axis(Role::Key), sp->ks.shape.tokens) == 0 &&
+            quantized_tokens(s.q, s.q.axis(Role::Value), sp->ks.shape.tokens) == 0)
+          fmt::print(stderr, "kvq run: warning: {} quantizes nothing of [synthetic] tokens = {} (all within its window or "
+                     "short of a key group); its rows will read exact values\n", s.canonical(), sp->ks.shape.tokens);
+    }
+    if (want_model) {
+      mp = plan_model(*mt, Where{o->config, "model"}, o->model_file);
+      std::vector<Row> mrows = rows;
+      if (mt->get("schemes")) {
+        mrows.clear();
+        add_rows(string_list(*mt, Where{o->config, "model"}, "schemes"), false, mrows);
+      }
+      const auto f = gguf::GgufFile::open(mp->model_file);  // the shape from the metadata alone
+      const LlamaConfig lc = LlamaModel::read_config(f);
+      mp->specs = fitting(mrows, "model", lc.kv_heads, lc.head_dim, errors);
+    }
+    if (errors.size() == 1) fail("{}: {}; nothing was run", o->config, errors[0]);
+    if (!errors.empty()) {
+      for (const auto& e : errors) fmt::print(stderr, "kvq run: {}\n", e);
+      fail("{}: {} invalid row{} (listed above); nothing was run", o->config, errors.size(),
+           errors.size() == 1 ? "" : "s");
+    }
+    KVQ_CHECK((sp && !sp->specs.empty()) || (mp && !mp->specs.empty()),
+              "{}: every scheme was skipped (lines above); nothing to run", o->config);
+    // Only now is anything written.
+    const std::string name = get_or<std::string>(cfg, top, "name", "run");
+    const std::string out = !o->out.empty() ? o->out : get_or<std::string>(cfg, top, "out", "results/" + name);
+    const std::filesystem::path saved = std::filesystem::path(out) / "config.toml";
+    if (std::filesystem::exists(saved) && read_file(saved.string()) != config_text) {
+      KVQ_CHECK(o->append,
+                "{} holds results of a different config ({} differs from {}); give --out DIR for a new "
+                "directory, or --append to add these rows to it",
+                out, saved.string(), o->config);
+      int n = 2;
+      std::filesystem::path extra;
+      do extra = std::filesystem::path(out) / fmt::format("config-{}.toml", n++);
+      while (std::filesystem::exists(extra) && read_file(extra.string()) != config_text);
+      write_file_atomic(extra.string(), config_text);
+      fmt::print(stderr, "kvq run: --append: this config saved as {}\n", extra.string());
+    } else {
+      std::filesystem::create_directories(out);
+      write_file_atomic(saved.string(), config_text);
+    }
+    fmt::print(stderr, "kvq run: {} synthetic + {} model rows -> {}\n", sp ? sp->specs.size() : 0,
+               mp ? mp->specs.size() : 0, out);
+    if (sp && !sp->specs.empty()) run_synthetic(*sp, out);
+    if (mp && !mp->specs.empty()) run_model(*mp, out);
     fmt::print("results in {}/ (synthetic.csv, model.csv; plot: experiments/plots/plot_results.py {})\n", out, out);
   });
 }

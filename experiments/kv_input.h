@@ -1,4 +1,5 @@
-// Loading a K or V tensor for the CLI: npy [tokens, heads, head_dim] or [tokens, head_dim].
+// Loading a K or V tensor for the CLI: npy or a safetensors tensor, [tokens, heads, head_dim] or
+// [tokens, head_dim].
 #pragma once
 
 #include <string>
@@ -14,8 +15,10 @@ struct KvInput {
   std::vector<int64_t> file_shape;
 };
 
-/// \brief Reads an npy; rank 2 is [T, D] (one head). Rejects other ranks, zero sizes and
-/// non-finite values (naming the first position).
-KvInput load_kv(const std::string& path);
+/// \brief Reads `arg`: an npy (float16/32/64, either byte order; a conversion other than float32
+/// is noted on stderr), FILE.safetensors:TENSOR (e.g. a `kvq model dump`'s layer.3.k), or
+/// FILE.safetensors holding one tensor. Rank 2 is [T, D] (one head). Rejects other ranks, zero
+/// sizes and non-finite values (naming the first position).
+KvInput load_kv(const std::string& arg);
 
 }  // namespace kvq::cli

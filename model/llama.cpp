@@ -128,12 +128,10 @@ double LlamaCache::bytes() const {
   return b;
 }
 
-LlamaModel LlamaModel::load(const GgufFile& f, WeightStore store) {
+LlamaConfig LlamaModel::read_config(const GgufFile& f) {
   const std::string arch = f.get_string("general.architecture");
   KVQ_CHECK(arch == "llama", "{}: architecture '{}' is not supported (only llama)", f.name(), arch);
-  LlamaModel m;
-  m.store_ = store;
-  LlamaConfig& c = m.cfg_;
+  LlamaConfig c;
   c.layers = static_cast<int>(f.get_u32("llama.block_count"));
   c.hidden = static_cast<int>(f.get_u32("llama.embedding_length"));
   c.heads = static_cast<int>(f.get_u32("llama.attention.head_count"));
@@ -150,6 +148,14 @@ LlamaModel LlamaModel::load(const GgufFile& f, WeightStore store) {
   KVQ_CHECK(emb.dims.size() == 2 && emb.dims[0] == c.hidden,
             "{}: token_embd.weight dims do not match hidden {}", f.name(), c.hidden);
   c.vocab = static_cast<int>(emb.dims[1]);
+  return c;
+}
+
+LlamaModel LlamaModel::load(const GgufFile& f, WeightStore store) {
+  LlamaModel m;
+  m.store_ = store;
+  m.cfg_ = read_config(f);
+  const LlamaConfig& c = m.cfg_;
   m.tied_ = f.find_tensor("output.weight") == nullptr;
   m.head_ =
       load_linear(f, m.tied_ ? "token_embd.weight" : "output.weight", c.vocab, c.hidden, store);

@@ -97,6 +97,9 @@ class LlamaModel {
     std::vector<float> wt;  ///< WeightStore::kFp32: W transposed, [in][out]
   };
 
+  /// \brief The shape of a llama-architecture GGUF from its metadata alone (no weights read): what
+  /// commands check their settings against before the load.
+  static LlamaConfig read_config(const gguf::GgufFile& f);
   /// \brief Loads a llama-architecture GGUF; errors name the missing key or tensor. The model
   /// keeps no reference to the file.
   static LlamaModel load(const gguf::GgufFile& f, WeightStore store = WeightStore::kPacked);

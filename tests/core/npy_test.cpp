@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -40,9 +41,9 @@ void expect_error(const std::string& bytes, const std::string& needle) {
 }
 
 TEST(Npy, ParsesFloat32V1) {
-  const auto a = parse_npy(
-      npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", floats({1, 2, 3, 4, 5, -6.5f})),
-      "x.npy");
+  const auto a = parse_npy(npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }",
+                                  floats({1, 2, 3, 4, 5, -6.5f})),
+                           "x.npy");
   ASSERT_EQ(a.shape, (std::vector<int64_t>{2, 3}));
   ASSERT_EQ(a.data.size(), 6u);
   EXPECT_EQ(a.data[0], 1.0f);
@@ -54,7 +55,8 @@ TEST(Npy, ParsesFloat16ExactlyWidened) {
   const uint16_t h[4] = {0x3C00, 0xC000, 0x0001, 0x7BFF};
   std::string data(8, '\0');
   std::memcpy(data.data(), h, 8);
-  const auto a = parse_npy(npy_v1("{'descr': '<f2', 'fortran_order': False, 'shape': (4,), }", data), "x.npy");
+  const auto a =
+      parse_npy(npy_v1("{'descr': '<f2', 'fortran_order': False, 'shape': (4,), }", data), "x.npy");
   ASSERT_EQ(a.data.size(), 4u);
   EXPECT_EQ(a.data[0], 1.0f);
   EXPECT_EQ(a.data[1], -2.0f);
@@ -93,13 +95,51 @@ TEST(Npy, RejectsUnknownVersion) {
   expect_error(b, "version 4");
 }
 TEST(Npy, RejectsFortranOrder) {
-  expect_error(npy_v1("{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }", floats({1})), "Fortran");
+  expect_error(npy_v1("{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }", floats({1})),
+               "Fortran");
 }
 TEST(Npy, RejectsUnsupportedDtype) {
-  expect_error(npy_v1("{'descr': '<f8', 'fortran_order': False, 'shape': (1,), }", std::string(8, '\0')),
-               "unsupported dtype '<f8'");
-  expect_error(npy_v1("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }", floats({1})),
-               "unsupported dtype '>f4'");
+  expect_error(npy_v1("{'descr': '<i4', 'fortran_order': False, 'shape': (1,), }", floats({1})),
+               "unsupported dtype '<i4'");
+  expect_error(
+      npy_v1("{'descr': '<f16', 'fortran_order': False, 'shape': (1,), }", std::string(16, '\0')),
+      "unsupported dtype '<f16'");
+  expect_error(
+      npy_v1("{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }", std::string(8, '\0')),
+      "unsupported dtype '<c8'");
+}
+
+// numpy's default float64 and big-endian files are read as float32. Expected values: the float64
+// literals cast to float by the compiler (nearest), and the bytes written here in reverse order.
+TEST(Npy, ReadsFloat64AndBigEndian_asNearestFloat32) {
+  const double d[4] = {1.5, -2.25, 1.0e-3, 1.0e39};
+  std::string le(reinterpret_cast<const char*>(d), sizeof d), be;
+  for (int i = 0; i < 4; ++i)
+    be += std::string(le.rbegin() + 8 * (3 - i), le.rbegin() + 8 * (4 - i));
+  for (const auto& [descr, bytes] : {std::pair<std::string, std::string>{"<f8", le}, {">f8", be}}) {
+    const NpyArray a = parse_npy(
+        npy_v1("{'descr': '" + descr + "', 'fortran_order': False, 'shape': (2, 2), }", bytes),
+        "t.npy");
+    ASSERT_EQ(a.shape, (std::vector<int64_t>{2, 2})) << descr;
+    EXPECT_EQ(a.descr, descr);
+    EXPECT_EQ(a.data[0], 1.5f) << descr;
+    EXPECT_EQ(a.data[1], -2.25f) << descr;
+    EXPECT_EQ(a.data[2], static_cast<float>(1.0e-3)) << descr;
+    EXPECT_TRUE(std::isinf(a.data[3])) << descr << ": beyond float32's range";
+  }
+  const std::string f = floats({3.0f, -0.5f});
+  std::string fbe;
+  for (int i = 0; i < 2; ++i)
+    fbe += std::string(f.rbegin() + 4 * (1 - i), f.rbegin() + 4 * (2 - i));
+  const NpyArray b =
+      parse_npy(npy_v1("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", fbe), "b.npy");
+  EXPECT_EQ(b.data, (std::vector<float>{3.0f, -0.5f}));
+  const uint16_t h[2] = {0x3c00, 0xc000};  // 1.0, -2.0 in binary16
+  std::string hbe;
+  for (uint16_t x : h) hbe += {static_cast<char>(x >> 8), static_cast<char>(x & 0xff)};
+  const NpyArray c =
+      parse_npy(npy_v1("{'descr': '>f2', 'fortran_order': False, 'shape': (2,), }", hbe), "c.npy");
+  EXPECT_EQ(c.data, (std::vector<float>{1.0f, -2.0f}));
 }
 TEST(Npy, RejectsHeaderThatLiesAboutSize) {
   expect_error(npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }", floats({1, 2})),
@@ -112,15 +152,17 @@ TEST(Npy, RejectsTruncatedHeader) {
   expect_error(b.substr(0, 40), "truncated");
 }
 TEST(Npy, RejectsAbsurdShape) {
-  expect_error(npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999), }", ""),
-               "too large");
+  expect_error(
+      npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999), }", ""),
+      "too large");
 }
 TEST(Npy, MissingFileNamesThePath) {
   try {
     read_npy("/nonexistent/dir/k.npy");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/k.npy: no such file"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/k.npy: no such file"),
+              std::string::npos);
   }
 }
 

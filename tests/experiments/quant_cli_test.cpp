@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/npy.h"
+#include "core/safetensors.h"
 #include "tests/support/run_cli.h"
 
 namespace kvq {
@@ -133,7 +134,7 @@ TEST_F(QuantCli, BadInputsGiveOneLineAndNonzeroExit) {
   const std::string f4 = "{'descr': '<f4', 'fortran_order': False, 'shape': ";
   std::string four(16, '\0');
   write("notnpy.npy", "hello, world\n");
-  write("f8.npy", npy("{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", four));
+  write("i4.npy", npy("{'descr': '<i4', 'fortran_order': False, 'shape': (2, 2), }", four));
   write("fortran.npy", npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", four));
   write("rank1.npy", npy(f4 + "(4,), }", four));
   write("rank4.npy", npy(f4 + "(1, 1, 2, 2), }", four));
@@ -148,7 +149,7 @@ TEST_F(QuantCli, BadInputsGiveOneLineAndNonzeroExit) {
                         "missing.npy: no such file");
   expect_one_line_error("quant -s fp8_e4m3 " + dir_.string() + out, "is a directory");
   expect_one_line_error("quant -s fp8_e4m3 " + path("notnpy.npy") + out, "not an .npy file");
-  expect_one_line_error("quant -s fp8_e4m3 " + path("f8.npy") + out, "unsupported dtype '<f8'");
+  expect_one_line_error("quant -s fp8_e4m3 " + path("i4.npy") + out, "unsupported dtype '<i4'");
   expect_one_line_error("quant -s fp8_e4m3 " + path("fortran.npy") + out, "Fortran");
   expect_one_line_error("quant -s fp8_e4m3 " + path("rank1.npy") + out, "rank 1");
   expect_one_line_error("quant -s fp8_e4m3 " + path("rank4.npy") + out, "rank 4");
@@ -172,6 +173,55 @@ TEST_F(QuantCli, UnwritableOutputIsAnError) {
   write_npy(path("x.npy"), {1, 2}, x);
   expect_one_line_error("quant -s bf16 " + path("x.npy") + " /nonexistent_dir/o.npy",
                         "cannot open for writing");
+}
+
+// Issue 14: numpy's default float64 and big-endian npy are converted with a note, and a
+// safetensors tensor (what `kvq model dump` writes) is read by name; each gives the same output
+// bytes and the same report as the float32 npy of the same values (the values here are exact in
+// float32, so the conversions lose nothing).
+TEST_F(QuantCli, Float64BigEndianAndSafetensorsInputs_sameResultAsFloat32Npy) {
+  const int64_t T = 40, H = 2, D = 16;
+  std::vector<float> x(static_cast<size_t>(T * H * D));
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(static_cast<int>(i * 7919 % 61) - 30) / 8.0f +
+           (i % D == 5 ? 9.0f : 0.0f);
+  write_npy(path("f4.npy"), {T, H, D}, x.data());
+  std::string le8, be4;
+  for (float v : x) {
+    const double d = v;
+    le8.append(reinterpret_cast<const char*>(&d), 8);
+    const char* b = reinterpret_cast<const char*>(&v);
+    be4 += std::string{b[3], b[2], b[1], b[0]};
+  }
+  write("f8.npy", npy("{'descr': '<f8', 'fortran_order': False, 'shape': (40, 2, 16), }", le8));
+  write("be.npy", npy("{'descr': '>f4', 'fortran_order': False, 'shape': (40, 2, 16), }", be4));
+  write_safetensors(path("kv.safetensors"),
+                    {{"layer.0.k", {T, H, D}, x}, {"layer.0.v", {T, H, D}, x}});
+  write_safetensors(path("one.safetensors"), {{"k", {T, H, D}, x}});
+  const std::string q = "quant --scheme kivi2:g=16,r=16 --role key ";
+  const auto ref = run_kvq(q + path("f4.npy") + " " + path("o_ref.npy"));
+  ASSERT_EQ(ref.status, 0) << ref.err;
+  EXPECT_TRUE(ref.err.empty()) << ref.err;
+  const std::string want = testing::slurp(dir_ / "o_ref.npy");
+  for (const auto& [in, note] : std::vector<std::pair<std::string, std::string>>{
+           {path("f8.npy"), "dtype '<f8' (float64) read as float32, each value rounded"},
+           {path("be.npy"), "dtype '>f4' (big-endian float32) read as float32 (exact)"},
+           {path("kv.safetensors") + ":layer.0.k", ""},
+           {path("one.safetensors"), ""}}) {
+    const auto r = run_kvq(q + in + " " + path("o.npy"));
+    ASSERT_EQ(r.status, 0) << in << ": " << r.err;
+    EXPECT_EQ(r.out, ref.out) << in;
+    EXPECT_EQ(testing::slurp(dir_ / "o.npy"), want) << in;
+    if (note.empty()) {
+      EXPECT_TRUE(r.err.empty()) << in << ": " << r.err;
+    } else {
+      EXPECT_NE(r.err.find(note), std::string::npos) << in << ": " << r.err;
+    }
+  }
+  expect_one_line_error(q + path("kv.safetensors") + " " + path("o.npy"),
+                        "holds 2 tensors; name one as");
+  expect_one_line_error(q + path("kv.safetensors") + ":layer.9.k " + path("o.npy"),
+                        "no tensor 'layer.9.k' (tensors: layer.0.k, layer.0.v)");
 }
 
 }  // namespace

@@ -1,12 +1,15 @@
 // `kvq run`: results appear row by row, a rerun resumes (skips finished rows), bad configs fail
-// with one line.
+// with one line naming the file, the line and the [table].key before anything is written, every
+// scheme is checked against the shapes it will meet before the first row runs, a [sweep] skips its
+// invalid combinations with a line each, and a changed config is not mixed into an existing
+// directory without --append.
+#include "tests/support/run_cli.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-
-#include "tests/support/run_cli.h"
 
 namespace kvq {
 namespace {
@@ -27,7 +30,8 @@ class RunCli : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string config(const std::string& schemes) const {
     const auto p = dir_ / "c.toml";
-    std::ofstream(p) << "name = \"t\"\nout = \"" << (dir_ / "out").string() << "\"\nschemes = [" << schemes
+    std::ofstream(p) << "name = \"t\"\nout = \"" << (dir_ / "out").string() << "\"\nschemes = ["
+                     << schemes
                      << "]\n[synthetic]\ntokens = 96\nheads = 2\nhead_dim = 64\nqueries = 2\n";
     return p.string();
   }
@@ -45,10 +49,12 @@ TEST_F(RunCli, WritesRowsAndResumes) {
   EXPECT_GT(rows[0]["key_snr_db"].get<double>(), rows[1]["key_snr_db"].get<double>() + 10);
   EXPECT_TRUE(std::filesystem::exists(dir_ / "out" / "synthetic.csv"));
   const std::string before = testing::slurp(dir_ / "out" / "synthetic.jsonl");
-  // Rerun with one more scheme: the two finished rows are skipped, the new one is appended.
-  r = run_kvq("run " + config("\"fp8_e4m3:gran=token\", \"kivi2:g=32,r=32\", \"kivi4\""));
+  // Rerun with one more scheme: the two finished rows are skipped, the new one is appended
+  // (--append: the directory was made by the config without kivi4).
+  r = run_kvq("run --append " + config("\"fp8_e4m3:gran=token\", \"kivi2:g=32,r=32\", \"kivi4\""));
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.err.find("fp8_e4m3:gran=token,scale=dynamic: done already"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("fp8_e4m3:gran=token,scale=dynamic: done already"), std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("kivi2:g=32,r=32: done already"), std::string::npos) << r.err;
   rows = jsonl(dir_ / "out" / "synthetic.jsonl");
   ASSERT_EQ(rows.size(), 3u);
@@ -67,9 +73,98 @@ TEST_F(RunCli, BadConfigsFailWithOneLine) {
   check("run " + config("\"kivi5\""), "5 bits not supported");
   check("run " + (dir_ / "missing.toml").string(), "no such file");
   std::ofstream(dir_ / "bad.toml") << "schemes = [\"kivi2\"]\nfoo = 1\n";
-  check("run " + (dir_ / "bad.toml").string(), "unknown key 'foo'");
+  check("run " + (dir_ / "bad.toml").string(), "bad.toml:2: unknown key foo (allowed: name, out");
   std::ofstream(dir_ / "syntax.toml") << "schemes = [\n";
   check("run " + (dir_ / "syntax.toml").string(), "syntax.toml:");
+}
+
+// Findings of issue 14 (each failed before: unknown keys inside tables were ignored, a wrong type
+// was reported without its place after the output directory was made, a config with nothing to
+// run exited 0).
+TEST_F(RunCli, SectionKeysTypesAndEmptyConfigs_oneLineBeforeAnythingIsWritten) {
+  const auto out = dir_ / "never";
+  const auto check = [&](const std::string& body, const std::string& needle,
+                         const std::string& flags = "") {
+    std::ofstream(dir_ / "x.toml") << "out = \"" << out.string() << "\"\n" << body;
+    const auto r = run_kvq("run " + flags + (dir_ / "x.toml").string());
+    EXPECT_NE(r.status, 0) << body;
+    EXPECT_EQ(r.err_lines(), 1) << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(out)) << "written before the check: " << body;
+  };
+  check("schemes = [\"kivi2\"]\n[synthetic]\ntoken = 256\n",
+        "x.toml:4: unknown key [synthetic].token (allowed: tokens, heads");
+  check("schemes = [\"kivi2\"]\n[model]\nctx_len = 2048\n",
+        "x.toml:4: unknown key [model].ctx_len (allowed: text, ctx");
+  check("schemes = [\"kivi2\"]\n[synthetic]\ntokens = \"2048\"\n",
+        "x.toml:4: [synthetic].tokens must be an integer (got a string)");
+  check("schemes = [\"kivi2\"]\n[synthetic]\nheads = 0\n", "[synthetic].heads must be between 1");
+  check("schemes = [\"kivi2\"]\n[model]\nctx = 1\n", "[model].ctx must be between 2");
+  check("schemes = [\"kivi2\"]\n[model]\nbackend = \"gpu\"\n", "[model].backend:");
+  check("schemes = [\"kivi2\"]\n",
+        "nothing to run: give a [synthetic] table, a [model] table or both");
+  check("schemes = [\"kivi2\"]\n[synthetic]\ntokens = 64\n",
+        "--only model but the config has no [model]", "--only model ");
+  check("schemes = [\"kivi2\"]\nsynthetic = 3\n", "synthetic must be a table");
+}
+
+TEST_F(RunCli, EveryRowCheckedAgainstItsShapeBeforeTheFirstRuns_allListed) {
+  // head_dim 64: a per-token group of 128 channels does not fit; neither does a 5-bit spec. Both
+  // are listed, then one error line; nothing is written.
+  const auto r =
+      run_kvq("run " + config("\"kivi2\", \"kivi4:g=128\", \"int2:k=token,v=token,g=128\""));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("kivi4:g=128 (synthetic rows: heads 2, head_dim 64): kivi: group g=128"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("int2:k=token,v=token,g=128 (synthetic rows"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("2 invalid rows (listed above); nothing was run"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "out"));
+}
+
+TEST_F(RunCli, SweepSkipsInvalidCombinationsWithALineEach_andHonoursExclude) {
+  const auto p = dir_ / "s.toml";
+  std::ofstream(p) << "out = \"" << (dir_ / "out").string() << "\"\n"
+                   << "[synthetic]\ntokens = 96\nheads = 2\nhead_dim = 64\nqueries = 1\n"
+                   << "[sweep]\ntemplate = \"kivi2:g={g},r={r}\"\ng = [32, 64, 128]\nr = [0, 64]\n"
+                   << "exclude = [\"kivi2:g=32,r=0\"]\n";
+  const auto r = run_kvq("run " + p.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  // g=128 does not parse with r=64 (r a multiple of g) and does not fit head_dim 64 on the
+  // per-token side with r=0: skipped with a line each; g=32,r=0 excluded without one.
+  EXPECT_NE(r.err.find("[sweep] kivi2:g=128,r=64 skipped"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("[sweep] kivi2:g=128,r=0 skipped for synthetic"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("kivi2:g=32,r=0"), std::string::npos) << r.err;
+  const auto rows = jsonl(dir_ / "out" / "synthetic.jsonl");
+  std::vector<std::string> got;
+  for (const auto& row : rows) got.push_back(row["scheme"]);
+  EXPECT_EQ(got,
+            (std::vector<std::string>{"kivi2:g=32,r=64", "kivi2:g=64,r=0", "kivi2:g=64,r=64"}));
+}
+
+TEST_F(RunCli, ChangedConfigIntoExistingOut_refusedWithoutAppend_settingsAreCsvColumns) {
+  auto r = run_kvq("run " + config("\"kivi2\""));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string rows = testing::slurp(dir_ / "out" / "synthetic.jsonl");
+  const std::string saved = testing::slurp(dir_ / "out" / "config.toml");
+  r = run_kvq("run " + config("\"kivi2\", \"kivi4\""));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("holds results of a different config"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--append"), std::string::npos) << r.err;
+  EXPECT_EQ(testing::slurp(dir_ / "out" / "synthetic.jsonl"), rows);
+  EXPECT_EQ(testing::slurp(dir_ / "out" / "config.toml"), saved) << "the first config is kept";
+  r = run_kvq("run --append " + config("\"kivi2\", \"kivi4\""));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(testing::slurp(dir_ / "out" / "config.toml"), saved);
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "out" / "config-2.toml"));
+  // The settings a row was made with are CSV columns.
+  const std::string csv = testing::slurp(dir_ / "out" / "synthetic.csv");
+  const std::string header = csv.substr(0, csv.find('\n'));
+  EXPECT_NE(header.find(",settings.tokens,settings.heads,settings.head_dim,"), std::string::npos)
+      << header;
+  EXPECT_NE(csv.find(",96,2,64,"), std::string::npos) << csv;
 }
 
 }  // namespace
