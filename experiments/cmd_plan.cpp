@@ -2,6 +2,7 @@
 // bound by memory reads gets, for each KV format (REFERENCE.md sections 1 and 5).
 #include <fmt/format.h>
 
+#include "core/io.h"
 #include "experiments/commands.h"
 #include "experiments/planner.h"
 
@@ -19,8 +20,10 @@ How the numbers are made (GB = 10^9 bytes, TB/s = 10^12 bytes/s, KiB = 1,024 byt
                 per-tensor scales add 1/16 byte per token at --ctx 4096)
   bits/elem   = codes + scales + zeros per quantized element (the recent window not counted)
   tokens      = --mem / KiB/token (rounded); reqs = floor(--mem / bytes of one --ctx request)
-  KV read     = --batch x bytes of one --decode-ctx request
-  min step    = (weight bytes + KV read) / bandwidth; speedup = first row's min step / this row's
+  KV read     = batch x bytes of one --decode-ctx request
+  batch       = --batch, or the --decode-ctx requests that fit in --mem if fewer (a note says so)
+  min step    = (weight bytes + KV read) / bandwidth; tokens/s = batch / min step;
+  speedup     = tokens/s / bf16's tokens/s (bf16 computed whether or not --kv lists it)
 
 KV formats (--kv): bf16, fp16, fp32; fp8 (= fp8_e4m3, one dynamic scale per layer tensor; also
   fp8:gran=head); any fp8_e4m3|fp8_e4m3fnuz|fp8_e5m2[:gran=...,scale=...]; int2, int3, int4, int8
@@ -33,7 +36,8 @@ Examples:
   kvq plan                      the design note's scenario (llama-3.1-8b, 55 GB, h100-sxm)
   kvq plan --model llama-3.1-70b --gpu h200 --weights-bytes 70.6 --mem 60GB --ctx 32768
            --kv bf16 fp8 kivi2:g=32,r=128 int4:k=channel,v=token,g=64
-  kvq plan --layers 30 --kv-heads 3 --head-dim 64 --params 0.135 --bandwidth 0.3 --json)";
+  kvq plan --model llama-3.1-70b --gpu h200 --weights-dtype fp8 --kv bf16 fp8 kivi2
+  kvq plan --layers 30 --kv-heads 3 --head-dim 64 --params 0.135 --bandwidth 0.3 --mem 8 --json)";
 
 // The footer: how the numbers are made, the presets (from the planner's tables), examples.
 std::string plan_footer() {
@@ -54,10 +58,9 @@ std::string plan_footer() {
 void register_plan(CLI::App& app) {
   struct Opts {
     planner::PlanInput in;
-    std::string model, gpu, mem = "55", weights;
+    std::string model, gpu, mem, weights, json;
     int64_t layers = 0, kv_heads = 0, head_dim = 0;
     double params = 0, bandwidth = 0;
-    bool json = false;
   };
   auto o = std::make_shared<Opts>();
   auto* c = app.add_subcommand(
@@ -79,8 +82,11 @@ void register_plan(CLI::App& app) {
                                "weight bytes to params x 2 (bf16)");
   c->add_option("--kv", o->in.kv, "KV formats, space separated, one row each (see below)")
       ->capture_default_str();
-  c->add_option("--mem", o->mem, "memory for the KV cache in GB (55, 55GB, 80GiB, 500MB)")
-      ->capture_default_str();
+  auto* mem = c->add_option(
+      "--mem", o->mem,
+      "memory for the KV cache in GB (55, 55GB, 80GiB, 500MB); default: 90% of the GPU's memory\n"
+      "minus the weights (vLLM's default gpu_memory_utilization), or the design note's 55 GB when\n"
+      "no model or GPU flag is given");
   c->add_option("--ctx", o->in.ctx, "tokens per request for the capacity columns")
       ->capture_default_str();
   c->add_option("--batch", o->in.batch, "requests in the decode batch")->capture_default_str();
@@ -92,9 +98,18 @@ void register_plan(CLI::App& app) {
   auto* weights = c->add_option(
       "--weights-bytes", o->weights,
       "weight bytes read per decode step, in GB like --mem (default params x 2 bytes; 0: KV only)");
-  c->add_flag("--json", o->json, "print the plan as JSON instead of the table");
+  c->add_option(
+       "--weights-dtype", o->in.weights_dtype,
+       "weights in memory and read per step: bf16 | fp16 (2 bytes per parameter) | fp8 (1) |\n"
+       "int4 (0.5 + a bf16 scale per 128 weights)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp8", "int4"}))
+      ->capture_default_str();
+  auto* json = c->add_option("--json", o->json,
+                             "write the plan as JSON to FILE (no FILE or '-': print it instead of "
+                             "the table)")
+                   ->expected(0, 1);
 
-  c->callback([o, model, layers, kv_heads, head_dim, params, gpu, bw, weights] {
+  c->callback([o, model, layers, kv_heads, head_dim, params, gpu, bw, weights, mem, json] {
     planner::ModelArgs a;
     if (model->count()) a.preset = o->model;
     if (layers->count()) a.layers = o->layers;
@@ -105,10 +120,20 @@ void register_plan(CLI::App& app) {
     in.model = planner::resolve_model(a, weights->count() > 0);
     in.gpu = planner::resolve_gpu(gpu->count() ? std::optional<std::string>(o->gpu) : std::nullopt,
                                   bw->count() ? std::optional<double>(o->bandwidth) : std::nullopt);
-    in.mem_bytes = planner::parse_gb(o->mem, "--mem");
+    const bool scenario = !model->count() && !layers->count() && !kv_heads->count() &&
+                          !head_dim->count() && !params->count() && !gpu->count() && !bw->count();
+    if (mem->count())
+      in.mem_bytes = planner::parse_gb(o->mem, "--mem");
+    else if (scenario)
+      in.mem_bytes = 55e9, in.mem_source = "the design note's scenario";
+    else
+      in.mem_bytes = std::nullopt;
     if (weights->count()) in.weight_bytes = planner::parse_gb(o->weights, "--weights-bytes", true);
     const planner::Plan p = planner::make_plan(in);
-    if (o->json)
+    const bool to_stdout = json->count() && (o->json.empty() || o->json == "-");
+    if (json->count() && !to_stdout)
+      write_file_atomic(o->json, planner::plan_json(p).dump(2) + "\n");
+    if (to_stdout)
       fmt::print("{}\n", planner::plan_json(p).dump(2));
     else
       fmt::print("{}", planner::format_plan(p));

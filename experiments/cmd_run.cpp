@@ -359,6 +359,8 @@ void run_synthetic(const SyntheticPlan& p, const std::filesystem::path& out) {
     auto snr = [](double s) { return std::isfinite(s) ? json(s) : json(nullptr); };
     json row = {{"key", key}, {"scheme", key}, {"settings", settings},
                 {"key_bits", rk.footprint.effective_bits()}, {"value_bits", rv.footprint.effective_bits()},
+                {"key_bytes_per_token", rk.footprint.total_bytes() / static_cast<double>(ks.shape.tokens)},
+                {"value_bytes_per_token", rv.footprint.total_bytes() / static_cast<double>(ks.shape.tokens)},
                 {"key_snr_db", snr(mk.snr_db)}, {"value_snr_db", snr(mv.snr_db)},
                 {"key_nmse", mk.nmse}, {"value_nmse", mv.nmse}, {"key_max_abs_err", mk.max_abs_err},
                 {"value_max_abs_err", mv.max_abs_err}, {"attn_kl", am.kl}, {"attn_output_nmse", am.output_nmse},

@@ -11,6 +11,7 @@ void register_synth(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_model(CLI::App& app);
 void register_run(CLI::App& app);
+void register_stats(CLI::App& app);
 
 /// \brief A whole number >= `min`, rejected with a plain message ("must be at least 1, got -3")
 /// where CLI11's own range checks print the type's maximum, a 300-digit number.

@@ -21,10 +21,6 @@ std::pair<std::string, std::string> split_tensor(const std::string& arg) {
   return {arg, ""};
 }
 
-bool is_safetensors(const std::string& path) {
-  return path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
-}
-
 // The tensor named `name` of a safetensors file; without a name, its only tensor.
 NamedTensor pick_tensor(const std::string& file, const std::string& name) {
   std::vector<NamedTensor> ts = read_safetensors(file);
@@ -45,26 +41,11 @@ NamedTensor pick_tensor(const std::string& file, const std::string& name) {
 
 }  // namespace
 
-KvInput load_kv(const std::string& arg) {
-  const auto [file, tensor] = split_tensor(arg);
-  std::vector<int64_t> s;
-  std::vector<float> data;
-  if (is_safetensors(file)) {
-    NamedTensor t = pick_tensor(file, tensor);
-    s = t.shape;
-    data = std::move(t.data);
-  } else {
-    NpyArray a = read_npy(file);
-    if (a.descr.size() == 3 && (a.descr[0] == '>' || a.descr[2] == '8'))
-      fmt::print(stderr, "kvq: note: {}: dtype '{}' ({}{}) read as float32{}\n", file, a.descr,
-                 a.descr[0] == '>' ? "big-endian " : "",
-                 a.descr[2] == '8'   ? "float64"
-                 : a.descr[2] == '2' ? "float16"
-                                     : "float32",
-                 a.descr[2] == '8' ? ", each value rounded to the nearest float32" : " (exact)");
-    s = std::move(a.shape);
-    data = std::move(a.data);
-  }
+bool is_safetensors(const std::string& path) {
+  return path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
+}
+
+KvInput as_kv(const std::string& arg, std::vector<int64_t> s, std::vector<float> data) {
   if (s.size() != 2 && s.size() != 3)
     fail("{}: rank {} array; expected [tokens, heads, head_dim] or [tokens, head_dim]", arg,
          s.size());
@@ -86,6 +67,29 @@ KvInput load_kv(const std::string& arg) {
   }
   in.tensor.data = std::move(data);
   return in;
+}
+
+KvInput load_kv(const std::string& arg) {
+  const auto [file, tensor] = split_tensor(arg);
+  std::vector<int64_t> s;
+  std::vector<float> data;
+  if (is_safetensors(file)) {
+    NamedTensor t = pick_tensor(file, tensor);
+    s = t.shape;
+    data = std::move(t.data);
+  } else {
+    NpyArray a = read_npy(file);
+    if (a.descr.size() == 3 && (a.descr[0] == '>' || a.descr[2] == '8'))
+      fmt::print(stderr, "kvq: note: {}: dtype '{}' ({}{}) read as float32{}\n", file, a.descr,
+                 a.descr[0] == '>' ? "big-endian " : "",
+                 a.descr[2] == '8'   ? "float64"
+                 : a.descr[2] == '2' ? "float16"
+                                     : "float32",
+                 a.descr[2] == '8' ? ", each value rounded to the nearest float32" : " (exact)");
+    s = std::move(a.shape);
+    data = std::move(a.data);
+  }
+  return as_kv(arg, std::move(s), std::move(data));
 }
 
 }  // namespace kvq::cli

@@ -21,4 +21,10 @@ struct KvInput {
 /// sizes and non-finite values (naming the first position).
 KvInput load_kv(const std::string& arg);
 
+/// \brief Whether a path names a safetensors file (by its extension).
+bool is_safetensors(const std::string& path);
+
+/// \brief load_kv's checks and shape rules on an array already read (`arg` names it in errors).
+KvInput as_kv(const std::string& arg, std::vector<int64_t> shape, std::vector<float> data);
+
 }  // namespace kvq::cli

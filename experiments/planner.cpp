@@ -196,6 +196,13 @@ RequestFootprint request_footprint(const ModelDims& m, const SchemeSpec& spec, i
                           m.layers};
 }
 
+double weight_bytes_per_param(std::string_view dtype) {
+  if (dtype == "bf16" || dtype == "fp16") return 2.0;
+  if (dtype == "fp8") return 1.0;
+  if (dtype == "int4") return 0.5 + 2.0 / 128;  // 4-bit codes and a bf16 scale per 128 (AWQ/GPTQ)
+  fail("--weights-dtype '{}' (allowed: bf16, fp16, fp8, int4)", dtype);
+}
+
 Plan make_plan(const PlanInput& in) {
   check_positive(in.model.layers, "--layers");
   check_positive(in.model.kv_heads, "--kv-heads");
@@ -203,12 +210,11 @@ Plan make_plan(const PlanInput& in) {
   check_positive(in.ctx, "--ctx");
   check_positive(in.batch, "--batch");
   check_positive(in.decode_ctx, "--decode-ctx");
-  KVQ_CHECK(std::isfinite(in.mem_bytes) && in.mem_bytes > 0, "--mem {} bytes must be positive",
-            in.mem_bytes);
   KVQ_CHECK(std::isfinite(in.gpu.bandwidth) && in.gpu.bandwidth > 0,
             "bandwidth {} bytes/s must be positive", in.gpu.bandwidth);
   KVQ_CHECK(!in.kv.empty(), "--kv needs at least one KV format (e.g. --kv bf16 fp8 kivi2)");
-  Plan p{in, 0.0, {}, {}};
+  Plan p{in, 0.0, 0.0, "", {}, {}};
+  const double per_param = weight_bytes_per_param(in.weights_dtype);
   if (in.weight_bytes) {
     KVQ_CHECK(std::isfinite(*in.weight_bytes) && *in.weight_bytes >= 0,
               "--weights-bytes {} bytes must be zero or more", *in.weight_bytes);
@@ -216,12 +222,41 @@ Plan make_plan(const PlanInput& in) {
   } else {
     KVQ_CHECK(in.model.params > 0,
               "model {} has no parameter count: give --params or --weights-bytes", in.model.name);
-    p.weight_bytes = 2.0 * in.model.params;  // bf16 weights
+    p.weight_bytes = per_param * in.model.params;
   }
+  if (in.mem_bytes) {
+    p.mem_bytes = *in.mem_bytes;
+    p.mem_source = in.mem_source;
+  } else {
+    KVQ_CHECK(in.gpu.mem_bytes > 0,
+              "no GPU memory to derive the KV memory from (--bandwidth gives none): give --mem");
+    p.mem_bytes = kKvMemFraction * in.gpu.mem_bytes - p.weight_bytes;
+    KVQ_CHECK(p.mem_bytes > 0,
+              "{} GB of weights do not fit in {:g}% of the {}'s {} GB: give --mem, a smaller "
+              "--weights-dtype or a larger --gpu",
+              short_num(p.weight_bytes / 1e9), kKvMemFraction * 100, in.gpu.name,
+              short_num(in.gpu.mem_bytes / 1e9));
+    p.mem_source =
+        fmt::format("{:g}% of the {}'s {} GB - {} GB of weights", kKvMemFraction * 100, in.gpu.name,
+                    short_num(in.gpu.mem_bytes / 1e9), short_num(p.weight_bytes / 1e9));
+  }
+  KVQ_CHECK(std::isfinite(p.mem_bytes) && p.mem_bytes > 0, "--mem {} bytes must be positive",
+            p.mem_bytes);
   std::vector<SchemeSpec> specs;
   for (const auto& kv : in.kv) specs.push_back(parse_kv(kv));  // fail before any work
 
-  const double mem_gb = in.mem_bytes / 1e9;
+  const double mem = p.mem_bytes, mem_gb = mem / 1e9;
+  // The decode step of `spec`: the batch capped by the requests that fit, its KV bytes and time.
+  auto decode = [&](const SchemeSpec& spec, PlanRow& r) {
+    const double one = request_footprint(in.model, spec, in.decode_ctx).total_bytes();
+    const auto fit = static_cast<int64_t>(std::floor(mem / one));
+    r.decode_batch = std::min(in.batch, fit);
+    r.decode_kv_bytes = static_cast<double>(r.decode_batch) * one;
+    r.step_seconds = (p.weight_bytes + r.decode_kv_bytes) / in.gpu.bandwidth;
+    r.tokens_per_s = static_cast<double>(r.decode_batch) / r.step_seconds;
+  };
+  PlanRow bf16;  // the speed-up's baseline, whatever --kv lists
+  decode(parse_kv("bf16"), bf16);
   for (size_t i = 0; i < specs.size(); ++i) {
     PlanRow r;
     r.kv = in.kv[i];
@@ -230,24 +265,31 @@ Plan make_plan(const PlanInput& in) {
     r.request_bytes = req.total_bytes();
     r.bytes_per_token = r.request_bytes / static_cast<double>(in.ctx);
     r.effective_bits = req.effective_bits();
-    r.tokens_in_mem = in.mem_bytes / r.bytes_per_token;
-    r.requests = static_cast<int64_t>(std::floor(in.mem_bytes / r.request_bytes));
-    r.decode_kv_bytes = static_cast<double>(in.batch) *
-                        request_footprint(in.model, specs[i], in.decode_ctx).total_bytes();
-    r.step_seconds = (p.weight_bytes + r.decode_kv_bytes) / in.gpu.bandwidth;
-    r.speedup = p.rows.empty() ? 1.0 : p.rows.front().step_seconds / r.step_seconds;
+    r.tokens_in_mem = mem / r.bytes_per_token;
+    r.requests = static_cast<int64_t>(std::floor(mem / r.request_bytes));
+    decode(specs[i], r);
+    r.speedup =
+        bf16.tokens_per_s > 0 && r.tokens_per_s > 0 ? r.tokens_per_s / bf16.tokens_per_s : 0;
     if (r.requests == 0)
       p.notes.push_back(fmt::format("{}: one {}-token request ({} GB) does not fit in {} GB", r.kv,
                                     group_thousands(in.ctx), short_num(r.request_bytes / 1e9),
                                     short_num(mem_gb)));
-    if (r.decode_kv_bytes > in.mem_bytes)
-      p.notes.push_back(
-          fmt::format("{}: the decode batch reads {} GB of KV, more than the {} GB "
-                      "of KV memory",
-                      r.kv, short_num(r.decode_kv_bytes / 1e9), short_num(mem_gb)));
+    if (r.decode_batch < in.batch)
+      p.notes.push_back(fmt::format(
+          "{}: only {} requests of {} tokens fit in {} GB of KV memory: its decode batch is {}, "
+          "not --batch {}",
+          r.kv, group_thousands(r.decode_batch), group_thousands(in.decode_ctx), short_num(mem_gb),
+          group_thousands(r.decode_batch), group_thousands(in.batch)));
     p.rows.push_back(std::move(r));
   }
-  if (in.gpu.mem_bytes > 0 && p.weight_bytes + in.mem_bytes > in.gpu.mem_bytes)
+  const bool bf16_listed =
+      std::any_of(p.rows.begin(), p.rows.end(), [](const PlanRow& r) { return r.spec == "bf16"; });
+  if (bf16.decode_batch < in.batch && !bf16_listed)
+    p.notes.push_back(
+        fmt::format("the bf16 baseline of the speed-up runs a decode batch of {}, "
+                    "what fits in {} GB",
+                    group_thousands(bf16.decode_batch), short_num(mem_gb)));
+  if (in.gpu.mem_bytes > 0 && p.weight_bytes + mem > in.gpu.mem_bytes)
     p.notes.push_back(
         fmt::format("{} GB of weights + {} GB of KV memory is more than the {}'s {} GB",
                     short_num(p.weight_bytes / 1e9), short_num(mem_gb), in.gpu.name,
@@ -274,9 +316,11 @@ std::string format_plan(const Plan& p) {
   out += m.params > 0 ? fmt::format(", {} B params\n", short_num(m.params / 1e9)) : "\n";
   out += in.weight_bytes
              ? fmt::format("weights    {} GB (--weights-bytes)\n", short_num(p.weight_bytes / 1e9))
-             : fmt::format("weights    {} GB ({} B params x 2 bytes, bf16)\n",
-                           short_num(p.weight_bytes / 1e9), short_num(m.params / 1e9));
-  out += fmt::format("KV memory  {} GB (1 GB = 10^9 bytes)\n", short_num(in.mem_bytes / 1e9));
+             : fmt::format("weights    {} GB ({} B params x {:g} bytes, {})\n",
+                           short_num(p.weight_bytes / 1e9), short_num(m.params / 1e9),
+                           weight_bytes_per_param(in.weights_dtype), in.weights_dtype);
+  out += fmt::format("KV memory  {} GB ({}; 1 GB = 10^9 bytes)\n", short_num(p.mem_bytes / 1e9),
+                     p.mem_source);
   out += fmt::format("requests   {} tokens each\n", group_thousands(in.ctx));
   out += fmt::format("decode     batch {} x {} tokens of context\n", group_thousands(in.batch),
                      group_thousands(in.decode_ctx));
@@ -287,16 +331,17 @@ std::string format_plan(const Plan& p) {
           : fmt::format("gpu        {} TB/s (--bandwidth)\n", short_num(in.gpu.bandwidth / 1e12));
   out += "\n";
 
-  const std::string mem = short_num(in.mem_bytes / 1e9);
+  const std::string mem = short_num(p.mem_bytes / 1e9);
   std::vector<std::vector<std::string>> t;
   t.push_back({"KV format", "KiB/token", "bits/elem", fmt::format("tokens in {} GB", mem),
-               fmt::format("{}-token reqs", group_thousands(in.ctx)), "KV read GB", "min step ms",
-               "speedup"});
+               fmt::format("{}-token reqs", group_thousands(in.ctx)), "batch", "KV read GB",
+               "min step ms", "tokens/s", "speedup"});
   for (const auto& r : p.rows)
     t.push_back({r.kv, fmt::format("{:.2f}", r.bytes_per_token / 1024.0),
                  r.effective_bits ? fmt::format("{:.2f}", *r.effective_bits) : "n/a",
                  group_thousands(std::llround(r.tokens_in_mem)), group_thousands(r.requests),
-                 amount(r.decode_kv_bytes / 1e9), amount(r.step_seconds * 1e3),
+                 group_thousands(r.decode_batch), amount(r.decode_kv_bytes / 1e9),
+                 amount(r.step_seconds * 1e3), group_thousands(std::llround(r.tokens_per_s)),
                  fmt::format("{:.2f}x", r.speedup)});
   out += render_table(t);
 
@@ -311,11 +356,11 @@ std::string format_plan(const Plan& p) {
       "tokens       KV memory / bytes per token, rounded; reqs: floor(KV memory / bytes of one "
       "request)\n");
   out += fmt::format(
-      "KV read      {} x bytes of one {}-token request; min step = (weights + KV read) / "
-      "bandwidth\n",
+      "batch        --batch {}, or the {}-token requests that fit in the KV memory if fewer\n",
       group_thousands(in.batch), group_thousands(in.decode_ctx));
-  out += fmt::format("speedup      {}'s min step / this row's (decode bound by memory reads)\n",
-                     p.rows.front().kv);
+  out += "KV read      batch x bytes of one request; min step = (weights + KV read) / bandwidth\n";
+  out +=
+      "tokens/s     batch / min step; speedup: tokens/s / bf16's (decode bound by memory reads)\n";
   size_t w = 12;  // the legend's label column: as wide as the footnotes' or the longest label
   for (const auto& r : p.rows)
     if (r.kv != r.spec) w = std::max(w, r.kv.size() + 1);
@@ -337,8 +382,12 @@ nlohmann::json plan_json(const Plan& p) {
               {"mem_bytes", in.gpu.mem_bytes > 0 ? nlohmann::json(in.gpu.mem_bytes) : nullptr},
               {"bandwidth_bytes_per_s", in.gpu.bandwidth}};
   j["weight_bytes"] = p.weight_bytes;
-  j["weight_source"] = in.weight_bytes ? "--weights-bytes" : "params x 2 bytes (bf16)";
-  j["mem_bytes"] = in.mem_bytes;
+  j["weight_source"] =
+      in.weight_bytes ? std::string("--weights-bytes")
+                      : fmt::format("params x {:g} bytes ({})",
+                                    weight_bytes_per_param(in.weights_dtype), in.weights_dtype);
+  j["mem_bytes"] = p.mem_bytes;
+  j["mem_source"] = p.mem_source;
   j["ctx"] = in.ctx;
   j["batch"] = in.batch;
   j["decode_ctx"] = in.decode_ctx;
@@ -355,9 +404,11 @@ nlohmann::json plan_json(const Plan& p) {
          {"tokens_in_mem", r.tokens_in_mem},
          {"tokens_in_mem_rounded", std::llround(r.tokens_in_mem)},
          {"requests", r.requests},
+         {"decode_batch", r.decode_batch},
          {"decode_kv_bytes", r.decode_kv_bytes},
          {"step_ms", r.step_seconds * 1e3},
-         {"speedup", r.speedup}});
+         {"tokens_per_s", r.tokens_per_s},
+         {"speedup_vs_bf16", r.speedup}});
   j["notes"] = p.notes;
   return j;
 }

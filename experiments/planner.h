@@ -80,11 +80,15 @@ RequestFootprint request_footprint(const ModelDims& m, const SchemeSpec& spec, i
 struct PlanInput {
   ModelDims model;
   Gpu gpu;
-  std::optional<double> weight_bytes;  ///< default: params x 2 bytes (bf16 weights)
-  double mem_bytes = 55e9;             ///< memory given to the KV cache
-  int64_t ctx = 4096;                  ///< request length for capacity
-  int64_t batch = 64;                  ///< decode batch
-  int64_t decode_ctx = 2000;           ///< context per request of the decode batch
+  std::optional<double> weight_bytes;  ///< default: params x bytes per weight of weights_dtype
+  std::string weights_dtype =
+      "bf16";  ///< bf16 (2 bytes), fp8 (1), int4 (0.5 + a bf16 scale per 128)
+  /// Memory given to the KV cache; nullopt: kv_mem_fraction of the GPU's memory minus the weights.
+  std::optional<double> mem_bytes = 55e9;
+  std::string mem_source = "--mem";  ///< what set mem_bytes, for the report
+  int64_t ctx = 4096;                ///< request length for capacity
+  int64_t batch = 64;                ///< decode batch
+  int64_t decode_ctx = 2000;         ///< context per request of the decode batch
   std::vector<std::string> kv{"bf16", "fp8", "kivi4", "kivi2"};
 };
 
@@ -97,14 +101,24 @@ struct PlanRow {
   std::optional<double> effective_bits;  ///< codes + scales + zeros per quantized element
   double tokens_in_mem = 0;              ///< mem / bytes_per_token (not rounded)
   int64_t requests = 0;                  ///< floor(mem / request_bytes)
-  double decode_kv_bytes = 0;            ///< batch x bytes of one decode_ctx-token request
+  int64_t decode_batch = 0;              ///< min(batch, decode_ctx-token requests that fit)
+  double decode_kv_bytes = 0;            ///< decode_batch x bytes of one decode_ctx-token request
   double step_seconds = 0;               ///< (weights + decode_kv_bytes) / bandwidth
-  double speedup = 0;                    ///< first row's step_seconds / this row's
+  double tokens_per_s = 0;               ///< decode_batch / step_seconds
+  double speedup = 0;                    ///< tokens_per_s / bf16's (the same plan with --kv bf16)
 };
+
+/// \brief The share of GPU memory the weights and the KV cache may take when --mem is not given
+/// (vLLM's default gpu_memory_utilization; the rest: activations, CUDA context, fragmentation).
+inline constexpr double kKvMemFraction = 0.9;
+/// \brief Bytes per weight of --weights-dtype; throws naming the allowed names.
+double weight_bytes_per_param(std::string_view dtype);
 
 struct Plan {
   PlanInput in;
   double weight_bytes = 0;
+  double mem_bytes = 0;    ///< KV memory used (given, or derived from the GPU's)
+  std::string mem_source;  ///< how mem_bytes was set, for the report
   std::vector<PlanRow> rows;
   std::vector<std::string> notes;  ///< warnings about the assumptions (memory that does not fit)
 };

@@ -5,10 +5,16 @@ Usage (from the repository root, with the plot venv that `KVQ_WITH_PY=1 scripts/
     .venv/bin/python experiments/plots/plot_results.py results/default [--out docs/img]
 
 Reads RESULTS/synthetic.jsonl and RESULTS/model.jsonl (whichever exist) and writes
-    synthetic_snr.png       key and value reconstruction SNR (dB) vs effective bits per element
-    synthetic_attention.png attention KL(p_fp32 || p_scheme) vs key bits (log scale)
-    model_kld.png           real-model next-token KLD vs the fp32 cache, and delta perplexity, vs bits
-Every figure is drawn from the rows alone; nothing is typed in by hand.
+    synthetic_snr.png       key and value reconstruction SNR (dB) vs bytes per token
+    synthetic_attention.png attention KL(p_fp32 || p_scheme) vs K + V bytes per token (log scale)
+    model_kld.png           real-model next-token KLD vs the fp32 cache, and delta perplexity, vs
+                            KV bytes per token
+The x axis is what a token costs in memory (codes, scales, zeros and the exact recent window, the
+one footprint formula), so kivi2 with and without its window land apart; rows written before the
+bytes were recorded fall back to effective bits, and the axis says so. Colours come from each
+spec's axes (KIVI layout = keys per channel and values per token, whether spelled kivi2 or
+int2:k=channel,v=token), labels are placed so they do not overlap, and every figure states the
+settings its rows were made with. Every figure is drawn from the rows alone.
 """
 import argparse
 import json
@@ -18,6 +24,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+FONT = 6.5
 
 
 def rows(path):
@@ -28,86 +37,178 @@ def rows(path):
 
 
 def family(scheme):
-    if scheme.startswith("fp8"):
+    """The family from the canonical spec's axes, not its spelling."""
+    name, _, params = scheme.partition(":")
+    if name.startswith("fp8"):
         return "FP8"
-    if scheme.startswith("kivi"):
-        return "KIVI"
-    if scheme.startswith("int"):
-        return "int (ablation)"
+    if name.startswith("kivi"):
+        return "KIVI layout (K per channel, V per token)"
+    if name.startswith("int"):
+        kv = dict(p.split("=", 1) for p in params.split(",") if "=" in p)
+        k, v = kv.get("k", "channel"), kv.get("v", "token")
+        if k == "channel" and v == "token":
+            return "KIVI layout (K per channel, V per token)"
+        return f"int, other axes (k={k}, v={v})"
     return "16-bit"
 
 
-COLORS = {"FP8": "tab:blue", "KIVI": "tab:red", "int (ablation)": "tab:orange", "16-bit": "tab:gray"}
+PALETTE = ["tab:red", "tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:gray"]
+FIXED = {"FP8": "tab:blue", "KIVI layout (K per channel, V per token)": "tab:red", "16-bit": "tab:gray"}
 
 
-def label_points(ax, xs, ys, names):
-    for x, y, n in zip(xs, ys, names):
-        ax.annotate(n, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+def colours(rs):
+    out = dict(FIXED)
+    extra = [c for c in PALETTE if c not in FIXED.values()]
+    for r in rs:
+        f = family(r["scheme"])
+        if f not in out:
+            out[f] = extra[len([k for k in out if k not in FIXED]) % len(extra)]
+    return out
 
 
 def short(s):
-    return s.replace(",scale=dynamic", "").replace("fp8_e4m3:gran=", "e4m3 ").replace("fp8_e5m2:gran=", "e5m2 ")
+    return (s.replace(",scale=dynamic", "").replace("fp8_e4m3:gran=", "e4m3 ")
+            .replace("fp8_e5m2:gran=", "e5m2 "))
 
 
-def plot_synthetic(rs, out):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, side in zip(axes, ["key", "value"]):
-        for fam in COLORS:
-            sel = [r for r in rs if family(r["scheme"]) == fam and r[f"{side}_snr_db"] is not None]
-            if not sel:
+def place_labels(ax, pts):
+    """Greedy placement: each label takes the first of a few offsets whose box (estimated in
+    points) overlaps no label placed before it and no point; else the least-overlapping one."""
+    fig = ax.figure
+    fig.canvas.draw()
+    to_disp = ax.transData.transform
+    scale = fig.dpi / 72.0
+    placed = []
+    pix = [to_disp((x, y)) for x, y, _ in pts]
+
+    def box(px, py, dx, dy, text):
+        w, h = 0.55 * FONT * len(text) * scale, FONT * 1.2 * scale
+        x0 = px + dx * scale - (w if dx < 0 else 0)
+        y0 = py + dy * scale - (h if dy < 0 else 0)
+        return (x0, y0, x0 + w, y0 + h)
+
+    def overlap(a, b):
+        return max(0, min(a[2], b[2]) - max(a[0], b[0])) * max(0, min(a[3], b[3]) - max(a[1], b[1]))
+
+    offsets = [(4, 2), (4, -2), (-4, 2), (-4, -2), (4, 9), (4, -9), (-4, 9), (-4, -9), (4, 16), (4, -16)]
+    order = sorted(range(len(pts)), key=lambda i: (pix[i][0], pix[i][1]))
+    for i in order:
+        x, y, text = pts[i]
+        px, py = pix[i]
+        best, best_cost = None, None
+        for dx, dy in offsets:
+            b = box(px, py, dx, dy, text)
+            cost = sum(overlap(b, p) for p in placed)
+            cost += sum(overlap(b, (qx - 3, qy - 3, qx + 3, qy + 3)) for qx, qy in pix)
+            if best_cost is None or cost < best_cost:
+                best, best_cost = (dx, dy, b), cost
+            if cost == 0:
+                break
+        dx, dy, b = best
+        placed.append(b)
+        ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=FONT,
+                    ha="right" if dx < 0 else "left", va="top" if dy < 0 else "bottom")
+
+
+def x_of(r, side=None):
+    """Bytes per token (per layer, all kv heads) of one side or of K + V, else bits."""
+    if side:
+        b = r.get(f"{side}_bytes_per_token")
+        return (b, True) if b is not None else (r[f"{side}_bits"], False)
+    if "key_bytes_per_token" in r:
+        return r["key_bytes_per_token"] + r["value_bytes_per_token"], True
+    if "bytes_per_token" in r:
+        return r["bytes_per_token"], True
+    return (r["key_bits"] if "key_bits" in r else r["bits"]), False
+
+
+def scatter(ax, rs, col, get_x, get_y):
+    pts, all_bytes = [], True
+    for fam, c in col.items():
+        sel = [r for r in rs if family(r["scheme"]) == fam]
+        xs, ys, names = [], [], []
+        for r in sel:
+            y = get_y(r)
+            if y is None:
                 continue
-            xs = [r[f"{side}_bits"] for r in sel]
-            ys = [r[f"{side}_snr_db"] for r in sel]
-            ax.scatter(xs, ys, c=COLORS[fam], label=fam, s=18)
-            label_points(ax, xs, ys, [short(r["scheme"]) for r in sel])
-        ax.set_xlabel("effective bits per element (codes + scales + zeros)")
+            x, is_bytes = get_x(r)
+            all_bytes = all_bytes and is_bytes
+            xs.append(x)
+            ys.append(y)
+            names.append(short(r["scheme"]))
+        if xs:
+            ax.scatter(xs, ys, c=c, label=fam, s=18)
+            pts += list(zip(xs, ys, names))
+    return pts, all_bytes
+
+
+def bytes_axis(ax, by_bytes):
+    ax.set_xscale("log", base=2)
+    if by_bytes:
+        ax.xaxis.set_major_formatter(
+            FuncFormatter(lambda v, _: f"{v / 1024:g} KiB" if v >= 1024 else f"{v:g} B"))
+
+
+def settings_line(r, keys):
+    s = r.get("settings", {})
+    return ", ".join(f"{k} {s[k]}" for k in keys if k in s)
+
+
+def plot_synthetic(rs, out, where):
+    col = colours(rs)
+    cfg = settings_line(rs[0], ["tokens", "heads", "head_dim", "outliers", "outlier_scale", "gqa"])
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    for ax, side in zip(axes, ["key", "value"]):
+        pts, by_bytes = scatter(ax, rs, col, lambda r: x_of(r, side),
+                                lambda r: r[f"{side}_snr_db"])
+        bytes_axis(ax, by_bytes)
+        ax.set_xlabel(f"{side} bytes per token (all heads: codes, scales, zeros, window)" if by_bytes
+                      else f"{side} effective bits per element (rows without bytes)")
         ax.set_ylabel(f"{side} reconstruction SNR (dB)")
-        ax.set_title(f"{side}s (synthetic, outlier channels in keys)")
-        ax.grid(alpha=0.3)
+        ax.set_title(f"{side}s")
+        ax.grid(alpha=0.3, which="both")
+        place_labels(ax, pts)
     axes[0].legend(fontsize=7)
+    fig.suptitle(f"synthetic K/V ({cfg}) - {where}", fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "synthetic_snr.png"), dpi=130)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for fam in COLORS:
-        sel = [r for r in rs if family(r["scheme"]) == fam and r["attn_kl"] > 0]
-        if not sel:
-            continue
-        xs = [r["key_bits"] for r in sel]
-        ys = [r["attn_kl"] for r in sel]
-        ax.scatter(xs, ys, c=COLORS[fam], label=fam, s=18)
-        label_points(ax, xs, ys, [short(r["scheme"]) for r in sel])
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    pts, by_bytes = scatter(ax, rs, col, lambda r: x_of(r),
+                            lambda r: r["attn_kl"] if r["attn_kl"] > 0 else None)
     ax.set_yscale("log")
-    ax.set_xlabel("key bits per element")
+    bytes_axis(ax, by_bytes)
+    ax.set_xlabel("K + V bytes per token (all heads)" if by_bytes
+                  else "key bits per element (rows without bytes)")
     ax.set_ylabel("attention KL(p_fp32 || p_scheme)")
-    ax.set_title("decode attention error (synthetic K/V)")
+    ax.set_title(f"decode attention error, synthetic K/V\n({cfg}) - {where}", fontsize=9)
     ax.grid(alpha=0.3, which="both")
+    place_labels(ax, pts)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "synthetic_attention.png"), dpi=130)
     plt.close(fig)
 
 
-def plot_model(rs, out):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for fam in COLORS:
-        sel = [r for r in rs if family(r["scheme"]) == fam]
-        if not sel:
-            continue
-        xs = [r["bits"] for r in sel]
-        for ax, key in zip(axes, ["kld", "delta_ppl"]):
-            ys = [max(abs(r[key]), 1e-6) for r in sel]
-            ax.scatter(xs, ys, c=COLORS[fam], label=fam, s=18)
-            label_points(ax, xs, ys, [short(r["scheme"]) for r in sel])
+def plot_model(rs, out, where):
+    col = colours(rs)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    by_bytes = True
+    for ax, key in zip(axes, ["kld", "delta_ppl"]):
+        pts, b = scatter(ax, rs, col, lambda r: x_of(r), lambda r: max(abs(r[key]), 1e-6))
+        by_bytes = by_bytes and b
+        ax.set_yscale("log")
+        bytes_axis(ax, b)
+        ax.grid(alpha=0.3, which="both")
+        place_labels(ax, pts)
     axes[0].set_ylabel("mean KLD vs fp32 cache (nats/token)")
     axes[1].set_ylabel("|perplexity - fp32-cache perplexity|")
-    s = rs[0]["settings"]
     for ax in axes:
-        ax.set_yscale("log")
-        ax.set_xlabel("KV bits per element (mean of K and V)")
-        ax.grid(alpha=0.3, which="both")
-    axes[0].set_title(f"SmolLM2-135M on {s['text']}, ctx {s['ctx']}, {rs[0]['scored']} tokens")
+        ax.set_xlabel("KV bytes per token (all layers, K + V)" if by_bytes
+                      else "KV bits per element (mean of K and V)")
+    cfg = settings_line(rs[0], ["text", "ctx", "stride", "max_tokens", "backend", "pre_rope"])
+    fig.suptitle(f"SmolLM2-135M, {rs[0]['scored']} tokens scored ({cfg}) - {where}", fontsize=9)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "model_kld.png"), dpi=130)
@@ -125,10 +226,14 @@ def main():
     mod = rows(os.path.join(a.results, "model.jsonl"))
     if not syn and not mod:
         raise SystemExit(f"plot_results: no synthetic.jsonl or model.jsonl in {a.results}")
+    where = os.path.basename(os.path.normpath(a.results))
+    cfg = os.path.join(a.results, "config.toml")
+    if os.path.exists(cfg):
+        where = f"config {os.path.join(where, 'config.toml')}"
     if syn:
-        plot_synthetic(syn, out)
+        plot_synthetic(syn, out, where)
     if mod:
-        plot_model(mod, out)
+        plot_model(mod, out, where)
     print(f"plots in {out}")
 
 

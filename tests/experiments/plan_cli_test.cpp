@@ -63,12 +63,12 @@ TEST(plan_cli, DefaultIsTheDesignNote) {
   const Result r = run_plan("");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.err, "");
-  // KV format, KiB/token, bits/elem, tokens in 55 GB, 4,096-token reqs, KV read GB, min step ms,
-  // speedup.
-  const std::vector<std::string> bf16 = {"bf16", "128.00", "16.00", "419,617",
-                                         "102",  "16.8",   "9.8",   "1.00x"};
-  const std::vector<std::string> fp8 = {"fp8", "64.00", "8.00", "839,233",
-                                        "204", "8.4",   "7.3",  "1.34x"};
+  // KV format, KiB/token, bits/elem, tokens in 55 GB, 4,096-token reqs, decode batch, KV read GB,
+  // min step ms, tokens/s (64 / 9.802 ms = 6,529; 64 / 7.298 ms = 8,769), speedup.
+  const std::vector<std::string> bf16 = {"bf16", "128.00", "16.00", "419,617", "102",
+                                         "64",   "16.8",   "9.8",   "6,529",   "1.00x"};
+  const std::vector<std::string> fp8 = {"fp8", "64.00", "8.00", "839,233", "204",
+                                        "64",  "8.4",   "7.3",  "8,769",   "1.34x"};
   EXPECT_EQ(row(r.out, "bf16"), bf16) << r.out;
   EXPECT_EQ(row(r.out, "fp8"), fp8) << r.out;
   for (const char* s : {"llama-3.1-8b", "32 layers", "8 kv heads", "head dim 128", "55 GB",
@@ -109,11 +109,16 @@ TEST(plan_cli, OptionsChangeTheAssumptions) {
       "--decode-ctx 32768 --kv bf16 int4");
   ASSERT_EQ(r.rc, 0) << r.err;
   // bf16: 80 x 8 x 128 x 2 x 2 = 327,680 B = 320 KiB per token; 60e9 / 327,680 = 183,105.5;
-  // one 32,768-token request: 10.74 GB -> 5 requests; KV read 8 x 10.74 = 85.9 GB;
-  // step (70.6 + 85.9) GB / 4.8 TB/s = 32.6 ms.
-  const std::vector<std::string> bf16 = {"bf16", "320.00", "16.00", "183,105",
-                                         "5",    "85.9",   "32.6",  "1.00x"};
+  // one 32,768-token request: 10.74 GB -> 5 requests, so the decode batch of 8 is capped at 5:
+  // KV read 5 x 10.737 = 53.7 GB; step (70.6 + 53.7) GB / 4.8 TB/s = 25.9 ms; 5 / 25.89 ms = 193
+  // tokens/s.
+  const std::vector<std::string> bf16 = {"bf16", "320.00", "16.00", "183,105", "5",
+                                         "5",    "53.7",   "25.9",  "193",     "1.00x"};
   EXPECT_EQ(row(r.out, "bf16"), bf16) << r.out;
+  EXPECT_NE(r.out.find("note: bf16: only 5 requests of 32,768 tokens fit in 60 GB of KV memory: "
+                       "its decode batch is 5, not --batch 8"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("tokens in 60 GB"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("h200: 141 GB, 4.8 TB/s"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("70.6 GB (--weights-bytes)"), std::string::npos) << r.out;
@@ -121,8 +126,8 @@ TEST(plan_cli, OptionsChangeTheAssumptions) {
 }
 
 TEST(plan_cli, CustomModel) {
-  const Result r =
-      run_plan("--layers 30 --kv-heads 3 --head-dim 64 --params 0.135 --bandwidth 0.3 --kv bf16");
+  const Result r = run_plan(
+      "--layers 30 --kv-heads 3 --head-dim 64 --params 0.135 --bandwidth 0.3 --mem 8 --kv bf16");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(row(r.out, "bf16").at(1), "22.50") << r.out;  // 30 x 3 x 64 x 2 x 2 = 23,040 B
   EXPECT_NE(r.out.find("custom: 30 layers, 3 kv heads, head dim 64"), std::string::npos);
@@ -132,12 +137,31 @@ TEST(plan_cli, CustomModel) {
 TEST(plan_cli, HelpTeaches) {
   const Result r = run_plan("--help");
   ASSERT_EQ(r.rc, 0);
-  for (const char* s : {"--model",         "--layers",     "--kv-heads",      "--head-dim",
-                        "--params",        "--kv",         "--mem",           "--ctx",
-                        "--batch",         "--decode-ctx", "--gpu",           "--bandwidth",
-                        "--weights-bytes", "--json",       "Example",         "=55",
-                        "=4096",           "=64",          "=2000",           "llama-3.1-70b",
-                        "smollm2-135m",    "a100-80gb",    "kivi2:g=32,r=128"})
+  for (const char* s : {"--model",
+                        "--layers",
+                        "--kv-heads",
+                        "--head-dim",
+                        "--params",
+                        "--kv",
+                        "--mem",
+                        "--ctx",
+                        "--batch",
+                        "--decode-ctx",
+                        "--gpu",
+                        "--bandwidth",
+                        "--weights-bytes",
+                        "--json",
+                        "Example",
+                        "55 GB",
+                        "=4096",
+                        "=64",
+                        "=2000",
+                        "llama-3.1-70b",
+                        "smollm2-135m",
+                        "a100-80gb",
+                        "kivi2:g=32,r=128",
+                        "--weights-dtype",
+                        "gpu_memory_utilization"})
     EXPECT_NE(r.out.find(s), std::string::npos) << "missing '" << s << "' in --help";
 }
 
@@ -193,5 +217,52 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return name;
     });
+
+// Issue 14's planner findings: the speed-up is against bf16 whatever --kv lists, the weights'
+// dtype sets their bytes, the KV memory defaults to what the GPU has left, and --json takes a file.
+TEST(plan_cli, SpeedupAgainstBf16_evenWhenNotListed) {
+  const Result r = run_plan("--kv kivi2 fp8");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(row(r.out, "kivi2").back(), "1.65x") << r.out;  // the default table's kivi2 row
+  EXPECT_EQ(row(r.out, "fp8").back(), "1.34x") << r.out;
+}
+
+TEST(plan_cli, WeightsDtypeAndKvMemoryFromTheGpu) {
+  // 70.6 B params x 1 byte (fp8) = 70.6 GB; 90% of 141 GB - 70.6 GB = 56.3 GB of KV memory.
+  Result r = run_plan("--model llama-3.1-70b --gpu h200 --weights-dtype fp8 --kv bf16");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("weights    70.6 GB (70.6 B params x 1 bytes, fp8)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("KV memory  56.3 GB (90% of the h200's 141 GB - 70.6 GB of weights"),
+            std::string::npos)
+      << r.out;
+  // bf16 weights (141.2 GB) leave nothing: one line saying what to change.
+  r = run_plan("--model llama-3.1-70b --gpu h200");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("141.2 GB of weights do not fit in 90% of the h200's 141 GB"),
+            std::string::npos)
+      << r.err;
+  // --bandwidth has no memory to derive it from.
+  r = run_plan("--layers 30 --kv-heads 3 --head-dim 64 --params 0.135 --bandwidth 0.3");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("give --mem"), std::string::npos) << r.err;
+}
+
+TEST(plan_cli, JsonToAFile_tableStillPrinted) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("kvq_plan_json_" + std::to_string(getpid()) + ".json");
+  const Result r = run_plan("--json '" + path.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("KV format"), std::string::npos) << r.out;
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::filesystem::remove(path);
+  const auto j = nlohmann::json::parse(ss.str());
+  EXPECT_EQ(j["rows"][0]["tokens_in_mem_rounded"], 419617);
+  EXPECT_EQ(
+      j["rows"][1]["speedup_vs_bf16"].get<double>(),
+      j["rows"][1]["tokens_per_s"].get<double>() / j["rows"][0]["tokens_per_s"].get<double>());
+}
 
 }  // namespace

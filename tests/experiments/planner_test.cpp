@@ -145,7 +145,8 @@ TEST(planner, Int4HandComputed) {
   EXPECT_EQ(std::llround(r.tokens_in_mem), 1342773);
   EXPECT_EQ(r.requests, 327);
   EXPECT_EQ(r.decode_kv_bytes, 64 * 82640896.0);
-  EXPECT_EQ(r.speedup, 1.0);  // the first row is its own baseline
+  // Against bf16 (not listed; same batch of 64): its 2,000-token request is 2,000 x 131,072 B.
+  EXPECT_DOUBLE_EQ(r.speedup, (16.06e9 + 64 * 2000 * 131072.0) / (16.06e9 + 64 * 82640896.0));
 }
 
 // Every row is layers x (footprint(K) + footprint(V)) at the request length: the one formula.
@@ -353,6 +354,9 @@ TEST(planner, NotesWhenThingsDoNotFit) {
   const std::string t = format_plan(p);
   EXPECT_NE(t.find("note: bf16: one 1,048,576-token request"), std::string::npos) << t;
   EXPECT_NE(t.find("more than the h100-sxm's 80 GB"), std::string::npos) << t;
+  // 70 GB / (2,000 x 131,072 B) = 267 requests fit: the batch of 1,000 is capped, and said so.
+  EXPECT_EQ(p.rows[0].decode_batch, 267);
+  EXPECT_NE(t.find("its decode batch is 267, not --batch 1,000"), std::string::npos) << t;
   EXPECT_EQ(make_plan(design_note()).notes.size(), 0u);
 }
 

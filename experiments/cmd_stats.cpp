@@ -1,0 +1,124 @@
+// kvq stats: per-layer, per-head, per-channel statistics of K/V tensors (a `kvq model dump`, one
+// safetensors tensor or an npy): amax, std, kurtosis, and the outlier channels.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/io.h"
+#include "core/safetensors.h"
+#include "experiments/channel_stats.h"
+#include "experiments/commands.h"
+#include "experiments/kv_input.h"
+
+namespace kvq::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+}  // namespace
+
+void register_stats(CLI::App& app) {
+  struct Opts {
+    std::string in, json_out;
+    double threshold = 4.0;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* c = app.add_subcommand(
+      "stats",
+      "Per-head, per-channel statistics of K/V tensors over their tokens: amax, std, kurtosis (3 "
+      "for\n"
+      "a normal), and the outlier channels (amax above --threshold x the head's median channel "
+      "amax),\n"
+      "which is why KIVI quantizes keys per channel. One line per tensor and head on stdout.\n"
+      "Example: kvq model dump --prompt-file p.txt --out kv.safetensors && kvq stats "
+      "kv.safetensors");
+  c->add_option(
+       "input", o->in,
+       "a `kvq model dump` (FILE.safetensors: every tensor), FILE.safetensors:TENSOR, or an\n"
+       "npy; tensors [tokens, heads, head_dim] or [tokens, head_dim]")
+      ->required();
+  c->add_option("--threshold", o->threshold,
+                "outlier: channel amax above this many times the head's median channel amax")
+      ->check(CLI::Range(1.0, 1e6))
+      ->capture_default_str();
+  c->add_option("--json", o->json_out,
+                "also write every channel's statistics to this JSON file (atomically)");
+  c->callback([o] {
+    // The tensors: every one of a whole safetensors file, else the one load_kv reads.
+    std::vector<std::pair<std::string, Tensor3>> ts;
+    if (is_safetensors(o->in)) {
+      for (auto& t : read_safetensors(o->in)) {
+        if (t.shape.size() != 2 && t.shape.size() != 3) {
+          fmt::print(stderr, "kvq stats: {}: rank {} tensor skipped (not [T, H, D] or [T, D])\n",
+                     t.name, t.shape.size());
+          continue;
+        }
+        // load_kv's checks (zero sizes, non-finite values).
+        ts.emplace_back(t.name, as_kv(o->in + ":" + t.name, t.shape, std::move(t.data)).tensor);
+      }
+      KVQ_CHECK(!ts.empty(), "{}: no [T, H, D] or [T, D] tensors", o->in);
+    } else {
+      ts.emplace_back(o->in, load_kv(o->in).tensor);
+    }
+    json doc = json::array();
+    int64_t n_out = 0, n_ch = 0;
+    fmt::print(
+        "{:<22} {:>4} {:>7} {:>10} {:>16} {:>8} {:>9} {:>16}  outlier channels (amax > {:g}x "
+        "median)\n",
+        "tensor", "head", "tokens", "amax med", "amax max (ch)", "ratio", "kurt med",
+        "kurt max (ch)", o->threshold);
+    for (const auto& [name, x] : ts) {
+      for (const HeadStats& h : channel_stats(x, o->threshold)) {
+        size_t amax_ch = 0, kurt_ch = 0;
+        std::vector<double> k;
+        for (size_t d = 0; d < h.channels.size(); ++d) {
+          if (h.channels[d].amax > h.channels[amax_ch].amax) amax_ch = d;
+          const double kd = h.channels[d].kurtosis;
+          if (std::isfinite(kd)) {
+            k.push_back(kd);
+            if (!std::isfinite(h.channels[kurt_ch].kurtosis) || kd > h.channels[kurt_ch].kurtosis)
+              kurt_ch = d;
+          }
+        }
+        std::sort(k.begin(), k.end());
+        const double kmed = k.empty()      ? NAN
+                            : k.size() % 2 ? k[k.size() / 2]
+                                           : 0.5 * (k[k.size() / 2 - 1] + k[k.size() / 2]);
+        const double amax = h.channels[amax_ch].amax, kmax = h.channels[kurt_ch].kurtosis;
+        std::string outl;
+        for (int64_t d : h.outliers) outl += (outl.empty() ? "" : ", ") + std::to_string(d);
+        fmt::print(
+            "{:<22} {:>4} {:>7} {:>10.4g} {:>9.4g} ({:>4}) {:>7.1f}x {:>9.3g} {:>9.3g} ({:>4})  "
+            "{}\n",
+            name, h.head, x.shape.tokens, h.amax_median, amax, amax_ch,
+            h.amax_median > 0 ? amax / h.amax_median : NAN, kmed, kmax, kurt_ch,
+            outl.empty() ? "-" : outl);
+        n_out += static_cast<int64_t>(h.outliers.size());
+        n_ch += static_cast<int64_t>(h.channels.size());
+        json chans = json::array();
+        for (const auto& cs : h.channels)
+          chans.push_back({{"amax", number(cs.amax)},
+                           {"mean", number(cs.mean)},
+                           {"std", number(cs.std)},
+                           {"kurtosis", number(cs.kurtosis)}});
+        doc.push_back({{"tensor", name},
+                       {"head", h.head},
+                       {"tokens", x.shape.tokens},
+                       {"amax_median", number(h.amax_median)},
+                       {"outliers", h.outliers},
+                       {"channels", std::move(chans)}});
+      }
+    }
+    fmt::print("{} outlier channel{} of {} (threshold {:g}x the head's median amax)\n", n_out,
+               n_out == 1 ? "" : "s", n_ch, o->threshold);
+    if (!o->json_out.empty())
+      write_file_atomic(
+          o->json_out, json{{"threshold", o->threshold}, {"heads", std::move(doc)}}.dump(1) + "\n");
+  });
+}
+
+}  // namespace kvq::cli
