@@ -144,6 +144,7 @@ def scatter(ax, rs, col, get_x, get_y):
 
 def bytes_axis(ax, by_bytes):
     ax.set_xscale("log", base=2)
+    ax.margins(x=0.18)  # room for the labels of the first and last points
     if by_bytes:
         ax.xaxis.set_major_formatter(
             FuncFormatter(lambda v, _: f"{v / 1024:g} KiB" if v >= 1024 else f"{v:g} B"))
@@ -174,7 +175,7 @@ def plot_synthetic(rs, out, where):
     fig.savefig(os.path.join(out, "synthetic_snr.png"), dpi=130)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(8.5, 5.0))
     pts, by_bytes = scatter(ax, rs, col, lambda r: x_of(r),
                             lambda r: r["attn_kl"] if r["attn_kl"] > 0 else None)
     ax.set_yscale("log")
@@ -182,7 +183,7 @@ def plot_synthetic(rs, out, where):
     ax.set_xlabel("K + V bytes per token (all heads)" if by_bytes
                   else "key bits per element (rows without bytes)")
     ax.set_ylabel("attention KL(p_fp32 || p_scheme)")
-    ax.set_title(f"decode attention error, synthetic K/V\n({cfg}) - {where}", fontsize=9)
+    ax.set_title(f"decode attention error, synthetic K/V\n{cfg}\n{where}", fontsize=8)
     ax.grid(alpha=0.3, which="both")
     place_labels(ax, pts)
     ax.legend(fontsize=7)
