@@ -8,6 +8,13 @@
 
 namespace kvq {
 
+double median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size();
+  return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
 std::vector<HeadStats> channel_stats(const Tensor3& x, double threshold) {
   const Shape3 s = x.shape;
   KVQ_CHECK(s.tokens > 0 && s.heads > 0 && s.dim > 0, "stats: empty tensor [{}, {}, {}]", s.tokens,
@@ -41,9 +48,7 @@ std::vector<HeadStats> channel_stats(const Tensor3& x, double threshold) {
     }
     std::vector<double> a;
     for (const auto& c : hs.channels) a.push_back(c.amax);
-    std::sort(a.begin(), a.end());
-    const size_t m = a.size();
-    hs.amax_median = m % 2 ? a[m / 2] : 0.5 * (a[m / 2 - 1] + a[m / 2]);
+    hs.amax_median = median(std::move(a));
     for (int64_t d = 0; d < s.dim; ++d)
       if (hs.amax_median > 0 &&
           hs.channels[static_cast<size_t>(d)].amax > threshold * hs.amax_median)

@@ -24,6 +24,9 @@ struct HeadStats {
   std::vector<int64_t> outliers;
 };
 
+/// \brief The median of v (the mean of the middle two for an even count); NaN when v is empty.
+double median(std::vector<double> v);
+
 /// \brief Statistics of x [tokens, heads, dim] per head and channel; threshold > 0.
 std::vector<HeadStats> channel_stats(const Tensor3& x, double threshold);
 

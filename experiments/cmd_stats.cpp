@@ -84,10 +84,7 @@ void register_stats(CLI::App& app) {
               kurt_ch = d;
           }
         }
-        std::sort(k.begin(), k.end());
-        const double kmed = k.empty()      ? NAN
-                            : k.size() % 2 ? k[k.size() / 2]
-                                           : 0.5 * (k[k.size() / 2 - 1] + k[k.size() / 2]);
+        const double kmed = median(std::move(k));
         const double amax = h.channels[amax_ch].amax, kmax = h.channels[kurt_ch].kurtosis;
         std::string outl;
         for (int64_t d : h.outliers) outl += (outl.empty() ? "" : ", ") + std::to_string(d);
