@@ -11,7 +11,7 @@ namespace kvq {
 namespace {
 
 constexpr const char* kSchemes =
-    "fp32, bf16, fp16, fp8_e4m3, fp8_e4m3fnuz, fp8_e5m2, int2|int3|int4|int8, "
+    "fp32, bf16, fp16, fp8_e4m3 (alias fp8), fp8_e4m3fnuz, fp8_e5m2, int2|int3|int4|int8, "
     "kivi2|kivi3|kivi4|kivi8";
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
@@ -72,7 +72,8 @@ std::string_view to_string(Role r) { return r == Role::Key ? "key" : "value"; }
 SchemeSpec parse_spec(std::string_view text) {
   if (text.empty()) fail("empty scheme spec (allowed schemes: {})", kSchemes);
   const size_t colon = text.find(':');
-  const std::string_view name = text.substr(0, colon);
+  std::string_view name = text.substr(0, colon);
+  if (name == "fp8") name = "fp8_e4m3";  // vLLM's --kv-cache-dtype fp8 is E4M3
   const std::string_view params = colon == std::string_view::npos ? "" : text.substr(colon + 1);
   if (colon != std::string_view::npos && params.empty())
     fail("bad scheme spec '{}': nothing after ':' (write NAME or NAME:key=value,...)", text);
@@ -201,7 +202,9 @@ SchemeSpec parse_spec(std::string_view text) {
         "effect with {}",
         text, s.fp8.source != ScaleSource::Dynamic ? "a fixed scale" : "gran=token");
   if (s.kind == SchemeKind::Int) {
-    if (!s.q.kivi && (!seen.count("k") || !seen.count("v")))
+    // A bare int<B> takes KIVI's axes (keys per channel, values per token; `kvq plan`'s old
+    // shorthand); with parameters both axes must be named.
+    if (!s.q.kivi && !params.empty() && (!seen.count("k") || !seen.count("v")))
       fail("bad scheme spec '{}': {} needs both axes, e.g. {}:k=channel,v=token (or use kivi{})",
            text, name, name, s.q.bits);
     const bool channel_side = s.q.key_axis == Axis::Channel || s.q.value_axis == Axis::Channel;

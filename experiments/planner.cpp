@@ -132,17 +132,10 @@ Gpu resolve_gpu(const std::optional<std::string>& preset, const std::optional<do
 }
 
 SchemeSpec parse_kv(std::string_view text) {
-  std::string s(text);
-  if (s == "fp8")
-    s = "fp8_e4m3";
-  else if (s.starts_with("fp8:"))
-    s = "fp8_e4m3" + s.substr(3);
-  else if (s == "int2" || s == "int3" || s == "int4" || s == "int8")
-    s += ":k=channel,v=token";
   try {
-    return parse_spec(s);
+    return parse_spec(text);  // fp8 and bare int<B> are spec aliases everywhere
   } catch (const Error& e) {
-    fail("--kv: {}; --kv also takes fp8, int2, int3, int4, int8", e.what());
+    fail("--kv: {}", e.what());
   }
 }
 

@@ -83,15 +83,21 @@ TEST(Spec, ErrorsNameTheBadPartAndListAllowed) {
             std::string::npos);
   EXPECT_NE(error_of("fp8_e4m3:scale=-1").find("scale=-1"), std::string::npos);
   EXPECT_NE(error_of("fp8_e4m3:scale=calib:").find("needs a file"), std::string::npos);
-  EXPECT_NE(error_of("fp8_e4m3:g=32").find("unknown parameter 'g' for fp8_e4m3 (allowed: first, gran, scale)"),
+  EXPECT_NE(error_of("fp8_e4m3:g=32")
+                .find("unknown parameter 'g' for fp8_e4m3 (allowed: first, gran, scale)"),
             std::string::npos);
   EXPECT_NE(error_of("int5:k=token,v=token").find("5 bits not supported (allowed: 2, 3, 4, 8)"),
             std::string::npos);
-  EXPECT_NE(error_of("kivi2:g=48").find("g=48 (allowed: a power of two from 8 to 256"), std::string::npos);
+  EXPECT_NE(error_of("kivi2:g=48").find("g=48 (allowed: a power of two from 8 to 256"),
+            std::string::npos);
   EXPECT_NE(error_of("kivi2:g=512").find("g=512"), std::string::npos);
-  EXPECT_NE(error_of("kivi2:g=32,r=100").find("r=100 must be a multiple of g=32"), std::string::npos);
+  EXPECT_NE(error_of("kivi2:g=32,r=100").find("r=100 must be a multiple of g=32"),
+            std::string::npos);
   EXPECT_NE(error_of("int2:k=channel").find("needs both axes"), std::string::npos);
-  EXPECT_NE(error_of("int2:k=row,v=token").find("k=row (allowed: channel, token)"), std::string::npos);
+  EXPECT_NE(error_of("int2:v=token,g=64").find("needs both axes"), std::string::npos);
+  EXPECT_NE(error_of("int4:g=64").find("needs both axes"), std::string::npos);
+  EXPECT_NE(error_of("int2:k=row,v=token").find("k=row (allowed: channel, token)"),
+            std::string::npos);
   EXPECT_NE(error_of("kivi2:k=token").find("unknown parameter 'k'"), std::string::npos);
   EXPECT_NE(error_of("bf16:gran=head").find("takes no parameters"), std::string::npos);
   EXPECT_NE(error_of("kivi2:g=32,g=64").find("given twice"), std::string::npos);
@@ -100,6 +106,16 @@ TEST(Spec, ErrorsNameTheBadPartAndListAllowed) {
   EXPECT_NE(error_of("kivi2:r=abc").find("r=abc is not an integer"), std::string::npos);
   // Per-token-only schemes need no R multiple of G.
   EXPECT_EQ(error_of("int2:k=token,v=token,g=32,r=100"), "");
+}
+
+// Issue 14: the names other tools use are spec aliases in every command (they used to work in
+// `kvq plan --kv` only): vLLM's fp8 is E4M3; a bare int<B> takes KIVI's axes (keys per channel,
+// values per token), as `kvq plan` always documented; with parameters both axes are named.
+TEST(Spec, AliasesFromOtherTools_sameCanonicalSpec) {
+  EXPECT_EQ(parse_spec("fp8").canonical(), parse_spec("fp8_e4m3").canonical());
+  EXPECT_EQ(parse_spec("fp8:gran=head,scale=1").canonical(), "fp8_e4m3:gran=head,scale=1");
+  EXPECT_EQ(parse_spec("int2").canonical(), "int2:k=channel,v=token,g=32,r=0");
+  EXPECT_EQ(parse_spec("int8").canonical(), parse_spec("int8:k=channel,v=token").canonical());
 }
 
 }  // namespace
