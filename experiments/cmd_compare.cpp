@@ -15,11 +15,15 @@ namespace {
 void add_synth_options(CLI::App* c, SyntheticSpec& s) {
   c->add_option("--tokens", s.shape.tokens, "tokens")->check(at_least(1))->capture_default_str();
   c->add_option("--heads", s.shape.heads, "kv heads")->check(at_least(1))->capture_default_str();
-  c->add_option("--head-dim", s.shape.dim, "channels per head")->check(at_least(1))->capture_default_str();
+  c->add_option("--head-dim", s.shape.dim, "channels per head")
+      ->check(at_least(1))
+      ->capture_default_str();
   c->add_option("--outliers", s.outlier_channels, "outlier channels per head")
-      ->check(at_least(0))->capture_default_str();
+      ->check(at_least(0))
+      ->capture_default_str();
   c->add_option("--outlier-scale", s.outlier_scale, "outlier magnitude multiplier")
-      ->check(above_zero())->capture_default_str();
+      ->check(above_zero())
+      ->capture_default_str();
   c->add_option("--seed", s.seed, "random seed")->capture_default_str();
 }
 
@@ -28,9 +32,10 @@ void add_synth_options(CLI::App* c, SyntheticSpec& s) {
 void register_synth(CLI::App& app) {
   auto s = std::make_shared<SyntheticSpec>();
   auto out = std::make_shared<std::string>();
-  auto* c = app.add_subcommand("synth",
-                               "Write a deterministic synthetic K/V tensor [tokens, heads, head_dim] "
-                               "with outlier channels (float32 npy).\nExample: kvq synth k.npy --tokens 1000");
+  auto* c = app.add_subcommand(
+      "synth",
+      "Write a deterministic synthetic K/V tensor [tokens, heads, head_dim] "
+      "with outlier channels (float32 npy).\nExample: kvq synth k.npy --tokens 1000");
   add_synth_options(c, *s);
   c->add_option("output", *out, "output npy")->required();
   c->callback([s, out] {
@@ -58,12 +63,17 @@ void register_compare(CLI::App& app) {
       "compare",
       "Quantize one tensor under several schemes and print a table of bits and errors.\n"
       "Without an input file it uses a synthetic tensor with outlier channels (see 'kvq synth').\n"
-      "Example: kvq compare --role key k.npy --schemes bf16 fp8_e4m3:gran=channel kivi2");
-  c->add_option("--schemes", o->schemes, "scheme specs (space separated)")->capture_default_str();
-  c->add_option("--role", o->role, "key or value")->check(CLI::IsMember({"key", "value"}))->capture_default_str();
+      "Example: kvq compare --role key k.npy --kv bf16 fp8_e4m3:gran=channel kivi2");
+  c->add_option("--kv", o->schemes, "KV scheme specs, space separated, one row each")
+      ->capture_default_str();
+  c->add_option("--schemes", o->schemes, "the old name of --kv")->group("");  // hidden alias
+  c->add_option("--role", o->role, "key or value")
+      ->check(CLI::IsMember({"key", "value"}))
+      ->capture_default_str();
   c->add_option("--json", o->json, "also write every row as JSON lines to this file (atomically)");
-  c->add_option("input", o->in,
-                "input npy or FILE.safetensors:TENSOR, [tokens, heads, head_dim] or [tokens, head_dim]");
+  c->add_option(
+      "input", o->in,
+      "input npy or FILE.safetensors:TENSOR, [tokens, heads, head_dim] or [tokens, head_dim]");
   add_synth_options(c, o->synth);
   c->callback([o] {
     const Tensor3 x = o->in.empty() ? synthetic_kv(o->synth) : load_kv(o->in).tensor;
@@ -71,11 +81,14 @@ void register_compare(CLI::App& app) {
     std::vector<SchemeSpec> specs;
     for (const auto& s : o->schemes) specs.push_back(parse_spec(s));  // fail before any work
     if (o->in.empty())
-      fmt::print("input: synthetic [{} tokens, {} heads, {} dim], {} outlier channels x{} per head, seed {}\n",
-                 x.shape.tokens, x.shape.heads, x.shape.dim, o->synth.outlier_channels,
-                 o->synth.outlier_scale, o->synth.seed);
+      fmt::print(
+          "input: synthetic [{} tokens, {} heads, {} dim], {} outlier channels x{} per head, seed "
+          "{}\n",
+          x.shape.tokens, x.shape.heads, x.shape.dim, o->synth.outlier_channels,
+          o->synth.outlier_scale, o->synth.seed);
     else
-      fmt::print("input: {} [{} tokens, {} heads, {} dim]\n", o->in, x.shape.tokens, x.shape.heads, x.shape.dim);
+      fmt::print("input: {} [{} tokens, {} heads, {} dim]\n", o->in, x.shape.tokens, x.shape.heads,
+                 x.shape.dim);
     fmt::print("role: {}\n\n", o->role);
     fmt::print("{:<40} {:>7} {:>11} {:>8} {:>10} {:>10}\n", "scheme", "bits", "nmse", "snr_db",
                "max_err", "cosine");
@@ -86,7 +99,8 @@ void register_compare(CLI::App& app) {
       lines += j.dump() + "\n";
       fmt::print("{:<40} {:>7.3f} {:>11.3e} {:>8} {:>10.4g} {:>10.6f}\n", spec.canonical(),
                  j["effective_bits"].get<double>(), j["nmse"].get<double>(),
-                 j["snr_db"].is_null() ? std::string("exact") : fmt::format("{:.2f}", j["snr_db"].get<double>()),
+                 j["snr_db"].is_null() ? std::string("exact")
+                                       : fmt::format("{:.2f}", j["snr_db"].get<double>()),
                  j["max_abs_err"].get<double>(), j["cosine"].get<double>());
     }
     if (!o->json.empty()) write_file_atomic(o->json, lines);

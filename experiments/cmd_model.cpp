@@ -107,11 +107,19 @@ void write_json(const std::string& path, const nlohmann::json& j) {
   if (!path.empty()) write_file_atomic(path, j.dump(2) + "\n");
 }
 
+// The prompt: --prompt TEXT, or --text FILE ('kjv': the King James Bible); --prompt-file is the
+// old name of --text.
 std::string prompt_text(const std::string& prompt, const std::string& file) {
-  if (!prompt.empty() && !file.empty()) fail("give --prompt or --prompt-file, not both");
-  if (!file.empty()) return read_file(file);
-  if (prompt.empty()) fail("no prompt: give --prompt TEXT or --prompt-file FILE");
+  if (!prompt.empty() && !file.empty()) fail("give --prompt or --text, not both");
+  if (!file.empty()) return read_file(text_path(file));
+  if (prompt.empty()) fail("no prompt: give --prompt TEXT or --text FILE (or --text kjv)");
   return prompt;
+}
+
+// --text FILE (the prompt's file, or 'kjv') and its old name --prompt-file, hidden.
+void add_text_option(CLI::App* c, std::string& file) {
+  c->add_option("--text", file, "file holding the prompt, or 'kjv' (the King James Bible)");
+  c->add_option("--prompt-file", file, "the old name of --text")->group("");
 }
 
 std::vector<int32_t> encode_prompt(const Tokenizer& t, const std::string& text, bool chat) {
@@ -132,7 +140,7 @@ void register_generate(CLI::App* model) {
                                               "Example: kvq model generate --kv kivi2 --chat --prompt 'What is gravity?' -n 80");
   add_common(c, *o);
   c->add_option("--prompt", o->prompt, "prompt text");
-  c->add_option("--prompt-file", o->prompt_file, "file holding the prompt");
+  add_text_option(c, o->prompt_file);
   c->add_option("-n", o->n, "tokens to generate")->check(at_least(1))->capture_default_str();
   c->add_flag("--chat", o->chat, "wrap the prompt in the instruct chat template");
   c->callback([o] {
@@ -224,11 +232,11 @@ void register_diverge(CLI::App* model) {
   auto* c = model->add_subcommand("diverge",
                                   "Greedy outputs of two caches side by side: the index of the first differing token\n"
                                   "and teacher-forced per-step top-1 agreement.\n"
-                                  "Example: kvq model diverge --kv kivi2 --vs fp32 --prompt-file p.txt -n 100");
+                                  "Example: kvq model diverge --kv kivi2 --vs fp32 --text p.txt -n 100");
   add_common(c, *o);
   c->add_option("--vs", o->vs, "reference scheme")->capture_default_str();
   c->add_option("--prompt", o->prompt, "prompt text");
-  c->add_option("--prompt-file", o->prompt_file, "file holding the prompt");
+  add_text_option(c, o->prompt_file);
   c->add_option("-n", o->n, "tokens to generate")->check(at_least(1))->capture_default_str();
   c->add_flag("--chat", o->chat, "wrap the prompt in the instruct chat template");
   c->callback([o] {
@@ -336,14 +344,14 @@ void register_dump(CLI::App* model) {
   auto o = std::make_shared<O>();
   auto* c = model->add_subcommand("dump", "Per-layer K (post-RoPE and pre-RoPE) and V of a prompt, as safetensors\n"
                                           "(layer.L.k, layer.L.k_pre, layer.L.v: [tokens, kv_heads, head_dim] float32).\n"
-                                          "Example: kvq model dump --prompt-file p.txt --out kv.safetensors");
+                                          "Example: kvq model dump --text p.txt --out kv.safetensors");
   add_common(c, *o, false);
   c->add_option("--prompt", o->prompt, "prompt text");
-  c->add_option("--prompt-file", o->prompt_file, "file holding the prompt ('kjv' for the Bible)");
+  add_text_option(c, o->prompt_file);
   c->add_option("--max-tokens", o->max_tokens, "truncate the prompt to N tokens")->check(at_least(1))->capture_default_str();
   c->add_option("--out", o->out, "output .safetensors")->required();
   c->callback([o] {
-    const std::string text = o->prompt_file.empty() ? prompt_text(o->prompt, "") : read_file(text_path(o->prompt_file));
+    const std::string text = prompt_text(o->prompt, o->prompt_file);
     const Loaded& L = load(*o);
     auto ids = L.tok.encode(text);
     if (static_cast<int64_t>(ids.size()) > o->max_tokens) ids.resize(static_cast<size_t>(o->max_tokens));
@@ -432,16 +440,16 @@ void register_logits(CLI::App* model) {
   o->kv = "fp32";
   auto* c = model->add_subcommand("logits", "Next-token logits of every position of a text (float32 npy [tokens, vocab]) and\n"
                                             "its token ids (JSON), for comparison with other implementations.\n"
-                                            "Example: kvq model logits --prompt-file kjv --max-tokens 300 --out l.npy --ids-out ids.json");
+                                            "Example: kvq model logits --text kjv --max-tokens 300 --out l.npy --ids-out ids.json");
   add_common(c, *o);
   c->add_option("--prompt", o->prompt, "prompt text");
-  c->add_option("--prompt-file", o->prompt_file, "file holding the text ('kjv' for the Bible)");
+  add_text_option(c, o->prompt_file);
   c->add_option("--max-tokens", o->max_tokens, "truncate to N tokens")->check(at_least(1))->capture_default_str();
   c->add_option("--out", o->out, "output logits .npy")->required();
   c->add_option("--ids-out", o->ids_out, "also write the token ids as a JSON array");
   c->callback([o] {
     const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
-    const std::string text = o->prompt_file.empty() ? prompt_text(o->prompt, "") : read_file(text_path(o->prompt_file));
+    const std::string text = prompt_text(o->prompt, o->prompt_file);
     const Loaded& L = load(*o);
     auto ids = L.tok.encode(text);
     if (static_cast<int64_t>(ids.size()) > o->max_tokens) ids.resize(static_cast<size_t>(o->max_tokens));

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "core/io.h"
 #include "core/npy.h"
 #include "core/spec.h"
@@ -23,13 +24,13 @@ void register_quant(CLI::App& app) {
       "quant",
       "Quantize and dequantize one layer's K or V tensor as a scheme stores it; write the values\n"
       "read back (float32 npy, same shape) and print the error as JSON.\n"
-      "Example: kvq quant --scheme fp8_e4m3:gran=head --role key k.npy k_q.npy --stats k.json");
+      "Example: kvq quant --kv fp8_e4m3:gran=head --role key k.npy k_q.npy --stats k.json");
   c->add_option(
-       "--scheme,-s", o->scheme,
-       "scheme spec: fp32 | bf16 | fp16 | "
-       "fp8_e4m3|fp8_e4m3fnuz|fp8_e5m2[:gran=tensor|head|token|channel]"
-       "[,scale=dynamic|<num>|calib:FILE] | int<B>:k=..,v=..[,g=G,r=R,sym] | kivi<B>[:g=G,r=R]")
-      ->required();
+      "--kv", o->scheme,
+      "KV scheme spec (required): fp32 | bf16 | fp16 | "
+      "fp8_e4m3|fp8_e4m3fnuz|fp8_e5m2[:gran=tensor|head|token|channel]"
+      "[,scale=dynamic|<num>|calib:FILE] | int<B>:k=..,v=..[,g=G,r=R,sym] | kivi<B>[:g=G,r=R]");
+  c->add_option("--scheme,-s", o->scheme, "the old name of --kv")->group("");  // hidden alias
   c->add_option("--role", o->role, "key or value: schemes with per-role axes (int, kivi) use it")
       ->check(CLI::IsMember({"key", "value"}))
       ->capture_default_str();
@@ -37,14 +38,18 @@ void register_quant(CLI::App& app) {
       ->check(at_least(0))
       ->capture_default_str();
   c->add_option("--stats", o->stats, "also write the JSON report to this file (atomically)");
-  c->add_option("input", o->in,
-                "input: an npy (float16/32/64, either byte order) or FILE.safetensors:TENSOR (e.g. a\n"
-                "`kvq model dump`'s kv.safetensors:layer.3.k), [tokens, heads, head_dim] or [tokens, head_dim]")
+  c->add_option(
+       "input", o->in,
+       "input: an npy (float16/32/64, either byte order) or FILE.safetensors:TENSOR (e.g. a\n"
+       "`kvq model dump`'s kv.safetensors:layer.3.k), [tokens, heads, head_dim] or [tokens, "
+       "head_dim]")
       ->required();
   c->add_option("output", o->out,
                 "output npy: float32, same shape, the values the cache reads back")
       ->required();
   c->callback([o] {
+    KVQ_CHECK(!o->scheme.empty(),
+              "--kv is required: the scheme spec, e.g. --kv kivi2 (see --help)");
     const SchemeSpec spec = parse_spec(o->scheme);
     const Role role = o->role == "key" ? Role::Key : Role::Value;
     const KvInput in = load_kv(o->in);

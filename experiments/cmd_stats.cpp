@@ -34,7 +34,7 @@ void register_stats(CLI::App& app) {
       "a normal), and the outlier channels (amax above --threshold x the head's median channel "
       "amax),\n"
       "which is why KIVI quantizes keys per channel. One line per tensor and head on stdout.\n"
-      "Example: kvq model dump --prompt-file p.txt --out kv.safetensors && kvq stats "
+      "Example: kvq model dump --text p.txt --out kv.safetensors && kvq stats "
       "kv.safetensors");
   c->add_option(
        "input", o->in,

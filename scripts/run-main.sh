@@ -14,7 +14,7 @@ KVQ_WITH_PY=1 scripts/setup.sh
 KVQ=build/${KVQ_PRESET:-default}/experiments/kvq
 echo; echo "== kvq plan =="; "$KVQ" plan
 echo; echo "== kvq compare --role key =="
-"$KVQ" compare --role key --schemes bf16 fp8_e4m3:gran=tensor fp8_e4m3:gran=head fp8_e4m3:gran=token \
+"$KVQ" compare --role key --kv bf16 fp8_e4m3:gran=tensor fp8_e4m3:gran=head fp8_e4m3:gran=token \
   fp8_e4m3:gran=channel fp8_e5m2:gran=token kivi8 kivi4 kivi2 int2:k=token,v=token
 echo; echo "== kvq run experiments/configs/default.toml =="
 "$KVQ" run experiments/configs/default.toml

@@ -164,7 +164,7 @@ TEST_F(QuantCli, BadInputsGiveOneLineAndNonzeroExit) {
   expect_one_line_error("quant -s fp8_e4m3:gran=row " + path("ok.npy") + out, "gran=row");
   expect_one_line_error("quant -s nf4 " + path("ok.npy") + out, "unknown scheme 'nf4'");
   expect_one_line_error("quant -s fp8_e4m3 --role query " + path("ok.npy") + out, "--role");
-  expect_one_line_error("quant " + path("ok.npy") + out, "--scheme");
+  expect_one_line_error("quant " + path("ok.npy") + out, "--kv is required");
   EXPECT_FALSE(std::filesystem::exists(path("o.npy"))) << "no output written on error";
 }
 
@@ -222,6 +222,30 @@ TEST_F(QuantCli, Float64BigEndianAndSafetensorsInputs_sameResultAsFloat32Npy) {
                         "holds 2 tensors; name one as");
   expect_one_line_error(q + path("kv.safetensors") + ":layer.9.k " + path("o.npy"),
                         "no tensor 'layer.9.k' (tensors: layer.0.k, layer.0.v)");
+}
+
+// Issue 14: one name per concept. --kv names the scheme in quant and compare as in the model
+// commands and the planner; --scheme/-s and --schemes stay as hidden aliases (same output).
+TEST_F(QuantCli, KvIsTheSchemeFlagEverywhere_oldNamesHiddenAliases) {
+  std::vector<float> x(6 * 2 * 8);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 13) - 6.0f;
+  write_npy(path("k.npy"), {6, 2, 8}, x.data());
+  const auto a =
+      run_kvq("quant --kv fp8_e4m3:gran=head --role key " + path("k.npy") + " " + path("a.npy"));
+  const auto b =
+      run_kvq("quant -s fp8_e4m3:gran=head --role key " + path("k.npy") + " " + path("b.npy"));
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(testing::slurp(dir_ / "a.npy"), testing::slurp(dir_ / "b.npy"));
+  const auto c = run_kvq("compare --role key " + path("k.npy") + " --kv bf16 kivi2:g=8,r=0");
+  const auto d = run_kvq("compare --role key " + path("k.npy") + " --schemes bf16 kivi2:g=8,r=0");
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_EQ(c.out, d.out);
+  EXPECT_NE(c.out.find("kivi2:g=8,r=0"), std::string::npos) << c.out;
+  const auto h = run_kvq("quant --help");
+  EXPECT_NE(h.out.find("--kv"), std::string::npos) << h.out;
+  EXPECT_EQ(h.out.find("--scheme"), std::string::npos) << "the old name is hidden: " << h.out;
 }
 
 }  // namespace
