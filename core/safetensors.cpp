@@ -9,7 +9,19 @@
 
 namespace kvq {
 
-void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+namespace {
+
+size_t dtype_size(const std::string& dt) {
+  if (dt == "U8" || dt == "I8" || dt == "BOOL") return 1;
+  if (dt == "U16" || dt == "I16" || dt == "F16" || dt == "BF16") return 2;
+  if (dt == "U32" || dt == "I32" || dt == "F32") return 4;
+  if (dt == "U64" || dt == "I64" || dt == "F64") return 8;
+  fail("safetensors: unknown dtype {}", dt);
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<RawTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json h;
   if (!metadata.empty()) h["__metadata__"] = metadata;
@@ -17,10 +29,11 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   for (const auto& t : tensors) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    KVQ_CHECK(n == static_cast<int64_t>(t.data.size()), "safetensors: tensor {} has {} values for shape of {}",
-              t.name, t.data.size(), n);
-    h[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + 4 * static_cast<uint64_t>(n)}}};
-    off += 4 * static_cast<uint64_t>(n);
+    const uint64_t bytes = static_cast<uint64_t>(n) * dtype_size(t.dtype);
+    KVQ_CHECK(bytes == t.bytes.size(), "safetensors: tensor {} has {} bytes for {} {} values",
+              t.name, t.bytes.size(), n, t.dtype);
+    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
+    off += bytes;
   }
   std::string header = h.dump();
   header.append((8 - header.size() % 8) % 8, ' ');
@@ -28,8 +41,22 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   const uint64_t len = header.size();
   std::memcpy(out.data(), &len, 8);
   out += header;
-  for (const auto& t : tensors) out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size() * 4);
+  for (const auto& t : tensors) out += t.bytes;
   write_file_atomic(path, out);
+}
+
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<RawTensor> raw;
+  for (const auto& t : tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    KVQ_CHECK(n == static_cast<int64_t>(t.data.size()),
+              "safetensors: tensor {} has {} values for shape of {}", t.name, t.data.size(), n);
+    raw.push_back({t.name, "F32", t.shape,
+                   std::string(reinterpret_cast<const char*>(t.data.data()), t.data.size() * 4)});
+  }
+  write_safetensors(path, raw, metadata);
 }
 
 std::vector<NamedTensor> read_safetensors(const std::string& path) {
@@ -49,8 +76,9 @@ std::vector<NamedTensor> read_safetensors(const std::string& path) {
   std::vector<NamedTensor> out;
   for (const auto& [name, e] : h.items()) {
     if (name == "__metadata__") continue;
-    KVQ_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"),
-              "{}: tensor '{}' lacks dtype, shape or data_offsets", path, name);
+    KVQ_CHECK(
+        e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"),
+        "{}: tensor '{}' lacks dtype, shape or data_offsets", path, name);
     const std::string dt = e["dtype"].get<std::string>();
     const size_t item = dt == "F32" ? 4 : (dt == "F16" || dt == "BF16") ? 2 : 0;
     KVQ_CHECK(item, "{}: tensor '{}' has dtype {} (supported: F32, F16, BF16)", path, name, dt);
@@ -58,14 +86,19 @@ std::vector<NamedTensor> read_safetensors(const std::string& path) {
     t.name = name;
     uint64_t n = 1;
     for (const auto& d : e["shape"]) {
-      KVQ_CHECK(d.is_number_unsigned() && d.get<uint64_t>() < (1ull << 40), "{}: tensor '{}' has a bad shape", path, name);
+      KVQ_CHECK(d.is_number_unsigned() && d.get<uint64_t>() < (1ull << 40),
+                "{}: tensor '{}' has a bad shape", path, name);
       t.shape.push_back(d.get<int64_t>());
       n *= d.get<uint64_t>();
       KVQ_CHECK(n < (1ull << 40), "{}: tensor '{}' is too large", path, name);
     }
-    const uint64_t a = e["data_offsets"][0].get<uint64_t>(), z = e["data_offsets"][1].get<uint64_t>();
-    KVQ_CHECK(a <= z && z <= data_len, "{}: tensor '{}' data [{}, {}) lies outside the {} data bytes", path, name, a, z, data_len);
-    KVQ_CHECK(z - a == n * item, "{}: tensor '{}' has {} bytes for {} values of {}", path, name, z - a, n, dt);
+    const uint64_t a = e["data_offsets"][0].get<uint64_t>(),
+                   z = e["data_offsets"][1].get<uint64_t>();
+    KVQ_CHECK(a <= z && z <= data_len,
+              "{}: tensor '{}' data [{}, {}) lies outside the {} data bytes", path, name, a, z,
+              data_len);
+    KVQ_CHECK(z - a == n * item, "{}: tensor '{}' has {} bytes for {} values of {}", path, name,
+              z - a, n, dt);
     t.data.resize(n);
     const char* p = b.data() + data0 + a;
     for (uint64_t i = 0; i < n; ++i) {

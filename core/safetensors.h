@@ -17,6 +17,18 @@ struct NamedTensor {
   std::vector<float> data;
 };
 
+/// \brief A tensor of any safetensors dtype as raw little-endian bytes (U8, U16, U32, F16, F32...).
+struct RawTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+/// \brief Writes raw tensors and string metadata atomically; each tensor's byte count must be its
+/// shape's element count times its dtype's size.
+void write_safetensors(const std::string& path, const std::vector<RawTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
 /// \brief Writes tensors (F32) and string metadata atomically.
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});

@@ -2,12 +2,16 @@
 // nonzero exit, never a crash.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
+#include "core/half.h"
 #include "core/npy.h"
 #include "core/safetensors.h"
+#include "fp8/format.h"
 #include "tests/support/run_cli.h"
 
 namespace kvq {
@@ -246,6 +250,100 @@ TEST_F(QuantCli, KvIsTheSchemeFlagEverywhere_oldNamesHiddenAliases) {
   const auto h = run_kvq("quant --help");
   EXPECT_NE(h.out.find("--kv"), std::string::npos) << h.out;
   EXPECT_EQ(h.out.find("--scheme"), std::string::npos) << "the old name is hidden: " << h.out;
+}
+
+// Issue 14: `kvq quant --codes` writes what the cache stores. The test decodes the file with the
+// layout its metadata states (written out here, not kvq's readers) and must get back the values
+// `kvq quant` writes as its output, for a per-channel side, a per-token side and FP8.
+TEST_F(QuantCli, CodesFile_decodedByItsStatedLayout_givesTheOutputValues) {
+  const int64_t T = 40, H = 2, D = 16;
+  std::vector<float> x(static_cast<size_t>(T * H * D));
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(static_cast<int>(i * 7919 % 53) - 26) / 7.0f;
+  write_npy(path("k.npy"), {T, H, D}, x.data());
+  struct Tensor {
+    std::string dtype;
+    std::vector<int64_t> shape;
+    std::string bytes;
+  };
+  auto load = [&](const std::string& f, nlohmann::json& meta) {
+    const std::string b = testing::slurp(dir_ / f);
+    uint64_t n = 0;
+    std::memcpy(&n, b.data(), 8);
+    const auto h = nlohmann::json::parse(b.substr(8, n));
+    std::map<std::string, Tensor> out;
+    for (const auto& [k, v] : h.items()) {
+      if (k == "__metadata__") {
+        meta = v;
+        continue;
+      }
+      const uint64_t a = v["data_offsets"][0], e = v["data_offsets"][1];
+      out[k] = {v["dtype"], v["shape"].get<std::vector<int64_t>>(), b.substr(8 + n + a, e - a)};
+    }
+    return out;
+  };
+  auto u32 = [](const std::string& b, int64_t i) {
+    uint32_t v;
+    std::memcpy(&v, b.data() + 4 * i, 4);
+    return v;
+  };
+  auto f16 = [](const std::string& b, int64_t i) {
+    uint16_t v;
+    std::memcpy(&v, b.data() + 2 * i, 2);
+    return half_bits_to_float(v);
+  };
+  for (const char* spec :
+       {"kivi2:g=16,r=16", "int4:k=token,v=token,g=8,r=8", "fp8_e4m3:gran=token"}) {
+    SCOPED_TRACE(spec);
+    const auto r = run_kvq(std::string("quant --kv ") + spec + " --role key " + path("k.npy") +
+                           " " + path("o.npy") + " --codes " + path("c.safetensors"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    const NpyArray want = read_npy(path("o.npy"));
+    nlohmann::json meta;
+    auto ts = load("c.safetensors", meta);
+    const int64_t qt = std::stoll(meta["quantized_tokens"].get<std::string>());
+    ASSERT_GT(qt, 0);
+    std::vector<float> got(x.size(), NAN);
+    if (std::string(spec).starts_with("fp8")) {
+      EXPECT_EQ(ts["codes"].dtype, "U8");
+      for (int64_t t = 0; t < qt; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          float sc;
+          std::memcpy(&sc, ts["scales"].bytes.data() + 4 * (t * H + h), 4);  // one per (t, h)
+          for (int64_t d = 0; d < D; ++d) {
+            const auto c =
+                static_cast<uint8_t>(ts["codes"].bytes[static_cast<size_t>((t * H + h) * D + d)]);
+            got[static_cast<size_t>((t * H + h) * D + d)] = sc * fp8::decode(Fp8Format::E4M3, c);
+          }
+        }
+    } else {
+      const int B = std::stoi(meta["bits"].get<std::string>()),
+                G = std::stoi(meta["group"].get<std::string>());
+      const int P = 32 / B;
+      const bool channel = meta["axis"] == "channel";
+      const int64_t wpg = (G + P - 1) / P, groups = (D + G - 1) / G;
+      for (int64_t t = 0; t < qt; ++t)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t d = 0; d < D; ++d) {
+            const int64_t p = channel ? ((t / G) * H + h) * D + d : (t * H + h) * groups + d / G;
+            const int64_t w0 = channel ? p * wpg : (t * H + h) * groups * wpg + (d / G) * wpg;
+            const int64_t i = channel ? t % G : d % G;
+            const uint32_t code =
+                (u32(ts["words"].bytes, w0 + i / P) >> (B * (i % P))) & ((1u << B) - 1);
+            got[static_cast<size_t>((t * H + h) * D + d)] =
+                f16(ts["mins"].bytes, p) + f16(ts["scales"].bytes, p) * static_cast<float>(code);
+          }
+    }
+    if (qt < T) {  // the tokens still exact follow
+      ASSERT_EQ(ts["exact_tail"].shape, (std::vector<int64_t>{T - qt, H, D}));
+      std::memcpy(got.data() + qt * H * D, ts["exact_tail"].bytes.data(),
+                  ts["exact_tail"].bytes.size());
+    } else {
+      EXPECT_EQ(ts.count("exact_tail"), 0u);
+    }
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want.data[i], 1e-6f * (1 + std::fabs(want.data[i]))) << "element " << i;
+  }
 }
 
 }  // namespace
