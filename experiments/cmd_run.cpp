@@ -425,7 +425,7 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out) {
 void register_run(CLI::App& app) {
   struct O {
     std::string config, out, model_file, only;
-    bool append = false;
+    bool append = false, check = false;
   };
   auto o = std::make_shared<O>();
   auto* c = app.add_subcommand(
@@ -444,6 +444,8 @@ void register_run(CLI::App& app) {
   c->add_flag("--append", o->append,
               "add rows to an OUT made by a different config (its config is kept; this one is saved\n"
               "beside it as config-N.toml); without it a changed config into an existing OUT is refused");
+  c->add_flag("--check", o->check,
+              "check the config and every row against its shapes, list the rows, run nothing");
   c->callback([o] {
     toml::table cfg;
     const std::string config_text = read_file(o->config);
@@ -521,6 +523,17 @@ void register_run(CLI::App& app) {
     }
     KVQ_CHECK((sp && !sp->specs.empty()) || (mp && !mp->specs.empty()),
               "{}: every scheme was skipped (lines above); nothing to run", o->config);
+    if (o->check) {
+      auto list = [](const char* task, const std::vector<SchemeSpec>& specs) {
+        std::string names;
+        for (const auto& s : specs) names += (names.empty() ? "" : ", ") + s.canonical();
+        fmt::print("{} rows ({}): {}\n", task, specs.size(), names.empty() ? "-" : names);
+      };
+      if (sp) list("synthetic", sp->specs);
+      if (mp) list("model", mp->specs);
+      fmt::print("{}: ok, nothing run (--check)\n", o->config);
+      return;
+    }
     // Only now is anything written.
     const std::string name = get_or<std::string>(cfg, top, "name", "run");
     const std::string out = !o->out.empty() ? o->out : get_or<std::string>(cfg, top, "out", "results/" + name);

@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "experiments/model_files.h"
+
 namespace kvq {
 namespace {
 
@@ -165,6 +167,25 @@ TEST_F(RunCli, ChangedConfigIntoExistingOut_refusedWithoutAppend_settingsAreCsvC
   EXPECT_NE(header.find(",settings.tokens,settings.heads,settings.head_dim,"), std::string::npos)
       << header;
   EXPECT_NE(csv.find(",96,2,64,"), std::string::npos) << csv;
+}
+
+// Every config shipped in experiments/configs passes `kvq run --check` (its keys, types, ranges and
+// every row against the shapes it meets) without running anything. The [model] checks need the
+// fetched model; without it the test says so and skips.
+TEST(RunConfigs, EveryShippedConfigPassesCheck) {
+  if (!std::filesystem::exists(cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf") ||
+      !std::filesystem::exists(cli::model_dir() + "/kjv.txt"))
+    GTEST_SKIP() << "model or text not fetched (scripts/fetch-model.sh, scripts/fetch-text.sh)";
+  int n = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(KVQ_SOURCE_DIR) + "/experiments/configs")) {
+    if (e.path().extension() != ".toml") continue;
+    ++n;
+    const auto r = run_kvq("run --check " + e.path().string());
+    EXPECT_EQ(r.status, 0) << e.path() << ": " << r.err;
+    EXPECT_NE(r.out.find("ok, nothing run (--check)"), std::string::npos) << r.out;
+  }
+  EXPECT_GE(n, 2) << "default.toml and kivi_ablation.toml at least";
 }
 
 }  // namespace
