@@ -2,6 +2,7 @@
 // bound by memory reads gets, for each KV format (REFERENCE.md sections 1 and 5).
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "core/io.h"
 #include "experiments/commands.h"
 #include "experiments/planner.h"
@@ -58,7 +59,8 @@ std::string plan_footer() {
 void register_plan(CLI::App& app) {
   struct Opts {
     planner::PlanInput in;
-    std::string model, gpu, mem, weights, json;
+    std::string model, gpu, mem, weights, json, sweep_csv;
+    std::vector<int64_t> sweep_batch, sweep_ctx;
     int64_t layers = 0, kv_heads = 0, head_dim = 0;
     double params = 0, bandwidth = 0;
   };
@@ -109,6 +111,15 @@ void register_plan(CLI::App& app) {
                              "the table)")
                    ->expected(0, 1);
 
+  c->add_option(
+      "--sweep-csv", o->sweep_csv,
+      "also write a batch x context sweep to this CSV, one row per (batch, decode ctx, KV\n"
+      "format): what the plots read (experiments/plots/plot_plan.py)");
+  c->add_option("--sweep-batch", o->sweep_batch, "decode batches of the sweep (default: --batch)")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--sweep-ctx", o->sweep_ctx,
+                "decode contexts of the sweep in tokens (default: --decode-ctx)")
+      ->check(CLI::PositiveNumber);
   c->callback([o, model, layers, kv_heads, head_dim, params, gpu, bw, weights, mem, json] {
     planner::ModelArgs a;
     if (model->count()) a.preset = o->model;
@@ -130,6 +141,27 @@ void register_plan(CLI::App& app) {
       in.mem_bytes = std::nullopt;
     if (weights->count()) in.weight_bytes = planner::parse_gb(o->weights, "--weights-bytes", true);
     const planner::Plan p = planner::make_plan(in);
+    KVQ_CHECK(!o->sweep_csv.empty() || (o->sweep_batch.empty() && o->sweep_ctx.empty()),
+              "--sweep-batch and --sweep-ctx need --sweep-csv FILE (where the sweep goes)");
+    if (!o->sweep_csv.empty()) {
+      const auto batches = o->sweep_batch.empty() ? std::vector<int64_t>{in.batch} : o->sweep_batch;
+      const auto ctxs = o->sweep_ctx.empty() ? std::vector<int64_t>{in.decode_ctx} : o->sweep_ctx;
+      std::string csv =
+          "kv,spec,batch,decode_ctx,decode_batch,kv_read_bytes,step_ms,tokens_per_s,speedup_vs_"
+          "bf16,"
+          "mem_bytes,weight_bytes\n";
+      for (int64_t c : ctxs)
+        for (int64_t b : batches) {
+          planner::PlanInput si = in;
+          si.batch = b;
+          si.decode_ctx = c;
+          for (const auto& r : planner::make_plan(si).rows)
+            csv += fmt::format("\"{}\",\"{}\",{},{},{},{},{},{},{},{},{}\n", r.kv, r.spec, b, c,
+                               r.decode_batch, r.decode_kv_bytes, r.step_seconds * 1e3,
+                               r.tokens_per_s, r.speedup, p.mem_bytes, p.weight_bytes);
+        }
+      write_file_atomic(o->sweep_csv, csv);
+    }
     const bool to_stdout = json->count() && (o->json.empty() || o->json == "-");
     if (json->count() && !to_stdout)
       write_file_atomic(o->json, planner::plan_json(p).dump(2) + "\n");

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -263,6 +264,45 @@ TEST(plan_cli, JsonToAFile_tableStillPrinted) {
   EXPECT_EQ(
       j["rows"][1]["speedup_vs_bf16"].get<double>(),
       j["rows"][1]["tokens_per_s"].get<double>() / j["rows"][0]["tokens_per_s"].get<double>());
+}
+
+// Issue 14: a batch x context sweep the plots can read. Each CSV row is the plan of that batch and
+// context (checked against the default table: batch 64 at 2,000 tokens gives bf16 6,529 tokens/s),
+// and a batch beyond what fits is capped (55 GB / (32,000 x 128 KiB) = 13 bf16 requests).
+TEST(plan_cli, SweepCsv_oneRowPerBatchContextAndFormat) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("kvq_plan_sweep_" + std::to_string(getpid()) + ".csv");
+  const Result r =
+      run_plan("--kv bf16 kivi2 --sweep-batch 64 256 --sweep-ctx 2000 32000 --sweep-csv '" +
+               path.string() + "'");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::ifstream f(path);
+  std::vector<std::vector<std::string>> rows;
+  for (std::string line; std::getline(f, line);) {
+    std::vector<std::string> cells;
+    std::stringstream ss(line);
+    for (std::string c; std::getline(ss, c, ',');) cells.push_back(c);
+    rows.push_back(cells);
+  }
+  std::filesystem::remove(path);
+  ASSERT_EQ(rows.size(), 1u + 2 * 2 * 2) << "header + batches x contexts x formats";
+  EXPECT_EQ(rows[0][0], "kv");
+  bool seen_default = false, seen_capped = false;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    const auto& c = rows[i];
+    if (c[0] == "\"bf16\"" && c[2] == "64" && c[3] == "2000") {
+      EXPECT_EQ(std::llround(std::stod(c[7])), 6529);
+      seen_default = true;
+    }
+    if (c[0] == "\"bf16\"" && c[2] == "256" && c[3] == "32000") {
+      EXPECT_EQ(c[4], "13");  // floor(55e9 / (32,000 x 131,072 B)) requests fit
+      seen_capped = true;
+    }
+  }
+  EXPECT_TRUE(seen_default && seen_capped);
+  const Result bad = run_plan("--sweep-batch 8");
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.err.find("need --sweep-csv FILE"), std::string::npos) << bad.err;
 }
 
 }  // namespace

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Plots a `kvq plan --sweep-csv` sweep: decode tokens/s against the batch, one line per KV format,
+one panel per decode context (the batch is capped by what fits in the KV memory, so a line stops
+rising where its format runs out of memory).
+
+Usage: .venv/bin/python experiments/plots/plot_plan.py SWEEP.csv [--out plan_sweep.png]
+"""
+import argparse
+import csv
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sweep", help="a CSV written by kvq plan --sweep-csv")
+    ap.add_argument("--out", default="plan_sweep.png")
+    a = ap.parse_args()
+    with open(a.sweep) as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise SystemExit(f"plot_plan: no rows in {a.sweep}")
+    ctxs = sorted({int(r["decode_ctx"]) for r in rows})
+    fig, axes = plt.subplots(1, len(ctxs), figsize=(4.2 * len(ctxs), 3.8), squeeze=False)
+    for ax, c in zip(axes[0], ctxs):
+        lines = defaultdict(list)
+        for r in rows:
+            if int(r["decode_ctx"]) == c:
+                lines[r["kv"]].append((int(r["batch"]), float(r["tokens_per_s"])))
+        for kv, pts in lines.items():
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=kv)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("decode batch (requested)")
+        ax.set_title(f"context {c:,} tokens", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("decode tokens/s (memory-read bound)")
+    axes[0][0].legend(fontsize=7)
+    r0 = rows[0]
+    fig.suptitle(f"kvq plan sweep: KV memory {float(r0['mem_bytes']) / 1e9:.1f} GB, weights "
+                 f"{float(r0['weight_bytes']) / 1e9:.2f} GB ({a.sweep})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=130)
+    print(f"plot in {a.out}")
+
+
+if __name__ == "__main__":
+    main()
