@@ -87,22 +87,6 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
   c->add_option("--json", o.json, "also write the result as JSON to this file (atomically)");
 }
 
-// The first `n` tokens of `text` (all of it for n <= 0) without encoding the whole text: a prefix
-// cut after a newline (no token spans one) is encoded, growing until it yields n tokens.
-std::vector<int32_t> encode_first(const Tokenizer& tok, const std::string& text, int64_t n) {
-  if (n <= 0) return tok.encode(text);
-  for (size_t bytes = static_cast<size_t>(n) * 6 + 1024;; bytes *= 2) {
-    if (bytes >= text.size()) return tok.encode(text);
-    const size_t cut = text.rfind('\n', bytes);
-    if (cut == std::string::npos || cut == 0) continue;
-    auto ids = tok.encode(std::string_view(text).substr(0, cut + 1));
-    if (static_cast<int64_t>(ids.size()) >= n) {
-      ids.resize(static_cast<size_t>(n));
-      return ids;
-    }
-  }
-}
-
 void write_json(const std::string& path, const nlohmann::json& j) {
   if (!path.empty()) write_file_atomic(path, j.dump(2) + "\n");
 }
@@ -197,7 +181,7 @@ void register_ppl(CLI::App* model) {
     for (const auto& a : o->also) cos.push_back(cache_options(a, o->pre_rope, o->hadamard));
     const std::string text = read_file(text_path(o->text));
     const Loaded& L = load(*o);
-    const auto ids = encode_first(L.tok, text, o->p.max_tokens);
+    const auto ids = L.tok.encode_first(text, o->p.max_tokens);
     o->p.threads = o->threads;
     const auto rs = eval::perplexity(L.model, cos, ids, o->p, [](const std::string& m) { fmt::print(stderr, "[ppl] {}\n", m); });
     const eval::PplResult& r = rs.front();
@@ -487,7 +471,7 @@ void register_bench(CLI::App* model) {
     const std::string text = read_file(text_path(o->text));
     const Loaded& L = load(*o);
     const int64_t need = static_cast<int64_t>(o->depth) + std::max(o->prompt, o->gen);
-    const auto ids = encode_first(L.tok, text, need);
+    const auto ids = L.tok.encode_first(text, need);
     KVQ_CHECK(need <= L.model.config().context, "bench: --depth {} + {} tokens exceed the model's context {}",
               o->depth, std::max(o->prompt, o->gen), L.model.config().context);
     KVQ_CHECK(static_cast<int64_t>(ids.size()) >= need, "bench: the text has {} tokens, {} needed", ids.size(), need);

@@ -133,12 +133,8 @@ void register_plan(CLI::App& app) {
                                   bw->count() ? std::optional<double>(o->bandwidth) : std::nullopt);
     const bool scenario = !model->count() && !layers->count() && !kv_heads->count() &&
                           !head_dim->count() && !params->count() && !gpu->count() && !bw->count();
-    if (mem->count())
-      in.mem_bytes = planner::parse_gb(o->mem, "--mem");
-    else if (scenario)
-      in.mem_bytes = 55e9, in.mem_source = "the design note's scenario";
-    else
-      in.mem_bytes = std::nullopt;
+    planner::set_mem(in, mem->count() ? std::optional<std::string>(o->mem) : std::nullopt,
+                     scenario);
     if (weights->count()) in.weight_bytes = planner::parse_gb(o->weights, "--weights-bytes", true);
     const planner::Plan p = planner::make_plan(in);
     KVQ_CHECK(!o->sweep_csv.empty() || (o->sweep_batch.empty() && o->sweep_ctx.empty()),

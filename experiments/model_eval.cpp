@@ -85,6 +85,7 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
       const std::span<const int32_t> part(tok + a, static_cast<size_t>(len));
       m.forward(part, ref, lr, true, o.threads);
       for (size_t s = 0; s < S; ++s) m.forward(part, test[s], lq[s], true, o.threads);
+      if (o.poll) o.poll();
       const int64_t p0 = std::max(first, a), p1 = std::min<int64_t>(a + len, o.ctx - 1);
       if (p1 <= p0) continue;
       // Score the chunk's positions in parallel; sums are taken in position order afterwards.

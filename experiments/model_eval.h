@@ -24,6 +24,8 @@ struct PplOptions {
   int chunk = 256;     ///< prefill chunk: the cache is appended chunk by chunk
   int64_t max_tokens = 0;  ///< use only the first max_tokens tokens of the text (0 = all)
   int threads = 0;
+  /// Called after every chunk; may throw to stop the run (the Python module's Ctrl-C check).
+  std::function<void()> poll;
 };
 
 struct PplResult {

@@ -363,6 +363,15 @@ std::string format_plan(const Plan& p) {
   return out;
 }
 
+void set_mem(PlanInput& in, const std::optional<std::string>& mem, bool scenario) {
+  if (mem)
+    in.mem_bytes = parse_gb(*mem, "--mem");
+  else if (scenario)
+    in.mem_bytes = 55e9, in.mem_source = "the design note's scenario";
+  else
+    in.mem_bytes = std::nullopt;
+}
+
 nlohmann::json plan_json(const Plan& p) {
   const PlanInput& in = p.in;
   nlohmann::json j;

@@ -92,6 +92,11 @@ struct PlanInput {
   std::vector<std::string> kv{"bf16", "fp8", "kivi4", "kivi2"};
 };
 
+/// \brief The KV memory of a plan: `mem` (a size as parse_gb reads it, named --mem in errors);
+/// without it, the design note's 55 GB when `scenario` (no model or GPU was named at all), else
+/// nullopt (kKvMemFraction of the GPU's memory minus the weights).
+void set_mem(PlanInput& in, const std::optional<std::string>& mem, bool scenario);
+
 /// \brief One KV format's row.
 struct PlanRow {
   std::string kv;                        ///< as given on the command line

@@ -279,6 +279,20 @@ bool Tokenizer::is_special(int32_t id) const {
   return special_[static_cast<size_t>(id)] != 0;
 }
 
+std::vector<int32_t> Tokenizer::encode_first(std::string_view text, int64_t n) const {
+  if (n <= 0) return encode(text);
+  for (size_t bytes = static_cast<size_t>(n) * 6 + 1024;; bytes *= 2) {
+    if (bytes >= text.size()) return encode(text);
+    const size_t cut = text.rfind('\n', bytes);
+    if (cut == std::string_view::npos || cut == 0) continue;
+    auto ids = encode(text.substr(0, cut + 1));
+    if (static_cast<int64_t>(ids.size()) >= n) {
+      ids.resize(static_cast<size_t>(n));
+      return ids;
+    }
+  }
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 1);

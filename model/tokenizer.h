@@ -30,6 +30,10 @@ class Tokenizer {
   /// as "<|im_start|>" becomes that token (leftmost, then longest match); otherwise it is
   /// tokenized as ordinary text. No BOS is added (SmolLM2's add_bos_token is false).
   std::vector<int32_t> encode(std::string_view text, bool parse_special = false) const;
+  /// \brief The first `n` tokens of encode(text) (all of them for n <= 0) without encoding the
+  /// whole text: a prefix cut after a newline (no token spans one) is encoded, growing until it
+  /// yields n tokens.
+  std::vector<int32_t> encode_first(std::string_view text, int64_t n) const;
 
   /// \brief The bytes of `ids` concatenated (special tokens as their text). Throws kvq::Error
   /// for an id outside [0, vocab_size()).

@@ -1,0 +1,413 @@
+"""kvq: low-bit KV-cache quantization (KIVI-style 2-4 bit caches and FP8), from Python.
+
+Every function runs the same C++ code as the ``kvq`` command line, so results agree with it bit
+for bit. Schemes are named by the spec grammar the CLI uses (``kvq quant --help``)::
+
+    fp32 | bf16 | fp16
+    fp8_e4m3 | fp8_e4m3fnuz | fp8_e5m2 [:gran=tensor|head|token|channel, scale=dynamic|<num>|calib:FILE]
+    int<B>:k=channel|token,v=channel|token[,g=G,r=R,sym]     B in 2, 3, 4, 8
+    kivi<B>[:g=G,r=R,sym]      (= int<B>:k=channel,v=token with g=32, r=128)
+    fp8 (= fp8_e4m3), int<B> (= int<B>:k=channel,v=token)
+
+Arrays are numpy arrays of float32 or float16 in C order; anything else raises kvq.Error saying
+how to convert. K/V tensors are [tokens, kv_heads, head_dim] (or [tokens, head_dim] for one head).
+Errors are kvq.Error (a ValueError) with the one-line message the CLI prints.
+
+Example::
+
+    import numpy as np, kvq
+    k = np.random.default_rng(0).standard_normal((256, 8, 128), dtype=np.float32)
+    k_hat, stats = kvq.quantize(k, "kivi2", role="key")
+    print(stats["snr_db"], stats["effective_bits"])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _kvq
+
+__all__ = [
+    "Error", "Spec", "parse_spec", "quantize", "compare", "Cache", "plan", "Model",
+    "read_results", "read_text", "model_path",
+]
+__version__ = "0.1.0"
+
+Error = _kvq.Error
+Error.__doc__ = "A bad input or setting; the message names it and says what is allowed."
+Error.__module__ = "kvq"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A parsed scheme spec. ``str(spec)`` is the canonical spelling (every parameter explicit),
+    the key kvq's result rows use.
+
+    Example::
+
+        >>> s = kvq.parse_spec("kivi2:g=32,r=128")
+        >>> s.canonical, s.bits, s.key_axis, s.value_axis
+        ('kivi2:g=32,r=128', 2, 'channel', 'token')
+    """
+
+    canonical: str
+    kind: str  #: fp32, bf16, fp16, fp8 or int
+    bits: Optional[int] = None  #: int: bits per code
+    key_axis: Optional[str] = None  #: int: statistics axis of keys (channel or token)
+    value_axis: Optional[str] = None  #: int: statistics axis of values
+    group: Optional[Union[int, str]] = None  #: int: group size G ("dim": the whole head_dim)
+    residual: Optional[int] = None  #: int: recent tokens kept exact (R)
+    sym: Optional[bool] = None  #: int: symmetric (no zero point)
+    format: Optional[str] = None  #: fp8: e4m3, e4m3fnuz or e5m2
+    gran: Optional[str] = None  #: fp8: tensor, head, token or channel
+    scale: Optional[str] = None  #: fp8: dynamic, constant or calib
+    fields: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __str__(self) -> str:
+        return self.canonical
+
+
+SpecLike = Union[str, Spec]
+
+
+def _spec_text(spec: SpecLike, name: str = "spec") -> str:
+    if isinstance(spec, Spec):
+        return spec.canonical
+    if isinstance(spec, str):
+        return spec
+    raise Error(f"{name}: expected a spec string such as 'kivi2' or a kvq.Spec, "
+                f"got {type(spec).__name__}")
+
+
+def parse_spec(text: SpecLike) -> Spec:
+    """Parses a scheme spec; raises kvq.Error naming the bad part and what is allowed.
+
+    Example::
+
+        >>> kvq.parse_spec("fp8").canonical
+        'fp8_e4m3:gran=tensor,scale=dynamic'
+    """
+    info = json.loads(_kvq.spec_info(_spec_text(text)))
+    names = {f for f in Spec.__dataclass_fields__ if f != "fields"}
+    return Spec(**{k: v for k, v in info.items() if k in names}, fields=info)
+
+
+def _array(a: Any, name: str, ndims: Sequence[int]) -> np.ndarray:
+    """float32 C-order view of `a` (float16 is converted: the one copy), or kvq.Error."""
+    if not isinstance(a, np.ndarray):
+        raise Error(f"{name}: expected a numpy array, got {type(a).__name__} "
+                    f"(np.asarray({name}, dtype=np.float32) converts it)")
+    if a.dtype not in (np.float32, np.float16):
+        raise Error(f"{name}: dtype {a.dtype} is not supported; pass float32 or float16 "
+                    f"({name}.astype(np.float32))")
+    if not a.flags.c_contiguous:
+        raise Error(f"{name}: the array is not in C order (a transpose or a strided slice?); "
+                    f"pass np.ascontiguousarray({name})")
+    if a.ndim not in ndims:
+        want = " or ".join(f"{d}-D" for d in ndims)
+        raise Error(f"{name}: expected a {want} array, got shape {a.shape}")
+    return a.astype(np.float32) if a.dtype == np.float16 else a
+
+
+def _role(role: str) -> str:
+    if role not in ("key", "value"):
+        raise Error(f"role '{role}' is not known; use 'key' or 'value'")
+    return role
+
+
+def quantize(x: np.ndarray, spec: SpecLike, role: str = "key",
+             layer: int = 0) -> tuple[np.ndarray, dict]:
+    """Quantizes and dequantizes one layer's K or V tensor as the scheme's cache stores it.
+
+    Returns the values read back (float32, x's shape) and the error report, the dict
+    ``kvq quant`` prints (scheme, effective_bits, mse, nmse, snr_db, max_abs_err, cosine, ...).
+    x is [tokens, kv_heads, head_dim] or [tokens, head_dim]; ``layer`` picks calib scales.
+
+    Example::
+
+        >>> k_hat, stats = kvq.quantize(k, "kivi2", role="key")
+        >>> stats["effective_bits"]
+        3.0
+    """
+    x = _array(x, "x", (2, 3))
+    values, stats = _kvq.quantize(x, _spec_text(spec), _role(role), int(layer))
+    return values, json.loads(stats)
+
+
+def compare(x: np.ndarray, specs: Iterable[SpecLike], role: str = "key") -> list[dict]:
+    """``quantize``'s report for each spec on the same tensor, one dict per spec (as
+    ``kvq compare --json``). Every spec is parsed before any work.
+
+    Example::
+
+        >>> rows = kvq.compare(k, ["fp8", "kivi4", "kivi2"], role="key")
+        >>> [(r["scheme"], round(r["snr_db"], 1)) for r in rows]
+    """
+    x = _array(x, "x", (2, 3))
+    if isinstance(specs, (str, Spec)):
+        specs = [specs]
+    texts = [_spec_text(s, "specs") for s in specs]
+    if not texts:
+        raise Error("specs: give at least one scheme spec")
+    return [json.loads(r) for r in _kvq.compare(x, texts, _role(role))]
+
+
+class Cache:
+    """One layer's streaming KV cache in any scheme: append K/V as they arrive, attend over what
+    is stored (the codes are read directly, never dequantized first).
+
+    ``backend`` is "cpu" (SIMD kernels, the default) or "ref" (the scalar reference); both store
+    the same bytes. ``int_mode="int8"`` (backend cpu) scores 2/4-bit keys with int8 queries.
+    ``threads`` 0 uses every core.
+
+    Example::
+
+        >>> c = kvq.Cache("kivi2", heads=8, head_dim=128)
+        >>> c.append(k, v)                  # [n, 8, 128] each
+        >>> o = c.attend(q)                 # q [32, 128]: decode, GQA 4 -> [32, 128]
+        >>> o = c.attend(q_chunk)           # q [n, 32, 128]: causal over the last append
+    """
+
+    def __init__(self, spec: SpecLike, heads: int, head_dim: int, backend: str = "cpu",
+                 layer: int = 0, int_mode: str = "exact", threads: int = 0):
+        self._c = _kvq.Cache(_spec_text(spec), int(heads), int(head_dim), str(backend),
+                             int(layer), str(int_mode), int(threads))
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Appends n tokens: k and v are [n, heads, head_dim] ([n, head_dim] with one head)."""
+        self._c.append(self._kv(k, "k"), self._kv(v, "v"))
+
+    def attend(self, q: np.ndarray) -> np.ndarray:
+        """softmax(q K^T / sqrt(head_dim)) V per query head (query head j reads kv head
+        j // (q_heads // heads)).
+
+        q [q_heads, head_dim]: one decode step over every token; returns [q_heads, head_dim].
+        q [n, q_heads, head_dim]: causal attention for the last n tokens (all from the latest
+        append); position t sees tokens 0..t exactly as a cache holding t + 1 tokens stores them
+        (quantized outside the residual window), as chunked prefill does; returns [n, q_heads,
+        head_dim].
+        """
+        return self._c.attend(_array(q, "q", (2, 3)))
+
+    def dequantize(self) -> tuple[np.ndarray, np.ndarray]:
+        """The K and V values the cache reads back, [tokens, heads, head_dim] each."""
+        return self._c.dequantize()
+
+    def footprint(self) -> dict:
+        """Bytes stored: {"key": {...}, "value": {...}} with code, scale, zero and residual bytes,
+        effective bits (codes + scales + zeros per quantized element) and overall bits."""
+        return json.loads(self._c.footprint())
+
+    @property
+    def tokens(self) -> int:
+        """Tokens appended so far."""
+        return self._c.tokens
+
+    @property
+    def spec(self) -> str:
+        """The canonical spec."""
+        return self._c.spec
+
+    @property
+    def backend(self) -> str:
+        return self._c.backend
+
+    def __len__(self) -> int:
+        return self._c.tokens
+
+    def __repr__(self) -> str:
+        return (f"kvq.Cache('{self.spec}', heads={self._c.heads}, head_dim={self._c.head_dim}, "
+                f"backend='{self.backend}', tokens={self.tokens})")
+
+    def _kv(self, a: np.ndarray, name: str) -> np.ndarray:
+        a = _array(a, name, (2, 3))
+        if a.ndim == 2:
+            if self._c.heads != 1:
+                raise Error(f"{name}: a 2-D array is [n, head_dim] for a one-head cache; this "
+                            f"cache has {self._c.heads} heads, so pass [n, {self._c.heads}, "
+                            f"{self._c.head_dim}]")
+            a = a.reshape(a.shape[0], 1, a.shape[1])
+        return a
+
+
+def plan(model: Optional[str] = None, gpu: Optional[str] = None,
+         kv: Sequence[str] = ("bf16", "fp8", "kivi4", "kivi2"), ctx: int = 4096,
+         batch: int = 64, decode_ctx: int = 2000, mem: Union[None, str, float] = None,
+         weights_gb: Optional[float] = None, weights_dtype: str = "bf16",
+         layers: Optional[int] = None, kv_heads: Optional[int] = None,
+         head_dim: Optional[int] = None, params: Optional[float] = None,
+         bandwidth: Optional[float] = None, full: bool = False) -> Union[list[dict], dict]:
+    """``kvq plan``: KV-cache capacity and the decode-step bandwidth bound, one row per format.
+
+    Arguments mirror the CLI flags (``kvq plan --help``): a model preset or custom dimensions
+    (layers, kv_heads, head_dim, params in billions), a GPU preset or bandwidth in TB/s, ``mem``
+    in GB ("80GiB" or a number; default 90% of the GPU minus the weights, or the design note's
+    55 GB when neither model nor GPU is named). Returns the rows (dicts with bytes_per_token,
+    tokens_in_mem, requests, decode_batch, step_ms, tokens_per_s, speedup_vs_bf16, ...), or the
+    whole report (assumptions and notes too) with ``full=True``.
+
+    Example::
+
+        >>> rows = kvq.plan(model="llama-3.1-8b", gpu="h100-sxm", kv=["bf16", "kivi2"])
+        >>> rows[0]["bytes_per_token"]
+        131072.0
+    """
+    if isinstance(kv, str):
+        kv = [kv]
+    args = {"model": model, "gpu": gpu, "kv": [_spec_text(s, "kv") for s in kv],
+            "ctx": _int(ctx, "ctx"), "batch": _int(batch, "batch"),
+            "decode_ctx": _int(decode_ctx, "decode_ctx"), "mem": mem, "weights_gb": weights_gb,
+            "weights_dtype": weights_dtype, "layers": _int(layers, "layers"),
+            "kv_heads": _int(kv_heads, "kv_heads"), "head_dim": _int(head_dim, "head_dim"),
+            "params": _num(params, "params"), "bandwidth": _num(bandwidth, "bandwidth")}
+    if weights_gb is not None:
+        args["weights_gb"] = _num(weights_gb, "weights_gb")
+    if mem is not None and not isinstance(mem, str):
+        args["mem"] = _num(mem, "mem")
+    report = json.loads(_kvq.plan(json.dumps(args)))
+    return report if full else report["rows"]
+
+
+def _int(v: Any, name: str) -> Optional[int]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise Error(f"{name}: expected a whole number, got {v!r}")
+    return int(v)
+
+
+def _num(v: Any, name: str) -> Optional[float]:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise Error(f"{name}: expected a number, got {v!r}")
+    return float(v)
+
+
+def model_path(path: Optional[str] = None) -> str:
+    """The GGUF kvq uses: ``path``, else SmolLM2-135M-Instruct.Q4_1.gguf in $KVQ_MODEL_DIR or
+    ~/.cache/kvq (scripts/fetch-model.sh fetches it); kvq.Error when the file is missing."""
+    return _kvq.model_path(path or "")
+
+
+def read_text(source: str) -> str:
+    """A text file's contents; "kjv" is the King James Bible (scripts/fetch-text.sh)."""
+    return _kvq.read_text(source)
+
+
+class Model:
+    """The real model (a Llama-architecture GGUF; default SmolLM2-135M-Instruct Q4_1) with a KV
+    cache in any scheme. Weights stay in their GGUF blocks; logits are exact fp32 arithmetic.
+
+    Example::
+
+        >>> m = kvq.Model()
+        >>> r = m.ppl(kvq.read_text("kjv"), kv=["kivi4", "kivi2"], ctx=512, max_tokens=2048)
+        >>> [(x["kv"], round(x["kld"], 4)) for x in r]
+        >>> m.generate("The capital of France is", n=8)
+    """
+
+    def __init__(self, path: Optional[str] = None):
+        self._m = _kvq.Model(path or "")
+        self.config: dict = json.loads(self._m.config())
+        """layers, hidden, heads, kv_heads, head_dim, ffn, vocab, context, weights, path"""
+
+    def encode(self, text: str, max_tokens: int = 0, chat: bool = False) -> list[int]:
+        """Token ids of ``text`` (the first ``max_tokens`` when > 0); ``chat`` wraps it in the
+        instruct template as a user message."""
+        return self._m.encode(str(text), int(max_tokens), bool(chat))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._m.decode([int(i) for i in ids])
+
+    def ppl(self, text: Union[str, Sequence[int]], kv: Union[SpecLike, Sequence[SpecLike]] = "kivi2",
+            ctx: int = 512, max_tokens: int = 0, stride: int = 0, chunk: int = 256,
+            threads: int = 0, backend: str = "cpu") -> Union[dict, list[dict]]:
+        """Perplexity with each scheme's cache, with KL divergence and top-1 agreement against
+        the fp32 cache on the same windows (computed once for all schemes), as ``kvq model ppl``.
+
+        ``text`` is a string (or token ids); windows of ``ctx`` tokens, ``stride`` apart
+        (0: ctx), over the first ``max_tokens`` tokens (0: all). Returns a dict (one spec) or a
+        list of dicts (kv, ppl, ppl_fp32, kld, kld_p99, top1, windows, scored, seconds).
+        Ctrl-C stops it between chunks.
+        """
+        one = isinstance(kv, (str, Spec))
+        specs = [_spec_text(kv, "kv")] if one else [_spec_text(s, "kv") for s in kv]
+        if not specs:
+            raise Error("kv: give at least one scheme spec")
+        ids = self._ids(text, max_tokens)
+        rows = [json.loads(r) for r in self._m.ppl(ids, specs, _int(ctx, "ctx"),
+                                                   _int(stride, "stride"), _int(chunk, "chunk"),
+                                                   _int(threads, "threads"), backend)]
+        return rows[0] if one else rows
+
+    def generate(self, prompt: str, n: int = 64, kv: SpecLike = "fp32", chat: bool = False,
+                 threads: int = 0, backend: str = "cpu") -> str:
+        """Greedy continuation of ``prompt`` (up to ``n`` tokens, stopping at end-of-text) with
+        the cache in scheme ``kv``; ``chat`` applies the instruct template. Ctrl-C stops it."""
+        ids = self.encode(prompt, chat=chat)
+        if not ids:
+            raise Error("the prompt is empty after tokenization")
+        out = self._m.generate(ids, _int(n, "n"), _spec_text(kv, "kv"), _int(threads, "threads"),
+                               backend)
+        if out and out[-1] == self._m.eos:
+            out = out[:-1]
+        return self.decode(out)
+
+    def dump_kv(self, text: Union[str, Sequence[int]], max_tokens: int = 2048,
+                threads: int = 0) -> list[dict]:
+        """Per-layer K and V of ``text`` from the forward pass (fp32 cache), as
+        ``kvq model dump``: one dict per layer with "k" (post-RoPE), "k_pre" (pre-RoPE) and "v",
+        float32 [tokens, kv_heads, head_dim]; feed them to quantize, compare or Cache."""
+        ids = self._ids(text, max_tokens)
+        return [{"k": k, "k_pre": kp, "v": v} for k, kp, v in self._m.dump_kv(ids, _int(threads, "threads"))]
+
+    def _ids(self, text: Union[str, Sequence[int]], max_tokens: int) -> list[int]:
+        if isinstance(text, str):
+            return self.encode(text, _int(max_tokens, "max_tokens"))
+        ids = [int(i) for i in text]
+        return ids[:max_tokens] if max_tokens and max_tokens > 0 else ids
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"kvq.Model('{c['path']}': {c['layers']} layers, {c['kv_heads']} kv heads x "
+                f"{c['head_dim']})")
+
+
+def read_results(directory: Union[str, os.PathLike]) -> Any:
+    """The rows of a ``kvq run`` output directory (every <task>.jsonl: synthetic, model), each
+    with its ``task``: a pandas DataFrame when pandas is installed, else a list of dicts.
+
+    Example::
+
+        >>> df = kvq.read_results("results/default")
+        >>> df[df.task == "model"][["scheme", "kld"]]
+    """
+    d = os.fspath(directory)
+    if not os.path.isdir(d):
+        raise Error(f"{d}: not a directory (give a kvq run output directory, e.g. results/default)")
+    rows: list[dict] = []
+    files = sorted(f for f in os.listdir(d) if f.endswith(".jsonl"))
+    if not files:
+        raise Error(f"{d}: no result rows (*.jsonl) here; is it a kvq run output directory?")
+    for f in files:
+        task = f[: -len(".jsonl")]
+        with open(os.path.join(d, f), encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise Error(f"{os.path.join(d, f)}:{n}: not a JSON row ({e.msg})") from None
+                rows.append({"task": task, **row})
+    try:
+        import pandas as pd  # optional
+    except ImportError:
+        return rows
+    return pd.DataFrame(rows)

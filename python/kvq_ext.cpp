@@ -1,0 +1,508 @@
+// kvq._kvq: the C++ side of the Python package. python/kvq/__init__.py is the API users call (it
+// checks arrays, converts float16, builds dicts); this module is a thin layer over the same
+// functions the CLI calls, so a Python result and a `kvq` command's agree bit for bit.
+//
+// Arrays come in as float32, C order (the Python side guarantees it) and are read in place where
+// the C++ API takes a pointer; results leave as numpy arrays that own the C++ buffer (no copy).
+// Long calls release the GIL; model calls check for Ctrl-C between chunks and tokens.
+#include <Python.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/footprint.h"
+#include "core/gguf.h"
+#include "core/io.h"
+#include "core/spec.h"
+#include "experiments/kv_input.h"
+#include "experiments/model_eval.h"
+#include "experiments/model_files.h"
+#include "experiments/planner.h"
+#include "experiments/report.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/fp8.h"
+#include "kernels/cpu/kivi.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "reference_cpu/attention.h"
+#include "reference_cpu/kv_cache.h"
+#include "reference_cpu/quantize.h"
+
+namespace nb = nanobind;
+
+namespace kvq::py {
+namespace {
+
+using FloatIn = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+using FloatOut = nb::ndarray<nb::numpy, float>;
+
+/// Thrown (without the GIL) when Python has a pending KeyboardInterrupt; becomes one.
+struct Interrupted {};
+
+// Between units of long work: takes the GIL and runs Python's signal handlers.
+void poll_signals() {
+  nb::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) {
+    PyErr_Clear();
+    throw Interrupted{};
+  }
+}
+
+// A numpy array that owns `v` (moved to the heap, freed with the array).
+FloatOut to_numpy(std::vector<float>&& v, const std::vector<int64_t>& shape) {
+  auto* p = new std::vector<float>(std::move(v));
+  nb::capsule owner(p, [](void* q) noexcept { delete static_cast<std::vector<float>*>(q); });
+  std::vector<size_t> s(shape.begin(), shape.end());
+  return FloatOut(p->data(), s.size(), s.data(), owner);
+}
+
+std::vector<int64_t> shape_of(const FloatIn& a) {
+  std::vector<int64_t> s(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) s[i] = static_cast<int64_t>(a.shape(i));
+  return s;
+}
+
+Role parse_role(const std::string& r) {
+  if (r == "key") return Role::Key;
+  if (r == "value") return Role::Value;
+  fail("role '{}' is not known; use 'key' or 'value'", r);
+}
+
+nlohmann::json spec_json(const SchemeSpec& s) {
+  nlohmann::json j;
+  j["canonical"] = s.canonical();
+  switch (s.kind) {
+    case SchemeKind::Fp32: j["kind"] = "fp32"; break;
+    case SchemeKind::Bf16: j["kind"] = "bf16"; break;
+    case SchemeKind::Fp16: j["kind"] = "fp16"; break;
+    case SchemeKind::Fp8:
+      j["kind"] = "fp8";
+      j["format"] = std::string(to_string(s.fp8.format));
+      j["gran"] = std::string(to_string(s.fp8.gran));
+      j["scale"] = s.fp8.source == ScaleSource::Dynamic    ? "dynamic"
+                   : s.fp8.source == ScaleSource::Constant ? "constant"
+                                                           : "calib";
+      if (s.fp8.source == ScaleSource::Constant) j["scale_value"] = s.fp8.constant;
+      if (s.fp8.source == ScaleSource::Calib) j["calib_path"] = s.fp8.calib_path;
+      j["first"] = s.fp8.first;
+      break;
+    case SchemeKind::Int:
+      j["kind"] = "int";
+      j["bits"] = s.q.bits;
+      j["key_axis"] = std::string(to_string(s.q.key_axis));
+      j["value_axis"] = std::string(to_string(s.q.value_axis));
+      j["group"] = s.q.group == kGroupWholeDim ? nlohmann::json("dim") : nlohmann::json(s.q.group);
+      j["residual"] = s.q.residual;
+      j["sym"] = s.q.sym;
+      j["kivi"] = s.q.kivi;
+      break;
+  }
+  return j;
+}
+
+nlohmann::json footprint_json(const Footprint& f) {
+  return {{"code_bytes", f.code_bytes},
+          {"scale_bytes", f.scale_bytes},
+          {"zero_bytes", f.zero_bytes},
+          {"residual_bytes", f.residual_bytes},
+          {"total_bytes", f.total_bytes()},
+          {"quantized_elements", f.quantized_elements},
+          {"residual_elements", f.residual_elements},
+          {"effective_bits", f.effective_bits()},
+          {"overall_bits", f.overall_bits()}};
+}
+
+// x as a [T, H, D] tensor (checked as `kvq quant` checks its input; one copy).
+cli::KvInput as_tensor(const FloatIn& x, const std::string& name) {
+  const float* p = x.data();
+  return cli::as_kv(name, shape_of(x), std::vector<float>(p, p + x.size()));
+}
+
+std::pair<FloatOut, std::string> quantize(const FloatIn& x, const std::string& spec_text,
+                                          const std::string& role_text, int layer) {
+  const SchemeSpec spec = parse_spec(spec_text);
+  const Role role = parse_role(role_text);
+  cli::KvInput in = as_tensor(x, "x");
+  RoundTrip r;
+  std::string stats;
+  {
+    nb::gil_scoped_release release;
+    r = round_trip(spec, role, in.tensor, layer);
+    stats = cli::error_report(spec, role, in.tensor, r).dump();
+  }
+  return {to_numpy(std::move(r.values.data), in.file_shape), stats};
+}
+
+std::vector<std::string> compare(const FloatIn& x, const std::vector<std::string>& spec_texts,
+                                 const std::string& role_text) {
+  std::vector<SchemeSpec> specs;
+  for (const auto& s : spec_texts) specs.push_back(parse_spec(s));  // every spec before any work
+  const Role role = parse_role(role_text);
+  const cli::KvInput in = as_tensor(x, "x");
+  nb::gil_scoped_release release;
+  std::vector<std::string> rows;
+  for (const auto& spec : specs)
+    rows.push_back(cli::error_report(spec, role, in.tensor, round_trip(spec, role, in.tensor)).dump());
+  return rows;
+}
+
+// One layer's cache: a K side and a V side, appended together, attended on backend ref or cpu.
+class Cache {
+ public:
+  Cache(const std::string& spec_text, int64_t heads, int64_t dim, const std::string& backend,
+        int layer, const std::string& int_mode, int threads)
+      : spec_(parse_spec(spec_text)), heads_(heads), dim_(dim), threads_(threads) {
+    KVQ_CHECK(heads >= 1, "heads must be at least 1, got {}", heads);
+    KVQ_CHECK(dim >= 1, "head_dim must be at least 1, got {}", dim);
+    KVQ_CHECK(threads >= 0, "threads must be 0 (all cores) or more, got {}", threads);
+    if (backend == "cpu")
+      cpu_ = true;
+    else if (backend == "cuda")
+      fail("backend 'cuda' is not in this Python build (it has ref and cpu); the CUDA kernels "
+           "are reached from C++ (kvq::cuda) and bench_attention_cuda");
+    else if (backend != "ref")
+      fail("backend '{}' is not known; use 'cpu' (SIMD kernels) or 'ref' (the reference)",
+           backend);
+    if (int_mode == "int8")
+      mode_ = cpu::IntMode::Int8;
+    else if (int_mode != "exact")
+      fail("int_mode '{}' is not known; use 'exact' or 'int8'", int_mode);
+    KVQ_CHECK(cpu_ || mode_ == cpu::IntMode::Exact,
+              "int_mode='int8' is a backend cpu path; use backend='cpu'");
+    SideKernels k;  // backend cpu's quantizers store the reference's bytes, bit for bit
+    if (cpu_) {
+      k.kivi = cpu::kivi_group_quantizers();
+      k.fp8_scales = cpu::fp8_compute_scales;
+      k.fp8_quantize = cpu::fp8_quantize;
+    }
+    k_ = make_side(spec_, Role::Key, heads, dim, layer, k);
+    v_ = make_side(spec_, Role::Value, heads, dim, layer, k);
+    backend_ = backend;
+  }
+
+  void append(const FloatIn& k, const FloatIn& v) {
+    check_kv(k, "k");
+    check_kv(v, "v");
+    KVQ_CHECK(k.shape(0) == v.shape(0), "k has {} tokens but v has {}", k.shape(0), v.shape(0));
+    const int64_t n = static_cast<int64_t>(k.shape(0)), row = heads_ * dim_;
+    KVQ_CHECK(n >= 1, "append needs at least one token");
+    nb::gil_scoped_release release;
+    const int64_t t0 = tokens();
+    // The exact values causal attention over this append reads: the window before it + the chunk.
+    ktail_.clear();
+    vtail_.clear();
+    k_->exact_tail(ktail_);
+    v_->exact_tail(vtail_);
+    kbeg_ = t0 - static_cast<int64_t>(ktail_.size()) / row;
+    vbeg_ = t0 - static_cast<int64_t>(vtail_.size()) / row;
+    ktail_.insert(ktail_.end(), k.data(), k.data() + n * row);
+    vtail_.insert(vtail_.end(), v.data(), v.data() + n * row);
+    k_->append(k.data(), n);
+    v_->append(v.data(), n);
+    last_ = n;
+  }
+
+  // q [q_heads, dim]: decode over the whole cache. q [n, q_heads, dim]: causal attention of the
+  // last n tokens (all from the latest append), each seeing the cache a token-by-token decode
+  // would hold at its position.
+  FloatOut attend(const FloatIn& q) {
+    KVQ_CHECK(q.ndim() == 2 || q.ndim() == 3,
+              "q must be [q_heads, head_dim] (decode) or [n, q_heads, head_dim] (causal), got {} "
+              "dimensions", q.ndim());
+    const bool causal = q.ndim() == 3;
+    const int64_t n = causal ? static_cast<int64_t>(q.shape(0)) : 1;
+    const int64_t qh = static_cast<int64_t>(q.shape(causal ? 1 : 0));
+    KVQ_CHECK(static_cast<int64_t>(q.shape(q.ndim() - 1)) == dim_,
+              "q has head_dim {} but the cache {}", q.shape(q.ndim() - 1), dim_);
+    KVQ_CHECK(qh >= 1 && qh % heads_ == 0,
+              "q has {} heads, not a multiple of the cache's {} kv heads (GQA)", qh, heads_);
+    KVQ_CHECK(tokens() > 0, "the cache is empty: append before attend");
+    if (causal)
+      KVQ_CHECK(n >= 1 && n <= last_,
+                "causal attend covers the latest append's tokens ({}), got {} positions; "
+                "append, then attend with q [n <= {}, q_heads, head_dim]",
+                last_, n, last_);
+    std::vector<float> out(static_cast<size_t>(n * qh * dim_));
+    {
+      nb::gil_scoped_release release;
+      const int64_t T = tokens(), t_begin = T - n;
+      const ExactTail ke{ktail_.data(), kbeg_}, ve{vtail_.data(), vbeg_};
+      if (!causal && cpu_) {
+        cpu::DecodeOptions o;
+        o.threads = threads_;
+        o.int_mode = mode_;
+        cpu::decode_attention(q.data(), qh, k_->stored(), v_->stored(), out.data(), o);
+      } else if (!causal) {
+        decode_attention(q.data(), qh, *k_, *v_, out.data(), threads_);
+      } else if (cpu_) {
+        std::vector<int64_t> kq(static_cast<size_t>(n)), vq(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i) {
+          kq[static_cast<size_t>(i)] = k_->quantized_tokens_at(t_begin + i + 1);
+          vq[static_cast<size_t>(i)] = v_->quantized_tokens_at(t_begin + i + 1);
+        }
+        causal_attention_check(n, qh, t_begin, *k_, *v_, ke, ve);
+        cpu::CausalInput in;
+        in.q = q.data();
+        in.n = n;
+        in.q_heads = qh;
+        in.t_begin = t_begin;
+        in.k = k_->stored();
+        in.v = v_->stored();
+        in.k_exact = ke;
+        in.v_exact = ve;
+        in.k_quantized = kq;
+        in.v_quantized = vq;
+        in.int_mode = mode_;
+        cpu::causal_attention(in, out.data(), threads_);
+      } else {
+        causal_attention(q.data(), n, qh, t_begin, *k_, *v_, ke, ve, out.data(), threads_);
+      }
+    }
+    return causal ? to_numpy(std::move(out), {n, qh, dim_}) : to_numpy(std::move(out), {qh, dim_});
+  }
+
+  std::pair<FloatOut, FloatOut> dequantize() const {
+    Tensor3 k, v;
+    {
+      nb::gil_scoped_release release;
+      k = k_->dequantize();
+      v = v_->dequantize();
+    }
+    const std::vector<int64_t> s{tokens(), heads_, dim_};
+    return {to_numpy(std::move(k.data), s), to_numpy(std::move(v.data), s)};
+  }
+
+  std::string footprint() const {
+    return nlohmann::json{{"key", footprint_json(k_->footprint())},
+                          {"value", footprint_json(v_->footprint())}}
+        .dump();
+  }
+
+  int64_t tokens() const { return k_->tokens(); }
+  std::string spec() const { return spec_.canonical(); }
+  const std::string& backend() const { return backend_; }
+  int64_t heads() const { return heads_; }
+  int64_t dim() const { return dim_; }
+
+ private:
+  void check_kv(const FloatIn& a, const char* name) const {
+    KVQ_CHECK(a.ndim() == 3 && static_cast<int64_t>(a.shape(1)) == heads_ &&
+                  static_cast<int64_t>(a.shape(2)) == dim_,
+              "{} must be [n, {}, {}] (tokens, kv heads, head_dim), got shape {}", name, heads_,
+              dim_, fmt::join(shape_of(a), "x"));
+  }
+
+  SchemeSpec spec_;
+  int64_t heads_, dim_;
+  int threads_;
+  bool cpu_ = false;
+  cpu::IntMode mode_ = cpu::IntMode::Exact;
+  std::string backend_;
+  std::unique_ptr<SideStore> k_, v_;
+  std::vector<float> ktail_, vtail_;
+  int64_t kbeg_ = 0, vbeg_ = 0, last_ = 0;
+};
+
+// kvq plan: the arguments as a JSON object with the CLI's names (see kvq.plan).
+std::string plan(const std::string& args_json) {
+  const auto a = nlohmann::json::parse(args_json);
+  planner::ModelArgs m;
+  auto opt = [&](const char* key) { return a.contains(key) && !a[key].is_null(); };
+  if (opt("model")) m.preset = a["model"].get<std::string>();
+  if (opt("layers")) m.layers = a["layers"].get<int64_t>();
+  if (opt("kv_heads")) m.kv_heads = a["kv_heads"].get<int64_t>();
+  if (opt("head_dim")) m.head_dim = a["head_dim"].get<int64_t>();
+  if (opt("params")) m.params_billions = a["params"].get<double>();
+  planner::PlanInput in;
+  in.model = planner::resolve_model(m, opt("weights_gb"));
+  in.gpu = planner::resolve_gpu(
+      opt("gpu") ? std::optional<std::string>(a["gpu"].get<std::string>()) : std::nullopt,
+      opt("bandwidth") ? std::optional<double>(a["bandwidth"].get<double>()) : std::nullopt);
+  const bool scenario = !opt("model") && !opt("layers") && !opt("kv_heads") &&
+                        !opt("head_dim") && !opt("params") && !opt("gpu") && !opt("bandwidth");
+  std::optional<std::string> mem;
+  if (opt("mem"))
+    mem = a["mem"].is_string() ? a["mem"].get<std::string>() : fmt::format("{}", a["mem"].get<double>());
+  planner::set_mem(in, mem, scenario);
+  if (opt("weights_gb")) in.weight_bytes = a["weights_gb"].get<double>() * 1e9;
+  if (opt("weights_dtype")) in.weights_dtype = a["weights_dtype"].get<std::string>();
+  if (opt("ctx")) in.ctx = a["ctx"].get<int64_t>();
+  if (opt("batch")) in.batch = a["batch"].get<int64_t>();
+  if (opt("decode_ctx")) in.decode_ctx = a["decode_ctx"].get<int64_t>();
+  if (opt("kv")) in.kv = a["kv"].get<std::vector<std::string>>();
+  return planner::plan_json(planner::make_plan(in)).dump();
+}
+
+// The real model and its tokenizer.
+class Model {
+ public:
+  explicit Model(const std::string& path) {
+    const std::string p = cli::model_path(path);
+    nb::gil_scoped_release release;
+    gguf::GgufFile f = gguf::GgufFile::open(p);
+    model_ = std::make_unique<LlamaModel>(LlamaModel::load(f));
+    tok_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(f));
+    path_ = p;
+  }
+
+  std::string config() const {
+    const LlamaConfig& c = model_->config();
+    return nlohmann::json{{"path", path_},       {"layers", c.layers},     {"hidden", c.hidden},
+                          {"heads", c.heads},     {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim},
+                          {"ffn", c.ffn},         {"vocab", c.vocab},       {"context", c.context},
+                          {"weights", model_->weight_formats()}}
+        .dump();
+  }
+
+  std::vector<int32_t> encode(const std::string& text, int64_t max_tokens, bool chat) const {
+    nb::gil_scoped_release release;
+    if (chat) return tok_->encode(tok_->chat({{"user", text}}, true), true);
+    return tok_->encode_first(text, max_tokens);
+  }
+  std::string decode(const std::vector<int32_t>& ids) const { return tok_->decode(ids); }
+  int32_t eos() const { return tok_->eos(); }
+
+  std::vector<std::string> ppl(const std::vector<int32_t>& tokens,
+                               const std::vector<std::string>& kvs, int ctx, int stride,
+                               int chunk, int threads, const std::string& backend) {
+    std::vector<CacheOptions> caches;
+    for (const auto& s : kvs) caches.push_back(CacheOptions{parse_spec(s)});
+    const AttentionBackend b = parse_backend(backend);
+    eval::PplOptions o;
+    o.ctx = ctx;
+    o.stride = stride;
+    o.chunk = chunk;
+    o.threads = threads;
+    o.poll = poll_signals;
+    std::vector<eval::PplResult> r;
+    {
+      nb::gil_scoped_release release;
+      model_->set_backend(b);
+      r = eval::perplexity(*model_, caches, tokens, o);
+    }
+    std::vector<std::string> rows;
+    for (size_t i = 0; i < r.size(); ++i)
+      rows.push_back(nlohmann::json{{"kv", caches[i].spec.canonical()},
+                                    {"ppl", r[i].ppl},
+                                    {"ppl_fp32", r[i].ppl_ref},
+                                    {"kld", r[i].kld},
+                                    {"kld_p99", r[i].kld_p99},
+                                    {"top1", r[i].top1},
+                                    {"windows", r[i].windows},
+                                    {"scored", r[i].scored},
+                                    {"ctx", ctx},
+                                    {"seconds", r[i].seconds}}
+                         .dump());
+    return rows;
+  }
+
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int n, const std::string& kv,
+                                int threads, const std::string& backend) {
+    const CacheOptions c{parse_spec(kv)};
+    const AttentionBackend b = parse_backend(backend);
+    KVQ_CHECK(n >= 1, "n must be at least 1, got {}", n);
+    nb::gil_scoped_release release;
+    model_->set_backend(b);
+    return eval::generate(*model_, c, prompt, n, {tok_->eos()}, threads,
+                          [](int32_t) { poll_signals(); });
+  }
+
+  // Per layer: (k post-RoPE, k pre-RoPE, v), [T, kv_heads, head_dim] each, as `kvq model dump`.
+  std::vector<std::tuple<FloatOut, FloatOut, FloatOut>> dump_kv(const std::vector<int32_t>& ids,
+                                                                int threads) {
+    KVQ_CHECK(!ids.empty(), "dump_kv: the text is empty after tokenization");
+    const LlamaConfig& c = model_->config();
+    const int64_t T = static_cast<int64_t>(ids.size()), H = c.kv_heads, D = c.head_dim;
+    KVQ_CHECK(T <= c.context, "dump_kv: {} tokens exceed the model's context {}", T, c.context);
+    std::vector<std::vector<float>> ts(static_cast<size_t>(3 * c.layers));
+    {
+      nb::gil_scoped_release release;
+      for (auto& t : ts) t.resize(static_cast<size_t>(T * H * D));
+      LlamaCache cache(c, CacheOptions{parse_spec("fp32")});
+      std::vector<float> logits;
+      for (int64_t a = 0; a < T; a += 256) {
+        const int64_t len = std::min<int64_t>(256, T - a);
+        model_->forward({ids.data() + a, static_cast<size_t>(len)}, cache, logits, false, threads,
+                        [&](int l, int64_t pos0, int64_t n, const float* kpre, const float* k,
+                            const float* v) {
+                          const size_t off = static_cast<size_t>(pos0 * H * D),
+                                       cnt = static_cast<size_t>(n * H * D);
+                          const auto L = static_cast<size_t>(3 * l);
+                          std::copy(k, k + cnt, ts[L].begin() + static_cast<long>(off));
+                          std::copy(kpre, kpre + cnt, ts[L + 1].begin() + static_cast<long>(off));
+                          std::copy(v, v + cnt, ts[L + 2].begin() + static_cast<long>(off));
+                        });
+        poll_signals();
+      }
+    }
+    std::vector<std::tuple<FloatOut, FloatOut, FloatOut>> out;
+    const std::vector<int64_t> s{T, H, D};
+    for (int l = 0; l < c.layers; ++l) {
+      const auto L = static_cast<size_t>(3 * l);
+      out.emplace_back(to_numpy(std::move(ts[L]), s), to_numpy(std::move(ts[L + 1]), s),
+                       to_numpy(std::move(ts[L + 2]), s));
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::string path_;
+};
+
+}  // namespace
+}  // namespace kvq::py
+
+NB_MODULE(_kvq, m) {
+  using namespace kvq::py;
+  m.doc() = "kvq's C++ core; use the kvq package (python/kvq/__init__.py), not this module";
+  nb::exception<kvq::Error>(m, "Error", PyExc_ValueError);
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Interrupted&) {
+      PyErr_SetNone(PyExc_KeyboardInterrupt);
+    }
+  });
+  m.def("spec_info", [](const std::string& s) { return spec_json(kvq::parse_spec(s)).dump(); });
+  m.def("quantize", &quantize);
+  m.def("compare", &compare);
+  m.def("plan", &plan);
+  m.def("model_path", [](const std::string& p) { return kvq::cli::model_path(p); });
+  m.def("text_path", [](const std::string& p) { return kvq::cli::text_path(p); });
+  m.def("read_text", [](const std::string& p) { return kvq::read_file(kvq::cli::text_path(p)); });
+  nb::class_<Cache>(m, "Cache")
+      .def(nb::init<const std::string&, int64_t, int64_t, const std::string&, int,
+                    const std::string&, int>())
+      .def("append", &Cache::append)
+      .def("attend", &Cache::attend)
+      .def("dequantize", &Cache::dequantize)
+      .def("footprint", &Cache::footprint)
+      .def_prop_ro("tokens", &Cache::tokens)
+      .def_prop_ro("spec", &Cache::spec)
+      .def_prop_ro("backend", &Cache::backend)
+      .def_prop_ro("heads", &Cache::heads)
+      .def_prop_ro("head_dim", &Cache::dim);
+  nb::class_<Model>(m, "Model")
+      .def(nb::init<const std::string&>())
+      .def("config", &Model::config)
+      .def("encode", &Model::encode)
+      .def("decode", &Model::decode)
+      .def_prop_ro("eos", &Model::eos)
+      .def("ppl", &Model::ppl)
+      .def("generate", &Model::generate)
+      .def("dump_kv", &Model::dump_kv);
+}
