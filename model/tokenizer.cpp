@@ -282,7 +282,11 @@ bool Tokenizer::is_special(int32_t id) const {
 std::vector<int32_t> Tokenizer::encode_first(std::string_view text, int64_t n) const {
   if (n <= 0) return encode(text);
   for (size_t bytes = static_cast<size_t>(n) * 6 + 1024;; bytes *= 2) {
-    if (bytes >= text.size()) return encode(text);
+    if (bytes >= text.size()) {
+      auto ids = encode(text);
+      if (static_cast<int64_t>(ids.size()) > n) ids.resize(static_cast<size_t>(n));
+      return ids;
+    }
     const size_t cut = text.rfind('\n', bytes);
     if (cut == std::string_view::npos || cut == 0) continue;
     auto ids = encode(text.substr(0, cut + 1));

@@ -214,9 +214,9 @@ class Cache {
     last_ = n;
   }
 
-  // q [q_heads, dim]: decode over the whole cache. q [n, q_heads, dim]: causal attention of the
-  // last n tokens (all from the latest append), each seeing the cache a token-by-token decode
-  // would hold at its position.
+  // q [q_heads, dim]: decode over the whole cache (the last position). q [n, q_heads, dim]: causal
+  // attention of the last n tokens (all from the latest append), each seeing the cache a
+  // token-by-token decode would hold at its position.
   FloatOut attend(const FloatIn& q) {
     KVQ_CHECK(q.ndim() == 2 || q.ndim() == 3,
               "q must be [q_heads, head_dim] (decode) or [n, q_heads, head_dim] (causal), got {} "
@@ -239,14 +239,9 @@ class Cache {
       nb::gil_scoped_release release;
       const int64_t T = tokens(), t_begin = T - n;
       const ExactTail ke{ktail_.data(), kbeg_}, ve{vtail_.data(), vbeg_};
-      if (!causal && cpu_) {
-        cpu::DecodeOptions o;
-        o.threads = threads_;
-        o.int_mode = mode_;
-        cpu::decode_attention(q.data(), qh, k_->stored(), v_->stored(), out.data(), o);
-      } else if (!causal) {
-        decode_attention(q.data(), qh, *k_, *v_, out.data(), threads_);
-      } else if (cpu_) {
+      // A decode step is the causal call for the last position: the same code as prefill, so
+      // the two agree bit for bit (as in the model's forward pass).
+      if (cpu_) {
         std::vector<int64_t> kq(static_cast<size_t>(n)), vq(static_cast<size_t>(n));
         for (int64_t i = 0; i < n; ++i) {
           kq[static_cast<size_t>(i)] = k_->quantized_tokens_at(t_begin + i + 1);

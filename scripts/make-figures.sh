@@ -4,6 +4,6 @@
 # on its own (it sets up what is missing).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-KVQ_WITH_PY=1 scripts/setup.sh
+scripts/setup.sh
 build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/default.toml
 .venv/bin/python experiments/plots/plot_results.py results/default --out docs/img

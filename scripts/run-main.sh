@@ -10,7 +10,7 @@
 # about a minute: the default config finishes in ~40 s.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-KVQ_WITH_PY=1 scripts/setup.sh
+scripts/setup.sh
 KVQ=build/${KVQ_PRESET:-default}/experiments/kvq
 echo; echo "== kvq plan =="; "$KVQ" plan
 echo; echo "== kvq compare --role key =="

