@@ -21,7 +21,8 @@ int64_t quantized_tokens(const IntSpec& q, Axis axis, int64_t tokens) {
   return std::max<int64_t>(tokens - q.residual, 0);
 }
 
-Footprint footprint(const SchemeSpec& spec, Role role, Shape3 s) {
+Footprint footprint(const SchemeSpec& whole, Role role, Shape3 s) {
+  const SchemeSpec& spec = whole.side(role);
   Footprint f;
   const int64_t n = s.numel();
   switch (spec.kind) {

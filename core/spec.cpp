@@ -69,8 +69,45 @@ std::string_view to_string(Granularity g) {
 std::string_view to_string(Axis a) { return a == Axis::Channel ? "channel" : "token"; }
 std::string_view to_string(Role r) { return r == Role::Key ? "key" : "value"; }
 
+namespace {
+
+// Whether `s` starts with a scheme name (what may follow "v=" in a split spec, unlike the int
+// parameters v=channel / v=token).
+bool names_scheme(std::string_view s) {
+  const std::string_view name = s.substr(0, s.find_first_of(":,;"));
+  return name == "fp32" || name == "bf16" || name == "fp16" || name == "fp8" ||
+         name.starts_with("fp8_") || name.starts_with("int") || name.starts_with("kivi");
+}
+
+// k=KEY;v=VALUE or k=KEY,v=VALUE.
+SchemeSpec parse_split(std::string_view text) {
+  for (size_t i = 2; i + 3 <= text.size(); ++i) {
+    if ((text[i] != ';' && text[i] != ',') || text.substr(i + 1, 2) != "v=" ||
+        !names_scheme(text.substr(i + 3)))
+      continue;
+    const std::string_view kt = text.substr(2, i - 2), vt = text.substr(i + 3);
+    if (kt.starts_with("k=") || vt.starts_with("k="))
+      fail("bad scheme spec '{}': each side of k=...;v=... is one scheme", text);
+    SchemeSpec k = parse_spec(kt), v = parse_spec(vt);
+    if (k.canonical() == v.canonical()) return k;  // the same scheme on both sides
+    SchemeSpec s = k;
+    s.key_side = std::make_shared<const SchemeSpec>(std::move(k));
+    s.value_side = std::make_shared<const SchemeSpec>(std::move(v));
+    return s;
+  }
+  fail(
+      "bad scheme spec '{}': keys and values in different schemes are written k=KEY_SPEC;v=VALUE_SPEC "
+      "(e.g. k=kivi2;v=fp8_e4m3:gran=token)",
+      text);
+}
+
+}  // namespace
+
 SchemeSpec parse_spec(std::string_view text) {
   if (text.empty()) fail("empty scheme spec (allowed schemes: {})", kSchemes);
+  if (text.starts_with("k=")) return parse_split(text);
+  if (text.starts_with("v="))
+    fail("bad scheme spec '{}': a split spec names the keys first: k=KEY_SPEC;v=VALUE_SPEC", text);
   const size_t colon = text.find(':');
   std::string_view name = text.substr(0, colon);
   if (name == "fp8") name = "fp8_e4m3";  // vLLM's --kv-cache-dtype fp8 is E4M3
@@ -221,6 +258,7 @@ SchemeSpec parse_spec(std::string_view text) {
 }
 
 std::string SchemeSpec::canonical() const {
+  if (split()) return "k=" + key_side->canonical() + ";v=" + value_side->canonical();
   switch (kind) {
     case SchemeKind::Fp32:
       return "fp32";

@@ -8,8 +8,12 @@
 //                                        first N tokens)
 //   int<B>  k=channel|token, v=channel|token  [g=G] [r=R] [sym]      B in {2,3,4,8}; g=32, r=0
 //   kivi<B> [g=G] [r=R] [sym]   == int<B>:k=channel,v=token with g=32, r=128
+//   k=SPEC;v=SPEC              keys in one scheme, values in another (llama.cpp's -ctk/-ctv);
+//                              also k=SPEC,v=SPEC (the value side starts at the first ",v=" that
+//                              names a scheme)
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -61,13 +65,22 @@ struct IntSpec {
   }
 };
 
-/// \brief A parsed scheme spec.
+/// \brief A parsed scheme spec. A split spec (k=...;v=...) holds each side's scheme; its own
+/// kind / fp8 / q fields are the key side's. Code that stores or measures one side asks side(role).
 struct SchemeSpec {
   SchemeKind kind = SchemeKind::Fp32;
   Fp8Spec fp8;
   IntSpec q;
-  /// \brief Canonical spelling with every parameter explicit (stable across runs: a result key).
+  /// Both set for a split spec, both null otherwise.
+  std::shared_ptr<const SchemeSpec> key_side, value_side;
+  /// \brief Canonical spelling with every parameter explicit (stable across runs: a result key);
+  /// "k=KEY;v=VALUE" for a split spec.
   std::string canonical() const;
+  bool split() const { return value_side != nullptr; }
+  /// \brief The scheme of one side: this spec, or the side's own for a split spec.
+  const SchemeSpec& side(Role r) const {
+    return !split() ? *this : r == Role::Key ? *key_side : *value_side;
+  }
 };
 
 /// \brief Parses a spec string; throws kvq::Error naming the bad part and listing what is allowed.

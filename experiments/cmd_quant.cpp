@@ -154,12 +154,13 @@ void register_quant(CLI::App& app) {
     const RoundTrip r = round_trip(spec, role, in.tensor, o->layer);
     const nlohmann::json j = error_report(spec, role, in.tensor, r);
     const int64_t T = in.tensor.shape.tokens;
-    if (spec.kind == SchemeKind::Int && j["residual_tokens"].get<int64_t>() >= T)
+    const SchemeSpec& side = spec.side(role);
+    if (side.kind == SchemeKind::Int && j["residual_tokens"].get<int64_t>() >= T)
       fmt::print(stderr,
                  "kvq: warning: all {} tokens stay exact (residual window r={}, key groups of "
                  "g={} tokens): nothing was quantized, so the errors below are zero; give more "
                  "tokens or a smaller r\n",
-                 T, spec.q.residual, spec.q.group_for(in.tensor.shape.dim));
+                 T, side.q.residual, side.q.group_for(in.tensor.shape.dim));
     write_npy(o->out, in.file_shape, r.values.data.data());
     if (!o->codes.empty()) write_codes(o->codes, spec, role, in.tensor, o->layer);
     const std::string text = j.dump(2);

@@ -498,11 +498,15 @@ void register_run(CLI::App& app) {
     if (want_syn) {
       sp = plan_synthetic(*syn, Where{o->config, "synthetic"});
       sp->specs = fitting(rows, "synthetic", sp->ks.shape.heads, sp->ks.shape.dim, errors);
-      for (const SchemeSpec& s : sp->specs)
-        if (s.kind == SchemeKind::Int && quantized_tokens(s.q, s.q.axis(Role::Key), sp->ks.shape.tokens) == 0 &&
-            quantized_tokens(s.q, s.q.axis(Role::Value), sp->ks.shape.tokens) == 0)
+      for (const SchemeSpec& s : sp->specs) {
+        const auto nothing = [&](Role r) {
+          const SchemeSpec& x = s.side(r);
+          return x.kind == SchemeKind::Int && quantized_tokens(x.q, x.q.axis(r), sp->ks.shape.tokens) == 0;
+        };
+        if (nothing(Role::Key) && nothing(Role::Value))
           fmt::print(stderr, "kvq run: warning: {} quantizes nothing of [synthetic] tokens = {} (all within its window or "
                      "short of a key group); its rows will read exact values\n", s.canonical(), sp->ks.shape.tokens);
+      }
     }
     if (want_model) {
       mp = plan_model(*mt, Where{o->config, "model"}, o->model_file);

@@ -83,6 +83,12 @@ Role parse_role(const std::string& r) {
 nlohmann::json spec_json(const SchemeSpec& s) {
   nlohmann::json j;
   j["canonical"] = s.canonical();
+  if (s.split()) {
+    j["kind"] = "split";
+    j["key"] = spec_json(s.side(Role::Key));
+    j["value"] = spec_json(s.side(Role::Value));
+    return j;
+  }
   switch (s.kind) {
     case SchemeKind::Fp32: j["kind"] = "fp32"; break;
     case SchemeKind::Bf16: j["kind"] = "bf16"; break;

@@ -330,8 +330,9 @@ std::unique_ptr<SideStore> make_view(const SideStore& base, Tensor3 values) {
   return std::make_unique<ViewSide>(base, std::move(values));
 }
 
-std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim,
-                                     int layer, const SideKernels& kernels) {
+std::unique_ptr<SideStore> make_side(const SchemeSpec& whole, Role role, int64_t heads,
+                                     int64_t dim, int layer, const SideKernels& kernels) {
+  const SchemeSpec& spec = whole.side(role);
   KVQ_CHECK(heads > 0 && dim > 0, "cache shape: heads {} and head_dim {} must be positive", heads,
             dim);
   switch (spec.kind) {
@@ -353,7 +354,7 @@ std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, const Te
                                      int layer) {
   // A tensor quantized at once is its own prefill: dynamic first-N scales come from its first
   // min(N, T) tokens, so a short tensor is still quantized.
-  SchemeSpec sp = spec;
+  SchemeSpec sp = spec.side(role);
   if (sp.kind == SchemeKind::Fp8 && x.shape.tokens > 0)
     sp.fp8.first = static_cast<int>(std::min<int64_t>(sp.fp8.first, x.shape.tokens));
   auto s = make_side(sp, role, x.shape.heads, x.shape.dim, layer);

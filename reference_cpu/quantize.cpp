@@ -7,7 +7,8 @@
 
 namespace kvq {
 
-RoundTrip round_trip(const SchemeSpec& spec, Role role, const Tensor3& x, int layer) {
+RoundTrip round_trip(const SchemeSpec& whole, Role role, const Tensor3& x, int layer) {
+  const SchemeSpec& spec = whole.side(role);
   RoundTrip r;
   r.footprint = footprint(spec, role, x.shape);
   r.values = Tensor3(x.shape);

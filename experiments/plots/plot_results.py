@@ -38,6 +38,9 @@ def rows(path):
 
 def family(scheme):
     """The family from the canonical spec's axes, not its spelling."""
+    if scheme.startswith("k="):  # keys and values in different schemes: k=KEY;v=VALUE
+        k, _, v = scheme[2:].partition(";v=")
+        return f"K {k.partition(':')[0]}, V {v.partition(':')[0]}"
     name, _, params = scheme.partition(":")
     if name.startswith("fp8"):
         return "FP8"

@@ -53,10 +53,12 @@ class Spec:
         >>> s = kvq.parse_spec("kivi2:g=32,r=128")
         >>> s.canonical, s.bits, s.key_axis, s.value_axis
         ('kivi2:g=32,r=128', 2, 'channel', 'token')
+        >>> kvq.parse_spec("k=kivi2;v=fp8").value.gran       # keys and values apart
+        'tensor'
     """
 
     canonical: str
-    kind: str  #: fp32, bf16, fp16, fp8 or int
+    kind: str  #: fp32, bf16, fp16, fp8, int, or split (keys and values apart)
     bits: Optional[int] = None  #: int: bits per code
     key_axis: Optional[str] = None  #: int: statistics axis of keys (channel or token)
     value_axis: Optional[str] = None  #: int: statistics axis of values
@@ -66,6 +68,8 @@ class Spec:
     format: Optional[str] = None  #: fp8: fp8_e4m3, fp8_e4m3fnuz or fp8_e5m2
     gran: Optional[str] = None  #: fp8: tensor, head, token or channel
     scale: Optional[str] = None  #: fp8: dynamic, constant or calib
+    key: Optional["Spec"] = None  #: split: the keys' scheme
+    value: Optional["Spec"] = None  #: split: the values' scheme
     fields: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __str__(self) -> str:
@@ -92,9 +96,13 @@ def parse_spec(text: SpecLike) -> Spec:
         >>> kvq.parse_spec("fp8").canonical
         'fp8_e4m3:gran=tensor,scale=dynamic'
     """
-    info = json.loads(_kvq.spec_info(_spec_text(text)))
-    names = {f for f in Spec.__dataclass_fields__ if f != "fields"}
-    return Spec(**{k: v for k, v in info.items() if k in names}, fields=info)
+    return _spec_of(json.loads(_kvq.spec_info(_spec_text(text))))
+
+
+def _spec_of(info: dict) -> Spec:
+    names = {f for f in Spec.__dataclass_fields__ if f not in ("fields", "key", "value")}
+    sides = {r: _spec_of(info[r]) for r in ("key", "value") if r in info}
+    return Spec(**{k: v for k, v in info.items() if k in names}, **sides, fields=info)
 
 
 def _array(a: Any, name: str, ndims: Sequence[int]) -> np.ndarray:
@@ -179,7 +187,15 @@ class Cache:
                              int(layer), str(int_mode), int(threads))
 
     def append(self, k: np.ndarray, v: np.ndarray) -> None:
-        """Appends n tokens: k and v are [n, heads, head_dim] ([n, head_dim] with one head)."""
+        """Appends n tokens: k and v are [n, heads, head_dim] ([n, head_dim] with one head).
+        Tokens leave the residual window and are quantized as the scheme's rules say.
+
+        Example::
+
+            >>> c = kvq.Cache("kivi2", heads=8, head_dim=128)
+            >>> c.append(k[:512], v[:512]); c.append(k[512:513], v[512:513]); c.tokens
+            513
+        """
         self._c.append(self._kv(k, "k"), self._kv(v, "v"))
 
     def attend(self, q: np.ndarray) -> np.ndarray:
@@ -191,16 +207,36 @@ class Cache:
         append); position t sees tokens 0..t exactly as a cache holding t + 1 tokens stores them
         (quantized outside the residual window), as chunked prefill does; returns [n, q_heads,
         head_dim].
+
+        Example::
+
+            >>> c.append(k_chunk, v_chunk)              # [256, 8, 128] each
+            >>> c.attend(q_chunk).shape                  # q_chunk [256, 32, 128]: causal
+            (256, 32, 128)
+            >>> c.attend(q_chunk[-1]).shape              # decode at the last position
+            (32, 128)
         """
         return self._c.attend(_array(q, "q", (2, 3)))
 
     def dequantize(self) -> tuple[np.ndarray, np.ndarray]:
-        """The K and V values the cache reads back, [tokens, heads, head_dim] each."""
+        """The K and V values the cache reads back, [tokens, heads, head_dim] each.
+
+        Example::
+
+            >>> k_read, v_read = c.dequantize()
+            >>> float(np.abs(k_read - k).max())          # the quantization error of the keys
+        """
         return self._c.dequantize()
 
     def footprint(self) -> dict:
         """Bytes stored: {"key": {...}, "value": {...}} with code, scale, zero and residual bytes,
-        effective bits (codes + scales + zeros per quantized element) and overall bits."""
+        effective bits (codes + scales + zeros per quantized element) and overall bits.
+
+        Example::
+
+            >>> c.footprint()["key"]["effective_bits"]   # kivi2, groups of 32: 2 + 2 x 16 / 32
+            3.0
+        """
         return json.loads(self._c.footprint())
 
     @property
@@ -291,12 +327,23 @@ def _num(v: Any, name: str) -> Optional[float]:
 
 def model_path(path: Optional[str] = None) -> str:
     """The GGUF kvq uses: ``path``, else SmolLM2-135M-Instruct.Q4_1.gguf in $KVQ_MODEL_DIR or
-    ~/.cache/kvq (scripts/fetch-model.sh fetches it); kvq.Error when the file is missing."""
+    ~/.cache/kvq (scripts/fetch-model.sh fetches it); kvq.Error when the file is missing.
+
+    Example::
+
+        >>> kvq.model_path()
+        '/home/me/.cache/kvq/SmolLM2-135M-Instruct.Q4_1.gguf'
+    """
     return _kvq.model_path(path or "")
 
 
 def read_text(source: str) -> str:
-    """A text file's contents; "kjv" is the King James Bible (scripts/fetch-text.sh)."""
+    """A text file's contents; "kjv" is the King James Bible (scripts/fetch-text.sh).
+
+    Example::
+
+        >>> kvq.read_text("kjv")[:30]
+    """
     return _kvq.read_text(source)
 
 
@@ -319,10 +366,23 @@ class Model:
 
     def encode(self, text: str, max_tokens: int = 0, chat: bool = False) -> list[int]:
         """Token ids of ``text`` (the first ``max_tokens`` when > 0); ``chat`` wraps it in the
-        instruct template as a user message."""
+        instruct template as a user message.
+
+        Example::
+
+            >>> m.encode("In the beginning")
+            [788, 260, 3616]
+        """
         return self._m.encode(str(text), int(max_tokens), bool(chat))
 
     def decode(self, ids: Sequence[int]) -> str:
+        """The text of token ids (``decode(encode(s)) == s``).
+
+        Example::
+
+            >>> m.decode(m.encode("In the beginning"))
+            'In the beginning'
+        """
         return self._m.decode([int(i) for i in ids])
 
     def ppl(self, text: Union[str, Sequence[int]], kv: Union[SpecLike, Sequence[SpecLike]] = "kivi2",
@@ -335,6 +395,10 @@ class Model:
         (0: ctx), over the first ``max_tokens`` tokens (0: all). Returns a dict (one spec) or a
         list of dicts (kv, ppl, ppl_fp32, kld, kld_p99, top1, windows, scored, seconds).
         Ctrl-C stops it between chunks.
+
+        Example::
+
+            >>> m.ppl(kvq.read_text("kjv"), kv="kivi2", ctx=512, max_tokens=2048)["kld"]
         """
         one = isinstance(kv, (str, Spec))
         specs = [_spec_text(kv, "kv")] if one else [_spec_text(s, "kv") for s in kv]
@@ -349,7 +413,13 @@ class Model:
     def generate(self, prompt: str, n: int = 64, kv: SpecLike = "fp32", chat: bool = False,
                  threads: int = 0, backend: str = "cpu") -> str:
         """Greedy continuation of ``prompt`` (up to ``n`` tokens, stopping at end-of-text) with
-        the cache in scheme ``kv``; ``chat`` applies the instruct template. Ctrl-C stops it."""
+        the cache in scheme ``kv``; ``chat`` applies the instruct template. Ctrl-C stops it.
+
+        Example::
+
+            >>> m.generate("The capital of France is", n=4, kv="kivi2")
+            ' Paris.\\n\\n'
+        """
         ids = self.encode(prompt, chat=chat)
         if not ids:
             raise Error("the prompt is empty after tokenization")
@@ -363,7 +433,13 @@ class Model:
                 threads: int = 0) -> list[dict]:
         """Per-layer K and V of ``text`` from the forward pass (fp32 cache), as
         ``kvq model dump``: one dict per layer with "k" (post-RoPE), "k_pre" (pre-RoPE) and "v",
-        float32 [tokens, kv_heads, head_dim]; feed them to quantize, compare or Cache."""
+        float32 [tokens, kv_heads, head_dim]; feed them to quantize, compare or Cache.
+
+        Example::
+
+            >>> layers = m.dump_kv(kvq.read_text("kjv"), max_tokens=1024)
+            >>> kvq.compare(layers[10]["k"], ["kivi2", "int2:k=token,v=token"])
+        """
         ids = self._ids(text, max_tokens)
         return [{"k": k, "k_pre": kp, "v": v} for k, kp, v in self._m.dump_kv(ids, _int(threads, "threads"))]
 

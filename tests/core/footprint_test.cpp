@@ -26,6 +26,16 @@ TEST(Footprint, Fp8ScalesPerGranularity) {
   EXPECT_EQ(footprint(parse_spec("fp8_e4m3:gran=token,scale=1"), Role::Key, s).scale_bytes, 4.0);
 }
 
+// Issue 14: a split spec stores each side in its own scheme. By hand for [10, 2, 64]: keys bf16,
+// 1280 x 2 B = 2560 B; values fp8 per token, 1280 B of codes + 20 fp32 scales = 80 B.
+TEST(Footprint, SplitSpecEachSideItsOwn) {
+  const Shape3 s{10, 2, 64};
+  const SchemeSpec sp = parse_spec("k=bf16;v=fp8_e4m3:gran=token");
+  EXPECT_EQ(footprint(sp, Role::Key, s).total_bytes(), 2560.0);
+  EXPECT_EQ(footprint(sp, Role::Value, s).code_bytes, 1280.0);
+  EXPECT_EQ(footprint(sp, Role::Value, s).scale_bytes, 80.0);
+}
+
 TEST(Footprint, Kivi2KeysAndValuesT300) {
   const SchemeSpec k = parse_spec("kivi2:g=32,r=128");
   const Shape3 s{300, 1, 64};

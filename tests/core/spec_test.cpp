@@ -118,5 +118,32 @@ TEST(Spec, AliasesFromOtherTools_sameCanonicalSpec) {
   EXPECT_EQ(parse_spec("int8").canonical(), parse_spec("int8:k=channel,v=token").canonical());
 }
 
+// Issue 14: keys and values in different schemes (llama.cpp's -ctk/-ctv). Expected strings are the
+// grammar of core/spec.h written out by hand.
+TEST(Spec, SplitKeysAndValues_eachSideIsItsOwnSpec) {
+  const SchemeSpec s = parse_spec("k=kivi2;v=fp8_e4m3:gran=token");
+  EXPECT_TRUE(s.split());
+  EXPECT_EQ(s.canonical(), "k=kivi2:g=32,r=128;v=fp8_e4m3:gran=token,scale=dynamic");
+  EXPECT_EQ(s.side(Role::Key).canonical(), "kivi2:g=32,r=128");
+  EXPECT_EQ(s.side(Role::Value).canonical(), "fp8_e4m3:gran=token,scale=dynamic");
+  EXPECT_EQ(s.side(Role::Value).kind, SchemeKind::Fp8);
+  EXPECT_EQ(s.kind, SchemeKind::Int);  // the key side's fields
+  EXPECT_EQ(parse_spec(s.canonical()).canonical(), s.canonical());
+  // The comma form: the value side starts at the first ",v=" naming a scheme, not at an int
+  // spec's own v=token.
+  EXPECT_EQ(parse_spec("k=kivi2,v=fp8").canonical(), parse_spec("k=kivi2;v=fp8").canonical());
+  EXPECT_EQ(parse_spec("k=int2:k=token,v=token,v=bf16").canonical(),
+            "k=int2:k=token,v=token,g=32,r=0;v=bf16");
+  EXPECT_EQ(parse_spec("k=bf16,v=int4:k=channel,v=channel").side(Role::Value).canonical(),
+            "int4:k=channel,v=channel,g=32,r=0");
+  // The same scheme on both sides is that scheme.
+  EXPECT_FALSE(parse_spec("k=kivi4;v=kivi4").split());
+  EXPECT_EQ(parse_spec("k=kivi4;v=kivi4").canonical(), "kivi4:g=32,r=128");
+  EXPECT_NE(error_of("k=kivi2").find("k=KEY_SPEC;v=VALUE_SPEC"), std::string::npos);
+  EXPECT_NE(error_of("v=fp8;k=kivi2").find("names the keys first"), std::string::npos);
+  EXPECT_NE(error_of("k=kivi5;v=fp8").find("5 bits"), std::string::npos);
+  EXPECT_NE(error_of("k=kivi2;v=fp8:gran=row").find("gran=row"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvq

@@ -81,6 +81,18 @@ TEST(planner, DesignNoteBf16AndFp8) {
   EXPECT_EQ(fmt::format("{:.1f}", p16.rows[1].step_seconds * 1e3), "7.3");
 }
 
+// Issue 14: keys and values in different schemes. By hand for Llama 3.1 8B (32 layers, 8 kv heads,
+// 128 channels): bf16 keys 32 * 8 * 128 * 2 B = 65,536 B per token; fp8 values per tensor with a
+// dynamic scale: 32 * 8 * 128 * 1 B = 32,768 B per token + 32 layers * 4 B per request.
+TEST(planner, SplitSpecAddsEachSidesBytes) {
+  PlanInput in = design_note();
+  in.kv = {"k=bf16;v=fp8"};
+  const Plan p = make_plan(in);
+  ASSERT_EQ(p.rows.size(), 1u);
+  EXPECT_EQ(p.rows[0].spec, "k=bf16;v=fp8_e4m3:gran=tensor,scale=dynamic");
+  EXPECT_DOUBLE_EQ(p.rows[0].request_bytes, (65536.0 + 32768.0) * 4096 + 32 * 4);
+}
+
 TEST(planner, DesignNoteTablePrintsTheNotesNumbers) {
   const std::string t = format_plan(make_plan(design_note()));
   for (const char* s : {"419,617", "839,233", " 102 ", " 204 ", "16.8", " 8.4 ", " 9.8 ", " 7.3 ",

@@ -104,7 +104,8 @@ INSTANTIATE_TEST_SUITE_P(
                                          std::make_pair("fp8_e4m3:gran=channel,first=20", false),
                                          std::make_pair("int4:k=token,v=token,g=8,r=8", false),
                                          std::make_pair("kivi2:g=8,r=16", false),
-                                         std::make_pair("kivi4:g=8,r=8", true)),
+                                         std::make_pair("kivi4:g=8,r=8", true),
+                                         std::make_pair("k=kivi2:g=8,r=16;v=fp8_e4m3:gran=token", false)),
                        ::testing::Values(AttentionBackend::kCpu, AttentionBackend::kRef)),
     [](const auto& i) {
       const auto& sp = std::get<0>(i.param);

@@ -25,7 +25,8 @@ def test_decode_fp32_matches_numpy(rng, backend):
     assert np.abs(o - attention_numpy(q, k, v)).max() <= 1e-5 * np.abs(v).max()
 
 
-@pytest.mark.parametrize("spec", ["kivi2", "kivi4:g=32,r=64", "fp8_e4m3:gran=token", "bf16"])
+@pytest.mark.parametrize("spec", ["kivi2", "kivi4:g=32,r=64", "fp8_e4m3:gran=token", "bf16",
+                                  "k=kivi2;v=fp8_e4m3:gran=token"])
 @pytest.mark.parametrize("backend", ["cpu", "ref"])
 def test_decode_reads_what_dequantize_returns(rng, spec, backend):
     # Attention over the codes equals numpy attention over the values the cache reads back.
@@ -52,7 +53,7 @@ def test_streaming_equals_one_append(rng, spec):
     assert parts.footprint() == whole.footprint()
 
 
-@pytest.mark.parametrize("spec", ["kivi2", "fp8_e4m3:gran=head", "fp32"])
+@pytest.mark.parametrize("spec", ["kivi2", "fp8_e4m3:gran=head", "fp32", "k=fp8;v=kivi4:g=32,r=64"])
 @pytest.mark.parametrize("backend", ["cpu", "ref"])
 def test_causal_equals_token_by_token_decode(rng, spec, backend):
     # Position t of a causal call sees the cache a decode holding t + 1 tokens has: within one
@@ -130,6 +131,21 @@ def test_footprint_by_hand(rng):
         65536, 16384, 16384, 0)
     assert f["effective_bits"] == 3.0
     assert kvq.Cache("bf16", 8, 128).footprint()["value"]["total_bytes"] == 0
+
+
+def test_split_cache_stores_each_side_as_its_scheme(rng):
+    # Keys as kivi2 and values as fp8 per token: each side reads back what a one-scheme cache of
+    # that scheme reads back, bit for bit.
+    k, v = kv(rng)
+    split = kvq.Cache("k=kivi2;v=fp8_e4m3:gran=token", H, D)
+    split.append(k, v)
+    kd, vd = split.dequantize()
+    kk, vv = kvq.Cache("kivi2", H, D), kvq.Cache("fp8_e4m3:gran=token", H, D)
+    kk.append(k, v)
+    vv.append(k, v)
+    assert np.array_equal(kd, kk.dequantize()[0]) and np.array_equal(vd, vv.dequantize()[1])
+    f = split.footprint()
+    assert f["key"] == kk.footprint()["key"] and f["value"] == vv.footprint()["value"]
 
 
 def test_one_head_takes_two_dimensional_rows(rng):

@@ -25,6 +25,13 @@ def test_int_fields():
     assert s.format is None
 
 
+def test_split_spec_has_both_sides():
+    s = kvq.parse_spec("k=kivi2,v=fp8_e4m3:gran=token")
+    assert s.kind == "split"
+    assert s.canonical == "k=kivi2:g=32,r=128;v=fp8_e4m3:gran=token,scale=dynamic"
+    assert (s.key.kind, s.key.bits, s.value.kind, s.value.gran) == ("int", 2, "fp8", "token")
+
+
 def test_fp8_fields():
     s = kvq.parse_spec("fp8_e4m3:gran=channel,scale=2.5")
     assert (s.kind, s.format, s.gran, s.scale) == ("fp8", "fp8_e4m3", "channel", "constant")

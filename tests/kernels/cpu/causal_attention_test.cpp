@@ -171,6 +171,10 @@ std::vector<Case> grid() {
   v.push_back({"fp32", 1, 64, 8, {600, 1}});
   v.push_back({"fp8_e4m3:gran=channel", 4, 128, 2, {300, 1}});
   v.push_back({"fp8_e4m3fnuz:gran=token", 5, 64, 2, {260, 3}});
+  // Keys and values in different schemes (issue 14), windows of different lengths per side.
+  v.push_back({"k=kivi2;v=fp8_e4m3:gran=token", 2, 64, 3, {300, 1, 250, 77}});
+  v.push_back({"k=fp8_e4m3:gran=head;v=kivi4:g=32,r=64", 2, 64, 4, {200, 3, 60}});
+  v.push_back({"k=kivi4;v=bf16", 3, 64, 3, {150, 1, 90}});
   return v;
 }
 
