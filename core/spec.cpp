@@ -12,7 +12,7 @@ namespace {
 
 constexpr const char* kSchemes =
     "fp32, bf16, fp16, fp8_e4m3 (alias fp8), fp8_e4m3fnuz, fp8_e5m2, int2|int3|int4|int8, "
-    "kivi2|kivi3|kivi4|kivi8";
+    "kivi2|kivi3|kivi4|kivi8, hf (HF QuantizedCache's names), k=SPEC;v=SPEC";
 
 std::vector<std::string_view> split(std::string_view s, char sep) {
   std::vector<std::string_view> out;
@@ -75,8 +75,48 @@ namespace {
 // parameters v=channel / v=token).
 bool names_scheme(std::string_view s) {
   const std::string_view name = s.substr(0, s.find_first_of(":,;"));
-  return name == "fp32" || name == "bf16" || name == "fp16" || name == "fp8" ||
+  return name == "fp32" || name == "bf16" || name == "fp16" || name == "fp8" || name == "hf" ||
          name.starts_with("fp8_") || name.starts_with("int") || name.starts_with("kivi");
+}
+
+// hf[:nbits=B,q_group_size=G,residual_length=R,axis_key=0,axis_value=0]: HF transformers'
+// QuantizedCacheConfig names (its defaults: 4 bits, groups of 64, 128 recent tokens, axis 0). Axis
+// 0 (quanto's, the recommended setting) groups consecutive head_dim channels of one token: kvq's
+// int<B>:k=token,v=token. HF's window differs: it keeps up to R tokens exact, then quantizes all
+// of them at once; kvq's r=R keeps the latest R exact at every step (README, "Concepts").
+SchemeSpec parse_hf(std::string_view text, std::string_view params) {
+  int bits = 4, group = 64, residual = 128;
+  std::set<std::string> seen;
+  if (!params.empty())
+    for (std::string_view kv : split(params, ',')) {
+      const size_t eq = kv.find('=');
+      const std::string key(kv.substr(0, eq));
+      const std::string_view val = eq == std::string_view::npos ? "" : kv.substr(eq + 1);
+      if (eq == std::string_view::npos || val.empty())
+        fail("bad scheme spec '{}': parameter '{}' needs a value", text, key);
+      if (!seen.insert(key).second)
+        fail("bad scheme spec '{}': parameter '{}' given twice", text, key);
+      const int x = parse_int(text, val, key);
+      if (key == "nbits")
+        bits = x;
+      else if (key == "q_group_size")
+        group = x;
+      else if (key == "residual_length")
+        residual = x;
+      else if (key == "axis_key" || key == "axis_value") {
+        if (x != 0)
+          fail(
+              "bad scheme spec '{}': {}={}: kvq maps HF's axis 0 (groups along head_dim, per "
+              "token); for KIVI's per-channel keys use kivi<B> or int<B>:k=channel,v=token",
+              text, key, x);
+      } else {
+        fail(
+            "bad scheme spec '{}': unknown parameter '{}' for hf (allowed: nbits, q_group_size, "
+            "residual_length, axis_key, axis_value)",
+            text, key);
+      }
+    }
+  return parse_spec(fmt::format("int{}:k=token,v=token,g={},r={}", bits, group, residual));
 }
 
 // k=KEY;v=VALUE or k=KEY,v=VALUE.
@@ -112,6 +152,7 @@ SchemeSpec parse_spec(std::string_view text) {
   std::string_view name = text.substr(0, colon);
   if (name == "fp8") name = "fp8_e4m3";  // vLLM's --kv-cache-dtype fp8 is E4M3
   const std::string_view params = colon == std::string_view::npos ? "" : text.substr(colon + 1);
+  if (name == "hf") return parse_hf(text, params);
   if (colon != std::string_view::npos && params.empty())
     fail("bad scheme spec '{}': nothing after ':' (write NAME or NAME:key=value,...)", text);
 

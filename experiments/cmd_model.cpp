@@ -343,20 +343,12 @@ void register_dump(CLI::App* model) {
     const auto& cfg = L.model.config();
     const int64_t T = static_cast<int64_t>(ids.size()), H = cfg.kv_heads, D = cfg.head_dim;
     std::vector<NamedTensor> ts;
-    for (int l = 0; l < cfg.layers; ++l)
-      for (const char* n : {"k", "k_pre", "v"})
-        ts.push_back({fmt::format("layer.{}.{}", l, n), {T, H, D}, std::vector<float>(static_cast<size_t>(T * H * D))});
-    LlamaCache cache(cfg, cache_options("fp32", false));
-    std::vector<float> logits;
-    for (int64_t a = 0; a < T; a += 256) {
-      const int64_t len = std::min<int64_t>(256, T - a);
-      L.model.forward({ids.data() + a, static_cast<size_t>(len)}, cache, logits, false, o->threads,
-                      [&](int l, int64_t pos0, int64_t n, const float* kpre, const float* k, const float* v) {
-                        const size_t off = static_cast<size_t>(pos0 * H * D), cnt = static_cast<size_t>(n * H * D);
-                        std::copy(k, k + cnt, ts[static_cast<size_t>(3 * l)].data.begin() + static_cast<long>(off));
-                        std::copy(kpre, kpre + cnt, ts[static_cast<size_t>(3 * l + 1)].data.begin() + static_cast<long>(off));
-                        std::copy(v, v + cnt, ts[static_cast<size_t>(3 * l + 2)].data.begin() + static_cast<long>(off));
-                      });
+    int l = 0;
+    for (auto& kv : eval::dump_kv(L.model, ids, o->threads)) {
+      ts.push_back({fmt::format("layer.{}.k", l), {T, H, D}, std::move(kv.k.data)});
+      ts.push_back({fmt::format("layer.{}.k_pre", l), {T, H, D}, std::move(kv.k_pre.data)});
+      ts.push_back({fmt::format("layer.{}.v", l), {T, H, D}, std::move(kv.v.data)});
+      ++l;
     }
     write_safetensors(o->out, ts, {{"model", "SmolLM2-135M-Instruct.Q4_1"}, {"tokens", std::to_string(T)}});
     fmt::print("wrote {}: {} layers x (k, k_pre, v) [{}, {}, {}]\n", o->out, cfg.layers, T, H, D);

@@ -1,16 +1,21 @@
 // kvq stats: per-layer, per-head, per-channel statistics of K/V tensors (a `kvq model dump`, one
-// safetensors tensor or an npy): amax, std, kurtosis, and the outlier channels.
+// safetensors tensor, an npy, or the live model over a text): amax, std, kurtosis, and the outlier
+// channels.
 #include <fmt/format.h>
 
 #include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/gguf.h"
 #include "core/io.h"
 #include "core/safetensors.h"
 #include "experiments/channel_stats.h"
 #include "experiments/commands.h"
 #include "experiments/kv_input.h"
+#include "experiments/model_eval.h"
+#include "experiments/model_files.h"
+#include "model/tokenizer.h"
 
 namespace kvq::cli {
 namespace {
@@ -23,8 +28,10 @@ json number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 void register_stats(CLI::App& app) {
   struct Opts {
-    std::string in, json_out;
+    std::string in, json_out, text, model_file;
     double threshold = 4.0;
+    int64_t max_tokens = 2048;
+    int threads = 0;
   };
   auto o = std::make_shared<Opts>();
   auto* c = app.add_subcommand(
@@ -34,13 +41,24 @@ void register_stats(CLI::App& app) {
       "a normal), and the outlier channels (amax above --threshold x the head's median channel "
       "amax),\n"
       "which is why KIVI quantizes keys per channel. One line per tensor and head on stdout.\n"
-      "Example: kvq model dump --text p.txt --out kv.safetensors && kvq stats "
-      "kv.safetensors");
-  c->add_option(
-       "input", o->in,
-       "a `kvq model dump` (FILE.safetensors: every tensor), FILE.safetensors:TENSOR, or an\n"
-       "npy; tensors [tokens, heads, head_dim] or [tokens, head_dim]")
-      ->required();
+      "Example: kvq stats kv.safetensors        (a `kvq model dump`)\n"
+      "         kvq stats --text kjv            (the model's own K/V over a text, nothing written)");
+  auto* input = c->add_option(
+      "input", o->in,
+      "a `kvq model dump` (FILE.safetensors: every tensor), FILE.safetensors:TENSOR, or an\n"
+      "npy; tensors [tokens, heads, head_dim] or [tokens, head_dim]");
+  auto* text = c->add_option("--text", o->text,
+                             "instead of a file: run the model over this text file (or 'kjv') and "
+                             "measure every layer's k, k_pre and v, as `kvq model dump` would write");
+  input->excludes(text);
+  c->add_option("--max-tokens", o->max_tokens, "with --text: the first N tokens")
+      ->check(at_least(1))
+      ->capture_default_str();
+  c->add_option("--model-file", o->model_file,
+                "with --text: the GGUF (default: ~/.cache/kvq/SmolLM2-135M-Instruct.Q4_1.gguf)");
+  c->add_option("--threads", o->threads, "with --text: threads (0 = all cores)")
+      ->check(at_least(0))
+      ->capture_default_str();
   c->add_option("--threshold", o->threshold,
                 "outlier: channel amax above this many times the head's median channel amax")
       ->check(CLI::Range(1.0, 1e6))
@@ -50,7 +68,22 @@ void register_stats(CLI::App& app) {
   c->callback([o] {
     // The tensors: every one of a whole safetensors file, else the one load_kv reads.
     std::vector<std::pair<std::string, Tensor3>> ts;
-    if (is_safetensors(o->in)) {
+    KVQ_CHECK(!o->in.empty() || !o->text.empty(),
+              "give an input file (a dump, FILE.safetensors:TENSOR, an npy) or --text FILE|kjv");
+    if (!o->text.empty()) {
+      const std::string text = read_file(text_path(o->text)), path = model_path(o->model_file);
+      const gguf::GgufFile f = gguf::GgufFile::open(path);
+      const LlamaModel m = LlamaModel::load(f);
+      const auto ids = Tokenizer::from_gguf(f).encode_first(text, o->max_tokens);
+      fmt::print(stderr, "kvq stats: {} over {} tokens of {}\n", path, ids.size(), o->text);
+      int l = 0;
+      for (auto& kv : eval::dump_kv(m, ids, o->threads)) {
+        ts.emplace_back(fmt::format("layer.{}.k", l), std::move(kv.k));
+        ts.emplace_back(fmt::format("layer.{}.k_pre", l), std::move(kv.k_pre));
+        ts.emplace_back(fmt::format("layer.{}.v", l), std::move(kv.v));
+        ++l;
+      }
+    } else if (is_safetensors(o->in)) {
       for (auto& t : read_safetensors(o->in)) {
         if (t.shape.size() != 2 && t.shape.size() != 3) {
           fmt::print(stderr, "kvq stats: {}: rank {} tensor skipped (not [T, H, D] or [T, D])\n",

@@ -248,4 +248,32 @@ NeedleResult needle_trial(const LlamaModel& m, const CacheOptions& opts,
   return r;
 }
 
+std::vector<LayerKv> dump_kv(const LlamaModel& m, const std::vector<int32_t>& ids, int threads,
+                             const std::function<void()>& poll) {
+  KVQ_CHECK(!ids.empty(), "dump: the text is empty after tokenization");
+  const LlamaConfig& c = m.config();
+  const int64_t T = static_cast<int64_t>(ids.size()), H = c.kv_heads, D = c.head_dim;
+  KVQ_CHECK(T <= c.context, "dump: {} tokens exceed the model's context {}", T, c.context);
+  std::vector<LayerKv> out(static_cast<size_t>(c.layers));
+  for (auto& l : out) l = {Tensor3({T, H, D}), Tensor3({T, H, D}), Tensor3({T, H, D})};
+  CacheOptions fp32;
+  fp32.spec = parse_spec("fp32");
+  LlamaCache cache(c, fp32);
+  std::vector<float> logits;
+  for (int64_t a = 0; a < T; a += 256) {
+    const int64_t len = std::min<int64_t>(256, T - a);
+    m.forward({ids.data() + a, static_cast<size_t>(len)}, cache, logits, false, threads,
+              [&](int l, int64_t pos0, int64_t n, const float* kpre, const float* k, const float* v) {
+                LayerKv& L = out[static_cast<size_t>(l)];
+                const auto off = static_cast<long>(pos0 * H * D);
+                const int64_t cnt = n * H * D;
+                std::copy(k, k + cnt, L.k.data.begin() + off);
+                std::copy(kpre, kpre + cnt, L.k_pre.data.begin() + off);
+                std::copy(v, v + cnt, L.v.data.begin() + off);
+              });
+    if (poll) poll();
+  }
+  return out;
+}
+
 }  // namespace kvq::eval

@@ -76,6 +76,17 @@ NeedleResult needle_trial(const LlamaModel& m, const CacheOptions& cache,
                           const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
                           int chunk = 256, int threads = 0, const Progress& progress = {});
 
+/// \brief One layer's K (post-RoPE and pre-RoPE) and V of a text, [tokens, kv_heads, head_dim].
+struct LayerKv {
+  Tensor3 k, k_pre, v;
+};
+
+/// \brief Every layer's K and V as the forward pass computes them for `ids` (an fp32 cache, chunks
+/// of 256 tokens): what `kvq model dump` writes, `kvq stats --text` measures and Python's
+/// Model.dump_kv returns. `poll` runs after every chunk (it may throw to stop).
+std::vector<LayerKv> dump_kv(const LlamaModel& m, const std::vector<int32_t>& ids, int threads = 0,
+                             const std::function<void()>& poll = {});
+
 /// \brief log-softmax of one logits row, in double.
 std::vector<double> log_softmax(const float* logits, int64_t n);
 

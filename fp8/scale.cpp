@@ -81,22 +81,32 @@ Calibration read_calibration(const std::string& path) {
   for (size_t l = 0; l < j["layers"].size(); ++l) {
     const auto& L = j["layers"][l];
     for (const char* key : {"k_amax", "v_amax"}) {
-      if (!L.is_object() || !L.contains(key) || !L[key].is_array() || L[key].empty())
-        fail("{}: layers[{}].{} must be a non-empty array of numbers", path, l, key);
+      // vLLM's names: k_scale / v_scale, the E4M3 scale (amax / 448), one per layer or per head.
+      const std::string vllm = std::string(1, key[0]) + "_scale";
+      const bool scale = L.is_object() && !L.contains(key) && L.contains(vllm);
+      const nlohmann::json entry =
+          !scale ? (L.is_object() && L.contains(key) ? L[key] : nlohmann::json())
+                 : L[vllm].is_array() ? L[vllm] : nlohmann::json::array({L[vllm]});
+      if (!entry.is_array() || entry.empty())
+        fail("{}: layers[{}].{} must be a non-empty array of numbers (or {}: vLLM's scale)", path,
+             l, key, vllm);
       std::vector<float> v;
-      for (size_t h = 0; h < L[key].size(); ++h) {
-        const auto& x = L[key][h];
+      for (size_t h = 0; h < entry.size(); ++h) {
+        const auto& x = entry[h];
         // Checked as the float32 it is stored as: 1e300 or 1e-300 would become inf or 0.
-        const double d = x.is_number() ? x.get<double>() : 0.0;
+        const double d =
+            x.is_number() ? x.get<double>() * (scale ? fp8::max_finite(Fp8Format::E4M3) : 1.0)
+                          : 0.0;
         const float a =
             d > 0 && d <= std::numeric_limits<float>::max() ? static_cast<float>(d) : 0.0f;
         if (!x.is_number() || !(a > 0.0f))
-          fail("{}: layers[{}].{}[{}] = {} is not a positive finite float32", path, l, key, h,
-               x.dump());
+          fail("{}: layers[{}].{}[{}] = {} is not a positive finite float32", path, l,
+               scale ? vllm : std::string(key), h, x.dump());
         v.push_back(a);
       }
-      if (heads == 0) heads = v.size();
-      if (v.size() != heads)
+      const bool per_layer = scale && v.size() == 1;  // vLLM's one scale for the whole layer
+      if (heads == 0 && !per_layer) heads = v.size();
+      if (!per_layer && v.size() != heads)
         fail("{}: layers[{}].{} has {} heads, earlier layers have {}", path, l, key, v.size(),
              heads);
       (key[0] == 'k' ? c.k_amax : c.v_amax).push_back(std::move(v));
@@ -127,7 +137,8 @@ std::vector<float> compute_scales(const Fp8Spec& spec, Role role, const Tensor3&
     const auto& table = role == Role::Key ? c.k_amax : c.v_amax;
     if (layer < 0 || layer >= static_cast<int>(table.size()))
       fail("{}: has {} layers, layer {} requested", spec.calib_path, table.size(), layer);
-    const auto& amax = table[static_cast<size_t>(layer)];
+    auto amax = table[static_cast<size_t>(layer)];
+    if (amax.size() == 1) amax.assign(static_cast<size_t>(s.heads), amax[0]);  // one per layer
     if (static_cast<int64_t>(amax.size()) != s.heads)
       fail("{}: layer {} has {} heads but the tensor has {}", spec.calib_path, layer, amax.size(),
            s.heads);

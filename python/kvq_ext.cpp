@@ -423,37 +423,16 @@ class Model {
   // Per layer: (k post-RoPE, k pre-RoPE, v), [T, kv_heads, head_dim] each, as `kvq model dump`.
   std::vector<std::tuple<FloatOut, FloatOut, FloatOut>> dump_kv(const std::vector<int32_t>& ids,
                                                                 int threads) {
-    KVQ_CHECK(!ids.empty(), "dump_kv: the text is empty after tokenization");
-    const LlamaConfig& c = model_->config();
-    const int64_t T = static_cast<int64_t>(ids.size()), H = c.kv_heads, D = c.head_dim;
-    KVQ_CHECK(T <= c.context, "dump_kv: {} tokens exceed the model's context {}", T, c.context);
-    std::vector<std::vector<float>> ts(static_cast<size_t>(3 * c.layers));
+    std::vector<eval::LayerKv> kv;
     {
       nb::gil_scoped_release release;
-      for (auto& t : ts) t.resize(static_cast<size_t>(T * H * D));
-      LlamaCache cache(c, CacheOptions{parse_spec("fp32")});
-      std::vector<float> logits;
-      for (int64_t a = 0; a < T; a += 256) {
-        const int64_t len = std::min<int64_t>(256, T - a);
-        model_->forward({ids.data() + a, static_cast<size_t>(len)}, cache, logits, false, threads,
-                        [&](int l, int64_t pos0, int64_t n, const float* kpre, const float* k,
-                            const float* v) {
-                          const size_t off = static_cast<size_t>(pos0 * H * D),
-                                       cnt = static_cast<size_t>(n * H * D);
-                          const auto L = static_cast<size_t>(3 * l);
-                          std::copy(k, k + cnt, ts[L].begin() + static_cast<long>(off));
-                          std::copy(kpre, kpre + cnt, ts[L + 1].begin() + static_cast<long>(off));
-                          std::copy(v, v + cnt, ts[L + 2].begin() + static_cast<long>(off));
-                        });
-        poll_signals();
-      }
+      kv = eval::dump_kv(*model_, ids, threads, poll_signals);
     }
     std::vector<std::tuple<FloatOut, FloatOut, FloatOut>> out;
-    const std::vector<int64_t> s{T, H, D};
-    for (int l = 0; l < c.layers; ++l) {
-      const auto L = static_cast<size_t>(3 * l);
-      out.emplace_back(to_numpy(std::move(ts[L]), s), to_numpy(std::move(ts[L + 1]), s),
-                       to_numpy(std::move(ts[L + 2]), s));
+    for (auto& l : kv) {
+      const std::vector<int64_t> s{l.k.shape.tokens, l.k.shape.heads, l.k.shape.dim};
+      out.emplace_back(to_numpy(std::move(l.k.data), s), to_numpy(std::move(l.k_pre.data), s),
+                       to_numpy(std::move(l.v.data), s));
     }
     return out;
   }

@@ -118,6 +118,19 @@ TEST(Spec, AliasesFromOtherTools_sameCanonicalSpec) {
   EXPECT_EQ(parse_spec("int8").canonical(), parse_spec("int8:k=channel,v=token").canonical());
 }
 
+// Issue 14: HF transformers' QuantizedCacheConfig names. By its documentation: nbits 4,
+// q_group_size 64, residual_length 128 by default; axis 0 groups along head_dim (per token).
+TEST(Spec, HfQuantizedCacheNames_mapToPerTokenInt) {
+  EXPECT_EQ(parse_spec("hf").canonical(), "int4:k=token,v=token,g=64,r=128");
+  EXPECT_EQ(parse_spec("hf:nbits=2,q_group_size=32,residual_length=64,axis_key=0,axis_value=0")
+                .canonical(),
+            "int2:k=token,v=token,g=32,r=64");
+  EXPECT_NE(error_of("hf:axis_key=1").find("axis 0"), std::string::npos);
+  EXPECT_NE(error_of("hf:nbits=5").find("5 bits"), std::string::npos);
+  EXPECT_NE(error_of("hf:group=32").find("unknown parameter 'group'"), std::string::npos);
+  EXPECT_EQ(parse_spec("k=hf;v=fp8").side(Role::Key).canonical(), "int4:k=token,v=token,g=64,r=128");
+}
+
 // Issue 14: keys and values in different schemes (llama.cpp's -ctk/-ctv). Expected strings are the
 // grammar of core/spec.h written out by hand.
 TEST(Spec, SplitKeysAndValues_eachSideIsItsOwnSpec) {

@@ -4,11 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "core/npy.h"
 #include "core/safetensors.h"
 #include "experiments/channel_stats.h"
+#include "experiments/model_files.h"
 #include "tests/support/run_cli.h"
 
 namespace kvq {
@@ -87,6 +92,45 @@ TEST(StatsCli, DumpLikeFile_everyTensorAndHead_flagsTheOutlierChannel_json) {
   const auto bad =
       testing::run_kvq("stats " + (dir / "kv.safetensors").string() + " --threshold 0.5");
   EXPECT_NE(bad.status, 0);
+  std::filesystem::remove_all(dir);
+}
+
+// Issue 14: statistics of a live model run. The reference is the path that already existed: a
+// `kvq model dump` of the same text read back by `kvq stats`; the two tables must be equal.
+TEST(StatsCli, LiveModelText_sameTableAsStatsOfItsDump) {
+  try {
+    cli::model_path("");
+  } catch (const Error&) {
+    GTEST_SKIP() << "model file absent: run scripts/fetch-model.sh (the README's setup does)";
+  }
+  const auto dir = testing::temp_dir("stats_live");
+  const std::string text = (dir / "t.txt").string();
+  {
+    std::ofstream(text) << "In the beginning God created the heaven and the earth. And the earth "
+                           "was without form, and void; and darkness was upon the face of the deep.";
+  }
+  const auto d = testing::run_kvq("model dump --text " + text + " --max-tokens 24 --out " +
+                                  (dir / "kv.safetensors").string());
+  ASSERT_EQ(d.status, 0) << d.err;
+  const auto a = testing::run_kvq("stats " + (dir / "kv.safetensors").string());
+  const auto b = testing::run_kvq("stats --text " + text + " --max-tokens 24");
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  // The same lines (a dump is read back in name order, the live run goes layer by layer).
+  const auto sorted_lines = [](const std::string& s) {
+    std::vector<std::string> v;
+    std::istringstream in(s);
+    for (std::string l; std::getline(in, l);) v.push_back(l);
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(sorted_lines(a.out), sorted_lines(b.out));
+  EXPECT_NE(b.out.find("layer.29.v"), std::string::npos) << b.out;
+  const auto both = testing::run_kvq("stats " + (dir / "kv.safetensors").string() + " --text " + text);
+  EXPECT_NE(both.status, 0);
+  const auto none = testing::run_kvq("stats");
+  EXPECT_NE(none.status, 0);
+  EXPECT_NE(none.err.find("--text"), std::string::npos) << none.err;
   std::filesystem::remove_all(dir);
 }
 

@@ -435,6 +435,28 @@ TEST_F(Calib, ScalesFromCalibration) {
   EXPECT_EQ(checked, 9);
 }
 
+// Issue 14: vLLM's names. k_scale / v_scale are E4M3 scales (amax / 448): one per layer (vLLM's
+// checkpoints) or one per head. Expected (hand): amax = scale x 448; an E4M3 gran=tensor scale
+// read back is the file's scale (to the float rounding of x 448 / 448: within an ulp); a per-layer
+// scale serves every head.
+TEST_F(Calib, VllmScaleNames_perLayerOrPerHead) {
+  const std::string path = write("vllm.json", R"({"kvq_calibration": 1, "layers": [
+    {"k_scale": 0.25, "v_scale": [0.5, 0.125]}, {"k_scale": 0.0078125, "v_amax": [3, 5]}]})");
+  const Calibration c = read_calibration(path);
+  EXPECT_EQ(c.k_amax, (std::vector<std::vector<float>>{{112}, {3.5f}}));
+  EXPECT_EQ(c.v_amax, (std::vector<std::vector<float>>{{224, 56}, {3, 5}}));
+  Fp8Spec spec;
+  spec.format = Fp8Format::E4M3;
+  spec.source = ScaleSource::Calib;
+  spec.calib_path = path;
+  const Tensor3 x(Shape3{5, 2, 8});
+  EXPECT_EQ(compute_scales(spec, Role::Key, x, 0), std::vector<float>{0.25f});
+  spec.gran = Granularity::Head;
+  EXPECT_EQ(compute_scales(spec, Role::Key, x, 1), (std::vector<float>{0.0078125f, 0.0078125f}));
+  expect_error([&] { read_calibration(write("bad.json", R"({"kvq_calibration": 1, "layers": [
+    {"k_scale": -1, "v_scale": 1}]})")); }, {"bad.json", "layers[0].k_scale[0]"});
+}
+
 // Expected: each malformed file is rejected with kvq::Error naming the file and the bad part.
 TEST_F(Calib, RejectsMalformedFiles) {
   struct Bad {
