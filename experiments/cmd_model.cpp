@@ -28,7 +28,7 @@ namespace kvq::cli {
 namespace {
 
 struct Common {
-  std::string model_file, kv = "kivi2", json, backend = "cpu";
+  std::string model_file, kv = kDefaultKv, json, backend = "cpu";
   bool pre_rope = false, hadamard = false;
   int threads = 0;
 };
@@ -119,7 +119,6 @@ void register_generate(CLI::App* model) {
     bool chat = false;
   };
   auto o = std::make_shared<O>();
-  o->kv = "fp32";
   auto* c = model->add_subcommand("generate", "Greedy generation with a quantized KV cache.\n"
                                               "Example: kvq model generate --kv kivi2 --chat --prompt 'What is gravity?' -n 80");
   add_common(c, *o);
@@ -155,7 +154,7 @@ void register_ppl(CLI::App* model) {
     eval::PplOptions p;
   };
   auto o = std::make_shared<O>();
-  o->p.max_tokens = 4096;
+  o->p.max_tokens = kDefaultMaxTokens;
   auto* c = model->add_subcommand(
       "ppl",
       "Perplexity of a text with the scheme's KV cache, plus KL divergence of every next-token\n"
@@ -323,7 +322,7 @@ void register_needle(CLI::App* model) {
 void register_dump(CLI::App* model) {
   struct O : Common {
     std::string prompt, prompt_file, out;
-    int64_t max_tokens = 2048;
+    int64_t max_tokens = kDefaultMaxTokens;
   };
   auto o = std::make_shared<O>();
   auto* c = model->add_subcommand("dump", "Per-layer K (post-RoPE and pre-RoPE) and V of a prompt, as safetensors\n"
@@ -337,8 +336,7 @@ void register_dump(CLI::App* model) {
   c->callback([o] {
     const std::string text = prompt_text(o->prompt, o->prompt_file);
     const Loaded& L = load(*o);
-    auto ids = L.tok.encode(text);
-    if (static_cast<int64_t>(ids.size()) > o->max_tokens) ids.resize(static_cast<size_t>(o->max_tokens));
+    const auto ids = L.tok.encode_first(text, o->max_tokens);
     KVQ_CHECK(!ids.empty(), "the prompt is empty after tokenization");
     const auto& cfg = L.model.config();
     const int64_t T = static_cast<int64_t>(ids.size()), H = cfg.kv_heads, D = cfg.head_dim;
@@ -358,7 +356,7 @@ void register_dump(CLI::App* model) {
 void register_calibrate(CLI::App* model) {
   struct O : Common {
     std::string text = "kjv", out;
-    int64_t tokens = 4096;
+    int64_t tokens = kDefaultMaxTokens;
     int ctx = 1024;
   };
   auto o = std::make_shared<O>();
@@ -369,14 +367,14 @@ void register_calibrate(CLI::App* model) {
   add_common(c, *o, false);
   c->add_flag("--pre-rope", o->pre_rope, "record keys before RoPE (for --pre-rope runs)");
   c->add_option("--text", o->text, "text file, or 'kjv'")->capture_default_str();
-  c->add_option("--tokens", o->tokens, "calibration tokens")->check(at_least(1))->capture_default_str();
+  c->add_option("--max-tokens", o->tokens, "calibrate on the first N tokens of the text")->check(at_least(1))->capture_default_str();
+  c->add_option("--tokens", o->tokens, "the old name of --max-tokens")->check(at_least(1))->group("");
   c->add_option("--ctx", o->ctx, "window length")->check(at_least(1))->capture_default_str();
   c->add_option("--out", o->out, "output JSON")->required();
   c->callback([o] {
     const std::string text = read_file(text_path(o->text));
     const Loaded& L = load(*o);
-    auto ids = L.tok.encode(text);
-    if (static_cast<int64_t>(ids.size()) > o->tokens) ids.resize(static_cast<size_t>(o->tokens));
+    const auto ids = L.tok.encode_first(text, o->tokens);
     const auto& cfg = L.model.config();
     KVQ_CHECK(o->ctx <= cfg.context, "--ctx {} exceeds the model's context {}", o->ctx, cfg.context);
     const int64_t H = cfg.kv_heads, D = cfg.head_dim;
@@ -410,25 +408,23 @@ void register_calibrate(CLI::App* model) {
 void register_logits(CLI::App* model) {
   struct O : Common {
     std::string prompt, prompt_file, out, ids_out;
-    int64_t max_tokens = 256;
+    int64_t max_tokens = kDefaultMaxTokens;
   };
   auto o = std::make_shared<O>();
-  o->kv = "fp32";
   auto* c = model->add_subcommand("logits", "Next-token logits of every position of a text (float32 npy [tokens, vocab]) and\n"
                                             "its token ids (JSON), for comparison with other implementations.\n"
                                             "Example: kvq model logits --text kjv --max-tokens 300 --out l.npy --ids-out ids.json");
   add_common(c, *o);
   c->add_option("--prompt", o->prompt, "prompt text");
   add_text_option(c, o->prompt_file);
-  c->add_option("--max-tokens", o->max_tokens, "truncate to N tokens")->check(at_least(1))->capture_default_str();
+  c->add_option("--max-tokens", o->max_tokens, "truncate to N tokens (the npy holds N x vocab floats: 400 MB at 2,048)")->check(at_least(1))->capture_default_str();
   c->add_option("--out", o->out, "output logits .npy")->required();
   c->add_option("--ids-out", o->ids_out, "also write the token ids as a JSON array");
   c->callback([o] {
     const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = prompt_text(o->prompt, o->prompt_file);
     const Loaded& L = load(*o);
-    auto ids = L.tok.encode(text);
-    if (static_cast<int64_t>(ids.size()) > o->max_tokens) ids.resize(static_cast<size_t>(o->max_tokens));
+    const auto ids = L.tok.encode_first(text, o->max_tokens);
     KVQ_CHECK(!ids.empty(), "the text is empty after tokenization");
     LlamaCache cache(L.model.config(), co);
     std::vector<float> logits;
@@ -445,7 +441,6 @@ void register_bench(CLI::App* model) {
     int prompt = 512, gen = 64, depth = 0, reps = 3;
   };
   auto o = std::make_shared<O>();
-  o->kv = "fp32";
   auto* c = model->add_subcommand(
       "bench",
       "Model throughput, as llama-bench reports it: prefill of --prompt tokens in one call (pp) and\n"

@@ -118,7 +118,7 @@ void register_quant(CLI::App& app) {
       "quant",
       "Quantize and dequantize one layer's K or V tensor as a scheme stores it; write the values\n"
       "read back (float32 npy, same shape) and print the error as JSON.\n"
-      "Example: kvq quant --kv fp8_e4m3:gran=head --role key k.npy k_q.npy --stats k.json");
+      "Example: kvq quant --kv fp8_e4m3:gran=head --role key k.npy k_q.npy --json k.json");
   c->add_option(
       "--kv", o->scheme,
       "KV scheme spec (required): fp32 | bf16 | fp16 | "
@@ -131,7 +131,8 @@ void register_quant(CLI::App& app) {
   c->add_option("--layer", o->layer, "layer index for scale=calib:FILE")
       ->check(at_least(0))
       ->capture_default_str();
-  c->add_option("--stats", o->stats, "also write the JSON report to this file (atomically)");
+  c->add_option("--json", o->stats, "also write the JSON report to this file (atomically)");
+  c->add_option("--stats", o->stats, "the old name of --json")->group("");  // hidden alias
   c->add_option(
       "--codes", o->codes,
       "also write what the cache stores - codes or packed words, scales, minima, the tokens\n"

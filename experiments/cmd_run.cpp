@@ -295,7 +295,7 @@ ModelPlan plan_model(const toml::table& mt, const Where& w, const std::string& m
   ModelPlan p;
   const int64_t ctx = get_or<int64_t>(mt, w, "ctx", 512), stride = get_or<int64_t>(mt, w, "stride", 0),
                 chunk = get_or<int64_t>(mt, w, "chunk", 256);
-  p.o.max_tokens = get_or<int64_t>(mt, w, "max_tokens", 2048);
+  p.o.max_tokens = get_or<int64_t>(mt, w, "max_tokens", kDefaultMaxTokens);
   KVQ_CHECK(ctx >= 2 && ctx <= 1 << 20, "{}: {} must be between 2 and 1048576, got {}", w.file, w.key("ctx"), ctx);
   KVQ_CHECK(stride >= 0 && stride <= ctx, "{}: {} must be between 0 (= ctx) and ctx {}, got {}", w.file,
             w.key("stride"), ctx, stride);

@@ -30,7 +30,7 @@ void register_stats(CLI::App& app) {
   struct Opts {
     std::string in, json_out, text, model_file;
     double threshold = 4.0;
-    int64_t max_tokens = 2048;
+    int64_t max_tokens = kDefaultMaxTokens;
     int threads = 0;
   };
   auto o = std::make_shared<Opts>();

@@ -3,6 +3,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "experiments/defaults.h"
+
 namespace kvq::cli {
 
 void register_quant(CLI::App& app);

@@ -26,6 +26,7 @@
 #include "core/gguf.h"
 #include "core/io.h"
 #include "core/spec.h"
+#include "experiments/defaults.h"
 #include "experiments/kv_input.h"
 #include "experiments/model_eval.h"
 #include "experiments/model_files.h"
@@ -450,6 +451,8 @@ NB_MODULE(_kvq, m) {
   using namespace kvq::py;
   m.doc() = "kvq's C++ core; use the kvq package (python/kvq/__init__.py), not this module";
   nb::exception<kvq::Error>(m, "Error", PyExc_ValueError);
+  m.attr("default_kv") = kvq::cli::kDefaultKv;
+  m.attr("default_max_tokens") = kvq::cli::kDefaultMaxTokens;
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

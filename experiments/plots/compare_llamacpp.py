@@ -30,13 +30,13 @@ Run (from the repository root; the venv is throwaway, llama-cpp-python compiles 
     CMAKE_BUILD_PARALLEL_LEVEL=1 \\
     CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DLLAMA_CURL=OFF" \\
         /tmp/llamavenv/bin/pip install llama-cpp-python==0.3.36 numpy
-    build/lead/experiments/kvq model logits --prompt-file kjv --max-tokens 300 \\
+    build/lead/experiments/kvq model logits --kv fp32 --text kjv --max-tokens 300 \\
         --out /tmp/ours.npy --ids-out /tmp/ids.json
     /tmp/llamavenv/bin/python experiments/plots/compare_llamacpp.py \\
         --case kjv=kjv:/tmp/ours.npy:/tmp/ids.json
 Several --case NAME=TEXT:OURS_NPY:IDS_JSON may be given (TEXT: a file, or 'kjv' for
 ${KVQ_MODEL_DIR:-~/.cache/kvq}/kjv.txt). With --kvq BIN and a case written NAME=TEXT (no npy
-and ids), the script runs `BIN model logits --prompt-file TEXT --max-tokens N` itself into a
+and ids), the script runs `BIN model logits --kv fp32 --text TEXT --max-tokens N` itself into a
 temporary folder. Other options: --model PATH, --threads N, --kv-type f32|f16, --dequantize,
 --max-tokens N (for --kvq), --json OUT (all numbers as JSON). Prints a markdown summary.
 """
@@ -147,7 +147,7 @@ def dequantize_model(src: str, dst: Path, threads: int) -> str:
 
 def run_kvq(kvq: str, text: str, max_tokens: int, tmp: Path, name: str) -> tuple[Path, Path]:
     npy, ids = tmp / f"{name}.npy", tmp / f"{name}.json"
-    subprocess.run([kvq, "model", "logits", "--prompt-file", text, "--max-tokens", str(max_tokens),
+    subprocess.run([kvq, "model", "logits", "--kv", "fp32", "--text", text, "--max-tokens", str(max_tokens),
                     "--out", str(npy), "--ids-out", str(ids)], check=True, stdout=sys.stderr)
     return npy, ids
 

@@ -33,12 +33,14 @@ import numpy as np
 from . import _kvq
 
 __all__ = [
-    "Error", "Spec", "parse_spec", "quantize", "compare", "Cache", "plan", "Model",
+    "Error", "DEFAULT_KV", "DEFAULT_MAX_TOKENS", "Spec", "parse_spec", "quantize", "compare", "Cache", "plan", "Model",
     "read_results", "read_text", "model_path",
 ]
 __version__ = "0.1.0"
 
 Error = _kvq.Error
+DEFAULT_KV: str = _kvq.default_kv  #: the scheme a call studies when kv is not given (as the CLI)
+DEFAULT_MAX_TOKENS: int = _kvq.default_max_tokens  #: tokens of a text read when not given
 Error.__doc__ = "A bad input or setting; the message names it and says what is allowed."
 Error.__module__ = "kvq"
 
@@ -385,14 +387,14 @@ class Model:
         """
         return self._m.decode([int(i) for i in ids])
 
-    def ppl(self, text: Union[str, Sequence[int]], kv: Union[SpecLike, Sequence[SpecLike]] = "kivi2",
-            ctx: int = 512, max_tokens: int = 0, stride: int = 0, chunk: int = 256,
+    def ppl(self, text: Union[str, Sequence[int]], kv: Union[SpecLike, Sequence[SpecLike]] = DEFAULT_KV,
+            ctx: int = 512, max_tokens: int = DEFAULT_MAX_TOKENS, stride: int = 0, chunk: int = 256,
             threads: int = 0, backend: str = "cpu") -> Union[dict, list[dict]]:
         """Perplexity with each scheme's cache, with KL divergence and top-1 agreement against
         the fp32 cache on the same windows (computed once for all schemes), as ``kvq model ppl``.
 
         ``text`` is a string (or token ids); windows of ``ctx`` tokens, ``stride`` apart
-        (0: ctx), over the first ``max_tokens`` tokens (0: all). Returns a dict (one spec) or a
+        (0: ctx), over the first ``max_tokens`` tokens (0: all; default 2,048, as the CLI). Returns a dict (one spec) or a
         list of dicts (kv, ppl, ppl_fp32, kld, kld_p99, top1, windows, scored, seconds).
         Ctrl-C stops it between chunks.
 
@@ -410,7 +412,7 @@ class Model:
                                                    _int(threads, "threads"), backend)]
         return rows[0] if one else rows
 
-    def generate(self, prompt: str, n: int = 64, kv: SpecLike = "fp32", chat: bool = False,
+    def generate(self, prompt: str, n: int = 64, kv: SpecLike = DEFAULT_KV, chat: bool = False,
                  threads: int = 0, backend: str = "cpu") -> str:
         """Greedy continuation of ``prompt`` (up to ``n`` tokens, stopping at end-of-text) with
         the cache in scheme ``kv``; ``chat`` applies the instruct template. Ctrl-C stops it.
@@ -429,7 +431,7 @@ class Model:
             out = out[:-1]
         return self.decode(out)
 
-    def dump_kv(self, text: Union[str, Sequence[int]], max_tokens: int = 2048,
+    def dump_kv(self, text: Union[str, Sequence[int]], max_tokens: int = DEFAULT_MAX_TOKENS,
                 threads: int = 0) -> list[dict]:
         """Per-layer K and V of ``text`` from the forward pass (fp32 cache), as
         ``kvq model dump``: one dict per layer with "k" (post-RoPE), "k_pre" (pre-RoPE) and "v",

@@ -18,7 +18,7 @@ def test_bit_equal_to_cli(cli, tmp_path, rng, spec, role):
     x = outlier_keys(rng)
     np.save(tmp_path / "x.npy", x)
     cli("quant", "--kv", spec, "--role", role, tmp_path / "x.npy", tmp_path / "y.npy",
-        "--stats", tmp_path / "s.json")
+        "--json", tmp_path / "s.json")
     y_cli = np.load(tmp_path / "y.npy")
     y, stats = kvq.quantize(x, spec, role=role)
     assert y.dtype == np.float32 and y.shape == x.shape
