@@ -356,7 +356,7 @@ void register_dump(CLI::App* model) {
 void register_calibrate(CLI::App* model) {
   struct O : Common {
     std::string text = "kjv", out;
-    int64_t tokens = kDefaultMaxTokens;
+    int64_t tokens = kDefaultMaxTokens, skip = 0;
     int ctx = 1024;
   };
   auto o = std::make_shared<O>();
@@ -369,18 +369,28 @@ void register_calibrate(CLI::App* model) {
   c->add_option("--text", o->text, "text file, or 'kjv'")->capture_default_str();
   c->add_option("--max-tokens", o->tokens, "calibrate on the first N tokens of the text")->check(at_least(1))->capture_default_str();
   c->add_option("--tokens", o->tokens, "the old name of --max-tokens")->check(at_least(1))->group("");
+  c->add_option("--skip-tokens", o->skip,
+                "start after the first N tokens of the text (calibrate on text the evaluation does not read: "
+                "`kvq model ppl` and `kvq run` read from the start)")
+      ->check(at_least(0))
+      ->capture_default_str();
   c->add_option("--ctx", o->ctx, "window length")->check(at_least(1))->capture_default_str();
   c->add_option("--out", o->out, "output JSON")->required();
   c->callback([o] {
     const std::string text = read_file(text_path(o->text));
     const Loaded& L = load(*o);
-    const auto ids = L.tok.encode_first(text, o->tokens);
+    auto ids = L.tok.encode_first(text, o->skip + o->tokens);
+    KVQ_CHECK(static_cast<int64_t>(ids.size()) > o->skip, "calibrate: the text has {} tokens, --skip-tokens {} leaves none",
+              ids.size(), o->skip);
+    ids.erase(ids.begin(), ids.begin() + o->skip);
     const auto& cfg = L.model.config();
     KVQ_CHECK(o->ctx <= cfg.context, "--ctx {} exceeds the model's context {}", o->ctx, cfg.context);
     const int64_t H = cfg.kv_heads, D = cfg.head_dim;
     fp8::Calibration cal;
     cal.model = "SmolLM2-135M-Instruct.Q4_1";
-    cal.source = fmt::format("{}: {} tokens, windows of {}{}", o->text, ids.size(), o->ctx, o->pre_rope ? ", pre-RoPE keys" : "");
+    cal.source = fmt::format("{}: {} tokens{}, windows of {}{}", o->text, ids.size(),
+                             o->skip > 0 ? fmt::format(" after the first {}", o->skip) : std::string(), o->ctx,
+                             o->pre_rope ? ", pre-RoPE keys" : "");
     cal.k_amax.assign(static_cast<size_t>(cfg.layers), std::vector<float>(static_cast<size_t>(H), 0.0f));
     cal.v_amax = cal.k_amax;
     std::vector<float> logits;

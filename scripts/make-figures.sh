@@ -7,3 +7,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
 build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/default.toml
 .venv/bin/python experiments/plots/plot_results.py results/default --out docs/img
+# The model's own K/V through the Python package: per-channel magnitudes (KIVI's figure 2) and
+# the per-layer granularity comparison (also granularity_layers.csv).
+.venv/bin/python experiments/plots/channel_magnitudes.py --out docs/img
+.venv/bin/python experiments/plots/granularity_layers.py --out docs/img

@@ -100,6 +100,21 @@ def test_dump_kv_equals_cli_dump(model, cli, tmp_path):
     assert stats["shape"] == [T, 3, 64] and 0 < stats["nmse"] < 1
 
 
+def test_calibrate_skip_tokens_equals_amax_of_those_tokens(model, cli, tmp_path, text):
+    # `kvq model calibrate --skip-tokens S --max-tokens N` records, per layer and head, the amax of
+    # K (post-RoPE) and V over tokens S .. S+N-1 run as one window: the same as the amax of
+    # dump_kv on those token ids, computed here in numpy.
+    S, N = 40, 24
+    cli("model", "calibrate", "--text", "kjv", "--skip-tokens", S, "--max-tokens", N, "--ctx", 64,
+        "--out", tmp_path / "c.json")
+    cal = json.loads((tmp_path / "c.json").read_text())
+    layers = model.dump_kv(model.encode(text, max_tokens=S + N)[S:])
+    for l, (entry, d) in enumerate(zip(cal["layers"], layers)):
+        assert entry["k_amax"] == np.abs(d["k"]).max(axis=(0, 2)).tolist(), l
+        assert entry["v_amax"] == np.abs(d["v"]).max(axis=(0, 2)).tolist(), l
+    assert "after the first 40" in cal["source"]
+
+
 def test_gil_is_released_during_long_calls(model, text):
     ids = model.encode(text, max_tokens=512)
     done = threading.Event()
