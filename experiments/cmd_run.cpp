@@ -291,16 +291,22 @@ struct ModelPlan {
 };
 
 ModelPlan plan_model(const toml::table& mt, const Where& w, const std::string& model_flag) {
-  check_keys(mt, w, {"text", "ctx", "stride", "chunk", "max_tokens", "pre_rope", "hadamard", "backend", "schemes"});
+  check_keys(mt, w, {"text", "ctx", "stride", "chunk", "max_tokens", "score_from", "pre_rope", "hadamard", "backend",
+                     "schemes"});
   ModelPlan p;
   const int64_t ctx = get_or<int64_t>(mt, w, "ctx", 512), stride = get_or<int64_t>(mt, w, "stride", 0),
                 chunk = get_or<int64_t>(mt, w, "chunk", 256);
   p.o.max_tokens = get_or<int64_t>(mt, w, "max_tokens", kDefaultMaxTokens);
+  // llama-perplexity's convention is score_from = ctx / 2 (the second half of each window).
+  const int64_t score_from = get_or<int64_t>(mt, w, "score_from", 0);
   KVQ_CHECK(ctx >= 2 && ctx <= 1 << 20, "{}: {} must be between 2 and 1048576, got {}", w.file, w.key("ctx"), ctx);
   KVQ_CHECK(stride >= 0 && stride <= ctx, "{}: {} must be between 0 (= ctx) and ctx {}, got {}", w.file,
             w.key("stride"), ctx, stride);
   KVQ_CHECK(chunk >= 1 && chunk <= 1 << 20, "{}: {} must be between 1 and 1048576, got {}", w.file, w.key("chunk"), chunk);
   KVQ_CHECK(p.o.max_tokens >= 2, "{}: {} must be at least 2, got {}", w.file, w.key("max_tokens"), p.o.max_tokens);
+  KVQ_CHECK(score_from >= 0 && score_from < ctx - 1, "{}: {} must be between 0 and ctx - 2 = {}, got {}", w.file,
+            w.key("score_from"), ctx - 2, score_from);
+  p.o.score_from = static_cast<int>(score_from);
   p.o.ctx = static_cast<int>(ctx);
   p.o.stride = static_cast<int>(stride);
   p.o.chunk = static_cast<int>(chunk);
@@ -318,6 +324,7 @@ ModelPlan plan_model(const toml::table& mt, const Where& w, const std::string& m
   p.settings = {{"text", p.text}, {"ctx", p.o.ctx}, {"stride", p.o.stride}, {"max_tokens", p.o.max_tokens},
                 {"pre_rope", p.pre}, {"backend", p.backend}};
   if (p.rot) p.settings["hadamard"] = true;  // only when set, so rows of earlier runs still match
+  if (p.o.score_from > 0) p.settings["score_from"] = p.o.score_from;
   return p;
 }
 

@@ -169,6 +169,29 @@ TEST_F(RunCli, ChangedConfigIntoExistingOut_refusedWithoutAppend_settingsAreCsvC
   EXPECT_NE(csv.find(",96,2,64,"), std::string::npos) << csv;
 }
 
+// Issue 11: [model] score_from (llama-perplexity scores the second half of each window). By hand:
+// ctx 64 over 128 tokens is 2 windows; positions 32 .. 62 of each predict the next token, 31 each.
+TEST_F(RunCli, ModelScoreFrom_scoresTheWindowTailAndIsASetting) {
+  if (!std::filesystem::exists(cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf") ||
+      !std::filesystem::exists(cli::model_dir() + "/kjv.txt"))
+    GTEST_SKIP() << "model or text not fetched (scripts/fetch-model.sh, scripts/fetch-text.sh)";
+  const auto p = dir_ / "m.toml";
+  std::ofstream(p) << "name = \"m\"\nout = \"" << (dir_ / "out").string()
+                   << "\"\nschemes = [\"kivi2:g=16,r=16\"]\n[model]\nctx = 64\nmax_tokens = 128\n"
+                      "score_from = 32\n";
+  const auto r = run_kvq("run " + p.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto rows = jsonl(dir_ / "out" / "model.jsonl");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["scored"], 62);
+  EXPECT_EQ(rows[0]["settings"]["score_from"], 32);
+  EXPECT_NE(testing::slurp(dir_ / "out" / "model.csv").find("settings.score_from"), std::string::npos);
+  std::ofstream(p) << "schemes = [\"kivi2\"]\n[model]\nctx = 64\nscore_from = 63\n";
+  const auto bad = run_kvq("run " + p.string());
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("[model].score_from must be between 0 and ctx - 2 = 62"), std::string::npos) << bad.err;
+}
+
 // Every config shipped in experiments/configs passes `kvq run --check` (its keys, types, ranges and
 // every row against the shapes it meets) without running anything. The [model] checks need the
 // fetched model; without it the test says so and skips.
@@ -176,6 +199,9 @@ TEST(RunConfigs, EveryShippedConfigPassesCheck) {
   if (!std::filesystem::exists(cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf") ||
       !std::filesystem::exists(cli::model_dir() + "/kjv.txt"))
     GTEST_SKIP() << "model or text not fetched (scripts/fetch-model.sh, scripts/fetch-text.sh)";
+  // Configs name files relative to the repo root (out = "results/...", scale=calib:experiments/...).
+  const auto cwd = std::filesystem::current_path();
+  std::filesystem::current_path(KVQ_SOURCE_DIR);
   int n = 0;
   for (const auto& e :
        std::filesystem::directory_iterator(std::string(KVQ_SOURCE_DIR) + "/experiments/configs")) {
@@ -185,7 +211,8 @@ TEST(RunConfigs, EveryShippedConfigPassesCheck) {
     EXPECT_EQ(r.status, 0) << e.path() << ": " << r.err;
     EXPECT_NE(r.out.find("ok, nothing run (--check)"), std::string::npos) << r.out;
   }
-  EXPECT_GE(n, 2) << "default.toml and kivi_ablation.toml at least";
+  std::filesystem::current_path(cwd);
+  EXPECT_GE(n, 4) << "default, kivi_ablation, granularity and kv_split at least";
 }
 
 }  // namespace
