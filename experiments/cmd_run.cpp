@@ -283,7 +283,8 @@ SyntheticPlan plan_synthetic(const toml::table& syn, const Where& w) {
 }
 
 struct ModelPlan {
-  eval::PplOptions o;
+  eval::PplOptions o;           // o.ctx: the first of ctxs
+  std::vector<int> ctxs;        // one set of rows per window length (`ctx = [512, 2048]`)
   std::string text, backend, model_file;
   bool pre = false, rot = false;
   json settings;
@@ -294,12 +295,29 @@ ModelPlan plan_model(const toml::table& mt, const Where& w, const std::string& m
   check_keys(mt, w, {"text", "ctx", "stride", "chunk", "max_tokens", "score_from", "pre_rope", "hadamard", "backend",
                      "schemes"});
   ModelPlan p;
-  const int64_t ctx = get_or<int64_t>(mt, w, "ctx", 512), stride = get_or<int64_t>(mt, w, "stride", 0),
-                chunk = get_or<int64_t>(mt, w, "chunk", 256);
+  // ctx: one window length, or a list of them (rows per length: quality against context).
+  std::vector<int64_t> ctx_list;
+  if (const auto* n = mt.get("ctx"); n && n->as_array()) {
+    for (const auto& e : *n->as_array()) {
+      const auto v = e.value_exact<int64_t>();
+      KVQ_CHECK(v.has_value(), "{}: {} must be an integer or an array of integers (an element is {})", w.at(e),
+                w.key("ctx"), type_of(e));
+      ctx_list.push_back(*v);
+    }
+    KVQ_CHECK(!ctx_list.empty(), "{}: {} is an empty array; give one or more window lengths", w.at(*n), w.key("ctx"));
+  } else {
+    ctx_list.push_back(get_or<int64_t>(mt, w, "ctx", 512));
+  }
+  const int64_t ctx = *std::min_element(ctx_list.begin(), ctx_list.end()), ctx_max = *std::max_element(ctx_list.begin(), ctx_list.end()),
+                stride = get_or<int64_t>(mt, w, "stride", 0), chunk = get_or<int64_t>(mt, w, "chunk", 256);
   p.o.max_tokens = get_or<int64_t>(mt, w, "max_tokens", kDefaultMaxTokens);
   // llama-perplexity's convention is score_from = ctx / 2 (the second half of each window).
   const int64_t score_from = get_or<int64_t>(mt, w, "score_from", 0);
-  KVQ_CHECK(ctx >= 2 && ctx <= 1 << 20, "{}: {} must be between 2 and 1048576, got {}", w.file, w.key("ctx"), ctx);
+  KVQ_CHECK(ctx >= 2 && ctx_max <= 1 << 20, "{}: {} must be between 2 and 1048576, got {}", w.file, w.key("ctx"),
+            ctx >= 2 ? ctx_max : ctx);
+  KVQ_CHECK(p.o.max_tokens >= ctx_max, "{}: {} {} is shorter than the longest window, {} = {}", w.file,
+            w.key("max_tokens"), p.o.max_tokens, w.key("ctx"), ctx_max);
+  for (int64_t c : ctx_list) p.ctxs.push_back(static_cast<int>(c));
   KVQ_CHECK(stride >= 0 && stride <= ctx, "{}: {} must be between 0 (= ctx) and ctx {}, got {}", w.file,
             w.key("stride"), ctx, stride);
   KVQ_CHECK(chunk >= 1 && chunk <= 1 << 20, "{}: {} must be between 1 and 1048576, got {}", w.file, w.key("chunk"), chunk);
@@ -307,7 +325,7 @@ ModelPlan plan_model(const toml::table& mt, const Where& w, const std::string& m
   KVQ_CHECK(score_from >= 0 && score_from < ctx - 1, "{}: {} must be between 0 and ctx - 2 = {}, got {}", w.file,
             w.key("score_from"), ctx - 2, score_from);
   p.o.score_from = static_cast<int>(score_from);
-  p.o.ctx = static_cast<int>(ctx);
+  p.o.ctx = p.ctxs.front();
   p.o.stride = static_cast<int>(stride);
   p.o.chunk = static_cast<int>(chunk);
   p.text = get_or<std::string>(mt, w, "text", "kjv");
@@ -379,51 +397,63 @@ void run_synthetic(const SyntheticPlan& p, const std::filesystem::path& out) {
 }
 
 void run_model(const ModelPlan& p, const std::filesystem::path& out) {
-  const eval::PplOptions& o = p.o;
   const std::vector<SchemeSpec>& specs = p.specs;
   const bool pre = p.pre, rot = p.rot;
   const AttentionBackend attn = parse_backend(p.backend);
-  const json& settings = p.settings;
-  const std::string& text = p.text;
   ResultTable table(out, "model");
-  std::vector<const SchemeSpec*> todo;
-  for (const auto& s : specs)
-    if (!table.find(s.canonical(), settings)) todo.push_back(&s);
-  if (todo.empty()) {
-    fmt::print(stderr, "[model] all {} schemes done already\n", specs.size());
+  // The rows still to run, per window length (ctx is a setting of every row).
+  std::vector<std::pair<int, std::vector<const SchemeSpec*>>> todo;
+  size_t n_todo = 0;
+  for (int ctx : p.ctxs) {
+    json settings = p.settings;
+    settings["ctx"] = ctx;
+    std::vector<const SchemeSpec*> t;
+    for (const auto& s : specs)
+      if (!table.find(s.canonical(), settings)) t.push_back(&s);
+    n_todo += t.size();
+    if (!t.empty()) todo.emplace_back(ctx, std::move(t));
+  }
+  if (n_todo == 0) {
+    fmt::print(stderr, "[model] all {} rows done already\n", specs.size() * p.ctxs.size());
     return;
   }
-  const std::string& path = p.model_file;
   std::vector<int32_t> ids;
   const LlamaModel m = [&] {  // the file's mapping is released once the weights are packed
-    const auto f = gguf::GgufFile::open(path);
-    ids = Tokenizer::from_gguf(f).encode(read_file(text_path(text)));
+    const auto f = gguf::GgufFile::open(p.model_file);
+    ids = Tokenizer::from_gguf(f).encode_first(read_file(text_path(p.text)), p.o.max_tokens);
     LlamaModel lm = LlamaModel::load(f);
     lm.set_backend(attn);
     return lm;
   }();
-  std::vector<CacheOptions> caches;
-  for (const SchemeSpec* s : todo) {
-    CacheOptions co;
-    co.spec = *s;
-    co.pre_rope = pre;
-    co.hadamard = rot;
-    caches.push_back(co);
-  }
-  // All schemes in one pass: the fp32 reference of each window is computed once.
-  const auto results = eval::perplexity(m, caches, ids, o, [&](const std::string& msg) {
-    fmt::print(stderr, "[model, {} schemes] {}\n", todo.size(), msg);
-  });
-  for (size_t i = 0; i < todo.size(); ++i) {
-    const SchemeSpec* s = todo[i];
-    const eval::PplResult& r = results[i];
-    const Shape3 one{o.ctx, m.config().kv_heads, m.config().head_dim};
-    const Footprint fk = footprint(*s, Role::Key, one), fv = footprint(*s, Role::Value, one);
-    table.add({{"key", s->canonical()}, {"scheme", s->canonical()}, {"settings", settings},
-               {"bits", (fk.effective_bits() + fv.effective_bits()) / 2},
-               {"bytes_per_token", (fk.total_bytes() + fv.total_bytes()) * m.config().layers / o.ctx},
-               {"ppl", r.ppl}, {"ppl_fp32", r.ppl_ref}, {"delta_ppl", r.ppl - r.ppl_ref}, {"kld", r.kld},
-               {"kld_p99", r.kld_p99}, {"top1", r.top1}, {"scored", r.scored}, {"seconds", r.seconds}});
+  for (const auto& [ctx, rows] : todo) {
+    eval::PplOptions o = p.o;
+    o.ctx = ctx;
+    json settings = p.settings;
+    settings["ctx"] = ctx;
+    std::vector<CacheOptions> caches;
+    for (const SchemeSpec* s : rows) {
+      CacheOptions co;
+      co.spec = *s;
+      co.pre_rope = pre;
+      co.hadamard = rot;
+      caches.push_back(co);
+    }
+    // All schemes in one pass: the fp32 reference of each window is computed once.
+    const std::string tag = p.ctxs.size() > 1 ? fmt::format("model, ctx {}", ctx) : std::string("model");
+    const auto results = eval::perplexity(m, caches, ids, o, [&](const std::string& msg) {
+      fmt::print(stderr, "[{}, {} schemes] {}\n", tag, rows.size(), msg);
+    });
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const SchemeSpec* s = rows[i];
+      const eval::PplResult& r = results[i];
+      const Shape3 one{o.ctx, m.config().kv_heads, m.config().head_dim};
+      const Footprint fk = footprint(*s, Role::Key, one), fv = footprint(*s, Role::Value, one);
+      table.add({{"key", s->canonical()}, {"scheme", s->canonical()}, {"settings", settings},
+                 {"bits", (fk.effective_bits() + fv.effective_bits()) / 2},
+                 {"bytes_per_token", (fk.total_bytes() + fv.total_bytes()) * m.config().layers / o.ctx},
+                 {"ppl", r.ppl}, {"ppl_fp32", r.ppl_ref}, {"delta_ppl", r.ppl - r.ppl_ref}, {"kld", r.kld},
+                 {"kld_p99", r.kld_p99}, {"top1", r.top1}, {"scored", r.scored}, {"seconds", r.seconds}});
+    }
   }
 }
 
@@ -541,7 +571,12 @@ void register_run(CLI::App& app) {
         fmt::print("{} rows ({}): {}\n", task, specs.size(), names.empty() ? "-" : names);
       };
       if (sp) list("synthetic", sp->specs);
-      if (mp) list("model", mp->specs);
+      if (mp) {
+        list("model", mp->specs);
+        if (mp->ctxs.size() > 1)
+          fmt::print("model rows repeat for each ctx: {} ({} rows)\n", fmt::join(mp->ctxs, ", "),
+                     mp->specs.size() * mp->ctxs.size());
+      }
       fmt::print("{}: ok, nothing run (--check)\n", o->config);
       return;
     }
@@ -565,7 +600,7 @@ void register_run(CLI::App& app) {
       write_file_atomic(saved.string(), config_text);
     }
     fmt::print(stderr, "kvq run: {} synthetic + {} model rows -> {}\n", sp ? sp->specs.size() : 0,
-               mp ? mp->specs.size() : 0, out);
+               mp ? mp->specs.size() * mp->ctxs.size() : 0, out);
     if (sp && !sp->specs.empty()) run_synthetic(*sp, out);
     if (mp && !mp->specs.empty()) run_model(*mp, out);
     fmt::print("results in {}/ (synthetic.csv, model.csv; plot: experiments/plots/plot_results.py {})\n", out, out);

@@ -192,6 +192,35 @@ TEST_F(RunCli, ModelScoreFrom_scoresTheWindowTailAndIsASetting) {
   EXPECT_NE(bad.err.find("[model].score_from must be between 0 and ctx - 2 = 62"), std::string::npos) << bad.err;
 }
 
+// Issue 11: `ctx = [a, b]` in [model] gives one set of rows per window length, ctx a setting of
+// each; a rerun skips them all. By hand: 128 tokens in windows of 32 are 4 windows of 31 scored
+// positions (124); in windows of 64, 2 of 63 (126).
+TEST_F(RunCli, ModelCtxList_rowsPerWindowLength) {
+  if (!std::filesystem::exists(cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf") ||
+      !std::filesystem::exists(cli::model_dir() + "/kjv.txt"))
+    GTEST_SKIP() << "model or text not fetched (scripts/fetch-model.sh, scripts/fetch-text.sh)";
+  const auto p = dir_ / "m.toml";
+  std::ofstream(p) << "name = \"m\"\nout = \"" << (dir_ / "out").string()
+                   << "\"\nschemes = [\"kivi2:g=16,r=16\"]\n[model]\nctx = [32, 64]\nmax_tokens = 128\n";
+  auto r = run_kvq("run " + p.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto rows = jsonl(dir_ / "out" / "model.jsonl");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0]["settings"]["ctx"], 32);
+  EXPECT_EQ(rows[0]["scored"], 124);
+  EXPECT_EQ(rows[1]["settings"]["ctx"], 64);
+  EXPECT_EQ(rows[1]["scored"], 126);
+  r = run_kvq("run " + p.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("all 2 rows done already"), std::string::npos) << r.err;
+  std::ofstream(p) << "schemes = [\"kivi2\"]\n[model]\nctx = [512, 4096]\nmax_tokens = 1024\n";
+  r = run_kvq("run --check " + p.string());
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("[model].max_tokens 1024 is shorter than the longest window, [model].ctx = 4096"),
+            std::string::npos)
+      << r.err;
+}
+
 // Every config shipped in experiments/configs passes `kvq run --check` (its keys, types, ranges and
 // every row against the shapes it meets) without running anything. The [model] checks need the
 // fetched model; without it the test says so and skips.
