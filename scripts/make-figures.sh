@@ -11,3 +11,6 @@ build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/default.tom
 # the per-layer granularity comparison (also granularity_layers.csv).
 .venv/bin/python experiments/plots/channel_magnitudes.py --out docs/img
 .venv/bin/python experiments/plots/granularity_layers.py --out docs/img
+# Quality against context length (~4 minutes): KLD, top-1 and ppl per window length.
+build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/context.toml
+.venv/bin/python experiments/plots/plot_context.py results/context --out docs/img

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Quality against context length: KLD, top-1 agreement and perplexity increase against the
+fp32 cache, per scheme, from a `kvq run` whose [model] has a list of window lengths
+(experiments/configs/context.toml).
+
+    .venv/bin/python experiments/plots/plot_context.py results/context --out docs/img
+"""
+import argparse
+import csv
+import os
+import subprocess
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+MARKERS = ["o", "s", "^", "d", "v", "x", "*"]
+
+
+def commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", help="a kvq run output folder holding model.csv")
+    ap.add_argument("--out", default="docs/img", help="output folder (PNG and PDF)")
+    a = ap.parse_args()
+    path = os.path.join(a.results, "model.csv")
+    if not os.path.exists(path):
+        raise SystemExit(f"{path}: not found (run: kvq run experiments/configs/context.toml)")
+    rows = list(csv.DictReader(open(path)))
+    if not rows or "settings.ctx" not in rows[0]:
+        raise SystemExit(f"{path}: no settings.ctx column; is it a kvq run model table?")
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for i, s in enumerate(schemes):
+        pts = sorted((int(r["settings.ctx"]), r) for r in rows if r["scheme"] == s)
+        x = [p[0] for p in pts]
+        label = s.replace(",scale=dynamic", "")
+        style = dict(marker=MARKERS[i % len(MARKERS)], color=str(0.1 + 0.15 * (i % 5)),
+                     linestyle=["-", "--", ":", "-."][i % 4], label=label)
+        axes[0].plot(x, [float(p[1]["kld"]) for p in pts], **style)
+        axes[1].plot(x, [100 * float(p[1]["top1"]) for p in pts], **style)
+        axes[2].plot(x, [float(p[1]["delta_ppl"]) for p in pts], **style)
+    for ax, (title, unit) in zip(axes, [("mean KL(fp32 || scheme)", "nats"),
+                                        ("top-1 agreement with fp32", "%"),
+                                        ("perplexity - fp32 perplexity", "")]):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("window length (tokens)")
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel(unit)
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[0].legend(fontsize=7)
+    text = rows[0].get("settings.text", "?")
+    tokens = rows[0].get("settings.max_tokens", "?")
+    fig.suptitle(f"SmolLM2-135M on {tokens} tokens of {text}: damage against window length", fontsize=10)
+    fig.text(0.99, 0.005, f"{path}; experiments/plots/plot_context.py, kvq {commit()}", ha="right",
+             fontsize=6, color="0.4")
+    fig.tight_layout(rect=(0, 0.02, 1, 0.95))
+    os.makedirs(a.out, exist_ok=True)
+    for ext in ("png", "pdf"):
+        out = os.path.join(a.out, f"context.{ext}")
+        fig.savefig(out, dpi=130)
+        print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()
