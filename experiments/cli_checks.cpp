@@ -1,10 +1,14 @@
-// Range checks for the CLI with messages a person can read (experiments/commands.h).
+// Range checks for the CLI with messages a person can read, and the record of the build and
+// the machine (experiments/commands.h).
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <string>
+#include <thread>
 
 #include "experiments/commands.h"
 
@@ -35,6 +39,30 @@ CLI::Validator above_zero() {
         return {};
       },
       "NUMBER > 0");
+}
+
+namespace {
+std::string& version_slot() {
+  static std::string v;
+  return v;
+}
+}  // namespace
+
+void set_build_version(std::string v) { version_slot() = std::move(v); }
+const std::string& build_version() { return version_slot(); }
+
+std::string machine_name() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+  std::string cpu = "unknown CPU";
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  return fmt::format("{}: {} x {}", host[0] ? host : "unknown host", cpu,
+                     std::thread::hardware_concurrency());
 }
 
 }  // namespace kvq::cli

@@ -64,6 +64,9 @@ class ResultTable {
     return nullptr;
   }
   void add(json row) {
+    // The record of how the row was made: the binary's version and commit, and the machine.
+    if (!build_version().empty()) row["kvq"] = build_version();
+    row["machine"] = machine_name();
     rows_.push_back(std::move(row));
     std::string jl;
     for (const auto& r : rows_) jl += r.dump() + "\n";
@@ -462,7 +465,7 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out) {
 void register_run(CLI::App& app) {
   struct O {
     std::string config, out, model_file, only;
-    bool append = false, check = false;
+    bool append = false, check = false, smoke = false;
   };
   auto o = std::make_shared<O>();
   auto* c = app.add_subcommand(
@@ -481,8 +484,11 @@ void register_run(CLI::App& app) {
   c->add_flag("--append", o->append,
               "add rows to an OUT made by a different config (its config is kept; this one is saved\n"
               "beside it as config-N.toml); without it a changed config into an existing OUT is refused");
-  c->add_flag("--check", o->check,
+  c->add_flag("--check,--dry-run", o->check,
               "check the config and every row against its shapes, list the rows, run nothing");
+  c->add_flag("--smoke", o->smoke,
+              "the same rows at a tiny size, for CI: synthetic tokens <= 256, model windows <= 64\n"
+              "tokens over 128 tokens of text; results go to OUT-smoke unless --out is given");
   c->callback([o] {
     toml::table cfg;
     const std::string config_text = read_file(o->config);
@@ -545,8 +551,24 @@ void register_run(CLI::App& app) {
                      "short of a key group); its rows will read exact values\n", s.canonical(), sp->ks.shape.tokens);
       }
     }
+    if (sp && o->smoke) {
+      sp->ks.shape.tokens = std::min<int64_t>(sp->ks.shape.tokens, 256);
+      sp->settings["tokens"] = sp->ks.shape.tokens;
+      sp->settings["smoke"] = true;
+    }
     if (want_model) {
       mp = plan_model(*mt, Where{o->config, "model"}, o->model_file);
+      if (o->smoke) {  // the same code path at a tiny size: windows of <= 64 tokens over 128
+        for (int& c : mp->ctxs) c = std::min(c, 64);
+        std::sort(mp->ctxs.begin(), mp->ctxs.end());
+        mp->ctxs.erase(std::unique(mp->ctxs.begin(), mp->ctxs.end()), mp->ctxs.end());
+        mp->o.ctx = mp->ctxs.front();
+        mp->o.max_tokens = 128;
+        mp->o.stride = std::min(mp->o.stride, mp->o.ctx);
+        mp->o.score_from = std::min(mp->o.score_from, mp->o.ctx / 2);
+        mp->settings["max_tokens"] = mp->o.max_tokens;
+        mp->settings["smoke"] = true;
+      }
       std::vector<Row> mrows = rows;
       if (mt->get("schemes")) {
         mrows.clear();
@@ -582,7 +604,8 @@ void register_run(CLI::App& app) {
     }
     // Only now is anything written.
     const std::string name = get_or<std::string>(cfg, top, "name", "run");
-    const std::string out = !o->out.empty() ? o->out : get_or<std::string>(cfg, top, "out", "results/" + name);
+    const std::string out = !o->out.empty() ? o->out
+                            : get_or<std::string>(cfg, top, "out", "results/" + name) + (o->smoke ? "-smoke" : "");
     const std::filesystem::path saved = std::filesystem::path(out) / "config.toml";
     if (std::filesystem::exists(saved) && read_file(saved.string()) != config_text) {
       KVQ_CHECK(o->append,

@@ -15,6 +15,12 @@ void register_model(CLI::App& app);
 void register_run(CLI::App& app);
 void register_stats(CLI::App& app);
 
+/// \brief The version and commit of the running binary (main sets it; `kvq run` rows record it).
+void set_build_version(std::string v);
+const std::string& build_version();
+/// \brief "host: CPU model x N cores" from /proc/cpuinfo, for the record of a run.
+std::string machine_name();
+
 /// \brief A whole number >= `min`, rejected with a plain message ("must be at least 1, got -3")
 /// where CLI11's own range checks print the type's maximum, a 300-digit number.
 CLI::Validator at_least(long long min);

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", kvq::version_string(),
                        "print the version and the commit built");
   app.require_subcommand(1);
+  kvq::cli::set_build_version(kvq::version_string());
   kvq::cli::register_plan(app);
   kvq::cli::register_quant(app);
   kvq::cli::register_compare(app);

@@ -244,5 +244,45 @@ TEST(RunConfigs, EveryShippedConfigPassesCheck) {
   EXPECT_GE(n, 4) << "default, kivi_ablation, granularity and kv_split at least";
 }
 
+// Issue 11: every shipped config runs, at a tiny size (--smoke: the same code path, synthetic
+// tokens <= 256, model windows <= 64 over 128 tokens), and its rows carry the binary's version and
+// the machine. Expected row counts: what `--check` lists for the config.
+TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
+  if (!std::filesystem::exists(cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf") ||
+      !std::filesystem::exists(cli::model_dir() + "/kjv.txt"))
+    GTEST_SKIP() << "model or text not fetched (scripts/fetch-model.sh, scripts/fetch-text.sh)";
+  const auto cwd = std::filesystem::current_path();
+  std::filesystem::current_path(KVQ_SOURCE_DIR);
+  const auto dir = testing::temp_dir("smoke");
+  const auto count = [](const std::string& listing, const std::string& task) {
+    const size_t at = listing.find(task + " rows (");
+    return at == std::string::npos ? 0 : std::stoul(listing.substr(at + task.size() + 7));
+  };
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(KVQ_SOURCE_DIR) + "/experiments/configs")) {
+    if (e.path().extension() != ".toml") continue;
+    const auto out = dir / e.path().stem();
+    const auto listing = run_kvq("run --dry-run " + e.path().string()).out;
+    const auto r = run_kvq("run --smoke --out " + out.string() + " " + e.path().string());
+    ASSERT_EQ(r.status, 0) << e.path() << ": " << r.err;
+    const size_t nsyn = count(listing, "synthetic"), nmod = count(listing, "model");
+    if (nsyn) {
+      const auto rows = jsonl(out / "synthetic.jsonl");
+      EXPECT_EQ(rows.size(), nsyn) << e.path();
+      EXPECT_EQ(rows.front()["settings"]["tokens"], 256) << e.path();
+      EXPECT_NE(rows.front().value("kvq", "").find("kvq "), std::string::npos) << rows.front().dump();
+      EXPECT_FALSE(rows.front().value("machine", "").empty());
+    }
+    if (nmod) {
+      const auto rows = jsonl(out / "model.jsonl");
+      EXPECT_EQ(rows.size(), nmod) << e.path() << " (windows of different lengths collapse to 64)";
+      EXPECT_EQ(rows.front()["settings"]["ctx"], 64) << e.path();
+      EXPECT_EQ(rows.front()["settings"]["smoke"], true) << e.path();
+    }
+  }
+  std::filesystem::current_path(cwd);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kvq
