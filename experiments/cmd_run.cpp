@@ -57,6 +57,7 @@ class ResultTable {
       }
     }
   }
+  const std::vector<json>& rows() const { return rows_; }
   // The stored row with this key and these settings, if any.
   const json* find(const std::string& key, const json& settings) const {
     for (const auto& r : rows_)
@@ -65,8 +66,8 @@ class ResultTable {
   }
   void add(json row) {
     // The record of how the row was made: the binary's version and commit, and the machine.
-    if (!build_version().empty()) row["kvq"] = build_version();
-    row["machine"] = machine_name();
+    if (!row.contains("kvq") && !build_version().empty()) row["kvq"] = build_version();
+    if (!row.contains("machine")) row["machine"] = machine_name();
     rows_.push_back(std::move(row));
     std::string jl;
     for (const auto& r : rows_) jl += r.dump() + "\n";
@@ -248,6 +249,13 @@ std::vector<SchemeSpec> fitting(const std::vector<Row>& rows, const std::string&
   return out;
 }
 
+// --shard I/N: row j of a task (synthetic rows in config order; model rows ctx by ctx, schemes in
+// config order within each) belongs to shard j % N + 1.
+struct Shard {
+  int i = 1, n = 1;
+  bool take(size_t j) const { return static_cast<int>(j % static_cast<size_t>(n)) == i - 1; }
+};
+
 struct SyntheticPlan {
   SyntheticSpec ks;
   int64_t gqa = 4, queries = 4;
@@ -349,7 +357,7 @@ ModelPlan plan_model(const toml::table& mt, const Where& w, const std::string& m
   return p;
 }
 
-void run_synthetic(const SyntheticPlan& p, const std::filesystem::path& out) {
+void run_synthetic(const SyntheticPlan& p, const std::filesystem::path& out, const Shard& shard) {
   const SyntheticSpec& ks = p.ks;
   const std::vector<SchemeSpec>& specs = p.specs;
   const int64_t gqa = p.gqa, nqueries = p.queries;
@@ -369,6 +377,7 @@ void run_synthetic(const SyntheticPlan& p, const std::filesystem::path& out) {
   int i = 0;
   for (const auto& spec : specs) {
     ++i;
+    if (!shard.take(static_cast<size_t>(i - 1))) continue;
     const std::string key = spec.canonical();
     if (table.find(key, settings)) {
       fmt::print(stderr, "[synthetic {}/{}] {}: done already\n", i, specs.size(), key);
@@ -399,7 +408,7 @@ void run_synthetic(const SyntheticPlan& p, const std::filesystem::path& out) {
   }
 }
 
-void run_model(const ModelPlan& p, const std::filesystem::path& out) {
+void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard& shard) {
   const std::vector<SchemeSpec>& specs = p.specs;
   const bool pre = p.pre, rot = p.rot;
   const AttentionBackend attn = parse_backend(p.backend);
@@ -407,17 +416,19 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out) {
   // The rows still to run, per window length (ctx is a setting of every row).
   std::vector<std::pair<int, std::vector<const SchemeSpec*>>> todo;
   size_t n_todo = 0;
+  size_t j = 0;
   for (int ctx : p.ctxs) {
     json settings = p.settings;
     settings["ctx"] = ctx;
     std::vector<const SchemeSpec*> t;
     for (const auto& s : specs)
-      if (!table.find(s.canonical(), settings)) t.push_back(&s);
+      if (shard.take(j++) && !table.find(s.canonical(), settings)) t.push_back(&s);
     n_todo += t.size();
     if (!t.empty()) todo.emplace_back(ctx, std::move(t));
   }
   if (n_todo == 0) {
-    fmt::print(stderr, "[model] all {} rows done already\n", specs.size() * p.ctxs.size());
+    fmt::print(stderr, "[model] all {} rows done already\n",
+               (specs.size() * p.ctxs.size() + static_cast<size_t>(shard.n - shard.i)) / static_cast<size_t>(shard.n));
     return;
   }
   std::vector<int32_t> ids;
@@ -460,12 +471,68 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out) {
   }
 }
 
+// --merge: the rows of every OUT/shard-I-of-N/ folder into OUT, in the config's row order; rows a
+// shard holds that the config no longer names come after them. Nothing already in OUT is lost.
+void merge_shards(const std::optional<SyntheticPlan>& sp, const std::optional<ModelPlan>& mp,
+                  const std::filesystem::path& out) {
+  std::vector<std::filesystem::path> shards;
+  if (std::filesystem::is_directory(out))
+    for (const auto& e : std::filesystem::directory_iterator(out))
+      if (e.is_directory() && e.path().filename().string().rfind("shard-", 0) == 0) shards.push_back(e.path());
+  std::sort(shards.begin(), shards.end());
+  KVQ_CHECK(!shards.empty(), "{}: no shard-I-of-N folders to merge (run with --shard I/N first)", out.string());
+  auto merge = [&](const char* task, const std::vector<std::pair<std::string, json>>& plan) {
+    std::vector<json> found;
+    for (const auto& d : shards)
+      if (std::filesystem::exists(d / (std::string(task) + ".jsonl"))) {
+        const ResultTable shard_rows(d, task);
+        for (const auto& r : shard_rows.rows()) found.push_back(r);
+      }
+    ResultTable target(out, task);
+    size_t added = 0, missing = 0;
+    std::vector<bool> used(found.size(), false);
+    for (const auto& [key, settings] : plan) {
+      if (target.find(key, settings)) continue;
+      bool hit = false;
+      for (size_t i = 0; i < found.size() && !hit; ++i)
+        if (!used[i] && found[i].value("key", "") == key && found[i].value("settings", json()) == settings) {
+          target.add(found[i]);
+          used[i] = hit = true;
+          ++added;
+        }
+      missing += !hit;
+    }
+    for (size_t i = 0; i < found.size(); ++i)
+      if (!used[i] && !target.find(found[i].value("key", ""), found[i].value("settings", json()))) {
+        target.add(found[i]);
+        ++added;
+      }
+    fmt::print(stderr, "kvq run --merge: {} {} rows from {} shard folders into {}{}\n", added, task, shards.size(),
+               out.string(), missing ? fmt::format("; {} rows of the config are in no shard yet", missing) : "");
+  };
+  if (sp) {
+    std::vector<std::pair<std::string, json>> plan;
+    for (const auto& s : sp->specs) plan.emplace_back(s.canonical(), sp->settings);
+    merge("synthetic", plan);
+  }
+  if (mp) {
+    std::vector<std::pair<std::string, json>> plan;
+    for (int ctx : mp->ctxs) {
+      json st = mp->settings;
+      st["ctx"] = ctx;
+      for (const auto& s : mp->specs) plan.emplace_back(s.canonical(), st);
+    }
+    merge("model", plan);
+  }
+}
+
 }  // namespace
 
 void register_run(CLI::App& app) {
   struct O {
     std::string config, out, model_file, only;
-    bool append = false, check = false, smoke = false;
+    bool append = false, check = false, smoke = false, merge = false;
+    std::string shard;
   };
   auto o = std::make_shared<O>();
   auto* c = app.add_subcommand(
@@ -486,10 +553,28 @@ void register_run(CLI::App& app) {
               "beside it as config-N.toml); without it a changed config into an existing OUT is refused");
   c->add_flag("--check,--dry-run", o->check,
               "check the config and every row against its shapes, list the rows, run nothing");
+  c->add_option("--shard", o->shard,
+                "I/N: run a deterministic 1/N of the rows (row j of each task goes to shard j % N + 1)\n"
+                "into OUT/shard-I-of-N/; e.g. a Slurm array: --shard $((SLURM_ARRAY_TASK_ID+1))/$SLURM_ARRAY_TASK_COUNT");
+  c->add_flag("--merge", o->merge,
+              "merge the rows of every OUT/shard-I-of-N/ into OUT/, in the config's row order; runs nothing");
   c->add_flag("--smoke", o->smoke,
               "the same rows at a tiny size, for CI: synthetic tokens <= 256, model windows <= 64\n"
               "tokens over 128 tokens of text; results go to OUT-smoke unless --out is given");
   c->callback([o] {
+    Shard shard;
+    if (!o->shard.empty()) {
+      const size_t slash = o->shard.find('/');
+      char* e1 = nullptr;
+      char* e2 = nullptr;
+      const std::string a = o->shard.substr(0, slash), b = slash == std::string::npos ? "" : o->shard.substr(slash + 1);
+      const long i = std::strtol(a.c_str(), &e1, 10), n = std::strtol(b.c_str(), &e2, 10);
+      KVQ_CHECK(slash != std::string::npos && !a.empty() && !b.empty() && *e1 == 0 && *e2 == 0 && n >= 1 &&
+                    n <= 100000 && i >= 1 && i <= n,
+                "--shard {}: give I/N with 1 <= I <= N, e.g. --shard 2/8", o->shard);
+      shard = {static_cast<int>(i), static_cast<int>(n)};
+      KVQ_CHECK(!o->merge, "--shard and --merge: run the shards first, then --merge once without --shard");
+    }
     toml::table cfg;
     const std::string config_text = read_file(o->config);
     try {
@@ -604,8 +689,10 @@ void register_run(CLI::App& app) {
     }
     // Only now is anything written.
     const std::string name = get_or<std::string>(cfg, top, "name", "run");
-    const std::string out = !o->out.empty() ? o->out
-                            : get_or<std::string>(cfg, top, "out", "results/" + name) + (o->smoke ? "-smoke" : "");
+    const std::string base = !o->out.empty() ? o->out
+                             : get_or<std::string>(cfg, top, "out", "results/" + name) + (o->smoke ? "-smoke" : "");
+    const std::string out =
+        shard.n > 1 ? (std::filesystem::path(base) / fmt::format("shard-{}-of-{}", shard.i, shard.n)).string() : base;
     const std::filesystem::path saved = std::filesystem::path(out) / "config.toml";
     if (std::filesystem::exists(saved) && read_file(saved.string()) != config_text) {
       KVQ_CHECK(o->append,
@@ -622,10 +709,16 @@ void register_run(CLI::App& app) {
       std::filesystem::create_directories(out);
       write_file_atomic(saved.string(), config_text);
     }
-    fmt::print(stderr, "kvq run: {} synthetic + {} model rows -> {}\n", sp ? sp->specs.size() : 0,
-               mp ? mp->specs.size() * mp->ctxs.size() : 0, out);
-    if (sp && !sp->specs.empty()) run_synthetic(*sp, out);
-    if (mp && !mp->specs.empty()) run_model(*mp, out);
+    if (o->merge) {
+      merge_shards(sp, mp, out);
+      fmt::print("results in {}/ (synthetic.csv, model.csv)\n", out);
+      return;
+    }
+    fmt::print(stderr, "kvq run: {} synthetic + {} model rows{} -> {}\n", sp ? sp->specs.size() : 0,
+               mp ? mp->specs.size() * mp->ctxs.size() : 0,
+               shard.n > 1 ? fmt::format(" (shard {} of {}: every {}th row)", shard.i, shard.n, shard.n) : "", out);
+    if (sp && !sp->specs.empty()) run_synthetic(*sp, out, shard);
+    if (mp && !mp->specs.empty()) run_model(*mp, out, shard);
     fmt::print("results in {}/ (synthetic.csv, model.csv; plot: experiments/plots/plot_results.py {})\n", out, out);
   });
 }

@@ -5,6 +5,7 @@
 // directory without --append.
 #include "tests/support/run_cli.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -219,6 +220,35 @@ TEST_F(RunCli, ModelCtxList_rowsPerWindowLength) {
   EXPECT_NE(r.err.find("[model].max_tokens 1024 is shorter than the longest window, [model].ctx = 4096"),
             std::string::npos)
       << r.err;
+}
+
+// Issue 11: --shard I/N runs a deterministic 1/N of the rows into OUT/shard-I-of-N/, --merge
+// gathers them into OUT in the config's order: the same rows as one run (the measurements are
+// deterministic; only the seconds and the record fields may differ).
+TEST_F(RunCli, ShardsThenMerge_sameRowsAsOneRun) {
+  const std::string schemes = "\"bf16\", \"fp8_e4m3:gran=token\", \"kivi2:g=32,r=32\", \"kivi4\", \"int2\"";
+  const auto whole = dir_ / "whole";
+  auto r = run_kvq("run --out " + whole.string() + " " + config(schemes));
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (int i = 1; i <= 3; ++i) {
+    r = run_kvq(fmt::format("run --shard {}/3 {}", i, config(schemes)));
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(jsonl(dir_ / "out" / fmt::format("shard-{}-of-3", i) / "synthetic.jsonl").size(), i < 3 ? 2u : 1u);
+  }
+  r = run_kvq("run --merge " + config(schemes));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("5 synthetic rows from 3 shard folders"), std::string::npos) << r.err;
+  auto a = jsonl(whole / "synthetic.jsonl"), b = jsonl(dir_ / "out" / "synthetic.jsonl");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (auto* row : {&a[i], &b[i]}) row->erase("machine"), row->erase("kvq");
+    EXPECT_EQ(a[i], b[i]) << i;
+  }
+  for (const char* bad : {"0/3", "4/3", "2", "a/b", "1/0"}) {
+    r = run_kvq(std::string("run --shard ") + bad + " " + config(schemes));
+    EXPECT_NE(r.status, 0) << bad;
+    EXPECT_NE(r.err.find("give I/N with 1 <= I <= N"), std::string::npos) << r.err;
+  }
 }
 
 // Every config shipped in experiments/configs passes `kvq run --check` (its keys, types, ranges and
