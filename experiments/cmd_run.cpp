@@ -555,7 +555,7 @@ void register_run(CLI::App& app) {
               "check the config and every row against its shapes, list the rows, run nothing");
   c->add_option("--shard", o->shard,
                 "I/N: run a deterministic 1/N of the rows (row j of each task goes to shard j % N + 1)\n"
-                "into OUT/shard-I-of-N/; e.g. a Slurm array: --shard $((SLURM_ARRAY_TASK_ID+1))/$SLURM_ARRAY_TASK_COUNT");
+                "into OUT/shard-I-of-N/; e.g. in a Slurm array --array=1-8: --shard $SLURM_ARRAY_TASK_ID/8");
   c->add_flag("--merge", o->merge,
               "merge the rows of every OUT/shard-I-of-N/ into OUT/, in the config's row order; runs nothing");
   c->add_flag("--smoke", o->smoke,
