@@ -7,24 +7,17 @@ channel and values per token. Uses the kvq Python package (kvq.Model.dump_kv).
     .venv/bin/python experiments/plots/channel_magnitudes.py --out docs/img   # ~10 s
 """
 import argparse
-import os
-import subprocess
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from figures import footer, save  # noqa: E402
 import numpy as np  # noqa: E402
 
 import kvq  # noqa: E402
 
 
-def commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main():
@@ -58,14 +51,9 @@ def main():
                     ha="right", va="top", fontsize=8)
     tokens = layers[0]["k"].shape[0]
     fig.suptitle(f"SmolLM2-135M per-channel magnitudes over {tokens} tokens of {a.text}", fontsize=10)
-    fig.text(0.99, 0.005, f"experiments/plots/channel_magnitudes.py, kvq {commit()}", ha="right",
-             fontsize=6, color="0.4")
+    footer(fig, "experiments/plots/channel_magnitudes.py")
     fig.tight_layout(rect=(0, 0.02, 1, 0.96))
-    os.makedirs(a.out, exist_ok=True)
-    for ext in ("png", "pdf"):
-        path = os.path.join(a.out, f"channel_magnitudes.{ext}")
-        fig.savefig(path, dpi=130)
-        print("wrote", path)
+    save(fig, a.out, "channel_magnitudes")
 
 
 if __name__ == "__main__":

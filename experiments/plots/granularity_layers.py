@@ -8,12 +8,12 @@ per scheme, keys left and values right. Uses the kvq Python package.
 import argparse
 import csv
 import os
-import subprocess
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from figures import footer, save  # noqa: E402
 
 import kvq  # noqa: E402
 
@@ -24,12 +24,6 @@ STYLES = ["-", "--", "-", ":", "-.", "--"]
 MARKERS = ["o", "s", "^", "x", "d", "v"]
 
 
-def commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main():
@@ -69,8 +63,7 @@ def main():
     tokens = layers[0]["k"].shape[0]
     fig.suptitle(f"SmolLM2-135M, every layer's K/V over {tokens} tokens of {a.text}: SNR per scheme",
                  fontsize=10)
-    fig.text(0.99, 0.005, f"experiments/plots/granularity_layers.py, kvq {commit()}", ha="right",
-             fontsize=6, color="0.4")
+    footer(fig, "experiments/plots/granularity_layers.py")
     fig.tight_layout(rect=(0, 0.02, 1, 0.95))
     for ext in ("png", "pdf"):
         path = os.path.join(a.out, f"granularity_layers.{ext}")

@@ -8,22 +8,16 @@ fp32 cache, per scheme, from a `kvq run` whose [model] has a list of window leng
 import argparse
 import csv
 import os
-import subprocess
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from figures import footer, save  # noqa: E402
 
 MARKERS = ["o", "s", "^", "d", "v", "x", "*"]
 
 
-def commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main():
@@ -61,14 +55,9 @@ def main():
     text = rows[0].get("settings.text", "?")
     tokens = rows[0].get("settings.max_tokens", "?")
     fig.suptitle(f"SmolLM2-135M on {tokens} tokens of {text}: damage against window length", fontsize=10)
-    fig.text(0.99, 0.005, f"{path}; experiments/plots/plot_context.py, kvq {commit()}", ha="right",
-             fontsize=6, color="0.4")
+    footer(fig, f"{path}; experiments/plots/plot_context.py")
     fig.tight_layout(rect=(0, 0.02, 1, 0.95))
-    os.makedirs(a.out, exist_ok=True)
-    for ext in ("png", "pdf"):
-        out = os.path.join(a.out, f"context.{ext}")
-        fig.savefig(out, dpi=130)
-        print("wrote", out)
+    save(fig, a.out, "context")
 
 
 if __name__ == "__main__":
