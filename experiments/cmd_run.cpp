@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -36,6 +37,17 @@ namespace kvq::cli {
 namespace {
 
 using json = nlohmann::ordered_json;
+
+// Ctrl-C: the first stops the run between rows (synthetic) or chunks (model), after which every
+// finished row is on disk and a rerun resumes; a second one kills at once.
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void on_sigint(int) {
+  g_stop = 1;
+  std::signal(SIGINT, SIG_DFL);
+}
+void check_stop() {
+  if (g_stop) throw Interrupted("interrupted");
+}
 
 // One results table: rows keyed by "key", persisted as jsonl + csv after every row.
 class ResultTable {
@@ -378,6 +390,7 @@ void run_synthetic(const SyntheticPlan& p, const std::filesystem::path& out, con
   for (const auto& spec : specs) {
     ++i;
     if (!shard.take(static_cast<size_t>(i - 1))) continue;
+    check_stop();
     const std::string key = spec.canonical();
     if (table.find(key, settings)) {
       fmt::print(stderr, "[synthetic {}/{}] {}: done already\n", i, specs.size(), key);
@@ -442,6 +455,7 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard
   for (const auto& [ctx, rows] : todo) {
     eval::PplOptions o = p.o;
     o.ctx = ctx;
+    o.poll = check_stop;
     json settings = p.settings;
     settings["ctx"] = ctx;
     std::vector<CacheOptions> caches;
@@ -717,8 +731,16 @@ void register_run(CLI::App& app) {
     fmt::print(stderr, "kvq run: {} synthetic + {} model rows{} -> {}\n", sp ? sp->specs.size() : 0,
                mp ? mp->specs.size() * mp->ctxs.size() : 0,
                shard.n > 1 ? fmt::format(" (shard {} of {}: every {}th row)", shard.i, shard.n, shard.n) : "", out);
-    if (sp && !sp->specs.empty()) run_synthetic(*sp, out, shard);
-    if (mp && !mp->specs.empty()) run_model(*mp, out, shard);
+    g_stop = 0;
+    std::signal(SIGINT, on_sigint);
+    try {
+      if (sp && !sp->specs.empty()) run_synthetic(*sp, out, shard);
+      if (mp && !mp->specs.empty()) run_model(*mp, out, shard);
+    } catch (const Interrupted&) {
+      throw Interrupted(fmt::format(
+          "interrupted (Ctrl-C): every finished row is in {}/; run the same command again to resume", out));
+    }
+    std::signal(SIGINT, SIG_DFL);
     fmt::print("results in {}/ (synthetic.csv, model.csv; plot: experiments/plots/plot_results.py {})\n", out, out);
   });
 }

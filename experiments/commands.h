@@ -2,6 +2,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <stdexcept>
+#include <string>
 
 #include "experiments/defaults.h"
 
@@ -14,6 +16,11 @@ void register_plan(CLI::App& app);
 void register_model(CLI::App& app);
 void register_run(CLI::App& app);
 void register_stats(CLI::App& app);
+
+/// \brief Thrown when the user stops a long command (Ctrl-C); main prints it and exits 130.
+struct Interrupted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 /// \brief The version and commit of the running binary (main sets it; `kvq run` rows record it).
 void set_build_version(std::string v);

@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "kvq: %s (see 'kvq --help')\n", e.what());
     return 2;
+  } catch (const kvq::cli::Interrupted& e) {
+    std::fprintf(stderr, "kvq: %s\n", e.what());
+    return 130;  // as a shell reports a command stopped by SIGINT
   } catch (const kvq::Error& e) {
     std::fprintf(stderr, "kvq: error: %s\n", e.what());
     return 1;
