@@ -136,7 +136,8 @@ SchemeSpec parse_split(std::string_view text) {
     return s;
   }
   fail(
-      "bad scheme spec '{}': keys and values in different schemes are written k=KEY_SPEC;v=VALUE_SPEC "
+      "bad scheme spec '{}': keys and values in different schemes are written "
+      "k=KEY_SPEC;v=VALUE_SPEC "
       "(e.g. k=kivi2;v=fp8_e4m3:gran=token)",
       text);
 }

@@ -42,14 +42,16 @@ void register_stats(CLI::App& app) {
       "amax),\n"
       "which is why KIVI quantizes keys per channel. One line per tensor and head on stdout.\n"
       "Example: kvq stats kv.safetensors        (a `kvq model dump`)\n"
-      "         kvq stats --text kjv            (the model's own K/V over a text, nothing written)");
+      "         kvq stats --text kjv            (the model's own K/V over a text, nothing "
+      "written)");
   auto* input = c->add_option(
       "input", o->in,
       "a `kvq model dump` (FILE.safetensors: every tensor), FILE.safetensors:TENSOR, or an\n"
       "npy; tensors [tokens, heads, head_dim] or [tokens, head_dim]");
-  auto* text = c->add_option("--text", o->text,
-                             "instead of a file: run the model over this text file (or 'kjv') and "
-                             "measure every layer's k, k_pre and v, as `kvq model dump` would write");
+  auto* text =
+      c->add_option("--text", o->text,
+                    "instead of a file: run the model over this text file (or 'kjv') and "
+                    "measure every layer's k, k_pre and v, as `kvq model dump` would write");
   input->excludes(text);
   c->add_option("--max-tokens", o->max_tokens, "with --text: the first N tokens")
       ->check(at_least(1))

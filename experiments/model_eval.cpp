@@ -228,11 +228,12 @@ NeedleResult needle_trial(const LlamaModel& m, const CacheOptions& opts,
     const auto now = std::chrono::steady_clock::now();
     if (progress && std::chrono::duration<double>(now - last).count() > 10.0) {  // every ~10 s
       last = now;
-      const double sec = std::chrono::duration<double>(now - t0).count(), done = static_cast<double>(a + len);
+      const double sec = std::chrono::duration<double>(now - t0).count(),
+                   done = static_cast<double>(a + len);
       // Causal attention grows with position, so the remaining time is extrapolated quadratically.
       const double total = sec * std::pow(static_cast<double>(prompt.size()) / done, 2.0);
-      progress(fmt::format("{}/{} prompt tokens, {:.0f} tokens/s, ETA {:.0f} s", a + len, prompt.size(),
-                           done / sec, std::max(0.0, total - sec)));
+      progress(fmt::format("{}/{} prompt tokens, {:.0f} tokens/s, ETA {:.0f} s", a + len,
+                           prompt.size(), done / sec, std::max(0.0, total - sec)));
     }
   }
   NeedleResult r;
@@ -262,15 +263,16 @@ std::vector<LayerKv> dump_kv(const LlamaModel& m, const std::vector<int32_t>& id
   std::vector<float> logits;
   for (int64_t a = 0; a < T; a += 256) {
     const int64_t len = std::min<int64_t>(256, T - a);
-    m.forward({ids.data() + a, static_cast<size_t>(len)}, cache, logits, false, threads,
-              [&](int l, int64_t pos0, int64_t n, const float* kpre, const float* k, const float* v) {
-                LayerKv& L = out[static_cast<size_t>(l)];
-                const auto off = static_cast<long>(pos0 * H * D);
-                const int64_t cnt = n * H * D;
-                std::copy(k, k + cnt, L.k.data.begin() + off);
-                std::copy(kpre, kpre + cnt, L.k_pre.data.begin() + off);
-                std::copy(v, v + cnt, L.v.data.begin() + off);
-              });
+    m.forward(
+        {ids.data() + a, static_cast<size_t>(len)}, cache, logits, false, threads,
+        [&](int l, int64_t pos0, int64_t n, const float* kpre, const float* k, const float* v) {
+          LayerKv& L = out[static_cast<size_t>(l)];
+          const auto off = static_cast<long>(pos0 * H * D);
+          const int64_t cnt = n * H * D;
+          std::copy(k, k + cnt, L.k.data.begin() + off);
+          std::copy(kpre, kpre + cnt, L.k_pre.data.begin() + off);
+          std::copy(v, v + cnt, L.v.data.begin() + off);
+        });
     if (poll) poll();
   }
   return out;

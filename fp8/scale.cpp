@@ -85,8 +85,9 @@ Calibration read_calibration(const std::string& path) {
       const std::string vllm = std::string(1, key[0]) + "_scale";
       const bool scale = L.is_object() && !L.contains(key) && L.contains(vllm);
       const nlohmann::json entry =
-          !scale ? (L.is_object() && L.contains(key) ? L[key] : nlohmann::json())
-                 : L[vllm].is_array() ? L[vllm] : nlohmann::json::array({L[vllm]});
+          !scale               ? (L.is_object() && L.contains(key) ? L[key] : nlohmann::json())
+          : L[vllm].is_array() ? L[vllm]
+                               : nlohmann::json::array({L[vllm]});
       if (!entry.is_array() || entry.empty())
         fail("{}: layers[{}].{} must be a non-empty array of numbers (or {}: vLLM's scale)", path,
              l, key, vllm);
@@ -94,9 +95,9 @@ Calibration read_calibration(const std::string& path) {
       for (size_t h = 0; h < entry.size(); ++h) {
         const auto& x = entry[h];
         // Checked as the float32 it is stored as: 1e300 or 1e-300 would become inf or 0.
-        const double d =
-            x.is_number() ? x.get<double>() * (scale ? fp8::max_finite(Fp8Format::E4M3) : 1.0)
-                          : 0.0;
+        const double d = x.is_number()
+                             ? x.get<double>() * (scale ? fp8::max_finite(Fp8Format::E4M3) : 1.0)
+                             : 0.0;
         const float a =
             d > 0 && d <= std::numeric_limits<float>::max() ? static_cast<float>(d) : 0.0f;
         if (!x.is_number() || !(a > 0.0f))

@@ -91,9 +91,15 @@ nlohmann::json spec_json(const SchemeSpec& s) {
     return j;
   }
   switch (s.kind) {
-    case SchemeKind::Fp32: j["kind"] = "fp32"; break;
-    case SchemeKind::Bf16: j["kind"] = "bf16"; break;
-    case SchemeKind::Fp16: j["kind"] = "fp16"; break;
+    case SchemeKind::Fp32:
+      j["kind"] = "fp32";
+      break;
+    case SchemeKind::Bf16:
+      j["kind"] = "bf16";
+      break;
+    case SchemeKind::Fp16:
+      j["kind"] = "fp16";
+      break;
     case SchemeKind::Fp8:
       j["kind"] = "fp8";
       j["format"] = std::string(to_string(s.fp8.format));
@@ -161,7 +167,8 @@ std::vector<std::string> compare(const FloatIn& x, const std::vector<std::string
   nb::gil_scoped_release release;
   std::vector<std::string> rows;
   for (const auto& spec : specs)
-    rows.push_back(cli::error_report(spec, role, in.tensor, round_trip(spec, role, in.tensor)).dump());
+    rows.push_back(
+        cli::error_report(spec, role, in.tensor, round_trip(spec, role, in.tensor)).dump());
   return rows;
 }
 
@@ -177,11 +184,11 @@ class Cache {
     if (backend == "cpu")
       cpu_ = true;
     else if (backend == "cuda")
-      fail("backend 'cuda' is not in this Python build (it has ref and cpu); the CUDA kernels "
-           "are reached from C++ (kvq::cuda) and bench_attention_cuda");
+      fail(
+          "backend 'cuda' is not in this Python build (it has ref and cpu); the CUDA kernels "
+          "are reached from C++ (kvq::cuda) and bench_attention_cuda");
     else if (backend != "ref")
-      fail("backend '{}' is not known; use 'cpu' (SIMD kernels) or 'ref' (the reference)",
-           backend);
+      fail("backend '{}' is not known; use 'cpu' (SIMD kernels) or 'ref' (the reference)", backend);
     if (int_mode == "int8")
       mode_ = cpu::IntMode::Int8;
     else if (int_mode != "exact")
@@ -227,7 +234,8 @@ class Cache {
   FloatOut attend(const FloatIn& q) {
     KVQ_CHECK(q.ndim() == 2 || q.ndim() == 3,
               "q must be [q_heads, head_dim] (decode) or [n, q_heads, head_dim] (causal), got {} "
-              "dimensions", q.ndim());
+              "dimensions",
+              q.ndim());
     const bool causal = q.ndim() == 3;
     const int64_t n = causal ? static_cast<int64_t>(q.shape(0)) : 1;
     const int64_t qh = static_cast<int64_t>(q.shape(causal ? 1 : 0));
@@ -332,11 +340,12 @@ std::string plan(const std::string& args_json) {
   in.gpu = planner::resolve_gpu(
       opt("gpu") ? std::optional<std::string>(a["gpu"].get<std::string>()) : std::nullopt,
       opt("bandwidth") ? std::optional<double>(a["bandwidth"].get<double>()) : std::nullopt);
-  const bool scenario = !opt("model") && !opt("layers") && !opt("kv_heads") &&
-                        !opt("head_dim") && !opt("params") && !opt("gpu") && !opt("bandwidth");
+  const bool scenario = !opt("model") && !opt("layers") && !opt("kv_heads") && !opt("head_dim") &&
+                        !opt("params") && !opt("gpu") && !opt("bandwidth");
   std::optional<std::string> mem;
   if (opt("mem"))
-    mem = a["mem"].is_string() ? a["mem"].get<std::string>() : fmt::format("{}", a["mem"].get<double>());
+    mem = a["mem"].is_string() ? a["mem"].get<std::string>()
+                               : fmt::format("{}", a["mem"].get<double>());
   planner::set_mem(in, mem, scenario);
   if (opt("weights_gb")) in.weight_bytes = a["weights_gb"].get<double>() * 1e9;
   if (opt("weights_dtype")) in.weights_dtype = a["weights_dtype"].get<std::string>();
@@ -361,10 +370,11 @@ class Model {
 
   std::string config() const {
     const LlamaConfig& c = model_->config();
-    return nlohmann::json{{"path", path_},       {"layers", c.layers},     {"hidden", c.hidden},
-                          {"heads", c.heads},     {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim},
-                          {"ffn", c.ffn},         {"vocab", c.vocab},       {"context", c.context},
-                          {"weights", model_->weight_formats()}}
+    return nlohmann::json{{"path", path_},          {"layers", c.layers},
+                          {"hidden", c.hidden},     {"heads", c.heads},
+                          {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim},
+                          {"ffn", c.ffn},           {"vocab", c.vocab},
+                          {"context", c.context},   {"weights", model_->weight_formats()}}
         .dump();
   }
 
@@ -377,8 +387,8 @@ class Model {
   int32_t eos() const { return tok_->eos(); }
 
   std::vector<std::string> ppl(const std::vector<int32_t>& tokens,
-                               const std::vector<std::string>& kvs, int ctx, int stride,
-                               int chunk, int threads, const std::string& backend) {
+                               const std::vector<std::string>& kvs, int ctx, int stride, int chunk,
+                               int threads, const std::string& backend) {
     std::vector<CacheOptions> caches;
     for (const auto& s : kvs) caches.push_back(CacheOptions{parse_spec(s)});
     const AttentionBackend b = parse_backend(backend);
@@ -396,17 +406,18 @@ class Model {
     }
     std::vector<std::string> rows;
     for (size_t i = 0; i < r.size(); ++i)
-      rows.push_back(nlohmann::json{{"kv", caches[i].spec.canonical()},
-                                    {"ppl", r[i].ppl},
-                                    {"ppl_fp32", r[i].ppl_ref},
-                                    {"kld", r[i].kld},
-                                    {"kld_p99", r[i].kld_p99},
-                                    {"top1", r[i].top1},
-                                    {"windows", r[i].windows},
-                                    {"scored", r[i].scored},
-                                    {"ctx", ctx},
-                                    {"seconds", r[i].seconds}}
-                         .dump());
+      rows.push_back(nlohmann::json{
+          {"kv", caches[i].spec.canonical()},
+          {"ppl", r[i].ppl},
+          {"ppl_fp32", r[i].ppl_ref},
+          {"kld", r[i].kld},
+          {"kld_p99", r[i].kld_p99},
+          {"top1", r[i].top1},
+          {"windows", r[i].windows},
+          {"scored", r[i].scored},
+          {"ctx", ctx},
+          {"seconds",
+           r[i].seconds}}.dump());
     return rows;
   }
 

@@ -38,8 +38,9 @@ int main() {
   for (size_t i = 0; i < fast.size(); ++i) diff = std::fmax(diff, std::fabs(fast[i] - ref[i]));
   for (float x : vx) vmax = std::fmax(vmax, std::fabs(x));
   const kvq::Footprint fk = k->footprint();
-  std::printf("%s: %lld tokens, keys %.3f bits per element, o[0] cpu %.6f ref %.6f, max diff %.2e\n",
-              spec.canonical().c_str(), static_cast<long long>(k->tokens()), fk.effective_bits(),
-              fast[0], ref[0], diff);
+  std::printf(
+      "%s: %lld tokens, keys %.3f bits per element, o[0] cpu %.6f ref %.6f, max diff %.2e\n",
+      spec.canonical().c_str(), static_cast<long long>(k->tokens()), fk.effective_bits(), fast[0],
+      ref[0], diff);
   return diff <= 2e-5 * vmax ? 0 : 1;  // kernels/cpu/attention.h's tolerance
 }

@@ -128,7 +128,8 @@ TEST(Spec, HfQuantizedCacheNames_mapToPerTokenInt) {
   EXPECT_NE(error_of("hf:axis_key=1").find("axis 0"), std::string::npos);
   EXPECT_NE(error_of("hf:nbits=5").find("5 bits"), std::string::npos);
   EXPECT_NE(error_of("hf:group=32").find("unknown parameter 'group'"), std::string::npos);
-  EXPECT_EQ(parse_spec("k=hf;v=fp8").side(Role::Key).canonical(), "int4:k=token,v=token,g=64,r=128");
+  EXPECT_EQ(parse_spec("k=hf;v=fp8").side(Role::Key).canonical(),
+            "int4:k=token,v=token,g=64,r=128");
 }
 
 // Issue 14: keys and values in different schemes (llama.cpp's -ctk/-ctv). Expected strings are the

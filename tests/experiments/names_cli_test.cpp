@@ -12,9 +12,9 @@ namespace {
 using testing::run_kvq;
 
 TEST(NamesCli, TextIsTheTextSourceInEveryModelCommand_promptFileAHiddenAlias) {
-  for (const char* cmd : {"model dump --out /tmp/kvq_names_x.safetensors",
-                          "model logits --out /tmp/kvq_names_x.npy", "model generate",
-                          "model diverge"}) {
+  for (const char* cmd :
+       {"model dump --out /tmp/kvq_names_x.safetensors", "model logits --out /tmp/kvq_names_x.npy",
+        "model generate", "model diverge"}) {
     const std::string c = cmd;
     for (const char* flag : {"--text", "--prompt-file"}) {
       const auto r = run_kvq(c + " " + flag + " /nonexistent/kvq_prompt.txt");

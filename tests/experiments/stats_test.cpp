@@ -3,11 +3,11 @@
 // a dump-like safetensors file (every tensor, one line per tensor and head, JSON on request).
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <fstream>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/npy.h"
@@ -106,8 +106,9 @@ TEST(StatsCli, LiveModelText_sameTableAsStatsOfItsDump) {
   const auto dir = testing::temp_dir("stats_live");
   const std::string text = (dir / "t.txt").string();
   {
-    std::ofstream(text) << "In the beginning God created the heaven and the earth. And the earth "
-                           "was without form, and void; and darkness was upon the face of the deep.";
+    std::ofstream(text)
+        << "In the beginning God created the heaven and the earth. And the earth "
+           "was without form, and void; and darkness was upon the face of the deep.";
   }
   const auto d = testing::run_kvq("model dump --text " + text + " --max-tokens 24 --out " +
                                   (dir / "kv.safetensors").string());
@@ -126,7 +127,8 @@ TEST(StatsCli, LiveModelText_sameTableAsStatsOfItsDump) {
   };
   EXPECT_EQ(sorted_lines(a.out), sorted_lines(b.out));
   EXPECT_NE(b.out.find("layer.29.v"), std::string::npos) << b.out;
-  const auto both = testing::run_kvq("stats " + (dir / "kv.safetensors").string() + " --text " + text);
+  const auto both =
+      testing::run_kvq("stats " + (dir / "kv.safetensors").string() + " --text " + text);
   EXPECT_NE(both.status, 0);
   const auto none = testing::run_kvq("stats");
   EXPECT_NE(none.status, 0);

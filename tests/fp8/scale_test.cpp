@@ -453,8 +453,12 @@ TEST_F(Calib, VllmScaleNames_perLayerOrPerHead) {
   EXPECT_EQ(compute_scales(spec, Role::Key, x, 0), std::vector<float>{0.25f});
   spec.gran = Granularity::Head;
   EXPECT_EQ(compute_scales(spec, Role::Key, x, 1), (std::vector<float>{0.0078125f, 0.0078125f}));
-  expect_error([&] { read_calibration(write("bad.json", R"({"kvq_calibration": 1, "layers": [
-    {"k_scale": -1, "v_scale": 1}]})")); }, {"bad.json", "layers[0].k_scale[0]"});
+  expect_error(
+      [&] {
+        read_calibration(write("bad.json", R"({"kvq_calibration": 1, "layers": [
+    {"k_scale": -1, "v_scale": 1}]})"));
+      },
+      {"bad.json", "layers[0].k_scale[0]"});
 }
 
 // Expected: each malformed file is rejected with kvq::Error naming the file and the bad part.
