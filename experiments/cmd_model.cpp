@@ -273,30 +273,18 @@ void register_needle(CLI::App* model) {
     const Loaded& L = load(*o);
     for (int cx : o->ctx)
       KVQ_CHECK(cx >= 256 && cx <= L.model.config().context, "--ctx {} outside [256, {}]", cx, L.model.config().context);
-    const auto hay = L.tok.encode(hay_text.substr(0, 400000));
-    const auto intro = L.tok.encode(
-        "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it. "
-        "I will quiz you about the pass key.\n\n");
-    const auto question = L.tok.encode("\n\nWhat is the pass key? The pass key is");
+    const eval::NeedleText nt = eval::needle_text(L.tok, hay_text);
     nlohmann::json rows = nlohmann::json::array();
     fmt::print("{:>6} {:>6} {:>7}  {:>8} {:>9}  {:>8} {:>9}\n", "ctx", "depth", "key", "fp32", "logprob", "scheme", "logprob");
-    uint64_t st = o->seed * 0x9e3779b97f4a7c15ULL + 17;
+    uint64_t st = eval::needle_seed(o->seed);
     std::map<int, std::pair<int, int>> acc;  // ctx -> (fp32 correct, scheme correct)
     for (int cx : o->ctx)
       for (double d : o->depth)
         for (int trial = 0; trial < o->trials; ++trial) {
-          st = st * 6364136223846793005ULL + 1442695040888963407ULL;
-          const int key = 10000 + static_cast<int>((st >> 33) % 90000);
-          const auto needle = L.tok.encode(fmt::format("\nThe pass key is {}. Remember it. {} is the pass key.\n", key, key));
-          const auto answer = L.tok.encode(fmt::format(" {}", key));
-          const int64_t fill = cx - static_cast<int64_t>(intro.size() + needle.size() + question.size());
-          KVQ_CHECK(fill > 0 && fill <= static_cast<int64_t>(hay.size()), "--ctx {} leaves no room for the haystack", cx);
-          const int64_t at = static_cast<int64_t>(std::llround(d * static_cast<double>(fill)));
-          std::vector<int32_t> p = intro;
-          p.insert(p.end(), hay.begin(), hay.begin() + at);
-          p.insert(p.end(), needle.begin(), needle.end());
-          p.insert(p.end(), hay.begin() + at, hay.begin() + fill);
-          p.insert(p.end(), question.begin(), question.end());
+          const int key = eval::needle_key(st);
+          const eval::NeedleCase nc = eval::needle_case(L.tok, nt, cx, d, key);
+          const auto& p = nc.prompt;
+          const auto& answer = nc.answer;
           auto show = [&](const CacheOptions& co) {
             return [&, name = co.spec.canonical()](const std::string& msg) {
               fmt::print(stderr, "[needle ctx {} depth {} {}] {}\n", cx, d, name, msg);

@@ -485,10 +485,119 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard
   }
 }
 
+// [needle]: passkey retrieval, ctx x depth x trials, every scheme against the fp32 cache on the same
+// prompt (kvq model needle's prompts and keys).
+struct NeedlePlan {
+  std::vector<int> ctxs;
+  std::vector<double> depths;
+  int trials = 5;
+  uint64_t seed = 1;
+  std::string text, backend, model_file;
+  json settings;
+  std::vector<SchemeSpec> specs;
+};
+
+NeedlePlan plan_needle(const toml::table& nt, const Where& w, const std::string& model_flag, int context) {
+  check_keys(nt, w, {"text", "ctx", "depth", "trials", "seed", "backend", "schemes"});
+  NeedlePlan p;
+  auto numbers = [&](const char* key, auto def) {
+    std::vector<decltype(def)> out;
+    const auto* n = nt.get(key);
+    if (!n) return std::vector<decltype(def)>{def};
+    const auto* a = n->as_array();
+    KVQ_CHECK(a && !a->empty(), "{}: {} must be a non-empty array of numbers", w.at(*n), w.key(key));
+    for (const auto& e : *a) {
+      if constexpr (std::is_same_v<decltype(def), int>) {
+        const auto v = e.value_exact<int64_t>();
+        KVQ_CHECK(v.has_value(), "{}: {} must hold integers (an element is {})", w.at(e), w.key(key), type_of(e));
+        out.push_back(static_cast<int>(*v));
+      } else {
+        KVQ_CHECK(e.is_number(), "{}: {} must hold numbers (an element is {})", w.at(e), w.key(key), type_of(e));
+        out.push_back(*e.value<double>());
+      }
+    }
+    return out;
+  };
+  p.ctxs = numbers("ctx", 2048);
+  p.depths = numbers("depth", 0.5);
+  const int64_t trials = get_or<int64_t>(nt, w, "trials", 5), seed = get_or<int64_t>(nt, w, "seed", 1);
+  for (int c : p.ctxs)
+    KVQ_CHECK(c >= 256 && c <= context, "{}: {} {} is outside [256, {}] (the model's context)", w.file, w.key("ctx"), c,
+              context);
+  for (double d : p.depths)
+    KVQ_CHECK(d >= 0 && d <= 1, "{}: {} {} is outside [0, 1]", w.file, w.key("depth"), d);
+  KVQ_CHECK(trials >= 1 && trials <= 10000, "{}: {} must be between 1 and 10000, got {}", w.file, w.key("trials"), trials);
+  KVQ_CHECK(seed >= 0, "{}: {} must be >= 0, got {}", w.file, w.key("seed"), seed);
+  p.trials = static_cast<int>(trials);
+  p.seed = static_cast<uint64_t>(seed);
+  p.text = get_or<std::string>(nt, w, "text", "kjv");
+  p.backend = get_or<std::string>(nt, w, "backend", "cpu");
+  try {
+    (void)parse_backend(p.backend);
+  } catch (const Error& e) {
+    fail("{}: {}: {}", w.file, w.key("backend"), e.what());
+  }
+  (void)text_path(p.text);
+  p.model_file = model_path(model_flag);
+  p.settings = {{"text", p.text}, {"seed", p.seed}, {"backend", p.backend}};
+  return p;
+}
+
+void run_needle(const NeedlePlan& p, const std::filesystem::path& out, const Shard& shard) {
+  ResultTable table(out, "needle");
+  const LlamaModel* m = nullptr;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Tokenizer> tok;
+  eval::NeedleText text;
+  CacheOptions ref;
+  ref.spec = parse_spec("fp32");
+  uint64_t st = eval::needle_seed(p.seed);
+  size_t j = 0, done = 0, total = p.ctxs.size() * p.depths.size() * static_cast<size_t>(p.trials);
+  for (int ctx : p.ctxs)
+    for (double depth : p.depths)
+      for (int trial = 0; trial < p.trials; ++trial, ++j) {
+        const int key = eval::needle_key(st);  // drawn for every case, so keys never depend on what is done
+        if (!shard.take(j)) continue;
+        json settings = p.settings;
+        settings["ctx"] = ctx;
+        settings["depth"] = depth;
+        settings["trial"] = trial;
+        std::vector<const SchemeSpec*> todo;
+        for (const auto& s : p.specs)
+          if (!table.find(s.canonical(), settings)) todo.push_back(&s);
+        ++done;
+        if (todo.empty()) continue;
+        check_stop();
+        if (!m) {  // loaded at the first case that needs it
+          const auto f = gguf::GgufFile::open(p.model_file);
+          model = std::make_unique<LlamaModel>(LlamaModel::load(f));
+          model->set_backend(parse_backend(p.backend));
+          tok = std::make_unique<Tokenizer>(Tokenizer::from_gguf(f));
+          text = eval::needle_text(*tok, read_file(text_path(p.text)));
+          m = model.get();
+        }
+        const eval::NeedleCase c = eval::needle_case(*tok, text, ctx, depth, key);
+        const auto t0 = std::chrono::steady_clock::now();
+        const eval::NeedleResult a = eval::needle_trial(*m, ref, c.prompt, c.answer);
+        for (const SchemeSpec* s : todo) {
+          CacheOptions co;
+          co.spec = *s;
+          const eval::NeedleResult b = eval::needle_trial(*m, co, c.prompt, c.answer);
+          table.add({{"key", s->canonical()}, {"scheme", s->canonical()}, {"settings", settings}, {"passkey", key},
+                     {"correct", b.correct}, {"logprob", b.logprob}, {"fp32_correct", a.correct},
+                     {"fp32_logprob", a.logprob},
+                     {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}});
+          check_stop();
+        }
+        fmt::print(stderr, "[needle {}/{}] ctx {} depth {} trial {}: fp32 {}\n", done, total, ctx, depth, trial,
+                   a.correct ? "found" : "missed");
+      }
+}
+
 // --merge: the rows of every OUT/shard-I-of-N/ folder into OUT, in the config's row order; rows a
 // shard holds that the config no longer names come after them. Nothing already in OUT is lost.
 void merge_shards(const std::optional<SyntheticPlan>& sp, const std::optional<ModelPlan>& mp,
-                  const std::filesystem::path& out) {
+                  const std::optional<NeedlePlan>& np, const std::filesystem::path& out) {
   std::vector<std::filesystem::path> shards;
   if (std::filesystem::is_directory(out))
     for (const auto& e : std::filesystem::directory_iterator(out))
@@ -538,6 +647,19 @@ void merge_shards(const std::optional<SyntheticPlan>& sp, const std::optional<Mo
     }
     merge("model", plan);
   }
+  if (np) {
+    std::vector<std::pair<std::string, json>> plan;
+    for (int ctx : np->ctxs)
+      for (double depth : np->depths)
+        for (int trial = 0; trial < np->trials; ++trial) {
+          json st = np->settings;
+          st["ctx"] = ctx;
+          st["depth"] = depth;
+          st["trial"] = trial;
+          for (const auto& s : np->specs) plan.emplace_back(s.canonical(), st);
+        }
+    merge("needle", plan);
+  }
 }
 
 }  // namespace
@@ -561,7 +683,7 @@ void register_run(CLI::App& app) {
   c->add_option("config", o->config, "TOML config")->required();
   c->add_option("--out", o->out, "results directory (default: the config's `out`)");
   c->add_option("--model-file", o->model_file, "GGUF model (default: the fetched SmolLM2)");
-  c->add_option("--only", o->only, "run one task")->check(CLI::IsMember({"synthetic", "model"}));
+  c->add_option("--only", o->only, "run one task")->check(CLI::IsMember({"synthetic", "model", "needle"}));
   c->add_flag("--append", o->append,
               "add rows to an OUT made by a different config (its config is kept; this one is saved\n"
               "beside it as config-N.toml); without it a changed config into an existing OUT is refused");
@@ -597,7 +719,7 @@ void register_run(CLI::App& app) {
       fail("{}:{}:{}: {}", o->config, e.source().begin.line, e.source().begin.column, e.description());
     }
     const Where top{o->config, ""};
-    check_keys(cfg, top, {"name", "out", "schemes", "synthetic", "model", "sweep"});
+    check_keys(cfg, top, {"name", "out", "schemes", "synthetic", "model", "needle", "sweep"});
     auto table_of = [&](const char* name) -> const toml::table* {
       const auto* n = cfg.get(name);
       if (!n) return nullptr;
@@ -606,6 +728,7 @@ void register_run(CLI::App& app) {
     };
     const toml::table* syn = table_of("synthetic");
     const toml::table* mt = table_of("model");
+    const toml::table* nt = table_of("needle");
     const toml::table* sw = table_of("sweep");
     // Rows: explicit specs, then the sweep's combinations; a combination whose spec does not
     // parse is skipped with a line, an explicit spec that does not parse is an error.
@@ -632,9 +755,12 @@ void register_run(CLI::App& app) {
     }
     KVQ_CHECK(!rows.empty() || !errors.empty() || swept > 0,
               "{}: no schemes (give schemes = [...] or a [sweep])", o->config);
-    const bool want_syn = syn && o->only != "model", want_model = mt && o->only != "synthetic";
-    KVQ_CHECK(syn || mt, "{}: nothing to run: give a [synthetic] table, a [model] table or both", o->config);
-    KVQ_CHECK(want_syn || want_model, "{}: --only {} but the config has no [{}] table", o->config, o->only, o->only);
+    const bool want_syn = syn && (o->only.empty() || o->only == "synthetic"),
+               want_model = mt && (o->only.empty() || o->only == "model"),
+               want_needle = nt && (o->only.empty() || o->only == "needle");
+    KVQ_CHECK(syn || mt || nt, "{}: nothing to run: give a [synthetic] table, a [model] table or both", o->config);
+    KVQ_CHECK(want_syn || want_model || want_needle, "{}: --only {} but the config has no [{}] table", o->config,
+              o->only, o->only);
     std::optional<SyntheticPlan> sp;
     std::optional<ModelPlan> mp;
     if (want_syn) {
@@ -677,13 +803,30 @@ void register_run(CLI::App& app) {
       const LlamaConfig lc = LlamaModel::read_config(f);
       mp->specs = fitting(mrows, "model", lc.kv_heads, lc.head_dim, errors);
     }
+    std::optional<NeedlePlan> np;
+    if (want_needle) {
+      const auto f = gguf::GgufFile::open(model_path(o->model_file));  // the shape from the metadata alone
+      const LlamaConfig lc = LlamaModel::read_config(f);
+      np = plan_needle(*nt, Where{o->config, "needle"}, o->model_file, lc.context);
+      if (o->smoke) {  // one short trial per depth
+        np->ctxs = {256};
+        np->trials = 1;
+        np->settings["smoke"] = true;
+      }
+      std::vector<Row> nrows = rows;
+      if (nt->get("schemes")) {
+        nrows.clear();
+        add_rows(string_list(*nt, Where{o->config, "needle"}, "schemes"), false, nrows);
+      }
+      np->specs = fitting(nrows, "needle", lc.kv_heads, lc.head_dim, errors);
+    }
     if (errors.size() == 1) fail("{}: {}; nothing was run", o->config, errors[0]);
     if (!errors.empty()) {
       for (const auto& e : errors) fmt::print(stderr, "kvq run: {}\n", e);
       fail("{}: {} invalid row{} (listed above); nothing was run", o->config, errors.size(),
            errors.size() == 1 ? "" : "s");
     }
-    KVQ_CHECK((sp && !sp->specs.empty()) || (mp && !mp->specs.empty()),
+    KVQ_CHECK((sp && !sp->specs.empty()) || (mp && !mp->specs.empty()) || (np && !np->specs.empty()),
               "{}: every scheme was skipped (lines above); nothing to run", o->config);
     if (o->check) {
       auto list = [](const char* task, const std::vector<SchemeSpec>& specs) {
@@ -697,6 +840,12 @@ void register_run(CLI::App& app) {
         if (mp->ctxs.size() > 1)
           fmt::print("model rows repeat for each ctx: {} ({} rows)\n", fmt::join(mp->ctxs, ", "),
                      mp->specs.size() * mp->ctxs.size());
+      }
+      if (np) {
+        list("needle", np->specs);
+        fmt::print("needle rows repeat for each ctx ({}) x depth ({}) x trial ({}): {} rows\n",
+                   fmt::join(np->ctxs, ", "), fmt::join(np->depths, ", "), np->trials,
+                   np->specs.size() * np->ctxs.size() * np->depths.size() * static_cast<size_t>(np->trials));
       }
       fmt::print("{}: ok, nothing run (--check)\n", o->config);
       return;
@@ -724,18 +873,20 @@ void register_run(CLI::App& app) {
       write_file_atomic(saved.string(), config_text);
     }
     if (o->merge) {
-      merge_shards(sp, mp, out);
-      fmt::print("results in {}/ (synthetic.csv, model.csv)\n", out);
+      merge_shards(sp, mp, np, out);
+      fmt::print("results in {}/ (synthetic.csv, model.csv, needle.csv)\n", out);
       return;
     }
-    fmt::print(stderr, "kvq run: {} synthetic + {} model rows{} -> {}\n", sp ? sp->specs.size() : 0,
+    fmt::print(stderr, "kvq run: {} synthetic + {} model + {} needle rows{} -> {}\n", sp ? sp->specs.size() : 0,
                mp ? mp->specs.size() * mp->ctxs.size() : 0,
+               np ? np->specs.size() * np->ctxs.size() * np->depths.size() * static_cast<size_t>(np->trials) : 0,
                shard.n > 1 ? fmt::format(" (shard {} of {}: every {}th row)", shard.i, shard.n, shard.n) : "", out);
     g_stop = 0;
     std::signal(SIGINT, on_sigint);
     try {
       if (sp && !sp->specs.empty()) run_synthetic(*sp, out, shard);
       if (mp && !mp->specs.empty()) run_model(*mp, out, shard);
+      if (np && !np->specs.empty()) run_needle(*np, out, shard);
     } catch (const Interrupted&) {
       throw Interrupted(fmt::format(
           "interrupted (Ctrl-C): every finished row is in {}/; run the same command again to resume", out));

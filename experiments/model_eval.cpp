@@ -214,6 +214,40 @@ DivergeResult diverge(const LlamaModel& m, const CacheOptions& ref, const CacheO
   return r;
 }
 
+NeedleText needle_text(const Tokenizer& tok, const std::string& hay_text) {
+  NeedleText t;
+  t.hay = tok.encode(std::string_view(hay_text).substr(0, 400000));
+  t.intro = tok.encode(
+      "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize "
+      "it. I will quiz you about the pass key.\n\n");
+  t.question = tok.encode("\n\nWhat is the pass key? The pass key is");
+  return t;
+}
+
+uint64_t needle_seed(uint64_t seed) { return seed * 0x9e3779b97f4a7c15ULL + 17; }
+
+int needle_key(uint64_t& state) {
+  state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+  return 10000 + static_cast<int>((state >> 33) % 90000);
+}
+
+NeedleCase needle_case(const Tokenizer& tok, const NeedleText& t, int ctx, double depth, int key) {
+  const auto needle =
+      tok.encode(fmt::format("\nThe pass key is {}. Remember it. {} is the pass key.\n", key, key));
+  NeedleCase c;
+  c.answer = tok.encode(fmt::format(" {}", key));
+  const int64_t fill = ctx - static_cast<int64_t>(t.intro.size() + needle.size() + t.question.size());
+  KVQ_CHECK(fill > 0 && fill <= static_cast<int64_t>(t.hay.size()),
+            "needle: ctx {} leaves no room for the haystack", ctx);
+  const int64_t at = static_cast<int64_t>(std::llround(depth * static_cast<double>(fill)));
+  c.prompt = t.intro;
+  c.prompt.insert(c.prompt.end(), t.hay.begin(), t.hay.begin() + at);
+  c.prompt.insert(c.prompt.end(), needle.begin(), needle.end());
+  c.prompt.insert(c.prompt.end(), t.hay.begin() + at, t.hay.begin() + fill);
+  c.prompt.insert(c.prompt.end(), t.question.begin(), t.question.end());
+  return c;
+}
+
 NeedleResult needle_trial(const LlamaModel& m, const CacheOptions& opts,
                           const std::vector<int32_t>& prompt, const std::vector<int32_t>& answer,
                           int chunk, int threads, const Progress& progress) {

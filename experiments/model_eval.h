@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/llama.h"
+#include "model/tokenizer.h"
 
 namespace kvq::eval {
 
@@ -70,6 +71,25 @@ struct NeedleResult {
   bool correct = false;  ///< greedy decoding reproduces every passkey token
   double logprob = 0;    ///< mean log-probability of the passkey tokens (teacher forced)
 };
+
+/// \brief The fixed parts of every passkey prompt: the haystack's tokens (the first 400,000 bytes
+/// of `hay_text`), the instruction before it and the question after it.
+struct NeedleText {
+  std::vector<int32_t> hay, intro, question;
+};
+NeedleText needle_text(const Tokenizer& tok, const std::string& hay_text);
+
+/// \brief The next pass key (10000-99999) of a deterministic sequence; `state` starts as
+/// needle_seed(seed).
+uint64_t needle_seed(uint64_t seed);
+int needle_key(uint64_t& state);
+
+/// \brief A prompt of exactly `ctx` tokens with the pass key `key` at `depth` of the haystack, and
+/// the key's tokens (the answer). Throws kvq::Error when ctx leaves no room for the haystack.
+struct NeedleCase {
+  std::vector<int32_t> prompt, answer;
+};
+NeedleCase needle_case(const Tokenizer& tok, const NeedleText& t, int ctx, double depth, int key);
 
 /// \brief One passkey trial: `prompt` holds the needle; `answer` are the passkey's tokens.
 NeedleResult needle_trial(const LlamaModel& m, const CacheOptions& cache,

@@ -14,3 +14,6 @@ build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/default.tom
 # Quality against context length (~4 minutes): KLD, top-1 and ppl per window length.
 build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/context.toml
 .venv/bin/python experiments/plots/plot_context.py results/context --out docs/img
+# Passkey retrieval grid (~8 minutes): found / trials per context and depth, per scheme.
+build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/needle.toml
+.venv/bin/python experiments/plots/plot_needle.py results/needle --out docs/img

@@ -306,7 +306,7 @@ TEST(RunConfigs, EveryShippedConfigPassesCheck) {
     EXPECT_NE(r.out.find("ok, nothing run (--check)"), std::string::npos) << r.out;
   }
   std::filesystem::current_path(cwd);
-  EXPECT_GE(n, 4) << "default, kivi_ablation, granularity and kv_split at least";
+  EXPECT_GE(n, 6) << "default, kivi_ablation, granularity, kv_split, context and needle at least";
 }
 
 // Issue 11: every shipped config runs, at a tiny size (--smoke: the same code path, synthetic
@@ -330,7 +330,8 @@ TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
     const auto listing = run_kvq("run --dry-run " + e.path().string()).out;
     const auto r = run_kvq("run --smoke --out " + out.string() + " " + e.path().string());
     ASSERT_EQ(r.status, 0) << e.path() << ": " << r.err;
-    const size_t nsyn = count(listing, "synthetic"), nmod = count(listing, "model");
+    const size_t nsyn = count(listing, "synthetic"), nmod = count(listing, "model"),
+                 nneedle = count(listing, "needle");
     if (nsyn) {
       const auto rows = jsonl(out / "synthetic.jsonl");
       EXPECT_EQ(rows.size(), nsyn) << e.path();
@@ -343,6 +344,12 @@ TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
       EXPECT_EQ(rows.size(), nmod) << e.path() << " (windows of different lengths collapse to 64)";
       EXPECT_EQ(rows.front()["settings"]["ctx"], 64) << e.path();
       EXPECT_EQ(rows.front()["settings"]["smoke"], true) << e.path();
+    }
+    if (nneedle) {  // one 256-token trial per depth
+      const auto rows = jsonl(out / "needle.jsonl");
+      EXPECT_TRUE(!rows.empty() && rows.size() % nneedle == 0) << e.path() << ": " << rows.size();
+      EXPECT_EQ(rows.front()["settings"]["ctx"], 256) << e.path();
+      EXPECT_TRUE(rows.front()["fp32_correct"].is_boolean()) << rows.front().dump();
     }
   }
   std::filesystem::current_path(cwd);
