@@ -674,8 +674,9 @@ void register_run(CLI::App& app) {
   auto* c = app.add_subcommand(
       "run",
       "Run an experiment config (TOML): every scheme on synthetic K/V (reconstruction SNR, attention KL,\n"
-      "top-32 overlap) and, with a [model] table, on SmolLM2 (perplexity, KLD, top-1 vs the fp32 cache).\n"
-      "Rows go to OUT/synthetic.{jsonl,csv} and OUT/model.{jsonl,csv} as each finishes; rerunning resumes.\n"
+      "top-32 overlap), with a [model] table on SmolLM2 (perplexity, KLD, top-1 vs the fp32 cache), and\n"
+      "with a [needle] table passkey retrieval (ctx x depth x trials, each against the fp32 cache).\n"
+      "Rows go to OUT/<task>.{jsonl,csv} as each finishes; rerunning resumes.\n"
       "Everything is checked before the first row runs: unknown keys, types and ranges (FILE:LINE:\n"
       "[table].key), every scheme against the shapes it will meet (a [sweep] combination that does not\n"
       "fit is skipped with a line; an explicit one is an error), the model and text files.\n"
@@ -892,7 +893,9 @@ void register_run(CLI::App& app) {
           "interrupted (Ctrl-C): every finished row is in {}/; run the same command again to resume", out));
     }
     std::signal(SIGINT, SIG_DFL);
-    fmt::print("results in {}/ (synthetic.csv, model.csv; plot: experiments/plots/plot_results.py {})\n", out, out);
+    fmt::print("results in {}/ ({}.csv; plot: experiments/plots/plot_results.py {}{})\n", out,
+               np ? "synthetic, model, needle" : "synthetic, model", out,
+               np ? fmt::format(", experiments/plots/plot_needle.py {}", out) : std::string());
   });
 }
 
