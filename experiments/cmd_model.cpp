@@ -33,12 +33,8 @@ struct Common {
   int threads = 0;
 };
 
-// The loaded model and tokenizer (loaded once per process). Neither keeps the file: its mapping is
-// released once the weights are packed.
-struct Loaded {
-  LlamaModel model;
-  Tokenizer tok;
-};
+// The loaded model and tokenizer (loaded once per process).
+using Loaded = eval::LoadedModel;
 
 const Loaded& load(const Common& c) {
   static std::unique_ptr<Loaded> l;
@@ -46,10 +42,7 @@ const Loaded& load(const Common& c) {
   if (!l) {
     const std::string path = model_path(c.model_file);
     const auto t0 = std::chrono::steady_clock::now();
-    gguf::GgufFile f = gguf::GgufFile::open(path);
-    LlamaModel m = LlamaModel::load(f);
-    Tokenizer t = Tokenizer::from_gguf(f);
-    l = std::make_unique<Loaded>(Loaded{std::move(m), std::move(t)});
+    l = std::make_unique<Loaded>(eval::load_model(path));
     fmt::print(stderr, "loaded {} ({} layers, {} kv heads x {}) in {:.1f} s\n", path, l->model.config().layers,
                l->model.config().kv_heads, l->model.config().head_dim,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

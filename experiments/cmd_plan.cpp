@@ -131,10 +131,8 @@ void register_plan(CLI::App& app) {
     in.model = planner::resolve_model(a, weights->count() > 0);
     in.gpu = planner::resolve_gpu(gpu->count() ? std::optional<std::string>(o->gpu) : std::nullopt,
                                   bw->count() ? std::optional<double>(o->bandwidth) : std::nullopt);
-    const bool scenario = !model->count() && !layers->count() && !kv_heads->count() &&
-                          !head_dim->count() && !params->count() && !gpu->count() && !bw->count();
-    planner::set_mem(in, mem->count() ? std::optional<std::string>(o->mem) : std::nullopt,
-                     scenario);
+    planner::set_mem(in, mem->count() ? std::optional<std::string>(o->mem) : std::nullopt, a,
+                     gpu->count() || bw->count());
     if (weights->count()) in.weight_bytes = planner::parse_gb(o->weights, "--weights-bytes", true);
     const planner::Plan p = planner::make_plan(in);
     KVQ_CHECK(!o->sweep_csv.empty() || (o->sweep_batch.empty() && o->sweep_ctx.empty()),

@@ -308,7 +308,7 @@ SyntheticPlan plan_synthetic(const toml::table& syn, const Where& w) {
 struct ModelPlan {
   eval::PplOptions o;           // o.ctx: the first of ctxs
   std::vector<int> ctxs;        // one set of rows per window length (`ctx = [512, 2048]`)
-  std::string text, backend, model_file;
+  std::string text, backend;
   bool pre = false, rot = false;
   json settings;
   std::vector<SchemeSpec> specs;
@@ -361,7 +361,7 @@ ModelPlan plan_model(const toml::table& mt, const Where& w, const std::string& m
     fail("{}: {}: {}", w.file, w.key("backend"), e.what());
   }
   (void)text_path(p.text);  // the files exist before any work starts
-  p.model_file = model_path(model_flag);
+  (void)model_path(model_flag);  // the model file exists before any work starts
   p.settings = {{"text", p.text}, {"ctx", p.o.ctx}, {"stride", p.o.stride}, {"max_tokens", p.o.max_tokens},
                 {"pre_rope", p.pre}, {"backend", p.backend}};
   if (p.rot) p.settings["hadamard"] = true;  // only when set, so rows of earlier runs still match
@@ -421,7 +421,20 @@ void run_synthetic(const SyntheticPlan& p, const std::filesystem::path& out, con
   }
 }
 
-void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard& shard) {
+// The real model, loaded at most once per `kvq run` (by the first task that has rows to run) and
+// shared by the [model] and [needle] tasks.
+struct ModelSource {
+  std::string path;
+  std::unique_ptr<eval::LoadedModel> loaded;
+  eval::LoadedModel& get(AttentionBackend backend) {
+    if (!loaded) loaded = std::make_unique<eval::LoadedModel>(eval::load_model(path));
+    loaded->model.set_backend(backend);
+    return *loaded;
+  }
+};
+
+void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard& shard,
+               ModelSource& source) {
   const std::vector<SchemeSpec>& specs = p.specs;
   const bool pre = p.pre, rot = p.rot;
   const AttentionBackend attn = parse_backend(p.backend);
@@ -444,14 +457,9 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard
                (specs.size() * p.ctxs.size() + static_cast<size_t>(shard.n - shard.i)) / static_cast<size_t>(shard.n));
     return;
   }
-  std::vector<int32_t> ids;
-  const LlamaModel m = [&] {  // the file's mapping is released once the weights are packed
-    const auto f = gguf::GgufFile::open(p.model_file);
-    ids = Tokenizer::from_gguf(f).encode_first(read_file(text_path(p.text)), p.o.max_tokens);
-    LlamaModel lm = LlamaModel::load(f);
-    lm.set_backend(attn);
-    return lm;
-  }();
+  const eval::LoadedModel& L = source.get(attn);
+  const LlamaModel& m = L.model;
+  const std::vector<int32_t> ids = L.tok.encode_first(read_file(text_path(p.text)), p.o.max_tokens);
   for (const auto& [ctx, rows] : todo) {
     eval::PplOptions o = p.o;
     o.ctx = ctx;
@@ -492,7 +500,7 @@ struct NeedlePlan {
   std::vector<double> depths;
   int trials = 5;
   uint64_t seed = 1;
-  std::string text, backend, model_file;
+  std::string text, backend;
   json settings;
   std::vector<SchemeSpec> specs;
 };
@@ -538,16 +546,15 @@ NeedlePlan plan_needle(const toml::table& nt, const Where& w, const std::string&
     fail("{}: {}: {}", w.file, w.key("backend"), e.what());
   }
   (void)text_path(p.text);
-  p.model_file = model_path(model_flag);
+  (void)model_path(model_flag);  // the model file exists before any work starts
   p.settings = {{"text", p.text}, {"seed", p.seed}, {"backend", p.backend}};
   return p;
 }
 
-void run_needle(const NeedlePlan& p, const std::filesystem::path& out, const Shard& shard) {
+void run_needle(const NeedlePlan& p, const std::filesystem::path& out, const Shard& shard,
+                ModelSource& source) {
   ResultTable table(out, "needle");
-  const LlamaModel* m = nullptr;
-  std::unique_ptr<LlamaModel> model;
-  std::unique_ptr<Tokenizer> tok;
+  const eval::LoadedModel* L = nullptr;
   eval::NeedleText text;
   CacheOptions ref;
   ref.spec = parse_spec("fp32");
@@ -568,21 +575,18 @@ void run_needle(const NeedlePlan& p, const std::filesystem::path& out, const Sha
         ++done;
         if (todo.empty()) continue;
         check_stop();
-        if (!m) {  // loaded at the first case that needs it
-          const auto f = gguf::GgufFile::open(p.model_file);
-          model = std::make_unique<LlamaModel>(LlamaModel::load(f));
-          model->set_backend(parse_backend(p.backend));
-          tok = std::make_unique<Tokenizer>(Tokenizer::from_gguf(f));
-          text = eval::needle_text(*tok, read_file(text_path(p.text)));
-          m = model.get();
+        if (!L) {  // at the first case that needs it
+          L = &source.get(parse_backend(p.backend));
+          text = eval::needle_text(L->tok, read_file(text_path(p.text)));
         }
-        const eval::NeedleCase c = eval::needle_case(*tok, text, ctx, depth, key);
+        const LlamaModel& m = L->model;
+        const eval::NeedleCase c = eval::needle_case(L->tok, text, ctx, depth, key);
         const auto t0 = std::chrono::steady_clock::now();
-        const eval::NeedleResult a = eval::needle_trial(*m, ref, c.prompt, c.answer);
+        const eval::NeedleResult a = eval::needle_trial(m, ref, c.prompt, c.answer);
         for (const SchemeSpec* s : todo) {
           CacheOptions co;
           co.spec = *s;
-          const eval::NeedleResult b = eval::needle_trial(*m, co, c.prompt, c.answer);
+          const eval::NeedleResult b = eval::needle_trial(m, co, c.prompt, c.answer);
           table.add({{"key", s->canonical()}, {"scheme", s->canonical()}, {"settings", settings}, {"passkey", key},
                      {"correct", b.correct}, {"logprob", b.logprob}, {"fp32_correct", a.correct},
                      {"fp32_logprob", a.logprob},
@@ -782,6 +786,19 @@ void register_run(CLI::App& app) {
       sp->settings["tokens"] = sp->ks.shape.tokens;
       sp->settings["smoke"] = true;
     }
+    // The model's shape from the GGUF's metadata alone, read once for the tasks that need it.
+    std::optional<LlamaConfig> lc;
+    auto model_config = [&]() -> const LlamaConfig& {
+      if (!lc) lc = LlamaModel::read_config(gguf::GgufFile::open(model_path(o->model_file)));
+      return *lc;
+    };
+    // A task's own `schemes`, else the top-level rows.
+    auto task_rows = [&](const toml::table& t, const char* task) {
+      if (!t.get("schemes")) return rows;
+      std::vector<Row> own;
+      add_rows(string_list(t, Where{o->config, task}, "schemes"), false, own);
+      return own;
+    };
     if (want_model) {
       mp = plan_model(*mt, Where{o->config, "model"}, o->model_file);
       if (o->smoke) {  // the same code path at a tiny size: windows of <= 64 tokens over 128
@@ -795,31 +812,19 @@ void register_run(CLI::App& app) {
         mp->settings["max_tokens"] = mp->o.max_tokens;
         mp->settings["smoke"] = true;
       }
-      std::vector<Row> mrows = rows;
-      if (mt->get("schemes")) {
-        mrows.clear();
-        add_rows(string_list(*mt, Where{o->config, "model"}, "schemes"), false, mrows);
-      }
-      const auto f = gguf::GgufFile::open(mp->model_file);  // the shape from the metadata alone
-      const LlamaConfig lc = LlamaModel::read_config(f);
-      mp->specs = fitting(mrows, "model", lc.kv_heads, lc.head_dim, errors);
+      mp->specs = fitting(task_rows(*mt, "model"), "model", model_config().kv_heads, model_config().head_dim,
+                          errors);
     }
     std::optional<NeedlePlan> np;
     if (want_needle) {
-      const auto f = gguf::GgufFile::open(model_path(o->model_file));  // the shape from the metadata alone
-      const LlamaConfig lc = LlamaModel::read_config(f);
-      np = plan_needle(*nt, Where{o->config, "needle"}, o->model_file, lc.context);
+      np = plan_needle(*nt, Where{o->config, "needle"}, o->model_file, model_config().context);
       if (o->smoke) {  // one short trial per depth
         np->ctxs = {256};
         np->trials = 1;
         np->settings["smoke"] = true;
       }
-      std::vector<Row> nrows = rows;
-      if (nt->get("schemes")) {
-        nrows.clear();
-        add_rows(string_list(*nt, Where{o->config, "needle"}, "schemes"), false, nrows);
-      }
-      np->specs = fitting(nrows, "needle", lc.kv_heads, lc.head_dim, errors);
+      np->specs = fitting(task_rows(*nt, "needle"), "needle", model_config().kv_heads, model_config().head_dim,
+                          errors);
     }
     if (errors.size() == 1) fail("{}: {}; nothing was run", o->config, errors[0]);
     if (!errors.empty()) {
@@ -886,8 +891,9 @@ void register_run(CLI::App& app) {
     std::signal(SIGINT, on_sigint);
     try {
       if (sp && !sp->specs.empty()) run_synthetic(*sp, out, shard);
-      if (mp && !mp->specs.empty()) run_model(*mp, out, shard);
-      if (np && !np->specs.empty()) run_needle(*np, out, shard);
+      ModelSource source{model_path(o->model_file), nullptr};
+      if (mp && !mp->specs.empty()) run_model(*mp, out, shard, source);
+      if (np && !np->specs.empty()) run_needle(*np, out, shard, source);
     } catch (const Interrupted&) {
       throw Interrupted(fmt::format(
           "interrupted (Ctrl-C): every finished row is in {}/; run the same command again to resume", out));

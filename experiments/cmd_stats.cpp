@@ -74,12 +74,11 @@ void register_stats(CLI::App& app) {
               "give an input file (a dump, FILE.safetensors:TENSOR, an npy) or --text FILE|kjv");
     if (!o->text.empty()) {
       const std::string text = read_file(text_path(o->text)), path = model_path(o->model_file);
-      const gguf::GgufFile f = gguf::GgufFile::open(path);
-      const LlamaModel m = LlamaModel::load(f);
-      const auto ids = Tokenizer::from_gguf(f).encode_first(text, o->max_tokens);
+      const eval::LoadedModel L = eval::load_model(path);
+      const auto ids = L.tok.encode_first(text, o->max_tokens);
       fmt::print(stderr, "kvq stats: {} over {} tokens of {}\n", path, ids.size(), o->text);
       int l = 0;
-      for (auto& kv : eval::dump_kv(m, ids, o->threads)) {
+      for (auto& kv : eval::dump_kv(L.model, ids, o->threads)) {
         ts.emplace_back(fmt::format("layer.{}.k", l), std::move(kv.k));
         ts.emplace_back(fmt::format("layer.{}.k_pre", l), std::move(kv.k_pre));
         ts.emplace_back(fmt::format("layer.{}.v", l), std::move(kv.v));

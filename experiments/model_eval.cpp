@@ -214,6 +214,11 @@ DivergeResult diverge(const LlamaModel& m, const CacheOptions& ref, const CacheO
   return r;
 }
 
+LoadedModel load_model(const std::string& path) {
+  const gguf::GgufFile f = gguf::GgufFile::open(path);
+  return {LlamaModel::load(f), Tokenizer::from_gguf(f)};
+}
+
 NeedleText needle_text(const Tokenizer& tok, const std::string& hay_text) {
   NeedleText t;
   t.hay = tok.encode(std::string_view(hay_text).substr(0, 400000));

@@ -13,6 +13,14 @@
 
 namespace kvq::eval {
 
+/// \brief A GGUF's model and tokenizer, from one open of the file (its mapping is released once
+/// the weights are packed).
+struct LoadedModel {
+  LlamaModel model;
+  Tokenizer tok;
+};
+LoadedModel load_model(const std::string& path);
+
 /// \brief Called with a one-line progress message on long runs.
 using Progress = std::function<void(const std::string&)>;
 

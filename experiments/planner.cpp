@@ -363,7 +363,10 @@ std::string format_plan(const Plan& p) {
   return out;
 }
 
-void set_mem(PlanInput& in, const std::optional<std::string>& mem, bool scenario) {
+void set_mem(PlanInput& in, const std::optional<std::string>& mem, const ModelArgs& model,
+             bool gpu_given) {
+  const bool scenario = !model.preset && !model.layers && !model.kv_heads && !model.head_dim &&
+                        !model.params_billions && !gpu_given;
   if (mem)
     in.mem_bytes = parse_gb(*mem, "--mem");
   else if (scenario)

@@ -93,9 +93,11 @@ struct PlanInput {
 };
 
 /// \brief The KV memory of a plan: `mem` (a size as parse_gb reads it, named --mem in errors);
-/// without it, the design note's 55 GB when `scenario` (no model or GPU was named at all), else
-/// nullopt (kKvMemFraction of the GPU's memory minus the weights).
-void set_mem(PlanInput& in, const std::optional<std::string>& mem, bool scenario);
+/// without it, the design note's 55 GB when neither `model` names anything nor a GPU or bandwidth
+/// was given (the scenario of a bare `kvq plan`), else nullopt (kKvMemFraction of the GPU's memory
+/// minus the weights).
+void set_mem(PlanInput& in, const std::optional<std::string>& mem, const ModelArgs& model,
+             bool gpu_given);
 
 /// \brief One KV format's row.
 struct PlanRow {

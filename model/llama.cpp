@@ -104,6 +104,30 @@ void hadamard_transform(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
+cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
+                                  const SideStore& k, const SideStore& v, ExactTail k_exact,
+                                  ExactTail v_exact, std::vector<int64_t>& kq,
+                                  std::vector<int64_t>& vq) {
+  kq.resize(static_cast<size_t>(n));
+  vq.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    kq[static_cast<size_t>(i)] = k.quantized_tokens_at(t_begin + i + 1);
+    vq[static_cast<size_t>(i)] = v.quantized_tokens_at(t_begin + i + 1);
+  }
+  cpu::CausalInput in;
+  in.q = q;
+  in.n = n;
+  in.q_heads = q_heads;
+  in.t_begin = t_begin;
+  in.k = k.stored();
+  in.v = v.stored();
+  in.k_exact = k_exact;
+  in.v_exact = v_exact;
+  in.k_quantized = kq;
+  in.v_quantized = vq;
+  return in;
+}
+
 LlamaCache::LlamaCache(const LlamaConfig& c, const CacheOptions& o) : opts_(o) {
   // Appends quantize on backend cpu's kernels whatever the attention backend: the bytes are the
   // reference's, bit for bit (tests/kernels/cpu/, tests/reference_cpu/kv_cache_test.cpp).
@@ -272,7 +296,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
   std::exception_ptr err;
   std::atomic<int64_t> next_item{0}, next_merge{0};
   const bool fast = backend_ == AttentionBackend::kCpu;
-  std::vector<int64_t> kq(static_cast<size_t>(n)), vq(static_cast<size_t>(n));
+  std::vector<int64_t> kq, vq;  // backend cpu: the positions' quantized token counts
   std::unique_ptr<cpu::CausalAttention> call;  // backend cpu: this layer's attention
   const std::lock_guard<std::mutex> lock(team_->mutex);
   if (!team_->team || team_->team->size() != nt) team_->team = std::make_unique<ThreadTeam>(nt);
@@ -321,15 +345,9 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
         }
         // Exact values the new positions may need: the cache's window before the append + the
         // chunk.
-        ktail.clear();
-        vtail.clear();
-        side.k->exact_tail(ktail);
-        side.v->exact_tail(vtail);
-        kbeg = pos0 - static_cast<int64_t>(ktail.size()) / kvd;
-        vbeg = pos0 - static_cast<int64_t>(vtail.size()) / kvd;
+        kbeg = gather_exact_tail(*side.k, k.data(), n, ktail);
+        vbeg = gather_exact_tail(*side.v, v.data(), n, vtail);
         if (pre) rope(ktail.data(), pos0 - kbeg, H, kbeg);  // the stored window is pre-RoPE
-        ktail.insert(ktail.end(), k.data(), k.data() + n * kvd);
-        vtail.insert(vtail.end(), v.data(), v.data() + n * kvd);
         side.k->append(pre ? k_pre.data() : k.data(), n);
         side.v->append(v.data(), n);
         view.reset();
@@ -343,24 +361,11 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
         const SideStore& keys = view ? *view : *side.k;
         causal_attention_check(n, c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
                                {vtail.data(), vbeg});
-        if (fast) {
-          for (int64_t i = 0; i < n; ++i) {
-            kq[static_cast<size_t>(i)] = keys.quantized_tokens_at(pos0 + i + 1);
-            vq[static_cast<size_t>(i)] = side.v->quantized_tokens_at(pos0 + i + 1);
-          }
-          cpu::CausalInput in;
-          in.q = q.data();
-          in.n = n;
-          in.q_heads = c.heads;
-          in.t_begin = pos0;
-          in.k = keys.stored();
-          in.v = side.v->stored();
-          in.k_exact = {ktail.data(), kbeg};
-          in.v_exact = {vtail.data(), vbeg};
-          in.k_quantized = kq;
-          in.v_quantized = vq;
-          call = std::make_unique<cpu::CausalAttention>(in, nt);
-        }
+        if (fast)
+          call = std::make_unique<cpu::CausalAttention>(
+              cpu_causal_input(q.data(), n, c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
+                               {vtail.data(), vbeg}, kq, vq),
+              nt);
         next_item.store(0);
         next_merge.store(0);
       });

@@ -17,6 +17,7 @@
 #include "core/spec.h"
 #include "model/packed_matrix.h"
 #include "model/thread_team.h"
+#include "kernels/cpu/attention.h"
 #include "reference_cpu/kv_cache.h"
 
 namespace kvq {
@@ -44,6 +45,14 @@ struct CacheOptions {
 /// \brief x[0..n) <- H_n x / sqrt(n) in place (Sylvester order), n a power of two: the
 /// orthonormal Walsh-Hadamard transform, its own inverse.
 void hadamard_transform(float* x, int64_t n);
+
+/// \brief Backend cpu's causal call for positions t_begin .. t_begin + n - 1 (q [n, q_heads, dim])
+/// over the sides as stored (holding t_begin + n tokens) and their exact tails: each position's
+/// quantized token counts go into kq / vq, which the input points into.
+cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
+                                  const SideStore& k, const SideStore& v, ExactTail k_exact,
+                                  ExactTail v_exact, std::vector<int64_t>& kq,
+                                  std::vector<int64_t>& vq);
 
 /// \brief One sequence's KV cache: a K and a V side per layer.
 class LlamaCache {

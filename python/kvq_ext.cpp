@@ -210,19 +210,12 @@ class Cache {
     check_kv(k, "k");
     check_kv(v, "v");
     KVQ_CHECK(k.shape(0) == v.shape(0), "k has {} tokens but v has {}", k.shape(0), v.shape(0));
-    const int64_t n = static_cast<int64_t>(k.shape(0)), row = heads_ * dim_;
+    const int64_t n = static_cast<int64_t>(k.shape(0));
     KVQ_CHECK(n >= 1, "append needs at least one token");
     nb::gil_scoped_release release;
-    const int64_t t0 = tokens();
     // The exact values causal attention over this append reads: the window before it + the chunk.
-    ktail_.clear();
-    vtail_.clear();
-    k_->exact_tail(ktail_);
-    v_->exact_tail(vtail_);
-    kbeg_ = t0 - static_cast<int64_t>(ktail_.size()) / row;
-    vbeg_ = t0 - static_cast<int64_t>(vtail_.size()) / row;
-    ktail_.insert(ktail_.end(), k.data(), k.data() + n * row);
-    vtail_.insert(vtail_.end(), v.data(), v.data() + n * row);
+    kbeg_ = gather_exact_tail(*k_, k.data(), n, ktail_);
+    vbeg_ = gather_exact_tail(*v_, v.data(), n, vtail_);
     k_->append(k.data(), n);
     v_->append(v.data(), n);
     last_ = n;
@@ -257,23 +250,9 @@ class Cache {
       // A decode step is the causal call for the last position: the same code as prefill, so
       // the two agree bit for bit (as in the model's forward pass).
       if (cpu_) {
-        std::vector<int64_t> kq(static_cast<size_t>(n)), vq(static_cast<size_t>(n));
-        for (int64_t i = 0; i < n; ++i) {
-          kq[static_cast<size_t>(i)] = k_->quantized_tokens_at(t_begin + i + 1);
-          vq[static_cast<size_t>(i)] = v_->quantized_tokens_at(t_begin + i + 1);
-        }
         causal_attention_check(n, qh, t_begin, *k_, *v_, ke, ve);
-        cpu::CausalInput in;
-        in.q = q.data();
-        in.n = n;
-        in.q_heads = qh;
-        in.t_begin = t_begin;
-        in.k = k_->stored();
-        in.v = v_->stored();
-        in.k_exact = ke;
-        in.v_exact = ve;
-        in.k_quantized = kq;
-        in.v_quantized = vq;
+        std::vector<int64_t> kq, vq;
+        cpu::CausalInput in = cpu_causal_input(q.data(), n, qh, t_begin, *k_, *v_, ke, ve, kq, vq);
         in.int_mode = mode_;
         cpu::causal_attention(in, out.data(), threads_);
       } else {
@@ -340,13 +319,11 @@ std::string plan(const std::string& args_json) {
   in.gpu = planner::resolve_gpu(
       opt("gpu") ? std::optional<std::string>(a["gpu"].get<std::string>()) : std::nullopt,
       opt("bandwidth") ? std::optional<double>(a["bandwidth"].get<double>()) : std::nullopt);
-  const bool scenario = !opt("model") && !opt("layers") && !opt("kv_heads") && !opt("head_dim") &&
-                        !opt("params") && !opt("gpu") && !opt("bandwidth");
   std::optional<std::string> mem;
   if (opt("mem"))
     mem = a["mem"].is_string() ? a["mem"].get<std::string>()
                                : fmt::format("{}", a["mem"].get<double>());
-  planner::set_mem(in, mem, scenario);
+  planner::set_mem(in, mem, m, opt("gpu") || opt("bandwidth"));
   if (opt("weights_gb")) in.weight_bytes = a["weights_gb"].get<double>() * 1e9;
   if (opt("weights_dtype")) in.weights_dtype = a["weights_dtype"].get<std::string>();
   if (opt("ctx")) in.ctx = a["ctx"].get<int64_t>();
@@ -362,29 +339,27 @@ class Model {
   explicit Model(const std::string& path) {
     const std::string p = cli::model_path(path);
     nb::gil_scoped_release release;
-    gguf::GgufFile f = gguf::GgufFile::open(p);
-    model_ = std::make_unique<LlamaModel>(LlamaModel::load(f));
-    tok_ = std::make_unique<Tokenizer>(Tokenizer::from_gguf(f));
+    m_ = std::make_unique<eval::LoadedModel>(eval::load_model(p));
     path_ = p;
   }
 
   std::string config() const {
-    const LlamaConfig& c = model_->config();
+    const LlamaConfig& c = m_->model.config();
     return nlohmann::json{{"path", path_},          {"layers", c.layers},
                           {"hidden", c.hidden},     {"heads", c.heads},
                           {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim},
                           {"ffn", c.ffn},           {"vocab", c.vocab},
-                          {"context", c.context},   {"weights", model_->weight_formats()}}
+                          {"context", c.context},   {"weights", m_->model.weight_formats()}}
         .dump();
   }
 
   std::vector<int32_t> encode(const std::string& text, int64_t max_tokens, bool chat) const {
     nb::gil_scoped_release release;
-    if (chat) return tok_->encode(tok_->chat({{"user", text}}, true), true);
-    return tok_->encode_first(text, max_tokens);
+    if (chat) return m_->tok.encode(m_->tok.chat({{"user", text}}, true), true);
+    return m_->tok.encode_first(text, max_tokens);
   }
-  std::string decode(const std::vector<int32_t>& ids) const { return tok_->decode(ids); }
-  int32_t eos() const { return tok_->eos(); }
+  std::string decode(const std::vector<int32_t>& ids) const { return m_->tok.decode(ids); }
+  int32_t eos() const { return m_->tok.eos(); }
 
   std::vector<std::string> ppl(const std::vector<int32_t>& tokens,
                                const std::vector<std::string>& kvs, int ctx, int stride, int chunk,
@@ -401,8 +376,8 @@ class Model {
     std::vector<eval::PplResult> r;
     {
       nb::gil_scoped_release release;
-      model_->set_backend(b);
-      r = eval::perplexity(*model_, caches, tokens, o);
+      m_->model.set_backend(b);
+      r = eval::perplexity(m_->model, caches, tokens, o);
     }
     std::vector<std::string> rows;
     for (size_t i = 0; i < r.size(); ++i)
@@ -427,8 +402,8 @@ class Model {
     const AttentionBackend b = parse_backend(backend);
     KVQ_CHECK(n >= 1, "n must be at least 1, got {}", n);
     nb::gil_scoped_release release;
-    model_->set_backend(b);
-    return eval::generate(*model_, c, prompt, n, {tok_->eos()}, threads,
+    m_->model.set_backend(b);
+    return eval::generate(m_->model, c, prompt, n, {m_->tok.eos()}, threads,
                           [](int32_t) { poll_signals(); });
   }
 
@@ -438,7 +413,7 @@ class Model {
     std::vector<eval::LayerKv> kv;
     {
       nb::gil_scoped_release release;
-      kv = eval::dump_kv(*model_, ids, threads, poll_signals);
+      kv = eval::dump_kv(m_->model, ids, threads, poll_signals);
     }
     std::vector<std::tuple<FloatOut, FloatOut, FloatOut>> out;
     for (auto& l : kv) {
@@ -450,8 +425,7 @@ class Model {
   }
 
  private:
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<Tokenizer> tok_;
+  std::unique_ptr<eval::LoadedModel> m_;
   std::string path_;
 };
 

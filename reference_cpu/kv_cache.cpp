@@ -330,6 +330,15 @@ std::unique_ptr<SideStore> make_view(const SideStore& base, Tensor3 values) {
   return std::make_unique<ViewSide>(base, std::move(values));
 }
 
+int64_t gather_exact_tail(const SideStore& s, const float* x, int64_t n, std::vector<float>& tail) {
+  const int64_t row = s.heads() * s.dim();
+  tail.clear();
+  s.exact_tail(tail);
+  const int64_t begin = s.tokens() - static_cast<int64_t>(tail.size()) / row;
+  tail.insert(tail.end(), x, x + n * row);
+  return begin;
+}
+
 std::unique_ptr<SideStore> make_side(const SchemeSpec& whole, Role role, int64_t heads,
                                      int64_t dim, int layer, const SideKernels& kernels) {
   const SchemeSpec& spec = whole.side(role);

@@ -60,6 +60,11 @@ class SideStore {
   virtual StoredSide stored() const;
 };
 
+/// \brief What a causal call over an append of n tokens reads exactly: the side's exact tail from
+/// before the append (SideStore::exact_tail) followed by the chunk x ([n, heads, dim]), into
+/// `tail` (replaced). Returns the first token it covers (ExactTail::begin). Call before appending.
+int64_t gather_exact_tail(const SideStore& s, const float* x, int64_t n, std::vector<float>& tail);
+
 /// \brief Quantize kernels a backend lends the cache sides for their streaming appends, in place of
 /// the reference's own (fp8/scale.h, kivi/cache.cpp). Each must produce the same bytes; backend
 /// cpu's (kernels/cpu/) are tested bit for bit. Null members: the reference's.

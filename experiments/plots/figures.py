@@ -1,6 +1,21 @@
-"""What every figure script here shares: the commit for the footer, the footer, PNG + PDF output."""
+"""What every figure script here shares: reading a `kvq run` table, the commit for the footer,
+the footer, PNG + PDF output."""
+import csv
 import os
 import subprocess
+
+
+def results_table(results, task, config):
+    """(path, rows) of RESULTS/TASK.csv from a `kvq run` (dicts of strings); exits with a line
+    naming the config to run when the file is missing or empty."""
+    path = os.path.join(results, f"{task}.csv")
+    if not os.path.exists(path):
+        raise SystemExit(f"{path}: not found (run: kvq run {config})")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise SystemExit(f"{path}: no rows yet (run: kvq run {config})")
+    return path, rows
 
 
 def commit():

@@ -6,30 +6,22 @@ fp32 cache, per scheme, from a `kvq run` whose [model] has a list of window leng
     .venv/bin/python experiments/plots/plot_context.py results/context --out docs/img
 """
 import argparse
-import csv
-import os
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from figures import footer, save  # noqa: E402
+from figures import footer, results_table, save  # noqa: E402
 
 MARKERS = ["o", "s", "^", "d", "v", "x", "*"]
-
-
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="a kvq run output folder holding model.csv")
     ap.add_argument("--out", default="docs/img", help="output folder (PNG and PDF)")
     a = ap.parse_args()
-    path = os.path.join(a.results, "model.csv")
-    if not os.path.exists(path):
-        raise SystemExit(f"{path}: not found (run: kvq run experiments/configs/context.toml)")
-    rows = list(csv.DictReader(open(path)))
-    if not rows or "settings.ctx" not in rows[0]:
+    path, rows = results_table(a.results, "model", "experiments/configs/context.toml")
+    if "settings.ctx" not in rows[0]:
         raise SystemExit(f"{path}: no settings.ctx column; is it a kvq run model table?")
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
@@ -58,7 +50,6 @@ def main():
     footer(fig, f"{path}; experiments/plots/plot_context.py")
     fig.tight_layout(rect=(0, 0.02, 1, 0.95))
     save(fig, a.out, "context")
-
 
 if __name__ == "__main__":
     main()

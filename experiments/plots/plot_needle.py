@@ -6,14 +6,12 @@ with a [needle] table (experiments/configs/needle.toml).
     .venv/bin/python experiments/plots/plot_needle.py results/needle --out docs/img
 """
 import argparse
-import csv
-import os
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from figures import footer, save  # noqa: E402
+from figures import footer, results_table, save  # noqa: E402
 
 
 def main():
@@ -21,12 +19,7 @@ def main():
     ap.add_argument("results", help="a kvq run output folder holding needle.csv")
     ap.add_argument("--out", default="docs/img", help="output folder (PNG and PDF)")
     a = ap.parse_args()
-    path = os.path.join(a.results, "needle.csv")
-    if not os.path.exists(path):
-        raise SystemExit(f"{path}: not found (run: kvq run experiments/configs/needle.toml)")
-    rows = list(csv.DictReader(open(path)))
-    if not rows:
-        raise SystemExit(f"{path}: no rows yet")
+    path, rows = results_table(a.results, "needle", "experiments/configs/needle.toml")
     ctxs = sorted({int(r["settings.ctx"]) for r in rows})
     depths = sorted({float(r["settings.depth"]) for r in rows})
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
