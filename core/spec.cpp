@@ -188,8 +188,8 @@ SchemeSpec parse_spec(std::string_view text) {
            b.empty() ? "missing" : b);
     s.q.bits = b[0] - '0';
     s.q.residual = s.q.kivi ? 128 : 0;
-    allowed = s.q.kivi ? std::set<std::string>{"g", "r", "sym"}
-                       : std::set<std::string>{"k", "v", "g", "r", "sym"};
+    allowed = s.q.kivi ? std::set<std::string>{"g", "r", "sym", "arith"}
+                       : std::set<std::string>{"k", "v", "g", "r", "sym", "arith"};
   } else {
     fail("bad scheme spec '{}': unknown scheme '{}' (allowed: {})", text, name, kSchemes);
   }
@@ -266,6 +266,13 @@ SchemeSpec parse_spec(std::string_view text) {
                  text, val);
           s.q.group = g;
         }
+      } else if (key == "arith") {
+        if (val == "exact")
+          s.q.arith = Arith::Exact;
+        else if (val == "fp16")
+          s.q.arith = Arith::Fp16;
+        else
+          fail("bad scheme spec '{}': arith={} (allowed: exact, fp16)", text, val);
       } else if (key == "r") {
         const int r = parse_int(text, val, key);
         if (r < 0) fail("bad scheme spec '{}': r={} must be >= 0", text, val);
@@ -291,6 +298,11 @@ SchemeSpec parse_spec(std::string_view text) {
       fail(
           "bad scheme spec '{}': g=dim groups channels, but a per-channel side groups tokens; give "
           "g=G",
+          text);
+    if (s.q.sym && s.q.arith == Arith::Fp16)
+      fail(
+          "bad scheme spec '{}': arith=fp16 is KIVI's asymmetric (min-max) arithmetic; it has no "
+          "sym form",
           text);
     if (channel_side && s.q.residual % s.q.group != 0)
       fail("bad scheme spec '{}': r={} must be a multiple of g={} on a per-channel side", text,
@@ -320,7 +332,9 @@ std::string SchemeSpec::canonical() const {
     }
     case SchemeKind::Int: {
       const std::string g = q.group == kGroupWholeDim ? "dim" : std::to_string(q.group);
-      const std::string sym = q.sym ? ",sym" : "";
+      // arith=fp16 only when set, so the common specs keep their names (result keys).
+      const std::string sym =
+          std::string(q.sym ? ",sym" : "") + (q.arith == Arith::Fp16 ? ",arith=fp16" : "");
       if (q.kivi) return fmt::format("kivi{}:g={},r={}{}", q.bits, g, q.residual, sym);
       return fmt::format("int{}:k={},v={},g={},r={}{}", q.bits, to_string(q.key_axis),
                          to_string(q.value_axis), g, q.residual, sym);

@@ -8,6 +8,8 @@
 //                                        first N tokens)
 //   int<B>  k=channel|token, v=channel|token  [g=G] [r=R] [sym]      B in {2,3,4,8}; g=32, r=0
 //   kivi<B> [g=G] [r=R] [sym]   == int<B>:k=channel,v=token with g=32, r=128
+//   int<B> / kivi<B> also take arith=exact|fp16: fp16 is KIVI's own reference arithmetic
+//                              (kivi/minmax.h minmax_params_fp16), asymmetric only
 //   k=SPEC;v=SPEC              keys in one scheme, values in another (llama.cpp's -ctk/-ctv);
 //                              also k=SPEC,v=SPEC (the value side starts at the first ",v=" that
 //                              names a scheme)
@@ -32,6 +34,9 @@ enum class ScaleSource { Dynamic, Constant, Calib };
 /// of one (head, channel) (KIVI keys); `Token` groups G consecutive channels of one (token, head)
 /// (KIVI values).
 enum class Axis { Channel, Token };
+/// \brief How integer codes are computed: `Exact` is kvq's definition (kivi/minmax.h), `Fp16`
+/// KIVI's reference code's fp16 arithmetic (minmax_params_fp16), for code-for-code comparisons.
+enum class Arith { Exact, Fp16 };
 
 struct Fp8Spec {
   Fp8Format format = Fp8Format::E4M3;
@@ -57,6 +62,7 @@ struct IntSpec {
   int group = 32;     ///< G, or kGroupWholeDim
   int residual = 0;   ///< R full-precision recent tokens
   bool sym = false;   ///< symmetric (scale only, no zero point)
+  Arith arith = Arith::Exact;
   bool kivi = false;  ///< spelled kivi<B> (only changes the canonical name)
   Axis axis(Role r) const { return r == Role::Key ? key_axis : value_axis; }
   /// \brief G for a tensor with head_dim `dim`.

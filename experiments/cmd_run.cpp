@@ -17,6 +17,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <toml++/toml.h>
 
 #include "core/error.h"
@@ -27,6 +28,7 @@
 #include "experiments/model_eval.h"
 #include "experiments/model_files.h"
 #include "experiments/synthetic.h"
+#include "experiments/throughput.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/metrics.h"
 #include "reference_cpu/quantize.h"
@@ -598,10 +600,150 @@ void run_needle(const NeedlePlan& p, const std::filesystem::path& out, const Sha
       }
 }
 
+// [throughput]: decode attention and prefill quantization per op x backend x context x batch x
+// scheme (experiments/throughput.h), with bf16 timed in every group as the speed-up's baseline.
+struct ThroughputPlan {
+  std::vector<int64_t> contexts{1024, 4096, 16384}, batches{1, 16};
+  std::vector<std::string> backends{"ref", "cpu"}, ops{"decode", "quantize"};
+  eval::ThroughputShape shape;
+  eval::ThroughputOptions opt;
+  std::string int_mode = "exact";
+  json settings;  // shared by every row; the row's own op, backend, context and batch are added
+  std::vector<SchemeSpec> specs;  // bf16 first
+  struct Case {
+    std::string op, backend;
+    int64_t context, batch;
+  };
+  std::vector<Case> cases() const {
+    std::vector<Case> out;
+    for (const auto& op : ops)
+      for (const auto& b : backends)
+        for (int64_t c : contexts)
+          for (int64_t n : op == "quantize" ? std::vector<int64_t>{1} : batches) out.push_back({op, b, c, n});
+    return out;
+  }
+  json case_settings(const Case& c) const {
+    json st = settings;
+    st["op"] = c.op;
+    st["backend"] = c.backend;
+    st["context"] = c.context;
+    st["batch"] = c.batch;
+    return st;
+  }
+};
+
+ThroughputPlan plan_throughput(const toml::table& tt, const Where& w) {
+  check_keys(tt, w, {"contexts", "batch", "backends", "ops", "heads", "head_dim", "gqa", "threads", "repeats",
+                     "int_mode", "schemes"});
+  ThroughputPlan p;
+  auto ints = [&](const char* key, std::vector<int64_t> def, int64_t lo, int64_t hi) {
+    const auto* n = tt.get(key);
+    if (!n) return def;
+    const auto* a = n->as_array();
+    KVQ_CHECK(a && !a->empty(), "{}: {} must be a non-empty array of integers", w.at(*n), w.key(key));
+    std::vector<int64_t> out;
+    for (const auto& e : *a) {
+      const auto v = e.value_exact<int64_t>();
+      KVQ_CHECK(v.has_value(), "{}: {} must hold integers (an element is {})", w.at(e), w.key(key), type_of(e));
+      KVQ_CHECK(*v >= lo && *v <= hi, "{}: {} {} is outside [{}, {}]", w.at(e), w.key(key), *v, lo, hi);
+      out.push_back(*v);
+    }
+    return out;
+  };
+  auto words = [&](const char* key, std::vector<std::string> def, const std::vector<std::string>& allowed) {
+    if (!tt.get(key)) return def;
+    auto out = string_list(tt, w, key);
+    KVQ_CHECK(!out.empty(), "{}: {} must be a non-empty array", w.file, w.key(key));
+    for (const auto& x : out) {
+      if (x == "cuda" && std::string_view(key) == "backends")
+        fail("{}: {} \"cuda\": the GPU's throughput is bench_attention_cuda's and bench_kivi_cuda's "
+             "(scripts/device-check.sh runs them); this task times ref and cpu",
+             w.file, w.key(key));
+      KVQ_CHECK(std::find(allowed.begin(), allowed.end(), x) != allowed.end(), "{}: {} \"{}\" is not one of: {}",
+                w.file, w.key(key), x, fmt::join(allowed, ", "));
+    }
+    return out;
+  };
+  p.contexts = ints("contexts", p.contexts, 1, int64_t{1} << 20);
+  p.batches = ints("batch", p.batches, 1, 4096);
+  p.backends = words("backends", p.backends, {"ref", "cpu"});
+  p.ops = words("ops", p.ops, {"decode", "quantize"});
+  p.shape.heads = get_or<int64_t>(tt, w, "heads", 8);
+  p.shape.head_dim = get_or<int64_t>(tt, w, "head_dim", 128);
+  p.shape.gqa = get_or<int64_t>(tt, w, "gqa", 4);
+  const int64_t threads = get_or<int64_t>(tt, w, "threads", 1), repeats = get_or<int64_t>(tt, w, "repeats", 5);
+  for (const auto& [k, v] : std::initializer_list<std::pair<const char*, int64_t>>{
+           {"heads", p.shape.heads}, {"head_dim", p.shape.head_dim}, {"gqa", p.shape.gqa}})
+    KVQ_CHECK(v >= 1 && v <= 1024, "{}: {} must be between 1 and 1024, got {}", w.file, w.key(k), v);
+  KVQ_CHECK(threads >= 1 && threads <= 256, "{}: {} must be between 1 and 256, got {}", w.file, w.key("threads"),
+            threads);
+  KVQ_CHECK(repeats >= 1 && repeats <= 1000, "{}: {} must be between 1 and 1000, got {}", w.file, w.key("repeats"),
+            repeats);
+  p.opt.threads = static_cast<int>(threads);
+  p.opt.repeats = static_cast<int>(repeats);
+  p.int_mode = get_or<std::string>(tt, w, "int_mode", "exact");
+  KVQ_CHECK(p.int_mode == "exact" || p.int_mode == "int8", "{}: {} \"{}\" is not one of: exact, int8", w.file,
+            w.key("int_mode"), p.int_mode);
+  p.opt.int_mode = p.int_mode == "int8" ? cpu::IntMode::Int8 : cpu::IntMode::Exact;
+  // The largest context's float32 K and V are held while its caches are built.
+  const int64_t biggest = *std::max_element(p.contexts.begin(), p.contexts.end());
+  KVQ_CHECK(biggest * p.shape.heads * p.shape.head_dim <= (int64_t{1} << 30),
+            "{}: {} x heads x head_dim = {} values per tensor; at most 2^30 (4 GiB of float32 for K, as much for V)",
+            w.file, w.key("contexts"), biggest * p.shape.heads * p.shape.head_dim);
+  p.settings = {{"heads", p.shape.heads}, {"head_dim", p.shape.head_dim}, {"gqa", p.shape.gqa},
+                {"threads", p.opt.threads}, {"repeats", p.opt.repeats}, {"int_mode", p.int_mode}};
+  return p;
+}
+
+void run_throughput(const ThroughputPlan& p, const std::filesystem::path& out, const Shard& shard) {
+  ResultTable table(out, "throughput");
+  const auto cases = p.cases();
+  const size_t total = cases.size() * p.specs.size();
+  double copy_gbps = 0;  // measured once per run, before the first row, so every ratio is in-run
+  std::optional<eval::ThroughputInput> in;
+  size_t j = 0;
+  for (const auto& c : cases) {
+    const json settings = p.case_settings(c);
+    double bf16_us = 0;
+    if (const json* r = table.find("bf16", settings)) bf16_us = r->value("time_us", 0.0);
+    for (const auto& spec : p.specs) {
+      const size_t row = j++;
+      if (!shard.take(row)) continue;
+      const std::string key = spec.canonical();
+      if (table.find(key, settings)) continue;
+      check_stop();
+      if (copy_gbps == 0) {
+        copy_gbps = eval::memcpy_gbps(p.opt.pool_bytes, p.opt);
+        fmt::print(stderr, "[throughput] memcpy of {} MiB: {:.2f} GB/s\n", p.opt.pool_bytes / (1 << 20), copy_gbps);
+      }
+      if (!in || in->context != c.context) {
+        in.reset();
+        in = eval::throughput_input(p.shape, c.context, 0);
+      }
+      const AttentionBackend be = parse_backend(c.backend);
+      const eval::Timing t = c.op == "decode" ? eval::time_decode(spec, *in, c.batch, be, p.opt)
+                                              : eval::time_quantize(spec, *in, be, p.opt);
+      const double gbps = t.bytes / (t.us * 1e-6) / 1e9;
+      if (key == "bf16") bf16_us = t.us;
+      json r = {{"key", key}, {"scheme", key}, {"settings", settings}, {"op", c.op}, {"backend", c.backend},
+                {"context", c.context}, {"batch", c.batch}, {"time_us", t.us}, {"bytes", t.bytes},
+                {"gb_per_s", gbps}, {"memcpy_gb_per_s", copy_gbps}, {"of_memcpy", gbps / copy_gbps},
+                {"stored_bytes_per_token", t.stored_bytes_per_token}};
+      r["speedup_vs_bf16"] = bf16_us > 0 ? json(bf16_us / t.us) : json(nullptr);
+      if (c.op == "decode") r["distinct_caches"] = t.distinct_caches;
+      fmt::print(stderr, "[throughput {}/{}] {} {} ctx {} batch {} {}: {:.1f} us, {:.2f} GB/s ({:.0f}% of memcpy){}\n",
+                 row + 1, total, c.op, c.backend, c.context, c.batch, key, t.us, gbps, 100 * gbps / copy_gbps,
+                 bf16_us > 0 ? fmt::format(", {:.2f}x bf16", bf16_us / t.us) : "");
+      table.add(std::move(r));
+    }
+  }
+}
+
 // --merge: the rows of every OUT/shard-I-of-N/ folder into OUT, in the config's row order; rows a
 // shard holds that the config no longer names come after them. Nothing already in OUT is lost.
 void merge_shards(const std::optional<SyntheticPlan>& sp, const std::optional<ModelPlan>& mp,
-                  const std::optional<NeedlePlan>& np, const std::filesystem::path& out) {
+                  const std::optional<NeedlePlan>& np, const std::optional<ThroughputPlan>& tp,
+                  const std::filesystem::path& out) {
   std::vector<std::filesystem::path> shards;
   if (std::filesystem::is_directory(out))
     for (const auto& e : std::filesystem::directory_iterator(out))
@@ -664,6 +806,12 @@ void merge_shards(const std::optional<SyntheticPlan>& sp, const std::optional<Mo
         }
     merge("needle", plan);
   }
+  if (tp) {
+    std::vector<std::pair<std::string, json>> plan;
+    for (const auto& c : tp->cases())
+      for (const auto& s : tp->specs) plan.emplace_back(s.canonical(), tp->case_settings(c));
+    merge("throughput", plan);
+  }
 }
 
 }  // namespace
@@ -679,7 +827,9 @@ void register_run(CLI::App& app) {
       "run",
       "Run an experiment config (TOML): every scheme on synthetic K/V (reconstruction SNR, attention KL,\n"
       "top-32 overlap), with a [model] table on SmolLM2 (perplexity, KLD, top-1 vs the fp32 cache), and\n"
-      "with a [needle] table passkey retrieval (ctx x depth x trials, each against the fp32 cache).\n"
+      "with a [needle] table passkey retrieval (ctx x depth x trials, each against the fp32 cache), with a\n"
+      "[throughput] table decode-attention and quantize time per backend x context x batch (GB/s, share\n"
+      "of a memcpy timed in the same run, speed-up over bf16).\n"
       "Rows go to OUT/<task>.{jsonl,csv} as each finishes; rerunning resumes.\n"
       "Everything is checked before the first row runs: unknown keys, types and ranges (FILE:LINE:\n"
       "[table].key), every scheme against the shapes it will meet (a [sweep] combination that does not\n"
@@ -688,7 +838,8 @@ void register_run(CLI::App& app) {
   c->add_option("config", o->config, "TOML config")->required();
   c->add_option("--out", o->out, "results directory (default: the config's `out`)");
   c->add_option("--model-file", o->model_file, "GGUF model (default: the fetched SmolLM2)");
-  c->add_option("--only", o->only, "run one task")->check(CLI::IsMember({"synthetic", "model", "needle"}));
+  c->add_option("--only", o->only, "run one task")
+      ->check(CLI::IsMember({"synthetic", "model", "needle", "throughput"}));
   c->add_flag("--append", o->append,
               "add rows to an OUT made by a different config (its config is kept; this one is saved\n"
               "beside it as config-N.toml); without it a changed config into an existing OUT is refused");
@@ -724,7 +875,7 @@ void register_run(CLI::App& app) {
       fail("{}:{}:{}: {}", o->config, e.source().begin.line, e.source().begin.column, e.description());
     }
     const Where top{o->config, ""};
-    check_keys(cfg, top, {"name", "out", "schemes", "synthetic", "model", "needle", "sweep"});
+    check_keys(cfg, top, {"name", "out", "schemes", "synthetic", "model", "needle", "throughput", "sweep"});
     auto table_of = [&](const char* name) -> const toml::table* {
       const auto* n = cfg.get(name);
       if (!n) return nullptr;
@@ -735,6 +886,7 @@ void register_run(CLI::App& app) {
     const toml::table* mt = table_of("model");
     const toml::table* nt = table_of("needle");
     const toml::table* sw = table_of("sweep");
+    const toml::table* tt = table_of("throughput");
     // Rows: explicit specs, then the sweep's combinations; a combination whose spec does not
     // parse is skipped with a line, an explicit spec that does not parse is an error.
     std::vector<std::string> errors;
@@ -762,9 +914,11 @@ void register_run(CLI::App& app) {
               "{}: no schemes (give schemes = [...] or a [sweep])", o->config);
     const bool want_syn = syn && (o->only.empty() || o->only == "synthetic"),
                want_model = mt && (o->only.empty() || o->only == "model"),
-               want_needle = nt && (o->only.empty() || o->only == "needle");
-    KVQ_CHECK(syn || mt || nt, "{}: nothing to run: give a [synthetic] table, a [model] table or both", o->config);
-    KVQ_CHECK(want_syn || want_model || want_needle, "{}: --only {} but the config has no [{}] table", o->config,
+               want_needle = nt && (o->only.empty() || o->only == "needle"),
+               want_tp = tt && (o->only.empty() || o->only == "throughput");
+    KVQ_CHECK(syn || mt || nt || tt,
+              "{}: nothing to run: give a [synthetic], [model], [needle] or [throughput] table", o->config);
+    KVQ_CHECK(want_syn || want_model || want_needle || want_tp, "{}: --only {} but the config has no [{}] table", o->config,
               o->only, o->only);
     std::optional<SyntheticPlan> sp;
     std::optional<ModelPlan> mp;
@@ -826,13 +980,30 @@ void register_run(CLI::App& app) {
       np->specs = fitting(task_rows(*nt, "needle"), "needle", model_config().kv_heads, model_config().head_dim,
                           errors);
     }
+    std::optional<ThroughputPlan> tp;
+    if (want_tp) {
+      tp = plan_throughput(*tt, Where{o->config, "throughput"});
+      if (o->smoke) {  // one small context and batch, one repeat
+        tp->contexts = {std::min<int64_t>(*std::min_element(tp->contexts.begin(), tp->contexts.end()), 256)};
+        tp->batches = {std::min<int64_t>(*std::min_element(tp->batches.begin(), tp->batches.end()), 2)};
+        tp->opt.repeats = 1;
+        tp->opt.pool_bytes = 1 << 20;
+        tp->settings["repeats"] = 1;
+        tp->settings["smoke"] = true;
+      }
+      tp->specs = fitting(task_rows(*tt, "throughput"), "throughput", tp->shape.heads, tp->shape.head_dim, errors);
+      // bf16 is every group's baseline: first, and added when the config does not name it.
+      const SchemeSpec bf16 = parse_spec("bf16");
+      std::erase_if(tp->specs, [](const SchemeSpec& x) { return x.canonical() == "bf16"; });
+      tp->specs.insert(tp->specs.begin(), bf16);
+    }
     if (errors.size() == 1) fail("{}: {}; nothing was run", o->config, errors[0]);
     if (!errors.empty()) {
       for (const auto& e : errors) fmt::print(stderr, "kvq run: {}\n", e);
       fail("{}: {} invalid row{} (listed above); nothing was run", o->config, errors.size(),
            errors.size() == 1 ? "" : "s");
     }
-    KVQ_CHECK((sp && !sp->specs.empty()) || (mp && !mp->specs.empty()) || (np && !np->specs.empty()),
+    KVQ_CHECK((sp && !sp->specs.empty()) || (mp && !mp->specs.empty()) || (np && !np->specs.empty()) || tp,
               "{}: every scheme was skipped (lines above); nothing to run", o->config);
     if (o->check) {
       auto list = [](const char* task, const std::vector<SchemeSpec>& specs) {
@@ -852,6 +1023,13 @@ void register_run(CLI::App& app) {
         fmt::print("needle rows repeat for each ctx ({}) x depth ({}) x trial ({}): {} rows\n",
                    fmt::join(np->ctxs, ", "), fmt::join(np->depths, ", "), np->trials,
                    np->specs.size() * np->ctxs.size() * np->depths.size() * static_cast<size_t>(np->trials));
+      }
+      if (tp) {
+        list("throughput", tp->specs);
+        fmt::print("throughput rows repeat for each op ({}) x backend ({}) x context ({}) x batch ({}; decode only): "
+                   "{} rows\n",
+                   fmt::join(tp->ops, ", "), fmt::join(tp->backends, ", "), fmt::join(tp->contexts, ", "),
+                   fmt::join(tp->batches, ", "), tp->cases().size() * tp->specs.size());
       }
       fmt::print("{}: ok, nothing run (--check)\n", o->config);
       return;
@@ -879,13 +1057,14 @@ void register_run(CLI::App& app) {
       write_file_atomic(saved.string(), config_text);
     }
     if (o->merge) {
-      merge_shards(sp, mp, np, out);
-      fmt::print("results in {}/ (synthetic.csv, model.csv, needle.csv)\n", out);
+      merge_shards(sp, mp, np, tp, out);
+      fmt::print("results in {}/ (synthetic.csv, model.csv, needle.csv, throughput.csv)\n", out);
       return;
     }
-    fmt::print(stderr, "kvq run: {} synthetic + {} model + {} needle rows{} -> {}\n", sp ? sp->specs.size() : 0,
-               mp ? mp->specs.size() * mp->ctxs.size() : 0,
+    fmt::print(stderr, "kvq run: {} synthetic + {} model + {} needle + {} throughput rows{} -> {}\n",
+               sp ? sp->specs.size() : 0, mp ? mp->specs.size() * mp->ctxs.size() : 0,
                np ? np->specs.size() * np->ctxs.size() * np->depths.size() * static_cast<size_t>(np->trials) : 0,
+               tp ? tp->cases().size() * tp->specs.size() : 0,
                shard.n > 1 ? fmt::format(" (shard {} of {}: every {}th row)", shard.i, shard.n, shard.n) : "", out);
     g_stop = 0;
     std::signal(SIGINT, on_sigint);
@@ -894,14 +1073,22 @@ void register_run(CLI::App& app) {
       ModelSource source{model_path(o->model_file), nullptr};
       if (mp && !mp->specs.empty()) run_model(*mp, out, shard, source);
       if (np && !np->specs.empty()) run_needle(*np, out, shard, source);
+      if (tp) run_throughput(*tp, out, shard);
     } catch (const Interrupted&) {
       throw Interrupted(fmt::format(
           "interrupted (Ctrl-C): every finished row is in {}/; run the same command again to resume", out));
     }
     std::signal(SIGINT, SIG_DFL);
-    fmt::print("results in {}/ ({}.csv; plot: experiments/plots/plot_results.py {}{})\n", out,
-               np ? "synthetic, model, needle" : "synthetic, model", out,
-               np ? fmt::format(", experiments/plots/plot_needle.py {}", out) : std::string());
+    std::string tables, plots;
+    for (const auto& [on, t, plot] : {std::tuple{bool(sp), "synthetic", "plot_results.py"},
+                                      std::tuple{bool(mp), "model", ""}, std::tuple{bool(np), "needle", "plot_needle.py"},
+                                      std::tuple{bool(tp), "throughput", "plot_throughput.py"}})
+      if (on) {
+        tables += fmt::format("{}{}.csv", tables.empty() ? "" : ", ", t);
+        if (*plot) plots += fmt::format("{}experiments/plots/{} {}", plots.empty() ? "" : ", ", plot, out);
+      }
+    if (mp && !sp) plots = fmt::format("experiments/plots/plot_results.py {}{}{}", out, plots.empty() ? "" : ", ", plots);
+    fmt::print("results in {}/ ({}; plot: {})\n", out, tables, plots);
   });
 }
 

@@ -181,6 +181,8 @@ SideCache::SideCache(const IntSpec& spec, Role role, int64_t heads, int64_t head
               "kivi: r={} must be a multiple of g={} on the {} side ({})", spec.residual, group_,
               side, to_string(role));
   }
+  KVQ_CHECK(!(spec.sym && spec.arith == Arith::Fp16),
+            "kivi: arith=fp16 is KIVI's asymmetric arithmetic; it has no sym form");
   row_ = heads_ * dim_;
 }
 
@@ -240,6 +242,17 @@ void SideCache::quantize_channel_blocks(const float* src, int64_t count) {
   words_.resize(static_cast<size_t>(lay.words_for_tokens(quantized_ + count)));
   scales_.resize(static_cast<size_t>(lay.params_for_tokens(quantized_ + count)));
   if (!spec_.sym) mins_.resize(scales_.size());
+  if (spec_.arith == Arith::Fp16) {  // KIVI's arithmetic: one group at a time, every backend
+    for (int64_t g = g0; g < g0 + ng; ++g)
+      for (int64_t c = 0; c < row_; ++c) {
+        const int64_t p = lay.param_index(g, c / dim_, c % dim_);
+        quantize_group_fp16(src + (g - g0) * group_ * row_ + c, row_, group_, spec_.bits,
+                            words_.data() + lay.word_index(g, c / dim_, c % dim_),
+                            scales_.data() + p, mins_.data() + p);
+      }
+    quantized_ += count;
+    return;
+  }
   if (quant_.columns) {
     for (int64_t g = g0; g < g0 + ng; ++g) {
       const int64_t p0 = lay.param_index(g, 0, 0);
@@ -270,6 +283,18 @@ void SideCache::quantize_token_rows(const float* src, int64_t count) {
   words_.resize(static_cast<size_t>(lay.words_for_tokens(quantized_ + count)));
   scales_.resize(static_cast<size_t>(lay.params_for_tokens(quantized_ + count)));
   if (!spec_.sym) mins_.resize(scales_.size());
+  if (spec_.arith == Arith::Fp16) {  // KIVI's arithmetic: one group at a time, every backend
+    for (int64_t t = quantized_; t < quantized_ + count; ++t)
+      for (int64_t h = 0; h < heads_; ++h)
+        for (int64_t c = 0; c * group_ < dim_; ++c) {
+          const int64_t p = lay.param_index(t, h, c);
+          quantize_group_fp16(src + (t - quantized_) * row_ + h * dim_ + c * group_, 1,
+                              lay.group_len(c), spec_.bits, words_.data() + lay.word_index(t, h, c),
+                              scales_.data() + p, mins_.data() + p);
+        }
+    quantized_ += count;
+    return;
+  }
   if (quant_.row) {
     // When G divides D the rows' groups follow each other in the layout: one row of them.
     const int64_t rows = dim_ % group_ == 0 ? 1 : count * heads_;

@@ -29,6 +29,24 @@ KVQ_HD void quantize_group(const float* x, int64_t stride, int n, int bits, bool
   }
 }
 
+/// \brief quantize_group under KIVI's own arithmetic (arith=fp16: minmax_params_fp16,
+/// encode_fp16), asymmetric: the same words, scale and min layout.
+KVQ_HD void quantize_group_fp16(const float* x, int64_t stride, int n, int bits, uint32_t* words,
+                                uint16_t* scale_h, uint16_t* min_h) {
+  GroupRange r = GroupRange::of(x[0]);
+  for (int i = 1; i < n; ++i) r.add(x[i * stride]);
+  const GroupParams p = minmax_params_fp16(r, bits);
+  *scale_h = p.scale_h;
+  *min_h = p.min_h;
+  const int cpw = codes_per_word(bits);
+  for (int w = 0; w * cpw < n; ++w) {
+    uint32_t word = 0;
+    for (int i = w * cpw; i < n && i < (w + 1) * cpw; ++i)
+      word |= encode_fp16(x[i * stride], p, bits) << shift_of(i, bits);
+    words[w] = word;
+  }
+}
+
 /// \brief Reads a group back: out[i * stride] = the value of code i, for i < n.
 KVQ_HD void dequantize_group(const uint32_t* words, int n, int bits, bool sym, uint16_t scale_h,
                              uint16_t min_h, float* out, int64_t stride) {

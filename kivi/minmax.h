@@ -159,6 +159,49 @@ KVQ_HD uint32_t encode(float x, const GroupParams& p, int bits, bool sym) {
   return static_cast<uint32_t>(static_cast<int>(k) + (sym ? sym_offset(bits) : 0));
 }
 
+/// \brief KIVI's own arithmetic (spec option arith=fp16; REFERENCE.md section 3): the group is
+/// first rounded to fp16 (KIVI's caches hold fp16), and every torch operation of KIVI's
+/// quant_and_pack_kcache / quant_and_pack_vcache rounds its result to fp16:
+///   mn_h = fp16(min x), mx_h = fp16(max x)     (rounding is monotone: the min of the rounded
+///                                               values is the rounded min)
+///   scale_h = fp16(fp16(mx_h - mn_h) / n)      (KIVI rounds the range before dividing)
+///   code    = rne(clamp(fp16(fp16(x_h - mn_h) / scale_h), 0, n)), a NaN quotient (0 / 0) -> 0
+/// Each operation is done in float32 and rounded once to fp16; for +, - and / of fp16 operands
+/// that equals the correctly rounded fp16 result (float32 has 24 >= 2 * 11 + 2 bits, so the
+/// double rounding is innocuous), which is what torch's fp16 kernels compute on CPU and GPU.
+/// A zero scale_h (a constant group, or a range whose n-th rounds to 0) makes x_h == mn_h give
+/// 0 / 0 = NaN (code 0, as CUDA casts it) and x_h > mn_h give +inf (clamped to n): KIVI's codes,
+/// which all read back as mn_h. A group with NaN/inf (or past fp16's range) gets nan_params, as
+/// in the exact arithmetic; KIVI would propagate inf there. Asymmetric only (KIVI has no sym).
+KVQ_HD GroupParams minmax_params_fp16(const GroupRange& r, int bits) {
+  if (!r.finite) return nan_params();
+  GroupRange h;
+  h.mn = round_to_half(r.mn == 0.0f ? 0.0f : r.mn);
+  h.mx = round_to_half(r.mx == 0.0f ? 0.0f : r.mx);
+  GroupParams p;
+  p.min_h = float_to_half_bits(h.mn);
+  const float range = round_to_half(h.mx - h.mn);
+  p.scale_h = float_to_half_bits(range / static_cast<float>(max_code(bits)));
+  p.scale = half_bits_to_float(p.scale_h);
+  p.min = half_bits_to_float(p.min_h);
+  if (!is_finite_bits(h.mx) || !is_finite_bits(p.min) || !is_finite_bits(range) ||
+      !is_finite_bits(p.scale))
+    return nan_params();
+  return p;
+}
+
+/// \brief The code of x under KIVI's arithmetic (minmax_params_fp16's definition).
+KVQ_HD uint32_t encode_fp16(float x, const GroupParams& p, int bits) {
+  if (p.scale != p.scale) return 0u;  // a bad group (NaN parameters)
+  const float t = round_to_half(round_to_half(x) - p.min);
+  if (!(p.scale > 0.0f)) return t > 0.0f ? static_cast<uint32_t>(max_code(bits)) : 0u;
+  float q = round_to_half(t / p.scale);
+  const float hi = static_cast<float>(max_code(bits));
+  q = q > 0.0f ? q : 0.0f;
+  q = q < hi ? q : hi;
+  return static_cast<uint32_t>(round_half_even(q));
+}
+
 /// \brief The value a code reads back as, given its group's scale and min as floats.
 KVQ_HD float decode(uint32_t code, float scale, float min, int bits, bool sym) {
   if (sym) return static_cast<float>(static_cast<int>(code) - sym_offset(bits)) * scale;

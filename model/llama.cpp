@@ -128,13 +128,18 @@ cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, in
   return in;
 }
 
-LlamaCache::LlamaCache(const LlamaConfig& c, const CacheOptions& o) : opts_(o) {
-  // Appends quantize on backend cpu's kernels whatever the attention backend: the bytes are the
-  // reference's, bit for bit (tests/kernels/cpu/, tests/reference_cpu/kv_cache_test.cpp).
+SideKernels cpu_side_kernels() {
   SideKernels k;
   k.kivi = cpu::kivi_group_quantizers();
   k.fp8_scales = cpu::fp8_compute_scales;
   k.fp8_quantize = cpu::fp8_quantize;
+  return k;
+}
+
+LlamaCache::LlamaCache(const LlamaConfig& c, const CacheOptions& o) : opts_(o) {
+  // Appends quantize on backend cpu's kernels whatever the attention backend: the bytes are the
+  // reference's, bit for bit (tests/kernels/cpu/, tests/reference_cpu/kv_cache_test.cpp).
+  const SideKernels k = cpu_side_kernels();
   for (int l = 0; l < c.layers; ++l) {
     layers_.push_back({make_side(o.spec, Role::Key, c.kv_heads, c.head_dim, l, k),
                        make_side(o.spec, Role::Value, c.kv_heads, c.head_dim, l, k)});

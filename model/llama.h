@@ -46,6 +46,10 @@ struct CacheOptions {
 /// orthonormal Walsh-Hadamard transform, its own inverse.
 void hadamard_transform(float* x, int64_t n);
 
+/// \brief Backend cpu's quantizers for make_side (kernels/cpu/): they store the reference's bytes,
+/// bit for bit, faster. The model's cache, the Python Cache and the throughput sweep use them.
+SideKernels cpu_side_kernels();
+
 /// \brief Backend cpu's causal call for positions t_begin .. t_begin + n - 1 (q [n, q_heads, dim])
 /// over the sides as stored (holding t_begin + n tokens) and their exact tails: each position's
 /// quantized token counts go into kq / vq, which the input points into.

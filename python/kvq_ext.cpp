@@ -195,12 +195,8 @@ class Cache {
       fail("int_mode '{}' is not known; use 'exact' or 'int8'", int_mode);
     KVQ_CHECK(cpu_ || mode_ == cpu::IntMode::Exact,
               "int_mode='int8' is a backend cpu path; use backend='cpu'");
-    SideKernels k;  // backend cpu's quantizers store the reference's bytes, bit for bit
-    if (cpu_) {
-      k.kivi = cpu::kivi_group_quantizers();
-      k.fp8_scales = cpu::fp8_compute_scales;
-      k.fp8_quantize = cpu::fp8_quantize;
-    }
+    // backend cpu's quantizers store the reference's bytes, bit for bit
+    const SideKernels k = cpu_ ? cpu_side_kernels() : SideKernels{};
     k_ = make_side(spec_, Role::Key, heads, dim, layer, k);
     v_ = make_side(spec_, Role::Value, heads, dim, layer, k);
     backend_ = backend;

@@ -333,6 +333,9 @@ void kivi_quantize(const IntSpec& spec, Role role, const float* x, int64_t token
             "kivi: {} bits not supported (allowed: 2, 3, 4, 8)", b);
   KVQ_CHECK(heads >= 1 && dim >= 1 && tokens >= 0, "kivi: shape [{}, {}, {}] is not valid", tokens,
             heads, dim);
+  KVQ_CHECK(spec.arith == Arith::Exact,
+            "kivi: cpu::kivi_quantize computes the exact arithmetic; arith=fp16 quantizes through "
+            "kivi::SideCache");
   const Axis axis = spec.axis(role);
   KVQ_CHECK(axis == Axis::Token || spec.group != kGroupWholeDim,
             "kivi: g=dim groups channels, but the per-channel side ({}) groups tokens; give g=G",

@@ -22,6 +22,9 @@ namespace {
 // Checks the configuration exactly as the CPU cache does (one set of rules, one set of messages)
 // and returns G resolved.
 int checked_group(const IntSpec& spec, Role role, int64_t heads, int64_t head_dim) {
+  if (spec.arith != Arith::Exact)
+    throw Error("backend cuda: arith=fp16 (KIVI's reference arithmetic) runs on backends ref and "
+                "cpu only");
   return kivi::SideCache(spec, role, heads, head_dim).group();
 }
 

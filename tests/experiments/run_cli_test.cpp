@@ -106,7 +106,16 @@ TEST_F(RunCli, SectionKeysTypesAndEmptyConfigs_oneLineBeforeAnythingIsWritten) {
   check("schemes = [\"kivi2\"]\n[model]\nctx = 1\n", "[model].ctx must be between 2");
   check("schemes = [\"kivi2\"]\n[model]\nbackend = \"gpu\"\n", "[model].backend:");
   check("schemes = [\"kivi2\"]\n",
-        "nothing to run: give a [synthetic] table, a [model] table or both");
+        "nothing to run: give a [synthetic], [model], [needle] or [throughput] table");
+  check("schemes = [\"kivi2\"]\n[throughput]\nbackends = [\"cuda\"]\n",
+        "[throughput].backends \"cuda\": the GPU's throughput is bench_attention_cuda's");
+  check("schemes = [\"kivi2\"]\n[throughput]\ncontexts = [0]\n", "[throughput].contexts 0 is outside [1, 1048576]");
+  check("schemes = [\"kivi2\"]\n[throughput]\nops = [\"prefill\"]\n",
+        "[throughput].ops \"prefill\" is not one of: decode, quantize");
+  check("schemes = [\"kivi2\"]\n[throughput]\nint_mode = \"int4\"\n",
+        "[throughput].int_mode \"int4\" is not one of: exact, int8");
+  check("schemes = [\"kivi2\"]\n[throughput]\ncontext = [64]\n",
+        "unknown key [throughput].context (allowed: contexts, batch");
   check("schemes = [\"kivi2\"]\n[synthetic]\ntokens = 64\n",
         "--only model but the config has no [model]", "--only model ");
   check("schemes = [\"kivi2\"]\nsynthetic = 3\n", "synthetic must be a table");
@@ -249,6 +258,58 @@ TEST_F(RunCli, ShardsThenMerge_sameRowsAsOneRun) {
     r = run_kvq(std::string("run --shard ") + bad + " " + config(schemes));
     EXPECT_NE(r.status, 0) << bad;
     EXPECT_NE(r.err.find("give I/N with 1 <= I <= N"), std::string::npos) << r.err;
+  }
+}
+
+// [throughput]: rows per op x backend x context x batch x scheme, bf16 first in every group as
+// the speed-up's baseline (added when the config does not name it), the memcpy it is measured
+// against in each row; a rerun resumes, and 2 shards merge to the same rows.
+TEST_F(RunCli, Throughput_rowsPerCase_bf16Baseline_resumesAndShards) {
+  const auto p = dir_ / "tp.toml";
+  std::ofstream(p) << "out = \"" << (dir_ / "tp").string() << "\"\nschemes = [\"kivi2:g=32,r=32\", \"fp8_e4m3:gran=token\"]\n"
+                   << "[throughput]\ncontexts = [64, 128]\nbatch = [1, 3]\nheads = 2\nhead_dim = 32\ngqa = 2\n"
+                   << "repeats = 1\n";
+  auto r = run_kvq("run --dry-run " + p.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  // decode: 2 backends x 2 contexts x 2 batches; quantize: 2 x 2 x 1; x 3 schemes (bf16 added)
+  EXPECT_NE(r.out.find("throughput rows (3): bf16, kivi2:g=32,r=32, fp8_e4m3:gran=token,scale=dynamic"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(": 36 rows"), std::string::npos) << r.out;
+  r = run_kvq("run " + p.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("throughput.csv; plot: experiments/plots/plot_throughput.py"), std::string::npos) << r.out;
+  const auto rows = jsonl(dir_ / "tp" / "throughput.jsonl");
+  ASSERT_EQ(rows.size(), 36u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    EXPECT_EQ(row["scheme"], i % 3 == 0 ? "bf16" : i % 3 == 1 ? "kivi2:g=32,r=32" : "fp8_e4m3:gran=token,scale=dynamic");
+    EXPECT_GT(row["time_us"].get<double>(), 0.0);
+    EXPECT_GT(row["memcpy_gb_per_s"].get<double>(), 0.0);
+    EXPECT_NEAR(row["of_memcpy"].get<double>(),
+                row["gb_per_s"].get<double>() / row["memcpy_gb_per_s"].get<double>(), 1e-9);
+    // bytes: the stored K+V of every sequence read (decode), or the float32 input (quantize)
+    const double ctx = row["context"].get<double>(), batch = row["batch"].get<double>();
+    if (row["op"] == "decode")
+      EXPECT_DOUBLE_EQ(row["bytes"].get<double>(), row["stored_bytes_per_token"].get<double>() * ctx * batch);
+    else
+      EXPECT_DOUBLE_EQ(row["bytes"].get<double>(), 2 * ctx * 2 * 32 * 4);
+    if (i % 3 == 0) {
+      EXPECT_DOUBLE_EQ(row["speedup_vs_bf16"].get<double>(), 1.0);
+    }
+  }
+  // bf16 stores 2 bytes per element: 2 (K, V) x 2 heads x 32 x 2 bytes per token.
+  EXPECT_DOUBLE_EQ(rows[0]["stored_bytes_per_token"].get<double>(), 256.0);
+  r = run_kvq("run " + p.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(jsonl(dir_ / "tp" / "throughput.jsonl").size(), 36u) << "a rerun adds nothing";
+  for (int i = 1; i <= 2; ++i) ASSERT_EQ(run_kvq(fmt::format("run --shard {}/2 --out {} {}", i, (dir_ / "sh").string(), p.string())).status, 0);
+  r = run_kvq(fmt::format("run --merge --out {} {}", (dir_ / "sh").string(), p.string()));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto merged = jsonl(dir_ / "sh" / "throughput.jsonl");
+  ASSERT_EQ(merged.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(merged[i]["key"], rows[i]["key"]) << i;
+    EXPECT_EQ(merged[i]["settings"], rows[i]["settings"]) << i;
   }
 }
 

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Throughput against context length per scheme and backend (the papers' throughput figure):
+decode-step time and speed-up over bf16 for each batch, and prefill-quantize bandwidth as a
+share of memcpy, from a `kvq run` with a [throughput] table (experiments/configs/throughput.toml).
+
+    .venv/bin/python experiments/plots/plot_throughput.py results/throughput --out docs/img
+"""
+import argparse
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from figures import footer, results_table, save  # noqa: E402
+
+MARKERS = ["o", "s", "^", "d", "v", "x", "*"]
+DASHES = ["-", "--", ":", "-."]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", help="a kvq run output folder holding throughput.csv")
+    ap.add_argument("--out", default="docs/img", help="output folder (PNG and PDF)")
+    a = ap.parse_args()
+    path, rows = results_table(a.results, "throughput", "experiments/configs/throughput.toml")
+    for col in ("op", "backend", "context", "batch", "time_us", "of_memcpy"):
+        if col not in rows[0]:
+            raise SystemExit(f"{path}: no {col} column; is it a kvq run throughput table?")
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    batches = sorted({int(r["batch"]) for r in rows if r["op"] == "decode"})
+    fig, axes = plt.subplots(3, len(backends), figsize=(6.2 * len(backends), 11), squeeze=False)
+    for j, b in enumerate(backends):
+        for i, s in enumerate(schemes):
+            label = s.replace(",scale=dynamic", "")
+            color = f"C{i}"
+            for k, n in enumerate(batches):
+                pts = sorted((int(r["context"]), r) for r in rows if r["op"] == "decode"
+                             and r["backend"] == b and r["scheme"] == s and int(r["batch"]) == n)
+                if not pts:
+                    continue
+                x = [p[0] for p in pts]
+                style = dict(color=color, marker=MARKERS[i % len(MARKERS)],
+                             linestyle=DASHES[k % len(DASHES)], markersize=4,
+                             label=f"{label}" if k == 0 else None)
+                axes[0][j].plot(x, [float(p[1]["time_us"]) / 1e3 for p in pts], **style)
+                sp = [(xx, float(p[1]["speedup_vs_bf16"])) for xx, p in zip(x, pts)
+                      if p[1].get("speedup_vs_bf16")]
+                if sp:
+                    axes[1][j].plot([q[0] for q in sp], [q[1] for q in sp], **style)
+            pts = sorted((int(r["context"]), r) for r in rows
+                         if r["op"] == "quantize" and r["backend"] == b and r["scheme"] == s)
+            if pts:
+                axes[2][j].plot([p[0] for p in pts], [100 * float(p[1]["of_memcpy"]) for p in pts],
+                                color=color, marker=MARKERS[i % len(MARKERS)], label=label)
+        axes[0][j].set_yscale("log")
+        axes[0][j].set_title(f"backend {b}: decode step time (ms)")
+        axes[1][j].axhline(1.0, color="0.5", linewidth=0.8)
+        axes[1][j].set_title(f"backend {b}: decode speed-up over bf16")
+        axes[2][j].set_title(f"backend {b}: prefill quantize, % of memcpy")
+        for ax in axes[:, j]:
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("context (tokens)")
+            ax.grid(True, alpha=0.3)
+        axes[0][j].legend(fontsize=7, loc="upper left")
+        axes[2][j].legend(fontsize=7)
+    batch_note = ", ".join(f"batch {n}: {DASHES[k % len(DASHES)]}" for k, n in enumerate(batches))
+    first = rows[0]
+    fig.suptitle(f"Cache throughput, {first.get('settings.heads', '?')} kv heads x "
+                 f"{first.get('settings.head_dim', '?')}, GQA {first.get('settings.gqa', '?')}, "
+                 f"{first.get('settings.threads', '?')} thread(s), cold caches ({batch_note})",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.01, 1, 0.97))
+    footer(fig, path)
+    save(fig, a.out, "throughput")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+#include "experiments/throughput.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+
+#include "core/error.h"
+#include "experiments/synthetic.h"
+#include "reference_cpu/attention.h"
+#include "reference_cpu/kv_cache.h"
+
+namespace kvq::eval {
+namespace {
+
+// Seconds: process CPU time with one thread (robust on a shared machine), wall time with more.
+double now(int threads) {
+  if (threads == 1) {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+SideKernels kernels_of(AttentionBackend b) {
+  return b == AttentionBackend::kCpu ? cpu_side_kernels() : SideKernels{};
+}
+
+struct Sides {
+  std::unique_ptr<SideStore> k, v;
+};
+
+Sides build(const SchemeSpec& spec, const ThroughputInput& in, const SideKernels& kernels) {
+  const ThroughputShape& s = in.shape;
+  Sides out{make_side(spec, Role::Key, s.heads, s.head_dim, 0, kernels),
+            make_side(spec, Role::Value, s.heads, s.head_dim, 0, kernels)};
+  out.k->append(in.k.data.data(), in.context);
+  out.v->append(in.v.data.data(), in.context);
+  return out;
+}
+
+}  // namespace
+
+ThroughputInput throughput_input(const ThroughputShape& shape, int64_t context, uint64_t seed) {
+  KVQ_CHECK(context >= 1 && shape.heads >= 1 && shape.head_dim >= 1 && shape.gqa >= 1,
+            "throughput: context {} and shape heads={} head_dim={} gqa={} must be >= 1", context,
+            shape.heads, shape.head_dim, shape.gqa);
+  ThroughputInput in;
+  in.shape = shape;
+  in.context = context;
+  in.k = synthetic_kv({{context, shape.heads, shape.head_dim}, 2, 12.0f, seed});
+  in.v = synthetic_kv({{context, shape.heads, shape.head_dim}, 0, 1.0f, seed + 1});
+  std::mt19937 rng(static_cast<uint32_t>(seed + 2));
+  std::normal_distribution<float> nd;
+  in.q.resize(static_cast<size_t>(shape.heads * shape.gqa * shape.head_dim));
+  for (float& x : in.q) x = nd(rng);
+  return in;
+}
+
+Timing time_decode(const SchemeSpec& spec, const ThroughputInput& in, int64_t batch,
+                   AttentionBackend backend, const ThroughputOptions& opt) {
+  KVQ_CHECK(batch >= 1, "throughput: batch {} must be >= 1", batch);
+  // The pool: enough distinct caches that a step's reads are cold (see the header), built with
+  // backend cpu's quantizers whatever the backend timed (the bytes are the reference's).
+  const SideKernels kern = cpu_side_kernels();
+  std::vector<Sides> pool;
+  pool.push_back(build(spec, in, kern));
+  const double seq_bytes =
+      pool[0].k->footprint().total_bytes() + pool[0].v->footprint().total_bytes();
+  const int64_t n = std::clamp<int64_t>(
+      static_cast<int64_t>(std::ceil(opt.pool_bytes / std::max(seq_bytes, 1.0))), 1, 4096);
+  while (static_cast<int64_t>(pool.size()) < n) pool.push_back(build(spec, in, kern));
+  const int64_t q_heads = in.shape.heads * in.shape.gqa;
+  std::vector<float> out(static_cast<size_t>(q_heads * in.shape.head_dim));
+  const cpu::DecodeOptions dopt{opt.threads, opt.int_mode};
+  int64_t next = 0;
+  auto step = [&] {
+    for (int64_t b = 0; b < batch; ++b) {
+      const Sides& s = pool[static_cast<size_t>(next++ % n)];
+      if (backend == AttentionBackend::kRef)
+        decode_attention(in.q.data(), q_heads, *s.k, *s.v, out.data(), opt.threads);
+      else
+        cpu::decode_attention(in.q.data(), q_heads, s.k->stored(), s.v->stored(), out.data(), dopt);
+    }
+  };
+  step();  // warm-up (page faults, thread team)
+  std::vector<double> t;
+  for (int r = 0; r < std::max(opt.repeats, 1); ++r) {
+    const double t0 = now(opt.threads);
+    step();
+    t.push_back(now(opt.threads) - t0);
+  }
+  Timing res;
+  res.us = 1e6 * median(t);
+  res.bytes = seq_bytes * static_cast<double>(batch);
+  res.stored_bytes_per_token = seq_bytes / static_cast<double>(in.context);
+  res.distinct_caches = n;
+  return res;
+}
+
+Timing time_quantize(const SchemeSpec& spec, const ThroughputInput& in, AttentionBackend backend,
+                     const ThroughputOptions& opt) {
+  const SideKernels kern = kernels_of(backend);
+  std::vector<double> t;
+  double seq_bytes = 0;
+  for (int r = 0; r < std::max(opt.repeats, 1) + 1; ++r) {  // the first is a warm-up
+    const double t0 = now(1);                               // quantization is single-threaded
+    const Sides s = build(spec, in, kern);
+    const double dt = now(1) - t0;
+    if (r > 0) t.push_back(dt);
+    seq_bytes = s.k->footprint().total_bytes() + s.v->footprint().total_bytes();
+  }
+  Timing res;
+  res.us = 1e6 * median(t);
+  res.bytes = 2.0 * static_cast<double>(in.k.data.size()) * sizeof(float);
+  res.stored_bytes_per_token = seq_bytes / static_cast<double>(in.context);
+  return res;
+}
+
+double memcpy_gbps(double bytes, const ThroughputOptions& opt) {
+  const size_t n = static_cast<size_t>(bytes);
+  std::vector<char> a(n, 1), b(n, 0);
+  std::vector<double> t;
+  for (int r = 0; r < std::max(opt.repeats, 1) + 1; ++r) {
+    const double t0 = now(1);
+    std::memcpy(b.data(), a.data(), n);
+    const double dt = now(1) - t0;
+    if (r > 0) t.push_back(dt);
+    a[static_cast<size_t>(r) % n] = b[(static_cast<size_t>(r) * 7) % n];  // keep both live
+  }
+  return bytes / median(t) / 1e9;
+}
+
+}  // namespace kvq::eval
