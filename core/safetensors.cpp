@@ -60,7 +60,10 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
 }
 
 std::vector<NamedTensor> read_safetensors(const std::string& path) {
-  const std::string b = read_file(path);
+  return parse_safetensors(read_file(path), path);
+}
+
+std::vector<NamedTensor> parse_safetensors(const std::string& b, const std::string& path) {
   KVQ_CHECK(b.size() >= 8, "{}: not a safetensors file (shorter than 8 bytes)", path);
   uint64_t len = 0;
   std::memcpy(&len, b.data(), 8);

@@ -36,5 +36,7 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
 /// \brief Reads every tensor (F32, F16 and BF16 widened to float); errors name the file and the
 /// bad entry (bad header length, JSON, dtype, offsets outside the data, shape/size mismatch).
 std::vector<NamedTensor> read_safetensors(const std::string& path);
+/// \brief read_safetensors on bytes held in memory; `name` stands for the file in messages.
+std::vector<NamedTensor> parse_safetensors(const std::string& bytes, const std::string& name);
 
 }  // namespace kvq

@@ -58,7 +58,10 @@ void check_scale_count(Granularity g, Shape3 s, const std::vector<float>& sc) {
 }  // namespace
 
 Calibration read_calibration(const std::string& path) {
-  const std::string text = read_file(path);
+  return parse_calibration(read_file(path), path);
+}
+
+Calibration parse_calibration(const std::string& text, const std::string& path) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);

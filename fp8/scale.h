@@ -71,6 +71,8 @@ struct Calibration {
 
 /// \brief Reads and validates a calibration file; errors name the file and the bad entry.
 Calibration read_calibration(const std::string& path);
+/// \brief read_calibration on JSON text held in memory; `name` stands for the file in messages.
+Calibration parse_calibration(const std::string& text, const std::string& name);
 /// \brief Writes a calibration file atomically.
 void write_calibration(const std::string& path, const Calibration& c);
 

@@ -119,6 +119,7 @@ nlohmann::json spec_json(const SchemeSpec& s) {
       j["group"] = s.q.group == kGroupWholeDim ? nlohmann::json("dim") : nlohmann::json(s.q.group);
       j["residual"] = s.q.residual;
       j["sym"] = s.q.sym;
+      j["arith"] = s.q.arith == kvq::Arith::Fp16 ? "fp16" : "exact";
       j["kivi"] = s.q.kivi;
       break;
   }

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # Regenerates the figures and tables the README and docs/results.md show, from a `kvq run` of
-# experiments/configs/default.toml (resumable) into docs/img/. Run after scripts/run-main.sh or
-# on its own (it sets up what is missing).
+# experiments/configs/default.toml (resumable; through scripts/run-main.sh, which sets up what is
+# missing) and the study configs below, into docs/img/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-scripts/setup.sh
-build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/default.toml
+scripts/run-main.sh   # setup, and the default config into results/default (resumable)
 .venv/bin/python experiments/plots/plot_results.py results/default --out docs/img
 # The model's own K/V through the Python package: per-channel magnitudes (KIVI's figure 2) and
 # the per-layer granularity comparison (also granularity_layers.csv).
@@ -17,3 +16,7 @@ build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/context.tom
 # Passkey retrieval grid (~8 minutes): found / trials per context and depth, per scheme.
 build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/needle.toml
 .venv/bin/python experiments/plots/plot_needle.py results/needle --out docs/img
+# Cache throughput (~10 minutes, one thread; run it on a quiet machine): decode per batch over
+# cold caches and prefill quantize, per scheme, backend and context.
+build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/throughput.toml
+.venv/bin/python experiments/plots/plot_throughput.py results/throughput --out docs/img

@@ -196,24 +196,29 @@ def plot_synthetic(rs, out, where):
 
 
 def plot_model(rs, out, where):
+    """One row of panels (KLD, |delta ppl|) per window length the rows were measured at."""
     col = colours(rs)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    ctxs = sorted({r.get("settings", {}).get("ctx") for r in rs}, key=lambda c: c or 0)
+    fig, grid = plt.subplots(len(ctxs), 2, figsize=(12, 4.6 * len(ctxs)), squeeze=False)
     by_bytes = True
-    for ax, key in zip(axes, ["kld", "delta_ppl"]):
-        pts, b = scatter(ax, rs, col, lambda r: x_of(r), lambda r: max(abs(r[key]), 1e-6))
-        by_bytes = by_bytes and b
-        ax.set_yscale("log")
-        bytes_axis(ax, b)
-        ax.grid(alpha=0.3, which="both")
-        place_labels(ax, pts)
-    axes[0].set_ylabel("mean KLD vs fp32 cache (nats/token)")
-    axes[1].set_ylabel("|perplexity - fp32-cache perplexity|")
-    for ax in axes:
+    for axes, ctx in zip(grid, ctxs):
+        sub = [r for r in rs if r.get("settings", {}).get("ctx") == ctx]
+        for ax, key in zip(axes, ["kld", "delta_ppl"]):
+            pts, b = scatter(ax, sub, col, lambda r: x_of(r), lambda r: max(abs(r[key]), 1e-6))
+            by_bytes = by_bytes and b
+            ax.set_yscale("log")
+            bytes_axis(ax, b)
+            ax.grid(alpha=0.3, which="both")
+            place_labels(ax, pts)
+            ax.set_title(f"{ctx}-token windows, {sub[0]['scored']} tokens scored", fontsize=9)
+        axes[0].set_ylabel("mean KLD vs fp32 cache (nats/token)")
+        axes[1].set_ylabel("|perplexity - fp32-cache perplexity|")
+        axes[0].legend(fontsize=7)
+    for ax in grid[-1]:
         ax.set_xlabel("KV bytes per token (all layers, K + V)" if by_bytes
                       else "KV bits per element (mean of K and V)")
-    cfg = settings_line(rs[0], ["text", "ctx", "stride", "max_tokens", "backend", "pre_rope"])
-    fig.suptitle(f"SmolLM2-135M, {rs[0]['scored']} tokens scored ({cfg}) - {where}", fontsize=9)
-    axes[0].legend(fontsize=7)
+    cfg = settings_line(rs[0], ["text", "stride", "max_tokens", "backend", "pre_rope"])
+    fig.suptitle(f"SmolLM2-135M ({cfg}) - {where}", fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "model_kld.png"), dpi=130)
     plt.close(fig)

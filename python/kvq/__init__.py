@@ -67,6 +67,7 @@ class Spec:
     group: Optional[Union[int, str]] = None  #: int: group size G ("dim": the whole head_dim)
     residual: Optional[int] = None  #: int: recent tokens kept exact (R)
     sym: Optional[bool] = None  #: int: symmetric (no zero point)
+    arith: Optional[str] = None  #: int: exact (kvq's rule) or fp16 (KIVI's own arithmetic)
     format: Optional[str] = None  #: fp8: fp8_e4m3, fp8_e4m3fnuz or fp8_e5m2
     gran: Optional[str] = None  #: fp8: tensor, head, token or channel
     scale: Optional[str] = None  #: fp8: dynamic, constant or calib

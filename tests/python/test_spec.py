@@ -22,7 +22,15 @@ def test_int_fields():
     s = kvq.parse_spec("int3:k=token,v=channel,g=32,r=64,sym")
     assert (s.kind, s.bits, s.key_axis, s.value_axis, s.group, s.residual, s.sym) == (
         "int", 3, "token", "channel", 32, 64, True)
+    assert s.arith == "exact"
     assert s.format is None
+
+
+def test_kivi_arithmetic_option():
+    s = kvq.parse_spec("kivi2:arith=fp16")
+    assert (s.canonical, s.arith) == ("kivi2:g=32,r=128,arith=fp16", "fp16")
+    with pytest.raises(kvq.Error, match="arith=fp16 is KIVI's asymmetric"):
+        kvq.parse_spec("kivi2:sym,arith=fp16")
 
 
 def test_split_spec_has_both_sides():

@@ -16,19 +16,13 @@
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/kivi.h"
 #include "kivi/layout.h"
+#include "model/llama.h"
 #include "reference_cpu/kv_cache.h"
 #include "tests/kivi/naive.h"
+#include "tests/support/stored_counts.h"
 
 namespace kvq::cpu {
 namespace {
-
-SideKernels cpu_kernels() {
-  SideKernels k;
-  k.kivi = kivi_group_quantizers();
-  k.fp8_scales = fp8_compute_scales;
-  k.fp8_quantize = fp8_quantize;
-  return k;
-}
 
 template <typename T>
 void expect_same(const T* a, const T* b, int64_t n, const char* what, int64_t tokens) {
@@ -36,26 +30,6 @@ void expect_same(const T* a, const T* b, int64_t n, const char* what, int64_t to
   if (n == 0 || a == nullptr) return;
   ASSERT_EQ(std::memcmp(a, b, static_cast<size_t>(n) * sizeof(T)), 0)
       << what << " differ after " << tokens << " tokens";
-}
-
-// How many codes, words and parameters the stored side holds for its qt quantized tokens.
-void stored_counts(const StoredSide& s, int64_t qt, int64_t& codes, int64_t& scales, int64_t& words,
-                   int64_t& params) {
-  codes = scales = words = params = 0;
-  if (s.kind == SchemeKind::Fp8) {
-    codes = qt * s.heads * s.dim;
-    scales = qt > 0 ? fp8::scale_count(s.gran, Shape3{qt, s.heads, s.dim}) : 0;
-  } else if (s.kind == SchemeKind::Int) {
-    if (s.axis == Axis::Channel) {
-      const kivi::ChannelLayout lay{s.heads, s.dim, s.group, s.bits};
-      words = lay.words_for_tokens(qt);
-      params = lay.params_for_tokens(qt);
-    } else {
-      const kivi::TokenLayout lay{s.heads, s.dim, s.group, s.bits};
-      words = lay.words_for_tokens(qt);
-      params = lay.params_for_tokens(qt);
-    }
-  }
 }
 
 struct Case {
@@ -74,7 +48,7 @@ TEST_P(cpuSideKernels, streamingAppend_sameBytesAsReference_afterEveryChunk) {
   const Tensor3 x = kivi::naive::random_kv(total, c.heads, c.dim, 23);
   for (Role role : {Role::Key, Role::Value}) {
     auto ref = make_side(spec, role, c.heads, c.dim, 0);
-    auto got = make_side(spec, role, c.heads, c.dim, 0, cpu_kernels());
+    auto got = make_side(spec, role, c.heads, c.dim, 0, cpu_side_kernels());
     int64_t t = 0;
     int64_t quantized = 0;
     for (int64_t n : chunks) {
@@ -85,13 +59,12 @@ TEST_P(cpuSideKernels, streamingAppend_sameBytesAsReference_afterEveryChunk) {
       const StoredSide a = ref->stored(), b = got->stored();
       quantized = ref->quantized_tokens_at(t);
       ASSERT_EQ(got->quantized_tokens_at(t), quantized);
-      int64_t nc, ns, nw, np;
-      stored_counts(a, quantized, nc, ns, nw, np);
-      expect_same(a.codes, b.codes, nc, "fp8 codes", t);
-      expect_same(a.fp8_scales, b.fp8_scales, ns, "fp8 scales", t);
-      expect_same(a.words, b.words, nw, "words", t);
-      expect_same(a.scales, b.scales, np, "scales", t);
-      expect_same(a.mins, b.mins, np, "mins", t);
+      const testing::StoredCounts cnt = testing::stored_counts(a, quantized);
+      expect_same(a.codes, b.codes, cnt.codes, "fp8 codes", t);
+      expect_same(a.fp8_scales, b.fp8_scales, cnt.scales, "fp8 scales", t);
+      expect_same(a.words, b.words, cnt.words, "words", t);
+      expect_same(a.scales, b.scales, cnt.params, "scales", t);
+      expect_same(a.mins, b.mins, cnt.params, "mins", t);
       std::vector<float> ta, tb;
       ref->exact_tail(ta);
       got->exact_tail(tb);

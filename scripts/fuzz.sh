@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Fuzzes kvq's parsers and quantizers with libFuzzer (fuzz/README.md).
+#   scripts/fuzz.sh [SECONDS] [TARGET...]    default: 60 seconds each, every target
+# Builds the `fuzz` preset (clang 14, ASan + UBSan), seeds each target's corpus from
+# fuzz/corpus/<target>/ (make_seeds writes it when missing), runs each target for SECONDS with
+# a 2 GiB RSS limit, a 1 GiB single-allocation limit and a 10 s per-input timeout, and prints one
+# line per target: executions, seconds, new corpus entries, and FAILED with the crash file when
+# libFuzzer found something. Exit status 1 when any target failed. Run from anywhere.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+secs=${1:-60}
+shift || true
+all=(npy safetensors gguf tokenizer spec calibration config roundtrip)
+targets=("${@:-${all[@]}}")
+for t in "${targets[@]}"; do
+  [[ " ${all[*]} " == *" $t "* ]] || { echo "fuzz.sh: unknown target '$t' (targets: ${all[*]})" >&2; exit 2; }
+done
+[[ "$secs" =~ ^[0-9]+$ && "$secs" -ge 1 ]] || { echo "fuzz.sh: SECONDS must be a whole number >= 1, got '$secs'" >&2; exit 2; }
+command -v clang++-14 > /dev/null || { echo "fuzz.sh: clang++-14 is missing (apt-get install clang-14)" >&2; exit 1; }
+cmake --preset fuzz > build-fuzz-configure.log 2>&1 || { cat build-fuzz-configure.log >&2; exit 1; }
+rm -f build-fuzz-configure.log
+cmake --build --preset fuzz -j"$(nproc)" > /dev/null
+B=build/fuzz/fuzz
+[[ -d fuzz/corpus/npy ]] || "$B/make_seeds" fuzz/corpus
+failed=0
+for t in "${targets[@]}"; do
+  work=build/fuzz/corpus/$t   # new inputs land here, not in the committed seeds
+  mkdir -p "$work" build/fuzz/artifacts
+  log=build/fuzz/$t.log
+  set +e
+  "$B/fuzz_$t" -max_total_time="$secs" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 \
+    -close_fd_mask=1 -artifact_prefix="build/fuzz/artifacts/$t-" -print_final_stats=1 \
+    "$work" "fuzz/corpus/$t" > "$log" 2>&1
+  rc=$?
+  set -e
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
+  entries=$(find "$work" -type f | wc -l)
+  if [[ $rc -eq 0 ]]; then
+    echo "fuzz_$t: $runs executions in ${secs} s, corpus $entries, no finding"
+  else
+    failed=1
+    echo "fuzz_$t: FAILED (exit $rc) after $runs executions: $(ls build/fuzz/artifacts/$t-* 2>/dev/null | head -1); log $log"
+  fi
+done
+exit $failed
