@@ -13,10 +13,34 @@
 
 namespace kvq {
 
-/// \brief The one exception type kvq throws for bad input or configuration.
+/// \brief The one exception type kvq throws for bad input or configuration. Its message is one
+/// line whatever it quotes: control characters from the input (a newline in a spec, a shape or a
+/// config value) are written as escapes (\n, \r, \xNN).
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  explicit Error(const std::string& what) : std::runtime_error(one_line(what)) {}
+
+ private:
+  static std::string one_line(const std::string& s) {
+    std::string out;
+    out.reserve(s.size());
+    for (const char ch : s) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c == '\n') {
+        out += "\\n";
+      } else if (c == '\r') {
+        out += "\\r";
+      } else if (c < 0x20 || c == 0x7f) {
+        const char hex[] = "0123456789abcdef";
+        out += "\\x";
+        out += hex[c >> 4];
+        out += hex[c & 15];
+      } else {
+        out += ch;
+      }
+    }
+    return out;
+  }
 };
 
 #if !defined(__CUDACC__)

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <regex>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -82,13 +81,22 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
   if (fo != "False") fail("{}: malformed fortran_order value '{}'", name, fo);
 
   const std::string shp = dict_value(header, "shape", name);
-  static const std::regex num("\\d+");
+  // A tuple of non-negative integers: "()", "(5,)", "(2, 3)" (a trailing comma allowed).
+  if (shp.size() < 2 || shp.front() != '(' || shp.back() != ')')
+    fail("{}: malformed npy shape '{}' (expected a tuple such as (2, 3))", name, shp);
   int64_t n = 1;
-  for (auto it = std::sregex_iterator(shp.begin(), shp.end(), num); it != std::sregex_iterator();
-       ++it) {
-    const std::string s = it->str();
-    if (s.size() > 15) fail("{}: absurd dimension {} in npy shape", name, s);
-    const int64_t d = std::stoll(s);
+  std::string_view rest(shp.data() + 1, shp.size() - 2);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    std::string_view tok = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    while (!tok.empty() && tok.front() == ' ') tok.remove_prefix(1);
+    while (!tok.empty() && tok.back() == ' ') tok.remove_suffix(1);
+    if (tok.empty() && comma == std::string_view::npos && !a.shape.empty()) break;  // "(5, )"
+    if (tok.empty() || tok.find_first_not_of("0123456789") != std::string_view::npos)
+      fail("{}: malformed npy shape '{}' (dimensions are non-negative integers)", name, shp);
+    if (tok.size() > 15) fail("{}: absurd dimension {} in npy shape", name, tok);
+    const int64_t d = std::stoll(std::string(tok));
     a.shape.push_back(d);
     if (d != 0 && n > std::numeric_limits<int64_t>::max() / 16 / d)
       fail("{}: npy shape {} is too large", name, shp);
@@ -110,7 +118,7 @@ NpyArray parse_npy(const std::string& bytes, const std::string& name) {
     return v;
   };
   if (item == 4 && !swap) {
-    std::memcpy(a.data.data(), p, want);
+    if (want > 0) std::memcpy(a.data.data(), p, want);  // an empty array's data() may be null
   } else {
     for (int64_t i = 0; i < n; ++i) {
       float& out = a.data[static_cast<size_t>(i)];

@@ -82,6 +82,14 @@ std::vector<NamedTensor> parse_safetensors(const std::string& b, const std::stri
     KVQ_CHECK(
         e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"),
         "{}: tensor '{}' lacks dtype, shape or data_offsets", path, name);
+    KVQ_CHECK(e["dtype"].is_string(), "{}: tensor '{}' has a dtype that is not a string", path,
+              name);
+    KVQ_CHECK(e["shape"].is_array(), "{}: tensor '{}' has a shape that is not an array", path, name);
+    const auto& off = e["data_offsets"];
+    KVQ_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                  off[1].is_number_unsigned(),
+              "{}: tensor '{}' has data_offsets that are not two byte offsets [begin, end]", path,
+              name);
     const std::string dt = e["dtype"].get<std::string>();
     const size_t item = dt == "F32" ? 4 : (dt == "F16" || dt == "BF16") ? 2 : 0;
     KVQ_CHECK(item, "{}: tensor '{}' has dtype {} (supported: F32, F16, BF16)", path, name, dt);
@@ -92,11 +100,12 @@ std::vector<NamedTensor> parse_safetensors(const std::string& b, const std::stri
       KVQ_CHECK(d.is_number_unsigned() && d.get<uint64_t>() < (1ull << 40),
                 "{}: tensor '{}' has a bad shape", path, name);
       t.shape.push_back(d.get<int64_t>());
+      // checked before multiplying, so the count cannot wrap (2^32 x 2^32 is not 0 values)
+      KVQ_CHECK(d.get<uint64_t>() == 0 || n < (1ull << 40) / d.get<uint64_t>(),
+                "{}: tensor '{}' is too large (shape {})", path, name, e["shape"].dump());
       n *= d.get<uint64_t>();
-      KVQ_CHECK(n < (1ull << 40), "{}: tensor '{}' is too large", path, name);
     }
-    const uint64_t a = e["data_offsets"][0].get<uint64_t>(),
-                   z = e["data_offsets"][1].get<uint64_t>();
+    const uint64_t a = off[0].get<uint64_t>(), z = off[1].get<uint64_t>();
     KVQ_CHECK(a <= z && z <= data_len,
               "{}: tensor '{}' data [{}, {}) lies outside the {} data bytes", path, name, a, z,
               data_len);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -49,6 +50,14 @@ const Loaded& load(const Common& c) {
   }
   l->model.set_backend(backend);
   return *l;
+}
+
+// The model's shape from the GGUF's metadata alone (no weights), so that flags are checked
+// against it before the long load.
+const LlamaConfig& model_config(const Common& c) {
+  static std::optional<LlamaConfig> cfg;
+  if (!cfg) cfg = LlamaModel::read_config(gguf::GgufFile::open(model_path(c.model_file)));
+  return *cfg;
 }
 
 CacheOptions cache_options(const std::string& spec, bool pre_rope, bool hadamard = false) {
@@ -122,6 +131,9 @@ void register_generate(CLI::App* model) {
   c->callback([o] {
     const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = prompt_text(o->prompt, o->prompt_file);
+    check_cache_options(co, model_config(*o));
+    KVQ_CHECK(o->n < model_config(*o).context, "-n {} leaves no room for a prompt in the model's context {}", o->n,
+              model_config(*o).context);
     const Loaded& L = load(*o);
     const auto ids = encode_prompt(L.tok, text, o->chat);
     const auto t0 = std::chrono::steady_clock::now();
@@ -172,6 +184,8 @@ void register_ppl(CLI::App* model) {
     std::vector<CacheOptions> cos{cache_options(o->kv, o->pre_rope, o->hadamard)};
     for (const auto& a : o->also) cos.push_back(cache_options(a, o->pre_rope, o->hadamard));
     const std::string text = read_file(text_path(o->text));
+    eval::check_ppl_options(o->p, model_config(*o).context);
+    for (const auto& co : cos) check_cache_options(co, model_config(*o));
     const Loaded& L = load(*o);
     const auto ids = L.tok.encode_first(text, o->p.max_tokens);
     o->p.threads = o->threads;
@@ -218,6 +232,9 @@ void register_diverge(CLI::App* model) {
   c->callback([o] {
     const CacheOptions test = cache_options(o->kv, o->pre_rope, o->hadamard), ref = cache_options(o->vs, false);
     const std::string text = prompt_text(o->prompt, o->prompt_file);
+    check_cache_options(test, model_config(*o));
+    KVQ_CHECK(o->n < model_config(*o).context, "-n {} leaves no room for a prompt in the model's context {}", o->n,
+              model_config(*o).context);
     const Loaded& L = load(*o);
     const auto ids = encode_prompt(L.tok, text, o->chat);
     const auto r = eval::diverge(L.model, ref, test, ids, o->n, o->threads);
@@ -263,9 +280,10 @@ void register_needle(CLI::App* model) {
     const CacheOptions test = cache_options(o->kv, o->pre_rope, o->hadamard), ref = cache_options("fp32", false);
     for (double d : o->depth) KVQ_CHECK(d >= 0 && d <= 1, "--depth {} outside [0, 1]", d);
     const std::string hay_text = read_file(text_path(o->text));
+    const int context = model_config(*o).context;
+    for (int cx : o->ctx) KVQ_CHECK(cx >= 256 && cx <= context, "--ctx {} outside [256, {}]", cx, context);
+    check_cache_options(test, model_config(*o));
     const Loaded& L = load(*o);
-    for (int cx : o->ctx)
-      KVQ_CHECK(cx >= 256 && cx <= L.model.config().context, "--ctx {} outside [256, {}]", cx, L.model.config().context);
     const eval::NeedleText nt = eval::needle_text(L.tok, hay_text);
     nlohmann::json rows = nlohmann::json::array();
     fmt::print("{:>6} {:>6} {:>7}  {:>8} {:>9}  {:>8} {:>9}\n", "ctx", "depth", "key", "fp32", "logprob", "scheme", "logprob");
@@ -316,6 +334,8 @@ void register_dump(CLI::App* model) {
   c->add_option("--out", o->out, "output .safetensors")->required();
   c->callback([o] {
     const std::string text = prompt_text(o->prompt, o->prompt_file);
+    KVQ_CHECK(o->max_tokens <= model_config(*o).context, "--max-tokens {} exceeds the model's context {}",
+              o->max_tokens, model_config(*o).context);
     const Loaded& L = load(*o);
     const auto ids = L.tok.encode_first(text, o->max_tokens);
     KVQ_CHECK(!ids.empty(), "the prompt is empty after tokenization");
@@ -359,13 +379,14 @@ void register_calibrate(CLI::App* model) {
   c->add_option("--out", o->out, "output JSON")->required();
   c->callback([o] {
     const std::string text = read_file(text_path(o->text));
+    KVQ_CHECK(o->ctx <= model_config(*o).context, "--ctx {} exceeds the model's context {}", o->ctx,
+              model_config(*o).context);
     const Loaded& L = load(*o);
     auto ids = L.tok.encode_first(text, o->skip + o->tokens);
     KVQ_CHECK(static_cast<int64_t>(ids.size()) > o->skip, "calibrate: the text has {} tokens, --skip-tokens {} leaves none",
               ids.size(), o->skip);
     ids.erase(ids.begin(), ids.begin() + o->skip);
     const auto& cfg = L.model.config();
-    KVQ_CHECK(o->ctx <= cfg.context, "--ctx {} exceeds the model's context {}", o->ctx, cfg.context);
     const int64_t H = cfg.kv_heads, D = cfg.head_dim;
     fp8::Calibration cal;
     cal.model = "SmolLM2-135M-Instruct.Q4_1";
@@ -414,6 +435,9 @@ void register_logits(CLI::App* model) {
   c->callback([o] {
     const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = prompt_text(o->prompt, o->prompt_file);
+    check_cache_options(co, model_config(*o));
+    KVQ_CHECK(o->max_tokens <= model_config(*o).context, "--max-tokens {} exceeds the model's context {}",
+              o->max_tokens, model_config(*o).context);
     const Loaded& L = load(*o);
     const auto ids = L.tok.encode_first(text, o->max_tokens);
     KVQ_CHECK(!ids.empty(), "the text is empty after tokenization");
@@ -447,11 +471,12 @@ void register_bench(CLI::App* model) {
   c->callback([o] {
     const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
     const std::string text = read_file(text_path(o->text));
-    const Loaded& L = load(*o);
     const int64_t need = static_cast<int64_t>(o->depth) + std::max(o->prompt, o->gen);
+    KVQ_CHECK(need <= model_config(*o).context, "bench: --depth {} + {} tokens exceed the model's context {}",
+              o->depth, std::max(o->prompt, o->gen), model_config(*o).context);
+    check_cache_options(co, model_config(*o));
+    const Loaded& L = load(*o);
     const auto ids = L.tok.encode_first(text, need);
-    KVQ_CHECK(need <= L.model.config().context, "bench: --depth {} + {} tokens exceed the model's context {}",
-              o->depth, std::max(o->prompt, o->gen), L.model.config().context);
     KVQ_CHECK(static_cast<int64_t>(ids.size()) >= need, "bench: the text has {} tokens, {} needed", ids.size(), need);
     const int threads = o->threads > 0 ? o->threads : omp_get_num_procs();
     auto cpu_now = [] { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; };

@@ -462,7 +462,9 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard
   const eval::LoadedModel& L = source.get(attn);
   const LlamaModel& m = L.model;
   const std::vector<int32_t> ids = L.tok.encode_first(read_file(text_path(p.text)), p.o.max_tokens);
-  for (const auto& [ctx, rows] : todo) {
+  for (const auto& entry : todo) {  // not a structured binding: a lambda below captures rows
+    const auto& ctx = entry.first;
+    const auto& rows = entry.second;
     eval::PplOptions o = p.o;
     o.ctx = ctx;
     o.poll = check_stop;
@@ -1053,7 +1055,10 @@ void register_run(CLI::App& app) {
       write_file_atomic(extra.string(), config_text);
       fmt::print(stderr, "kvq run: --append: this config saved as {}\n", extra.string());
     } else {
-      std::filesystem::create_directories(out);
+      std::error_code ec;
+      std::filesystem::create_directories(out, ec);
+      KVQ_CHECK(!ec, "{}: cannot create the results directory ({}); give --out DIR somewhere writable",
+                out, ec.message());
       write_file_atomic(saved.string(), config_text);
     }
     if (o->merge) {

@@ -1,5 +1,6 @@
 // kvq: low-bit KV-cache quantization experiments. Every error ends as one line on stderr and a
 // nonzero exit status (1: bad input or configuration, 2: bad command line).
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -16,6 +17,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", kvq::version_string(),
                        "print the version and the commit built");
   app.require_subcommand(1);
+  // A file-size limit (ulimit -f) or a full disk makes a write fail with an error naming the file
+  // (core/io.cpp) instead of killing kvq with SIGXFSZ; the finished rows stay as they were.
+  std::signal(SIGXFSZ, SIG_IGN);
   kvq::cli::set_build_version(kvq::version_string());
   kvq::cli::register_plan(app);
   kvq::cli::register_quant(app);

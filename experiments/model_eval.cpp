@@ -42,18 +42,22 @@ std::vector<double> log_softmax(const float* logits, int64_t n) {
   return out;
 }
 
-std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOptions>& caches,
-                                  const std::vector<int32_t>& all_tokens, const PplOptions& o,
-                                  const Progress& progress) {
-  KVQ_CHECK(!caches.empty(), "ppl: no scheme to evaluate");
+void check_ppl_options(const PplOptions& o, int context) {
   KVQ_CHECK(o.ctx >= 2, "ppl: --ctx {} must be at least 2", o.ctx);
-  KVQ_CHECK(o.ctx <= m.config().context, "ppl: --ctx {} exceeds the model's context {}", o.ctx,
-            m.config().context);
+  KVQ_CHECK(o.ctx <= context, "ppl: --ctx {} exceeds the model's context {}", o.ctx, context);
   KVQ_CHECK(o.chunk >= 1, "ppl: --chunk {} must be positive", o.chunk);
   const int stride = o.stride > 0 ? o.stride : o.ctx;
   KVQ_CHECK(stride <= o.ctx, "ppl: --stride {} must not exceed --ctx {}", stride, o.ctx);
   KVQ_CHECK(o.score_from >= 0 && o.score_from < o.ctx - 1,
             "ppl: --score-from {} leaves nothing to score in windows of {}", o.score_from, o.ctx);
+}
+
+std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOptions>& caches,
+                                  const std::vector<int32_t>& all_tokens, const PplOptions& o,
+                                  const Progress& progress) {
+  KVQ_CHECK(!caches.empty(), "ppl: no scheme to evaluate");
+  check_ppl_options(o, m.config().context);
+  const int stride = o.stride > 0 ? o.stride : o.ctx;
   const int64_t n = o.max_tokens > 0
                         ? std::min<int64_t>(o.max_tokens, static_cast<int64_t>(all_tokens.size()))
                         : static_cast<int64_t>(all_tokens.size());

@@ -37,6 +37,10 @@ struct PplOptions {
   std::function<void()> poll;
 };
 
+/// \brief Throws kvq::Error for options no text can satisfy on a model of `context` tokens
+/// (what perplexity checks first; the CLI calls it before the weights load).
+void check_ppl_options(const PplOptions& o, int context);
+
 struct PplResult {
   int64_t windows = 0, scored = 0;
   double ppl = 0, ppl_ref = 0;  ///< exp(mean NLL) for the scheme and for the fp32 cache

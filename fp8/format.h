@@ -51,7 +51,9 @@ KVQ_HD uint8_t encode(float x) {
   const uint32_t sign = bits >> 31;
   const uint32_t abits = bits & 0x7fffffffu;
   const bool nan = abits > 0x7f800000u;
-  float a = bits_float(abits);
+  // A NaN takes the path of 0 (its code is chosen at the end): float -> integer conversions of
+  // NaN below would be undefined behaviour (UBSan, fuzz_roundtrip).
+  float a = nan ? 0.0f : bits_float(abits);
   a = a >= T::kMax ? T::kMax : a;  // saturate (+inf included)
   int e = static_cast<int>(float_bits(a) >> 23) - 127;
   e = e < kMinExp ? kMinExp : e;  // subnormal range: fixed quantum

@@ -157,6 +157,13 @@ double LlamaCache::bytes() const {
   return b;
 }
 
+void check_cache_options(const CacheOptions& o, const LlamaConfig& c) {
+  KVQ_CHECK(!o.hadamard || (hadamard_block_k(c.head_dim) > 0 && c.head_dim % 64 == 0),
+            "--hadamard needs a head_dim that is a multiple of 64, not {}", c.head_dim);
+  KVQ_CHECK(!(o.hadamard && o.pre_rope),
+            "--hadamard and --pre-rope cannot be combined (the rotation acts on post-RoPE keys)");
+}
+
 LlamaConfig LlamaModel::read_config(const GgufFile& f) {
   const std::string arch = f.get_string("general.architecture");
   KVQ_CHECK(arch == "llama", "{}: architecture '{}' is not supported (only llama)", f.name(), arch);
@@ -169,6 +176,10 @@ LlamaConfig LlamaModel::read_config(const GgufFile& f) {
   c.context = static_cast<int>(f.get_u32("llama.context_length"));
   c.rms_eps = f.get_f32("llama.attention.layer_norm_rms_epsilon");
   c.rope_theta = f.has("llama.rope.freq_base") ? f.get_f32("llama.rope.freq_base") : 10000.0f;
+  for (const auto& [key, v] : {std::pair{"block_count", c.layers}, {"embedding_length", c.hidden},
+                                {"feed_forward_length", c.ffn}, {"context_length", c.context}})
+    KVQ_CHECK(v >= 1 && v <= (1 << 24), "{}: llama.{} = {} is outside [1, 16777216]", f.name(), key,
+              v);
   KVQ_CHECK(c.heads > 0 && c.kv_heads > 0 && c.hidden % c.heads == 0 && c.heads % c.kv_heads == 0,
             "{}: inconsistent head counts ({} heads, {} kv heads, hidden {})", f.name(), c.heads,
             c.kv_heads, c.hidden);
@@ -287,10 +298,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
   const int64_t H = c.kv_heads, D = c.head_dim, kvd = H * D;
   const bool pre = cache.options().pre_rope, rot = cache.options().hadamard;
   const int64_t rot_k = rot ? hadamard_block_k(D) : 0, rot_v = 64;
-  KVQ_CHECK(!rot || (rot_k > 0 && D % rot_v == 0),
-            "--hadamard needs a head_dim that is a multiple of 64, not {}", D);
-  KVQ_CHECK(!(rot && pre),
-            "--hadamard and --pre-rope cannot be combined (the rotation acts on post-RoPE keys)");
+  check_cache_options(cache.options(), c);
   const int64_t rows_out = all_logits ? n : 1;
   logits.resize(static_cast<size_t>(rows_out * c.vocab));
   std::vector<float> ktail, vtail, attn(static_cast<size_t>(n * c.hidden));

@@ -58,6 +58,11 @@ cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, in
                                   ExactTail v_exact, std::vector<int64_t>& kq,
                                   std::vector<int64_t>& vq);
 
+/// \brief Throws kvq::Error when `o` cannot run on a model of shape `c` (--hadamard needs a
+/// head_dim that is a multiple of 64 and post-RoPE keys): the forward pass's own check, callable
+/// before the weights load.
+void check_cache_options(const CacheOptions& o, const LlamaConfig& c);
+
 /// \brief One sequence's KV cache: a K and a V side per layer.
 class LlamaCache {
  public:

@@ -141,14 +141,18 @@ class Fp8Side final : public SideStore {
   void reserve(int64_t t) override { codes_.reserve(static_cast<size_t>(t * H_ * D_)); }
   void append(const float* x, int64_t n) override {
     if (n == 0) return;
-    Tensor3 chunk({n, H_, D_});
-    std::copy(x, x + n * H_ * D_, chunk.data.begin());
+    // The chunk as a tensor (the scale and quantize contracts take one), filled once: no
+    // zero-fill first, no copy where the pending tokens are moved in (a long prefill's
+    // gigabyte is touched as few times as it can be).
+    Tensor3 chunk;
+    chunk.shape = {n, H_, D_};
+    if (gran_ == Granularity::Token || frozen_) chunk.data.assign(x, x + n * H_ * D_);
     if (gran_ == Granularity::Token) {
       const auto s = scales_fn_(spec_.fp8, role_, chunk, 0);  // per (token, head): streaming-safe
       scales_.insert(scales_.end(), s.begin(), s.end());
       std::vector<uint8_t> c;
       quantize_fn_(spec_.fp8, s, chunk, c);
-      codes_.insert(codes_.end(), c.begin(), c.end());
+      keep_codes(std::move(c));
       return;
     }
     if (!frozen_) {
@@ -157,7 +161,7 @@ class Fp8Side final : public SideStore {
       pending_.insert(pending_.end(), x, x + n * H_ * D_);
       const int64_t held = static_cast<int64_t>(pending_.size()) / (H_ * D_);
       if (held < spec_.fp8.first) return;
-      chunk = Tensor3({held, H_, D_});
+      chunk.shape = {held, H_, D_};
       chunk.data = std::move(pending_);
       pending_.clear();
       scales_ = fp8::prefill_scales(spec_.fp8, role_, chunk);  // from the first `first` tokens
@@ -165,7 +169,14 @@ class Fp8Side final : public SideStore {
     }
     std::vector<uint8_t> c;
     quantize_fn_(spec_.fp8, scales_, chunk, c);
-    codes_.insert(codes_.end(), c.begin(), c.end());
+    keep_codes(std::move(c));
+  }
+  // Appends a chunk's codes; the first chunk's vector is taken over unless reserve() made room.
+  void keep_codes(std::vector<uint8_t>&& c) {
+    if (codes_.empty() && codes_.capacity() < c.size())
+      codes_ = std::move(c);
+    else
+      codes_.insert(codes_.end(), c.begin(), c.end());
   }
   int64_t tokens() const override {
     return static_cast<int64_t>(codes_.size() + pending_.size()) / (H_ * D_);

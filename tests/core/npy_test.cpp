@@ -156,6 +156,43 @@ TEST(Npy, RejectsAbsurdShape) {
       npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999), }", ""),
       "too large");
 }
+// Issue 16 (found reading the parser): "-3" was read as 3 (a regex took the digits), so a
+// negative dimension passed; a header claiming 2^60 elements is refused before any allocation.
+TEST(Npy, RejectsNegativeAndMalformedShapes_and2pow60Elements) {
+  const auto h = [](const std::string& shape) {
+    return npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }",
+                  floats({1, 2, 3}));
+  };
+  expect_error(h("(-3,)"), "malformed npy shape '(-3,)'");
+  expect_error(h("(3"), "malformed npy shape");
+  expect_error(h("(1,,3)"), "malformed npy shape");
+  expect_error(h("(3.0,)"), "malformed npy shape");
+  expect_error(h("(1152921504606846976,)"), "absurd dimension 1152921504606846976");
+  expect_error(h("(1073741824, 1073741824)"), "too large");
+  // the spellings numpy writes, and one with a space before the closing parenthesis
+  for (const char* ok : {"(3,)", "(1, 3)", "(3, )", "(1,3,1)"})
+    EXPECT_EQ(parse_npy(h(ok), "ok.npy").data.size(), 3u) << ok;
+}
+// fuzz_npy's first finding: a header cut inside the dict, padded with spaces and a newline,
+// echoed that newline into the message (fuzz/README.md; now escaped by kvq::Error).
+TEST(Npy, TruncatedDictWithNewline_oneLine_fuzzFinding) {
+  std::string h = "{'descr': '<f4', 'fortran_order':                   \n";
+  std::string b = std::string("\x93NUMPY\x01\x00", 8);
+  b += static_cast<char>(h.size());
+  b += '\0';
+  expect_error(b + h + std::string(8, '\0'), "x.npy");
+}
+// fuzz_npy (UBSan): an empty float32 array copied its 0 bytes from a null pointer.
+TEST(Npy, EmptyArray_zeroElements_fuzzFinding) {
+  for (const char* shape : {"(0,)", "(3, 0)", "(0, 0, 5)"}) {
+    const NpyArray a =
+        parse_npy(npy_v1(std::string("{'descr': '<f4', 'fortran_order': False, 'shape': ") + shape +
+                             ", }",
+                         ""),
+                  "e.npy");
+    EXPECT_TRUE(a.data.empty()) << shape;
+  }
+}
 TEST(Npy, MissingFileNamesThePath) {
   try {
     read_npy("/nonexistent/dir/k.npy");

@@ -38,11 +38,12 @@ inline std::string slurp(const std::filesystem::path& p) {
   return ss.str();
 }
 
-/// \brief Runs `KVQ_BINARY args` (args already shell-quoted as needed).
-inline CliResult run_kvq(const std::string& args) {
+/// \brief Runs `KVQ_BINARY args` (args already shell-quoted as needed); `shell_prefix` runs in the
+/// same shell first (for example "ulimit -f 4;" or "KVQ_MODEL_DIR=/x").
+inline CliResult run_kvq(const std::string& args, const std::string& shell_prefix = "") {
   const auto dir = temp_dir("cli");
   const auto out = dir / "stdout", err = dir / "stderr";
-  const std::string cmd = std::string("'") + KVQ_BINARY + "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
+  const std::string cmd = shell_prefix + " '" + KVQ_BINARY + "' " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
   const int raw = std::system(cmd.c_str());
   CliResult r;
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + (WIFSIGNALED(raw) ? WTERMSIG(raw) : 0);

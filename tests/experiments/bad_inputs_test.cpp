@@ -1,0 +1,148 @@
+// Bad inputs of docs/bad-inputs.md that have no home in a parser's own tests: the output side (a
+// directory nothing can be created in, a file-size limit standing in for a full disk) and the
+// model side (no model where kvq looks, a GGUF of another architecture, a file that is no GGUF).
+// Each must give one line on stderr and a nonzero exit, and lose nothing already written.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "experiments/model_files.h"
+#include "tests/support/gguf_writer.h"
+#include "tests/support/run_cli.h"
+
+namespace kvq {
+namespace {
+
+using testing::run_kvq;
+
+class BadInputs : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = testing::temp_dir("bad_inputs"); }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string synthetic_config(const std::string& out, int rows) const {
+    const auto p = dir_ / "c.toml";
+    std::string schemes;
+    const char* all[] = {"bf16", "fp8_e4m3:gran=token", "fp8_e4m3:gran=head", "kivi4:g=32,r=0",
+                         "kivi2:g=32,r=0", "int3:k=channel,v=token", "int8:k=channel,v=token",
+                         "fp8_e5m2:gran=token"};
+    for (int i = 0; i < rows; ++i) schemes += fmt::format("{}\"{}\"", i ? ", " : "", all[i]);
+    std::ofstream(p) << "out = \"" << out << "\"\nschemes = [" << schemes
+                     << "]\n[synthetic]\ntokens = 64\nheads = 2\nhead_dim = 64\nqueries = 1\n";
+    return p.string();
+  }
+  std::filesystem::path dir_;
+};
+
+std::vector<nlohmann::json> jsonl_rows(const std::filesystem::path& p) {
+  std::vector<nlohmann::json> rows;
+  std::istringstream in(testing::slurp(p));
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+// A results directory that cannot be created (/proc takes no new entries; as root a chmod would
+// not stop a write, so /proc stands in for a read-only file system).
+TEST_F(BadInputs, OutputDirectoryNotCreatable_oneLineNamingIt) {
+  const auto r = run_kvq("run " + synthetic_config("/proc/kvq-results", 1));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err_lines(), 1) << r.err;
+  EXPECT_NE(r.err.find("/proc/kvq-results: cannot create the results directory"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("give --out DIR somewhere writable"), std::string::npos) << r.err;
+}
+
+// A full disk, simulated by a file-size limit (ulimit -f): the write that does not fit fails with
+// a line naming the file; the rows written before it are whole and a rerun without the limit
+// finishes the rest, none doubled.
+TEST_F(BadInputs, FileSizeLimit_writeFailsWithALine_rowsKept_rerunResumes) {
+  const std::string out = (dir_ / "out").string();
+  const std::string cfg = synthetic_config(out, 8);
+  auto r = run_kvq("run " + cfg, "ulimit -f 3;");  // 3 KiB: a few rows fit, the CSV outgrows it
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("kvq: error: " + out + "/synthetic."), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("write failed (File too large)"), std::string::npos) << r.err;
+  const auto before = jsonl_rows(std::filesystem::path(out) / "synthetic.jsonl");
+  EXPECT_GE(before.size(), 1u);
+  EXPECT_LT(before.size(), 8u);
+  for (const auto& e : std::filesystem::directory_iterator(out))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
+  r = run_kvq("run " + cfg);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto after = jsonl_rows(std::filesystem::path(out) / "synthetic.jsonl");
+  ASSERT_EQ(after.size(), 8u);
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(after[i], before[i]) << i;
+  std::set<std::string> keys;
+  for (const auto& row : after) EXPECT_TRUE(keys.insert(row["key"]).second) << row["key"];
+}
+
+// No model where kvq looks for it: the message names the path and the command that fetches it.
+TEST_F(BadInputs, ModelDirectoryWithoutTheModel_namesPathAndFetchScript) {
+  const auto r = run_kvq("model generate --prompt hi", "KVQ_MODEL_DIR='" + dir_.string() + "'");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err_lines(), 1) << r.err;
+  EXPECT_NE(r.err.find(dir_.string() + "/SmolLM2-135M-Instruct.Q4_1.gguf not found"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("run scripts/fetch-model.sh"), std::string::npos) << r.err;
+}
+
+// A GGUF whose architecture is not llama, and a file that is not a GGUF at all.
+TEST_F(BadInputs, GgufOfAnotherArchitecture_andNotAGguf) {
+  namespace gw = testing::gguf_writer;
+  const auto gpt2 = dir_ / "gpt2.gguf";
+  std::ofstream(gpt2, std::ios::binary)
+      << gw::Builder{}
+             .kv("general.architecture", gw::VT::kString, gw::gstr("gpt2"))
+             .tensor({"token_embd.weight", {4, 2}, 0, std::string(32, '\0'), {}})
+             .build();
+  auto r = run_kvq("model ppl --model-file '" + gpt2.string() + "'");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err_lines(), 1) << r.err;
+  EXPECT_NE(r.err.find("gpt2.gguf: architecture 'gpt2' is not supported (only llama)"),
+            std::string::npos)
+      << r.err;
+  const auto text = dir_ / "notes.gguf";
+  std::ofstream(text) << "these are notes, not a model\n";
+  r = run_kvq("model ppl --model-file '" + text.string() + "'");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err_lines(), 1) << r.err;
+  EXPECT_NE(r.err.find("notes.gguf"), std::string::npos) << r.err;
+}
+
+// Flags that only the model's shape can judge are checked against the GGUF's metadata before the
+// weights load: one line, no "loaded ..." banner first, and quickly.
+TEST_F(BadInputs, ModelFlagsCheckedBeforeTheModelLoads_noBanner) {
+  if (!std::filesystem::exists(cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf") ||
+      !std::filesystem::exists(cli::model_dir() + "/kjv.txt"))
+    GTEST_SKIP() << "model or text not fetched (scripts/fetch-model.sh, scripts/fetch-text.sh)";
+  const std::string out = (dir_ / "x.out").string();
+  const std::pair<std::string, std::string> cases[] = {
+      {"model ppl --ctx 100000", "ppl: --ctx 100000 exceeds the model's context 8192"},
+      {"model ppl --ctx 512 --stride 1024", "ppl: --stride 1024 must not exceed --ctx 512"},
+      {"model ppl --ctx 512 --score-from 511", "--score-from 511 leaves nothing to score"},
+      {"model ppl --hadamard --pre-rope", "--hadamard and --pre-rope cannot be combined"},
+      {"model needle --ctx 100000", "--ctx 100000 outside [256, 8192]"},
+      {"model calibrate --ctx 100000 --out " + out, "--ctx 100000 exceeds the model's context 8192"},
+      {"model bench --depth 9000", "bench: --depth 9000 + 512 tokens exceed the model's context 8192"},
+      {"model generate --prompt hi -n 9000", "-n 9000 leaves no room for a prompt"},
+      {"model diverge --prompt hi -n 9000", "-n 9000 leaves no room for a prompt"},
+      {"model dump --prompt hi --max-tokens 9000 --out " + out, "--max-tokens 9000 exceeds the model's context"},
+      {"model logits --prompt hi --max-tokens 9000 --out " + out, "--max-tokens 9000 exceeds the model's context"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const auto r = run_kvq(args);
+    EXPECT_EQ(r.status, 1) << args;
+    EXPECT_EQ(r.err_lines(), 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("loaded"), std::string::npos) << args << ": the model loaded first";
+  }
+}
+
+}  // namespace
+}  // namespace kvq
