@@ -92,8 +92,9 @@ TEST_F(BadInputs, ModelDirectoryWithoutTheModel_namesPathAndFetchScript) {
   EXPECT_NE(r.err.find("run scripts/fetch-model.sh"), std::string::npos) << r.err;
 }
 
-// A GGUF whose architecture is not llama, and a file that is not a GGUF at all.
-TEST_F(BadInputs, GgufOfAnotherArchitecture_andNotAGguf) {
+// A GGUF whose architecture is not llama, a llama GGUF with 0 layers, and a file that is not a
+// GGUF at all.
+TEST_F(BadInputs, GgufOfAnotherArchitecture_zeroLayers_andNotAGguf) {
   namespace gw = testing::gguf_writer;
   const auto gpt2 = dir_ / "gpt2.gguf";
   std::ofstream(gpt2, std::ios::binary)
@@ -105,6 +106,25 @@ TEST_F(BadInputs, GgufOfAnotherArchitecture_andNotAGguf) {
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(r.err_lines(), 1) << r.err;
   EXPECT_NE(r.err.find("gpt2.gguf: architecture 'gpt2' is not supported (only llama)"),
+            std::string::npos)
+      << r.err;
+  // A llama GGUF whose layer count is 0 (the counts were never checked; 0 heads divided).
+  const auto zero = dir_ / "zero_layers.gguf";
+  std::ofstream(zero, std::ios::binary)
+      << gw::Builder{}
+             .kv("general.architecture", gw::VT::kString, gw::gstr("llama"))
+             .kv("llama.block_count", gw::VT::kUint32, gw::u32(0))
+             .kv("llama.embedding_length", gw::VT::kUint32, gw::u32(64))
+             .kv("llama.attention.head_count", gw::VT::kUint32, gw::u32(4))
+             .kv("llama.attention.head_count_kv", gw::VT::kUint32, gw::u32(2))
+             .kv("llama.feed_forward_length", gw::VT::kUint32, gw::u32(128))
+             .kv("llama.context_length", gw::VT::kUint32, gw::u32(256))
+             .kv("llama.attention.layer_norm_rms_epsilon", gw::VT::kFloat32, gw::le(1e-5f))
+             .build();
+  r = run_kvq("model generate --prompt hi --model-file '" + zero.string() + "'");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err_lines(), 1) << r.err;
+  EXPECT_NE(r.err.find("zero_layers.gguf: llama.block_count = 0 is outside [1, 16777216]"),
             std::string::npos)
       << r.err;
   const auto text = dir_ / "notes.gguf";
