@@ -5,6 +5,9 @@
 // atomically, so an interrupted run loses nothing and a rerun resumes where it stopped (rows whose
 // key and settings match are skipped).
 #include <fmt/format.h>
+#include <signal.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <chrono>
@@ -55,6 +58,7 @@ void check_stop() {
 class ResultTable {
  public:
   ResultTable(std::filesystem::path dir, std::string task) : dir_(std::move(dir)), task_(std::move(task)) {
+    remove_stale_temporaries();
     const auto p = dir_ / (task_ + ".jsonl");
     if (std::filesystem::exists(p)) {
       std::istringstream in(read_file(p.string()));
@@ -120,6 +124,25 @@ class ResultTable {
   }
 
  private:
+  // A run killed inside a write (SIGKILL, power loss) leaves TASK.jsonl.tmp.PID or
+  // TASK.csv.tmp.PID beside the intact file (core/io.cpp writes, then renames): removed here when
+  // process PID is gone, never while another kvq on the same folder may still be writing it.
+  void remove_stale_temporaries() const {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir_, ec)) return;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+      const std::string name = e.path().filename().string();
+      for (const char* ext : {".jsonl.tmp.", ".csv.tmp."}) {
+        const std::string prefix = task_ + ext;
+        if (name.rfind(prefix, 0) != 0) continue;
+        char* end = nullptr;
+        const long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
+        if (pid > 0 && *end == 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+          std::filesystem::remove(e.path(), ec);
+      }
+    }
+  }
+
   std::filesystem::path dir_;
   std::string task_;
   std::vector<json> rows_;
