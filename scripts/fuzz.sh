@@ -17,13 +17,19 @@ for t in "${targets[@]}"; do
 done
 [[ "$secs" =~ ^[0-9]+$ && "$secs" -ge 1 ]] || { echo "fuzz.sh: SECONDS must be a whole number >= 1, got '$secs'" >&2; exit 2; }
 command -v clang++-14 > /dev/null || { echo "fuzz.sh: clang++-14 is missing (apt-get install clang-14)" >&2; exit 1; }
-cmake --preset fuzz > build-fuzz-configure.log 2>&1 || { cat build-fuzz-configure.log >&2; exit 1; }
-rm -f build-fuzz-configure.log
-cmake --build --preset fuzz -j"$(nproc)" > /dev/null
+mkdir -p build
+cmake --preset fuzz > build/fuzz-configure.log 2>&1 || { cat build/fuzz-configure.log >&2; exit 1; }
+cmake --build --preset fuzz -j"${KVQ_JOBS:-$(nproc)}" > build/fuzz-build.log 2>&1 ||
+  { tail -30 build/fuzz-build.log >&2; echo "fuzz.sh: the fuzz build failed (build/fuzz-build.log)" >&2; exit 1; }
+model="${KVQ_MODEL_DIR:-$HOME/.cache/kvq}/SmolLM2-135M-Instruct.Q4_1.gguf"
 B=build/fuzz/fuzz
 [[ -d fuzz/corpus/npy ]] || "$B/make_seeds" fuzz/corpus
 failed=0
 for t in "${targets[@]}"; do
+  if [[ $t == tokenizer && ! -f "$model" ]]; then
+    echo "fuzz_tokenizer: skipped (no model at $model; scripts/fetch-model.sh)"
+    continue
+  fi
   work=build/fuzz/corpus/$t   # new inputs land here, not in the committed seeds
   mkdir -p "$work" build/fuzz/artifacts
   log=build/fuzz/$t.log

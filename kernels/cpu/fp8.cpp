@@ -55,6 +55,7 @@ inline __m256i pack32(__m256i c0, __m256i c1, __m256i c2, __m256i c3) {
 
 template <Fp8Format F, bool kPerElement>
 void quantize_row_t(const float* x, int64_t n, const float* s, uint8_t* codes) {
+  if (n <= 0) return;  // s may be empty then (UBSan: s[0] below read a null pointer)
   int64_t i = 0;
   const __m256 s1 = _mm256_set1_ps(s[0]);
   auto scale = [&](int64_t j) { return kPerElement ? _mm256_loadu_ps(s + j) : s1; };
