@@ -6,6 +6,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/run-main.sh   # setup, and the default config into results/default (resumable)
 .venv/bin/python experiments/plots/plot_results.py results/default --out docs/img
+# Planner curves (the design note's tables as curves): decode tokens/s against the batch per KV
+# format, capped by what fits, at three contexts (Llama 3.1 8B on an H100, the design note's).
+build/${KVQ_PRESET:-default}/experiments/kvq plan --kv bf16 fp8 kivi4 kivi2 --sweep-csv build/plan_sweep.csv \
+  --sweep-batch 1 2 4 8 16 32 64 128 256 --sweep-ctx 4096 32768 131072 > /dev/null
+.venv/bin/python experiments/plots/plot_plan.py build/plan_sweep.csv --out docs/img/plan_sweep.png
 # The model's own K/V through the Python package: per-channel magnitudes (KIVI's figure 2) and
 # the per-layer granularity comparison (also granularity_layers.csv).
 .venv/bin/python experiments/plots/channel_magnitudes.py --out docs/img

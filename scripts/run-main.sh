@@ -8,7 +8,7 @@
 #     finished rows);
 #  4. plots of those results (results/default/*.png).
 # After setup (a first build takes ~15 minutes on 2 cores with the CUDA kernels), the runs take
-# about a minute: the default config finishes in ~40 s.
+# about two minutes: the default config finishes in ~110 s.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh

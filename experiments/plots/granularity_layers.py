@@ -65,10 +65,7 @@ def main():
                  fontsize=10)
     footer(fig, "experiments/plots/granularity_layers.py")
     fig.tight_layout(rect=(0, 0.02, 1, 0.95))
-    for ext in ("png", "pdf"):
-        path = os.path.join(a.out, f"granularity_layers.{ext}")
-        fig.savefig(path, dpi=130)
-        print("wrote", path)
+    save(fig, a.out, "granularity_layers")
     # The answer per role: which scheme has the best SNR in how many layers.
     for role in ("key", "value"):
         wins = {}

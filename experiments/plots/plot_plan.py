@@ -7,12 +7,14 @@ Usage: .venv/bin/python experiments/plots/plot_plan.py SWEEP.csv [--out plan_swe
 """
 import argparse
 import csv
+import os
 from collections import defaultdict
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from figures import save  # noqa: E402
 
 
 def main():
@@ -44,8 +46,8 @@ def main():
     fig.suptitle(f"kvq plan sweep: KV memory {float(r0['mem_bytes']) / 1e9:.1f} GB, weights "
                  f"{float(r0['weight_bytes']) / 1e9:.2f} GB ({a.sweep})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(a.out, dpi=130)
-    print(f"plot in {a.out}")
+    root, _ = os.path.splitext(a.out)
+    save(fig, os.path.dirname(root) or ".", os.path.basename(root))  # PNG and PDF
 
 
 if __name__ == "__main__":

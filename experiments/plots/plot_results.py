@@ -25,6 +25,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
+from figures import save  # noqa: E402
 
 FONT = 6.5
 
@@ -175,7 +176,7 @@ def plot_synthetic(rs, out, where):
     axes[0].legend(fontsize=7)
     fig.suptitle(f"synthetic K/V ({cfg}) - {where}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "synthetic_snr.png"), dpi=130)
+    save(fig, out, "synthetic_snr")
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8.5, 5.0))
@@ -191,7 +192,7 @@ def plot_synthetic(rs, out, where):
     place_labels(ax, pts)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "synthetic_attention.png"), dpi=130)
+    save(fig, out, "synthetic_attention")
     plt.close(fig)
 
 
@@ -220,7 +221,7 @@ def plot_model(rs, out, where):
     cfg = settings_line(rs[0], ["text", "stride", "max_tokens", "backend", "pre_rope"])
     fig.suptitle(f"SmolLM2-135M ({cfg}) - {where}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "model_kld.png"), dpi=130)
+    save(fig, out, "model_kld")
     plt.close(fig)
 
 
