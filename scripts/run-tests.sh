@@ -4,7 +4,7 @@
 #   2. scripts/sanitize.sh: the library unit tests again under ASan + UBSan (preset asan);
 #   3. scripts/fuzz.sh 10: every libFuzzer target for 10 s from its committed seeds (preset fuzz).
 # KVQ_QUICK_ONLY=1 runs step 1 alone. The full tier (after this script has built once):
-#   ctest --preset default -L full && scripts/fuzz.sh 600
+#   ctest --test-dir build/default -L full && scripts/fuzz.sh 600   (the preset excludes label full)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
