@@ -117,6 +117,22 @@ TEST_F(RunCli, SectionKeysTypesAndEmptyConfigs_oneLineBeforeAnythingIsWritten) {
         "[throughput].int_mode \"int4\" is not one of: exact, int8");
   check("schemes = [\"kivi2\"]\n[throughput]\ncontext = [64]\n",
         "unknown key [throughput].context (allowed: contexts, batch");
+  // Range and type checks of every table (issue 16's catalogue, docs/bad-inputs.md rows 98-):
+  check("schemes = \"kivi2\"\n[synthetic]\n", "x.toml:2: schemes must be an array of strings (got a string)");
+  check("schemes = [\"kivi2\"]\n[synthetic]\noutliers = 200\n",
+        "[synthetic].outliers must be between 0 and head_dim 128, got 200");
+  check("schemes = [\"kivi2\"]\n[synthetic]\nseed = -1\n", "[synthetic].seed must be >= 0, got -1");
+  check("schemes = [\"kivi2\"]\n[synthetic]\ntokens = 16777216\nheads = 64\n",
+        "tokens x heads x head_dim = 137438953472 values; at most 2^28");
+  check("schemes = [\"kivi2\"]\n[model]\nctx = []\n", "[model].ctx is an empty array; give one or more window lengths");
+  check("schemes = [\"kivi2\"]\n[model]\nctx = 512\nstride = 600\n",
+        "[model].stride must be between 0 (= ctx) and ctx 512, got 600");
+  check("schemes = [\"kivi2\"]\n[throughput]\nbatch = 4\n", "[throughput].batch must be a non-empty array of integers");
+  check("schemes = [\"kivi2\"]\n[throughput]\nthreads = 0\n", "[throughput].threads must be between 1 and 256, got 0");
+  check("schemes = [\"kivi2\"]\n[throughput]\ncontexts = [1048576]\nheads = 1024\n", "at most 2^30");
+  check("[sweep]\nb = [2]\n[synthetic]\n", "[sweep] needs a template");
+  check("[sweep]\ntemplate = \"int{b}\"\nb = []\n[synthetic]\n", "[sweep].b must be a non-empty array");
+  check("[sweep]\ntemplate = \"kivi2\"\nb = [2]\n[synthetic]\n", "[sweep].b does not appear in the template as {b}");
   check("schemes = [\"kivi2\"]\n[synthetic]\ntokens = 64\n",
         "--only model but the config has no [model]", "--only model ");
   check("schemes = [\"kivi2\"]\nsynthetic = 3\n", "synthetic must be a table");
