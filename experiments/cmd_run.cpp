@@ -124,6 +124,21 @@ class ResultTable {
   }
 
  private:
+  // Whether PID is a live kvq process: a process (not a thread: PIDs wrap at 32768 here and a
+  // thread of anything may take a dead writer's number) whose program is kvq.
+  static bool kvq_process_alive(long pid) {
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+    std::ifstream status(fmt::format("/proc/{}/status", pid));
+    std::string line, name;
+    long tgid = -1;
+    while (std::getline(status, line)) {
+      if (line.rfind("Name:", 0) == 0) name = line.substr(line.find_first_not_of(" \t", 5));
+      if (line.rfind("Tgid:", 0) == 0) tgid = std::strtol(line.c_str() + 5, nullptr, 10);
+    }
+    if (!status.eof() && tgid < 0) return true;  // no /proc to ask: assume alive, keep the file
+    return tgid == pid && name.rfind("kvq", 0) == 0;
+  }
+
   // A run killed inside a write (SIGKILL, power loss) leaves TASK.jsonl.tmp.PID or
   // TASK.csv.tmp.PID beside the intact file (core/io.cpp writes, then renames): removed here when
   // process PID is gone, never while another kvq on the same folder may still be writing it.
@@ -137,8 +152,7 @@ class ResultTable {
         if (name.rfind(prefix, 0) != 0) continue;
         char* end = nullptr;
         const long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
-        if (pid > 0 && *end == 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
-          std::filesystem::remove(e.path(), ec);
+        if (pid > 0 && *end == 0 && !kvq_process_alive(pid)) std::filesystem::remove(e.path(), ec);
       }
     }
   }
