@@ -124,19 +124,26 @@ class ResultTable {
   }
 
  private:
-  // Whether PID is a live kvq process: a process (not a thread: PIDs wrap at 32768 here and a
-  // thread of anything may take a dead writer's number) whose program is kvq.
+  // Whether PID is a live kvq process: running (a killed writer whose parent died first stays a
+  // zombie until init reaps it, and kill(PID, 0) still succeeds then - CI saw it), a process
+  // rather than a thread (PIDs wrap at 32768 here), and kvq.
   static bool kvq_process_alive(long pid) {
     if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
     std::ifstream status(fmt::format("/proc/{}/status", pid));
-    std::string line, name;
+    std::string line, name, state;
     long tgid = -1;
     while (std::getline(status, line)) {
-      if (line.rfind("Name:", 0) == 0) name = line.substr(line.find_first_not_of(" \t", 5));
-      if (line.rfind("Tgid:", 0) == 0) tgid = std::strtol(line.c_str() + 5, nullptr, 10);
+      const auto value = [&] {
+        const size_t at = line.find_first_not_of(" \t", line.find(':') + 1);
+        return at == std::string::npos ? std::string() : line.substr(at);
+      };
+      if (line.rfind("Name:", 0) == 0) name = value();
+      if (line.rfind("State:", 0) == 0) state = value();
+      if (line.rfind("Tgid:", 0) == 0) tgid = std::strtol(value().c_str(), nullptr, 10);
     }
-    if (!status.eof() && tgid < 0) return true;  // no /proc to ask: assume alive, keep the file
-    return tgid == pid && name.rfind("kvq", 0) == 0;
+    if (tgid < 0) return !status.eof();  // no /proc to ask: assume alive and keep the file
+    return tgid == pid && name.rfind("kvq", 0) == 0 && !state.empty() && state[0] != 'Z' &&
+           state[0] != 'X';
   }
 
   // A run killed inside a write (SIGKILL, power loss) leaves TASK.jsonl.tmp.PID or
