@@ -333,11 +333,11 @@ std::string SchemeSpec::canonical() const {
     case SchemeKind::Int: {
       const std::string g = q.group == kGroupWholeDim ? "dim" : std::to_string(q.group);
       // arith=fp16 only when set, so the common specs keep their names (result keys).
-      const std::string sym =
+      const std::string flags =
           std::string(q.sym ? ",sym" : "") + (q.arith == Arith::Fp16 ? ",arith=fp16" : "");
-      if (q.kivi) return fmt::format("kivi{}:g={},r={}{}", q.bits, g, q.residual, sym);
+      if (q.kivi) return fmt::format("kivi{}:g={},r={}{}", q.bits, g, q.residual, flags);
       return fmt::format("int{}:k={},v={},g={},r={}{}", q.bits, to_string(q.key_axis),
-                         to_string(q.value_axis), g, q.residual, sym);
+                         to_string(q.value_axis), g, q.residual, flags);
     }
   }
   return "?";

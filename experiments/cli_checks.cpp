@@ -52,17 +52,20 @@ void set_build_version(std::string v) { version_slot() = std::move(v); }
 const std::string& build_version() { return version_slot(); }
 
 std::string machine_name() {
-  char host[256] = {};
-  if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
-  std::string cpu = "unknown CPU";
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
-      cpu = line.substr(line.find(':') + 2);
-      break;
-    }
-  return fmt::format("{}: {} x {}", host[0] ? host : "unknown host", cpu,
-                     std::thread::hardware_concurrency());
+  static const std::string name = [] {  // read once: every result row records it
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+    std::string cpu = "unknown CPU";
+    std::ifstream in("/proc/cpuinfo");
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+        cpu = line.substr(line.find(':') + 2);
+        break;
+      }
+    return fmt::format("{}: {} x {}", host[0] ? host : "unknown host", cpu,
+                       std::thread::hardware_concurrency());
+  }();
+  return name;
 }
 
 }  // namespace kvq::cli

@@ -470,10 +470,10 @@ void run_synthetic(const SyntheticPlan& p, const std::filesystem::path& out, con
 // The real model, loaded at most once per `kvq run` (by the first task that has rows to run) and
 // shared by the [model] and [needle] tasks.
 struct ModelSource {
-  std::string path;
+  std::string flag;  // --model-file (empty: the fetched model); resolved when a task needs it
   std::unique_ptr<eval::LoadedModel> loaded;
   eval::LoadedModel& get(AttentionBackend backend) {
-    if (!loaded) loaded = std::make_unique<eval::LoadedModel>(eval::load_model(path));
+    if (!loaded) loaded = std::make_unique<eval::LoadedModel>(eval::load_model(model_path(flag)));
     loaded->model.set_backend(backend);
     return *loaded;
   }
@@ -629,11 +629,11 @@ void run_needle(const NeedlePlan& p, const std::filesystem::path& out, const Sha
         }
         const LlamaModel& m = L->model;
         const eval::NeedleCase c = eval::needle_case(L->tok, text, ctx, depth, key);
-        const auto t0 = std::chrono::steady_clock::now();
         const eval::NeedleResult a = eval::needle_trial(m, ref, c.prompt, c.answer);
         for (const SchemeSpec* s : todo) {
           CacheOptions co;
           co.spec = *s;
+          const auto t0 = std::chrono::steady_clock::now();
           const eval::NeedleResult b = eval::needle_trial(m, co, c.prompt, c.answer);
           table.add({{"key", s->canonical()}, {"scheme", s->canonical()}, {"settings", settings}, {"passkey", key},
                      {"correct", b.correct}, {"logprob", b.logprob}, {"fp32_correct", a.correct},
@@ -660,11 +660,12 @@ struct ThroughputPlan {
     std::string op, backend;
     int64_t context, batch;
   };
+  // Context outermost: run_throughput builds each context's K/V (a gigabyte at 128k) once.
   std::vector<Case> cases() const {
     std::vector<Case> out;
-    for (const auto& op : ops)
-      for (const auto& b : backends)
-        for (int64_t c : contexts)
+    for (int64_t c : contexts)
+      for (const auto& op : ops)
+        for (const auto& b : backends)
           for (int64_t n : op == "quantize" ? std::vector<int64_t>{1} : batches) out.push_back({op, b, c, n});
     return out;
   }
@@ -747,14 +748,19 @@ void run_throughput(const ThroughputPlan& p, const std::filesystem::path& out, c
   const size_t total = cases.size() * p.specs.size();
   double copy_gbps = 0;  // measured once per run, before the first row, so every ratio is in-run
   std::optional<eval::ThroughputInput> in;
-  size_t j = 0;
+  size_t j = 0, ci = 0;
   for (const auto& c : cases) {
+    // Shards take whole cases (every scheme of one op, backend, context and batch), so the bf16
+    // row each speed-up divides by is measured in the same shard.
+    if (!shard.take(ci++)) {
+      j += p.specs.size();
+      continue;
+    }
     const json settings = p.case_settings(c);
     double bf16_us = 0;
     if (const json* r = table.find("bf16", settings)) bf16_us = r->value("time_us", 0.0);
     for (const auto& spec : p.specs) {
       const size_t row = j++;
-      if (!shard.take(row)) continue;
       const std::string key = spec.canonical();
       if (table.find(key, settings)) continue;
       check_stop();
@@ -1010,7 +1016,18 @@ void register_run(CLI::App& app) {
         mp->o.stride = std::min(mp->o.stride, mp->o.ctx);
         mp->o.score_from = std::min(mp->o.score_from, mp->o.ctx / 2);
         mp->settings["max_tokens"] = mp->o.max_tokens;
+        mp->settings["stride"] = mp->o.stride;
+        if (mp->o.score_from > 0) mp->settings["score_from"] = mp->o.score_from;
         mp->settings["smoke"] = true;
+      }
+      for (int c : mp->ctxs) {  // against the model's context, before the model loads
+        eval::PplOptions po = mp->o;
+        po.ctx = c;
+        try {
+          eval::check_ppl_options(po, model_config().context);
+        } catch (const Error& e) {
+          fail("{}: [model]: {}", o->config, e.what());
+        }
       }
       mp->specs = fitting(task_rows(*mt, "model"), "model", model_config().kv_heads, model_config().head_dim,
                           errors);
@@ -1119,7 +1136,7 @@ void register_run(CLI::App& app) {
     std::signal(SIGINT, on_sigint);
     try {
       if (sp && !sp->specs.empty()) run_synthetic(*sp, out, shard);
-      ModelSource source{model_path(o->model_file), nullptr};
+      ModelSource source{o->model_file, nullptr};
       if (mp && !mp->specs.empty()) run_model(*mp, out, shard, source);
       if (np && !np->specs.empty()) run_needle(*np, out, shard, source);
       if (tp) run_throughput(*tp, out, shard);

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "experiments/channel_stats.h"
 #include "experiments/synthetic.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/kv_cache.h"
@@ -25,12 +26,6 @@ double now(int threads) {
     return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 SideKernels kernels_of(AttentionBackend b) {

@@ -4,6 +4,7 @@
 // backend cpu's (kernels/cpu/). After every append both must store the same bytes - codes,
 // scales, minima, the exact tail - and read back the same values, bit for bit. No value may make
 // an append throw.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -36,12 +37,11 @@ void same(const T* a, const T* b, int64_t n) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvq;
-  if (size < 4) return 0;
+  if (size < 4 + 4) return 0;  // the four choice bytes and at least one value
   const SchemeSpec spec = parse_spec(kSpecs[data[0] % std::size(kSpecs)]);
   const int64_t heads = 1 + data[1] % 3, dim = kDims[data[2] % std::size(kDims)];
   const uint8_t chunk_seed = data[3];
   const int64_t row = heads * dim;
-  if (size < 4 + 4) return 0;  // no value
   std::vector<float> x((size - 4) / 4);
   std::memcpy(x.data(), data + 4, x.size() * 4);
   const int64_t tokens = static_cast<int64_t>(x.size()) / row;

@@ -24,6 +24,7 @@ cmake --build --preset fuzz -j"${KVQ_JOBS:-$(nproc)}" > build/fuzz-build.log 2>&
 model="${KVQ_MODEL_DIR:-$HOME/.cache/kvq}/SmolLM2-135M-Instruct.Q4_1.gguf"
 B=build/fuzz/fuzz
 [[ -d fuzz/corpus/npy ]] || "$B/make_seeds" fuzz/corpus
+mkdir -p fuzz/corpus/config  # its seeds are the shipped configs, read from experiments/configs/
 failed=0
 for t in "${targets[@]}"; do
   if [[ $t == tokenizer && ! -f "$model" ]]; then
@@ -36,7 +37,7 @@ for t in "${targets[@]}"; do
   set +e
   "$B/fuzz_$t" -max_total_time="$secs" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 \
     -close_fd_mask=1 -artifact_prefix="build/fuzz/artifacts/$t-" -print_final_stats=1 \
-    "$work" "fuzz/corpus/$t" > "$log" 2>&1
+    "$work" "fuzz/corpus/$t" $([[ $t == config ]] && echo experiments/configs) > "$log" 2>&1
   rc=$?
   set -e
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
@@ -45,7 +46,7 @@ for t in "${targets[@]}"; do
     echo "fuzz_$t: $runs executions in ${secs} s, corpus $entries, no finding"
   else
     failed=1
-    echo "fuzz_$t: FAILED (exit $rc) after $runs executions: $(ls build/fuzz/artifacts/$t-* 2>/dev/null | head -1); log $log"
+    echo "fuzz_$t: FAILED (exit $rc) after $runs executions: $(ls -t build/fuzz/artifacts/$t-* 2>/dev/null | head -1); log $log"
   fi
 done
 exit $failed

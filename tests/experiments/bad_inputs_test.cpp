@@ -39,13 +39,6 @@ class BadInputs : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
-std::vector<nlohmann::json> jsonl_rows(const std::filesystem::path& p) {
-  std::vector<nlohmann::json> rows;
-  std::istringstream in(testing::slurp(p));
-  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
-
 // A results directory that cannot be created (/proc takes no new entries; as root a chmod would
 // not stop a write, so /proc stands in for a read-only file system).
 TEST_F(BadInputs, OutputDirectoryNotCreatable_oneLineNamingIt) {
@@ -63,18 +56,19 @@ TEST_F(BadInputs, OutputDirectoryNotCreatable_oneLineNamingIt) {
 TEST_F(BadInputs, FileSizeLimit_writeFailsWithALine_rowsKept_rerunResumes) {
   const std::string out = (dir_ / "out").string();
   const std::string cfg = synthetic_config(out, 8);
-  auto r = run_kvq("run " + cfg, "ulimit -f 3;");  // 3 KiB: a few rows fit, the CSV outgrows it
+  // sh's ulimit -f counts 512-byte blocks: 1.5 KiB, a few rows fit and then the CSV outgrows it
+  auto r = run_kvq("run " + cfg, "ulimit -f 3;");
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("kvq: error: " + out + "/synthetic."), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("write failed (File too large)"), std::string::npos) << r.err;
-  const auto before = jsonl_rows(std::filesystem::path(out) / "synthetic.jsonl");
+  const auto before = testing::jsonl(std::filesystem::path(out) / "synthetic.jsonl");
   EXPECT_GE(before.size(), 1u);
   EXPECT_LT(before.size(), 8u);
   for (const auto& e : std::filesystem::directory_iterator(out))
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
   r = run_kvq("run " + cfg);
   ASSERT_EQ(r.status, 0) << r.err;
-  const auto after = jsonl_rows(std::filesystem::path(out) / "synthetic.jsonl");
+  const auto after = testing::jsonl(std::filesystem::path(out) / "synthetic.jsonl");
   ASSERT_EQ(after.size(), 8u);
   for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(after[i], before[i]) << i;
   std::set<std::string> keys;

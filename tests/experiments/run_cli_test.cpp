@@ -21,13 +21,7 @@ namespace {
 
 using testing::run_kvq;
 
-std::vector<nlohmann::json> jsonl(const std::filesystem::path& p) {
-  std::vector<nlohmann::json> rows;
-  std::istringstream in(testing::slurp(p));
-  for (std::string line; std::getline(in, line);)
-    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
+using testing::jsonl;
 
 class RunCli : public ::testing::Test {
  protected:
@@ -394,6 +388,7 @@ TEST_F(RunCli, SigkillAt20Points_resumeEqualsUninterruptedRun_andShardsMerge) {
   const auto sharded = dir_ / "sharded";
   write_cfg(sharded);
   r = run_kvq("run --shard 1/2 " + cfg.string(), fmt::format("timeout -s KILL {:.3f}", secs / 4));
+  ASSERT_EQ(r.status, 137) << "shard 1 was to be killed half-way through its rows: " << r.err;
   ASSERT_EQ(run_kvq("run --shard 1/2 " + cfg.string()).status, 0);
   ASSERT_EQ(run_kvq("run --shard 2/2 " + cfg.string()).status, 0);
   ASSERT_EQ(run_kvq("run --merge " + cfg.string()).status, 0);
@@ -471,15 +466,27 @@ TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
     const size_t at = listing.find(task + " rows (");
     return at == std::string::npos ? 0 : std::stoul(listing.substr(at + task.size() + 7));
   };
+  int configs = 0;
   for (const auto& e :
        std::filesystem::directory_iterator(std::string(KVQ_SOURCE_DIR) + "/experiments/configs")) {
     if (e.path().extension() != ".toml") continue;
     const auto out = dir / e.path().stem();
-    const auto listing = run_kvq("run --dry-run " + e.path().string()).out;
+    const auto dry = run_kvq("run --dry-run " + e.path().string());
+    EXPECT_EQ(dry.status, 0) << e.path() << ": " << dry.err;
+    const std::string& listing = dry.out;
     const auto r = run_kvq("run --smoke --out " + out.string() + " " + e.path().string());
-    ASSERT_EQ(r.status, 0) << e.path() << ": " << r.err;
+    EXPECT_EQ(r.status, 0) << e.path() << ": " << r.err;
+    if (r.status != 0) continue;
     const size_t nsyn = count(listing, "synthetic"), nmod = count(listing, "model"),
-                 nneedle = count(listing, "needle");
+                 nneedle = count(listing, "needle"), ntp = count(listing, "throughput");
+    EXPECT_GT(nsyn + nmod + nneedle + ntp, 0u) << e.path() << ": the listing names no rows: " << listing;
+    ++configs;
+    if (ntp) {  // one context and batch, every scheme per op and backend: at least bf16 + one
+      const auto rows = jsonl(out / "throughput.jsonl");
+      EXPECT_GE(rows.size(), 2u) << e.path();
+      EXPECT_EQ(rows.front()["scheme"], "bf16") << e.path();
+      EXPECT_EQ(rows.front()["settings"]["smoke"], true) << e.path();
+    }
     if (nsyn) {
       const auto rows = jsonl(out / "synthetic.jsonl");
       EXPECT_EQ(rows.size(), nsyn) << e.path();
@@ -502,6 +509,7 @@ TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
   }
   std::filesystem::current_path(cwd);
   std::filesystem::remove_all(dir);
+  EXPECT_GE(configs, 7) << "experiments/configs/ ships 7 configs";
 }
 
 }  // namespace

@@ -91,7 +91,9 @@ TEST(kiviArithFp16, matchesKiviFixture_allCases_refAndCpuQuantizers) {
 
 // The exact arithmetic does not reproduce the fixture (so the test above can tell them apart).
 TEST(kiviArithFp16, exactArithmeticDiffersFromKivi_onFixture) {
-  const json& c = fixtures()["cases"][0];  // 2 bits, per channel
+  const json& c = fixtures()["cases"][0];
+  ASSERT_EQ(c["bits"], 2);
+  ASSERT_EQ(c["axis"], "channel");
   const int64_t T = c["shape"][0], H = c["shape"][1], D = c["shape"][2];
   std::vector<float> x;
   for (uint16_t h : c["x_fp16_bits"].get<std::vector<uint16_t>>())
@@ -99,6 +101,8 @@ TEST(kiviArithFp16, exactArithmeticDiffersFromKivi_onFixture) {
   const Stored s = quantize("int2:k=channel,v=token,g=32,r=0", Role::Key, x, T, H, D, {});
   const auto codes = c["codes"].get<std::vector<uint32_t>>();
   const auto scales = c["scale_fp16_bits"].get<std::vector<uint16_t>>();
+  ASSERT_EQ(s.codes.size(), codes.size());
+  ASSERT_EQ(s.scales.size(), scales.size());
   int64_t code_diff = 0, scale_diff = 0;
   for (size_t i = 0; i < codes.size(); ++i) code_diff += s.codes[i] != codes[i];
   for (size_t i = 0; i < scales.size(); ++i) scale_diff += s.scales[i] != scales[i];

@@ -7,8 +7,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace kvq::testing {
 
@@ -38,8 +40,17 @@ inline std::string slurp(const std::filesystem::path& p) {
   return ss.str();
 }
 
+/// \brief The rows of a `kvq run` jsonl file, one JSON value per line.
+inline std::vector<nlohmann::json> jsonl(const std::filesystem::path& p) {
+  std::vector<nlohmann::json> rows;
+  std::istringstream in(slurp(p));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
 /// \brief Runs `KVQ_BINARY args` (args already shell-quoted as needed); `shell_prefix` runs in the
-/// same shell first (for example "ulimit -f 4;" or "KVQ_MODEL_DIR=/x").
+/// same shell first (for example "ulimit -f 6;" (sh: 512-byte blocks) or "KVQ_MODEL_DIR=/x").
 inline CliResult run_kvq(const std::string& args, const std::string& shell_prefix = "") {
   const auto dir = temp_dir("cli");
   const auto out = dir / "stdout", err = dir / "stderr";
