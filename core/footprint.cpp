@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace kvq {
 namespace {
 
@@ -22,7 +24,17 @@ int64_t quantized_tokens(const IntSpec& q, Axis axis, int64_t tokens) {
 }
 
 Footprint footprint(const SchemeSpec& whole, Role role, Shape3 s) {
+  KVQ_CHECK(!whole.layered(),
+            "footprint: '{}' has a scheme per layer; take one layer's (SchemeSpec::for_layer)",
+            whole.canonical());
   const SchemeSpec& spec = whole.side(role);
+  if (spec.sink > 0) {  // the first S tokens exact, the rest as the scheme without sinks stores them
+    const int64_t sinks = std::min<int64_t>(spec.sink, s.tokens);
+    Footprint f = footprint(spec.base(), role, {s.tokens - sinks, s.heads, s.dim});
+    f.residual_elements += sinks * s.heads * s.dim;
+    f.residual_bytes += kResidualBytesPerElement * static_cast<double>(sinks * s.heads * s.dim);
+    return f;
+  }
   Footprint f;
   const int64_t n = s.numel();
   switch (spec.kind) {

@@ -14,7 +14,7 @@ struct Footprint {
   double code_bytes = 0;      ///< element codes (packed words for int schemes)
   double scale_bytes = 0;     ///< scales (fp32 for FP8, fp16 for int groups)
   double zero_bytes = 0;      ///< zero points / minima (fp16, int asymmetric only)
-  double residual_bytes = 0;  ///< full-precision recent-token window
+  double residual_bytes = 0;  ///< full-precision tokens: the recent window and sink=S tokens
   int64_t quantized_elements = 0;
   int64_t residual_elements = 0;
   double total_bytes() const { return code_bytes + scale_bytes + zero_bytes + residual_bytes; }
@@ -23,6 +23,15 @@ struct Footprint {
     return quantized_elements ? 8.0 * (code_bytes + scale_bytes + zero_bytes) / quantized_elements : 0.0;
   }
   /// \brief Bits per element over the whole tensor, residual included.
+  Footprint& operator+=(const Footprint& o) {
+    code_bytes += o.code_bytes;
+    scale_bytes += o.scale_bytes;
+    zero_bytes += o.zero_bytes;
+    residual_bytes += o.residual_bytes;
+    quantized_elements += o.quantized_elements;
+    residual_elements += o.residual_elements;
+    return *this;
+  }
   double overall_bits() const {
     const int64_t n = quantized_elements + residual_elements;
     return n ? 8.0 * total_bytes() / n : 0.0;
@@ -37,7 +46,9 @@ inline constexpr double kResidualBytesPerElement = 2.0;
 /// per-channel: floor(T / B) * B with B = R if R > 0 else G; per-token: max(T - R, 0).
 int64_t quantized_tokens(const IntSpec& q, Axis axis, int64_t tokens);
 
-/// \brief Storage of `spec` for a tensor `shape` in role `role`.
+/// \brief Storage of `spec` for a tensor `shape` in role `role`. sink=S tokens count as exact
+/// tokens (kResidualBytesPerElement each element); rot= stores nothing (the signs follow the seed).
+/// A per-layer spec (SPEC@L=SPEC) is an error: ask for one layer's (SchemeSpec::for_layer).
 Footprint footprint(const SchemeSpec& spec, Role role, Shape3 shape);
 
 }  // namespace kvq

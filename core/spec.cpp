@@ -1,5 +1,6 @@
 #include "core/spec.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <set>
@@ -129,6 +130,11 @@ SchemeSpec parse_split(std::string_view text) {
     if (kt.starts_with("k=") || vt.starts_with("k="))
       fail("bad scheme spec '{}': each side of k=...;v=... is one scheme", text);
     SchemeSpec k = parse_spec(kt), v = parse_spec(vt);
+    if (k.sink != v.sink)
+      fail(
+          "bad scheme spec '{}': sink= is {} for keys and {} for values; give both sides the "
+          "same (attention reads the first S keys and values exact together)",
+          text, k.sink, v.sink);
     if (k.canonical() == v.canonical()) return k;  // the same scheme on both sides
     SchemeSpec s = k;
     s.key_side = std::make_shared<const SchemeSpec>(std::move(k));
@@ -144,8 +150,101 @@ SchemeSpec parse_split(std::string_view text) {
 
 }  // namespace
 
+namespace {
+
+// "0-1,29" -> {0, 1, 29}.
+std::vector<int> parse_layers(std::string_view text, std::string_view list) {
+  std::vector<int> out;
+  for (std::string_view item : split(list, ',')) {
+    const size_t dash = item.find('-');
+    auto num = [&](std::string_view v) {
+      int x = -1;
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+      if (v.empty() || ec != std::errc() || p != v.data() + v.size() || x < 0 || x > 4095)
+        fail(
+            "bad scheme spec '{}': layer list '{}': '{}' is not a layer index (write e.g. "
+            "0-1,29=kivi4)",
+            text, list, item);
+      return x;
+    };
+    const int a = num(item.substr(0, dash));
+    const int b = dash == std::string_view::npos ? a : num(item.substr(dash + 1));
+    if (b < a) fail("bad scheme spec '{}': layer range '{}' runs backwards", text, item);
+    for (int l = a; l <= b; ++l) out.push_back(l);
+  }
+  return out;
+}
+
+// "0-1,29" from {0, 1, 29}.
+std::string format_layers(const std::vector<int>& ls) {
+  std::string out;
+  for (size_t i = 0; i < ls.size();) {
+    size_t j = i;
+    while (j + 1 < ls.size() && ls[j + 1] == ls[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += j == i ? fmt::format("{}", ls[i]) : fmt::format("{}-{}", ls[i], ls[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+// SPEC@LAYERS=SPEC...: overrides grouped by scheme, layers that take the first spec dropped.
+SchemeSpec parse_layered(std::string_view text) {
+  const std::vector<std::string_view> parts = split(text, '@');
+  SchemeSpec s = parse_spec(parts[0]);
+  const std::string first = s.canonical();
+  std::vector<std::pair<int, SchemeSpec>> by_layer;
+  std::set<int> seen;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const size_t eq = parts[i].find('=');
+    if (eq == std::string_view::npos || eq == 0 || eq + 1 == parts[i].size())
+      fail("bad scheme spec '{}': '@{}' should be @LAYERS=SPEC (e.g. kivi2@0-1,29=kivi4)", text,
+           parts[i]);
+    const SchemeSpec o = parse_spec(parts[i].substr(eq + 1));
+    for (int l : parse_layers(text, parts[i].substr(0, eq))) {
+      if (!seen.insert(l).second) fail("bad scheme spec '{}': layer {} is given twice", text, l);
+      if (o.canonical() != first) by_layer.push_back({l, o});
+    }
+  }
+  std::sort(by_layer.begin(), by_layer.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [l, o] : by_layer) {
+    auto it = std::find_if(s.layers.begin(), s.layers.end(), [&](const LayerOverride& x) {
+      return x.spec->canonical() == o.canonical();
+    });
+    if (it == s.layers.end())
+      s.layers.push_back({{l}, std::make_shared<const SchemeSpec>(o)});
+    else
+      it->layers.push_back(l);
+  }
+  return s;
+}
+
+}  // namespace
+
+SchemeSpec SchemeSpec::for_layer(int l) const {
+  for (const LayerOverride& o : layers)
+    if (std::binary_search(o.layers.begin(), o.layers.end(), l)) return *o.spec;
+  SchemeSpec s = *this;
+  s.layers.clear();
+  return s;
+}
+
+std::vector<SchemeSpec> SchemeSpec::distinct_layer_specs() const {
+  std::vector<SchemeSpec> out{for_layer(-1)};
+  for (const LayerOverride& o : layers) out.push_back(*o.spec);
+  return out;
+}
+
+int SchemeSpec::max_layer() const {
+  int m = -1;
+  for (const LayerOverride& o : layers) m = std::max(m, o.layers.back());
+  return m;
+}
+
 SchemeSpec parse_spec(std::string_view text) {
   if (text.empty()) fail("empty scheme spec (allowed schemes: {})", kSchemes);
+  if (text.find('@') != std::string_view::npos) return parse_layered(text);
   if (text.starts_with("k=")) return parse_split(text);
   if (text.starts_with("v="))
     fail("bad scheme spec '{}': a split spec names the keys first: k=KEY_SPEC;v=VALUE_SPEC", text);
@@ -193,6 +292,8 @@ SchemeSpec parse_spec(std::string_view text) {
   } else {
     fail("bad scheme spec '{}': unknown scheme '{}' (allowed: {})", text, name, kSchemes);
   }
+  // On fp32 they change nothing but rounding: a check that they are invisible without quantization.
+  allowed.insert({"rot", "sink"});
 
   std::set<std::string> seen;
   if (!params.empty()) {
@@ -273,6 +374,24 @@ SchemeSpec parse_spec(std::string_view text) {
           s.q.arith = Arith::Fp16;
         else
           fail("bad scheme spec '{}': arith={} (allowed: exact, fp16)", text, val);
+      } else if (key == "rot") {
+        const std::string_view kind = val.substr(0, val.find(':'));
+        if (kind != "hadamard")
+          fail("bad scheme spec '{}': rot={} (allowed: hadamard, hadamard:SEED)", text, val);
+        s.rot.on = true;
+        if (kind.size() < val.size()) {
+          const std::string_view sv = val.substr(kind.size() + 1);
+          auto [p, ec] = std::from_chars(sv.data(), sv.data() + sv.size(), s.rot.seed);
+          if (sv.empty() || ec != std::errc() || p != sv.data() + sv.size())
+            fail("bad scheme spec '{}': rot={}: the seed is a non-negative integer (rot=hadamard:7)",
+                 text, val);
+          s.rot.seeded = true;
+        }
+      } else if (key == "sink") {
+        const int n = parse_int(text, val, key);
+        if (n < 0 || n > 4096)
+          fail("bad scheme spec '{}': sink={} (allowed: 0 .. 4096 tokens)", text, val);
+        s.sink = n;
       } else if (key == "r") {
         const int r = parse_int(text, val, key);
         if (r < 0) fail("bad scheme spec '{}': r={} must be >= 0", text, val);
@@ -311,8 +430,40 @@ SchemeSpec parse_spec(std::string_view text) {
   return s;
 }
 
+SchemeSpec with_rotation(const SchemeSpec& s, const RotSpec& r) {
+  if (s.split()) {
+    // Through the parser, so a split that becomes one scheme on both sides collapses as usual.
+    return parse_spec("k=" + with_rotation(*s.key_side, r).canonical() +
+                      ";v=" + with_rotation(*s.value_side, r).canonical());
+  }
+  SchemeSpec o = s;
+  if (!o.rot.on) o.rot = r;
+  return o;
+}
+
+SchemeSpec SchemeSpec::base() const {
+  SchemeSpec b = *this;
+  b.rot = {};
+  b.sink = 0;
+  return b;
+}
+
 std::string SchemeSpec::canonical() const {
+  if (layered()) {
+    std::string c = for_layer(-1).canonical();
+    for (const LayerOverride& o : layers)
+      c += fmt::format("@{}={}", format_layers(o.layers), o.spec->canonical());
+    return c;
+  }
   if (split()) return "k=" + key_side->canonical() + ";v=" + value_side->canonical();
+  // rot= and sink= only when set, so the common specs keep their names (result keys).
+  std::string extra;
+  if (rot.on) extra += rot.seeded ? fmt::format(",rot=hadamard:{}", rot.seed) : ",rot=hadamard";
+  if (sink > 0) extra += fmt::format(",sink={}", sink);
+  if (!extra.empty() &&
+      (kind == SchemeKind::Fp32 || kind == SchemeKind::Bf16 || kind == SchemeKind::Fp16))
+    extra[0] = ':';
+  if (!extra.empty()) return base().canonical() + extra;
   switch (kind) {
     case SchemeKind::Fp32:
       return "fp32";

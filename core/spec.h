@@ -13,11 +13,27 @@
 //   k=SPEC;v=SPEC              keys in one scheme, values in another (llama.cpp's -ctk/-ctv);
 //                              also k=SPEC,v=SPEC (the value side starts at the first ",v=" that
 //                              names a scheme)
+//   every scheme also takes
+//     rot=hadamard[:SEED]      store R x instead of x, R the block-diagonal Walsh-Hadamard rotation
+//                              of core/rotation.h (random signs from SEED; none without one): the
+//                              query is rotated alike, so scores and outputs are unchanged in exact
+//                              arithmetic while the quantizer sees outlier channels spread out
+//     sink=S                   the first S tokens of the sequence stored exact (attention sinks,
+//                              KVQuant / IntactKV); the quantizer starts at token S. A split spec
+//                              gives both sides the same S
+//   SPEC@LAYERS=SPEC[@LAYERS=SPEC...]
+//                              per-layer schemes for a model's cache: LAYERS is a comma list of
+//                              layer indices and ranges (0-1,29); the other layers take the first
+//                              SPEC. e.g. kivi2@0-1,29=kivi4, fp32@3=kivi2 (one layer quantized).
+//                              A one-tensor command (quant, compare, synthetic rows) uses the
+//                              scheme of its --layer (0 unless given); a calib path cannot hold '@'
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kvq {
 
@@ -71,12 +87,29 @@ struct IntSpec {
   }
 };
 
+/// \brief rot=hadamard[:SEED]: which rotation a side's vectors are stored under.
+struct RotSpec {
+  bool on = false;
+  bool seeded = false;  ///< random signs from `seed`; unseeded: all signs +1 (llama.cpp's)
+  uint64_t seed = 0;
+  bool operator==(const RotSpec&) const = default;
+};
+
+struct SchemeSpec;
+/// \brief SPEC@LAYERS=SPEC: the layers (sorted) that take `spec` instead of the first one.
+struct LayerOverride {
+  std::vector<int> layers;
+  std::shared_ptr<const SchemeSpec> spec;
+};
+
 /// \brief A parsed scheme spec. A split spec (k=...;v=...) holds each side's scheme; its own
 /// kind / fp8 / q fields are the key side's. Code that stores or measures one side asks side(role).
 struct SchemeSpec {
   SchemeKind kind = SchemeKind::Fp32;
   Fp8Spec fp8;
   IntSpec q;
+  RotSpec rot;   ///< rot=hadamard[:SEED]
+  int sink = 0;  ///< sink=S: the first S tokens exact
   /// Both set for a split spec, both null otherwise.
   std::shared_ptr<const SchemeSpec> key_side, value_side;
   /// \brief Canonical spelling with every parameter explicit (stable across runs: a result key);
@@ -87,7 +120,22 @@ struct SchemeSpec {
   const SchemeSpec& side(Role r) const {
     return !split() ? *this : r == Role::Key ? *key_side : *value_side;
   }
+  /// \brief This (one-side) spec without rot= and sink=: the scheme that quantizes what is left.
+  SchemeSpec base() const;
+
+  /// Per-layer schemes (SPEC@LAYERS=SPEC), each layer listed once; empty: every layer this one.
+  std::vector<LayerOverride> layers;
+  bool layered() const { return !layers.empty(); }
+  /// \brief The scheme of model layer `l` (without per-layer overrides of its own).
+  SchemeSpec for_layer(int l) const;
+  /// \brief The first spec and every override's, each once (what must fit a cache's shape).
+  std::vector<SchemeSpec> distinct_layer_specs() const;
+  /// \brief The largest layer index an override names (-1: none).
+  int max_layer() const;
 };
+
+/// \brief `s` with rot=`r` on each side that has none (what the model's --hadamard flag adds).
+SchemeSpec with_rotation(const SchemeSpec& s, const RotSpec& r);
 
 /// \brief Parses a spec string; throws kvq::Error naming the bad part and listing what is allowed.
 SchemeSpec parse_spec(std::string_view text);

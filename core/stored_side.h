@@ -10,6 +10,10 @@
 //   int / KIVI          kivi/layout.h: `words`, fp16 `scales` / `mins` (null for sym) of the
 //                       first `quantized_tokens` tokens on `axis`, then the exact float32
 //                       `residual` [tokens - quantized_tokens, heads, dim]
+//   sink=S              `sink` [sink_tokens, heads, dim] float32 holds tokens [0, sink_tokens)
+//                       exact; every other field then describes the tokens from sink_tokens on,
+//                       indexed from 0 there (`tokens` counts both). A reader that does not take
+//                       sinks checks sink_tokens == 0.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +43,9 @@ struct StoredSide {
   int bits = 0;
   Axis axis = Axis::Channel;
   bool sym = false;
+  // sink=S
+  const float* sink = nullptr;
+  int64_t sink_tokens = 0;
 };
 
 /// \brief Exact (unquantized) values of the most recent tokens [begin, end) of one side,

@@ -63,8 +63,8 @@ const LlamaConfig& model_config(const Common& c) {
 CacheOptions cache_options(const std::string& spec, bool pre_rope, bool hadamard = false) {
   CacheOptions o;
   o.spec = parse_spec(spec);
+  if (hadamard) o.spec = with_rotation(o.spec, RotSpec{true});  // --hadamard: rot=hadamard
   o.pre_rope = pre_rope;
-  o.hadamard = hadamard;  // the forward pass rejects it with --pre-rope
   return o;
 }
 
@@ -77,8 +77,8 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
         ->capture_default_str();
     c->add_flag("--pre-rope", o.pre_rope, "quantize keys before RoPE and rotate them when reading (KVQuant)");
     c->add_flag("--hadamard", o.hadamard,
-                "store Walsh-Hadamard-rotated K and V (q, k, v rotated per head, the output rotated back), "
-                "as llama.cpp does for its quantized caches");
+                "add rot=hadamard to the --kv spec (Walsh-Hadamard-rotated K and V, as llama.cpp stores its "
+                "quantized caches; rot=hadamard:SEED in the spec for random signs)");
   }
   c->add_option("--threads", o.threads, "threads (0 = all cores)")->check(at_least(0))->capture_default_str();
   c->add_option("--backend", o.backend,

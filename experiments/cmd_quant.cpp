@@ -149,8 +149,14 @@ void register_quant(CLI::App& app) {
   c->callback([o] {
     KVQ_CHECK(!o->scheme.empty(),
               "--kv is required: the scheme spec, e.g. --kv kivi2 (see --help)");
-    const SchemeSpec spec = parse_spec(o->scheme);
+    const SchemeSpec spec = parse_spec(o->scheme).for_layer(o->layer);  // SPEC@L=..: --layer's
     const Role role = o->role == "key" ? Role::Key : Role::Value;
+    const SchemeSpec& own = spec.side(role);
+    if (!o->codes.empty() && (own.rot.on || own.sink > 0))
+      fail(
+          "--codes writes one scheme's stored bytes; {} has {}, which the file layout does not "
+          "describe yet (drop it for --codes)",
+          own.canonical(), own.rot.on ? "rot=" : "sink=");
     const KvInput in = load_kv(o->in);
     const RoundTrip r = round_trip(spec, role, in.tensor, o->layer);
     const nlohmann::json j = error_report(spec, role, in.tensor, r);

@@ -30,6 +30,7 @@
 #include "experiments/commands.h"
 #include "experiments/model_eval.h"
 #include "experiments/model_files.h"
+#include "experiments/planner.h"
 #include "experiments/synthetic.h"
 #include "experiments/throughput.h"
 #include "reference_cpu/attention.h"
@@ -281,7 +282,8 @@ struct Row {
 // Whether spec can hold heads x head_dim for both roles; the reason when not.
 std::string misfit(const SchemeSpec& spec, int64_t heads, int64_t dim) {
   try {
-    for (Role role : {Role::Key, Role::Value}) (void)make_side(spec, role, heads, dim);
+    for (const SchemeSpec& one : spec.distinct_layer_specs())  // every layer's scheme
+      for (Role role : {Role::Key, Role::Value}) (void)make_side(one, role, heads, dim);
   } catch (const Error& e) {
     return e.what();
   }
@@ -517,9 +519,9 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard
     std::vector<CacheOptions> caches;
     for (const SchemeSpec* s : rows) {
       CacheOptions co;
-      co.spec = *s;
+      // hadamard = true: rot=hadamard on every scheme (its rows say so in settings.hadamard)
+      co.spec = rot ? with_rotation(*s, RotSpec{true}) : *s;
       co.pre_rope = pre;
-      co.hadamard = rot;
       caches.push_back(co);
     }
     // All schemes in one pass: the fp32 reference of each window is computed once.
@@ -530,11 +532,12 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard
     for (size_t i = 0; i < rows.size(); ++i) {
       const SchemeSpec* s = rows[i];
       const eval::PplResult& r = results[i];
-      const Shape3 one{o.ctx, m.config().kv_heads, m.config().head_dim};
-      const Footprint fk = footprint(*s, Role::Key, one), fv = footprint(*s, Role::Value, one);
+      // K and V of a ctx-token window summed over the layers (each layer's own scheme)
+      const planner::RequestFootprint f = planner::request_footprint(
+          planner::ModelDims{"model", m.config().layers, m.config().kv_heads, m.config().head_dim, 0.0}, *s, o.ctx);
       table.add({{"key", s->canonical()}, {"scheme", s->canonical()}, {"settings", settings},
-                 {"bits", (fk.effective_bits() + fv.effective_bits()) / 2},
-                 {"bytes_per_token", (fk.total_bytes() + fv.total_bytes()) * m.config().layers / o.ctx},
+                 {"bits", (f.key.effective_bits() + f.value.effective_bits()) / 2},
+                 {"bytes_per_token", f.total_bytes() / o.ctx},
                  {"ppl", r.ppl}, {"ppl_fp32", r.ppl_ref}, {"delta_ppl", r.ppl - r.ppl_ref}, {"kld", r.kld},
                  {"kld_p99", r.kld_p99}, {"top1", r.top1}, {"scored", r.scored}, {"seconds", r.seconds}});
     }

@@ -184,9 +184,16 @@ RequestFootprint request_footprint(const ModelDims& m, const SchemeSpec& spec, i
   KVQ_CHECK(elements <= kMaxElements,
             "a request of {} tokens x {} layers x {} kv heads x {} head dim is too large to plan",
             tokens, m.layers, m.kv_heads, m.head_dim);
+  KVQ_CHECK(spec.max_layer() < m.layers, "--kv '{}' names layer {}, but {} has {} layers (0-{})",
+            spec.canonical(), spec.max_layer(), m.name, m.layers, m.layers - 1);
   const Shape3 shape{tokens, m.kv_heads, m.head_dim};
-  return RequestFootprint{footprint(spec, Role::Key, shape), footprint(spec, Role::Value, shape),
-                          m.layers};
+  RequestFootprint r;
+  for (int l = 0; l < m.layers; ++l) {
+    const SchemeSpec one = spec.for_layer(l);
+    r.key += footprint(one, Role::Key, shape);
+    r.value += footprint(one, Role::Value, shape);
+  }
+  return r;
 }
 
 double weight_bytes_per_param(std::string_view dtype) {

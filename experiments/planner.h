@@ -61,19 +61,18 @@ SchemeSpec parse_kv(std::string_view text);
 /// Throws naming `flag` when the text is not a positive number (or zero when `allow_zero`).
 double parse_gb(std::string_view text, std::string_view flag, bool allow_zero = false);
 
-/// \brief K and V footprints of one layer for one request of `tokens` tokens.
+/// \brief K and V footprints of one request of `tokens` tokens, summed over the layers (a
+/// per-layer spec contributes each layer's own scheme).
 struct RequestFootprint {
   Footprint key, value;
-  int64_t layers = 0;
-  /// \brief Bytes of the request over all layers: layers x (K total + V total).
-  double total_bytes() const {
-    return static_cast<double>(layers) * (key.total_bytes() + value.total_bytes());
-  }
+  /// \brief Bytes of the request over all layers, K and V.
+  double total_bytes() const { return key.total_bytes() + value.total_bytes(); }
   /// \brief Codes + scales + zeros per quantized element (residual excluded); nullopt when no
   /// element is quantized (a request shorter than the residual window).
   std::optional<double> effective_bits() const;
 };
-/// \brief kvq::footprint(spec, Key/Value, [tokens, kv_heads, head_dim]) for one request.
+/// \brief Sum over layers l of kvq::footprint(spec.for_layer(l), Key/Value,
+/// [tokens, kv_heads, head_dim]) for one request.
 RequestFootprint request_footprint(const ModelDims& m, const SchemeSpec& spec, int64_t tokens);
 
 /// \brief Everything `kvq plan` takes.

@@ -68,19 +68,6 @@ void rms_norm_rows(const Mat& x, const Eigen::VectorXf& w, float eps, Mat& y, Ei
   }
 }
 
-// Block sizes of the K and V rotations for head_dim d (0: d does not allow them).
-int64_t hadamard_block_k(int64_t d) {
-  int64_t b = 0;
-  for (int64_t p = 64; p <= d; p *= 2)
-    if (d % p == 0) b = p;
-  return b;
-}
-
-// Every `block` values of x [rows, width] rotated in place.
-void rotate_blocks(float* x, int64_t count, int64_t block) {
-  for (int64_t i = 0; i < count; i += block) hadamard_transform(x + i, block);
-}
-
 }  // namespace
 
 const char* to_string(AttentionBackend b) { return b == AttentionBackend::kRef ? "ref" : "cpu"; }
@@ -91,28 +78,14 @@ AttentionBackend parse_backend(const std::string& s) {
   fail("unknown backend '{}' (choices: ref, the scalar reference; cpu, the SIMD kernels)", s);
 }
 
-void hadamard_transform(float* x, int64_t n) {
-  for (int64_t h = 1; h < n; h *= 2)
-    for (int64_t i = 0; i < n; i += 2 * h)
-      for (int64_t j = i; j < i + h; ++j) {
-        const float a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
-      }
-  // 1/sqrt(n): exact for n = 4^k (64: 1/8); otherwise the float nearest.
-  const float s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
-  for (int64_t i = 0; i < n; ++i) x[i] *= s;
-}
-
 cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
                                   const SideStore& k, const SideStore& v, ExactTail k_exact,
-                                  ExactTail v_exact, std::vector<int64_t>& kq,
-                                  std::vector<int64_t>& vq) {
-  kq.resize(static_cast<size_t>(n));
-  vq.resize(static_cast<size_t>(n));
+                                  ExactTail v_exact, CpuCausalBuffers& b) {
+  b.kq.resize(static_cast<size_t>(n));
+  b.vq.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    kq[static_cast<size_t>(i)] = k.quantized_tokens_at(t_begin + i + 1);
-    vq[static_cast<size_t>(i)] = v.quantized_tokens_at(t_begin + i + 1);
+    b.kq[static_cast<size_t>(i)] = k.quantized_tokens_at(t_begin + i + 1);
+    b.vq[static_cast<size_t>(i)] = v.quantized_tokens_at(t_begin + i + 1);
   }
   cpu::CausalInput in;
   in.q = q;
@@ -123,9 +96,30 @@ cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, in
   in.v = v.stored();
   in.k_exact = k_exact;
   in.v_exact = v_exact;
-  in.k_quantized = kq;
-  in.v_quantized = vq;
+  in.k_quantized = b.kq;
+  in.v_quantized = b.vq;
+  // rot=: the kernels read the rotated codes, so the query and the exact tails go there too.
+  const int64_t tail_rows = (t_begin + n) * k.heads();
+  if (const Rotation* r = k.rotation()) {
+    b.q.assign(q, q + n * q_heads * k.dim());
+    r->rotate(b.q.data(), n * q_heads);
+    in.q = b.q.data();
+    if (k_exact.data) {
+      b.ktail.assign(k_exact.data, k_exact.data + (tail_rows - k_exact.begin * k.heads()) * k.dim());
+      r->rotate(b.ktail.data(), tail_rows - k_exact.begin * k.heads());
+      in.k_exact.data = b.ktail.data();
+    }
+  }
+  if (const Rotation* r = v.rotation(); r && v_exact.data) {
+    b.vtail.assign(v_exact.data, v_exact.data + (tail_rows - v_exact.begin * v.heads()) * v.dim());
+    r->rotate(b.vtail.data(), tail_rows - v_exact.begin * v.heads());
+    in.v_exact.data = b.vtail.data();
+  }
   return in;
+}
+
+void unrotate_output(const SideStore& v, float* out, int64_t rows) {
+  if (const Rotation* r = v.rotation()) r->unrotate(out, rows);
 }
 
 SideKernels cpu_side_kernels() {
@@ -141,7 +135,7 @@ LlamaCache::LlamaCache(const LlamaConfig& c, const CacheOptions& o) : opts_(o) {
   // reference's, bit for bit (tests/kernels/cpu/, tests/reference_cpu/kv_cache_test.cpp).
   const SideKernels k = cpu_side_kernels();
   for (int l = 0; l < c.layers; ++l) {
-    layers_.push_back({make_side(o.spec, Role::Key, c.kv_heads, c.head_dim, l, k),
+    layers_.push_back({make_side(o.spec, Role::Key, c.kv_heads, c.head_dim, l, k),  // layer l's
                        make_side(o.spec, Role::Value, c.kv_heads, c.head_dim, l, k)});
     // The model's whole context as address space: no copies as the cache grows (resident memory
     // stays the tokens written).
@@ -158,10 +152,12 @@ double LlamaCache::bytes() const {
 }
 
 void check_cache_options(const CacheOptions& o, const LlamaConfig& c) {
-  KVQ_CHECK(!o.hadamard || (hadamard_block_k(c.head_dim) > 0 && c.head_dim % 64 == 0),
-            "--hadamard needs a head_dim that is a multiple of 64, not {}", c.head_dim);
-  KVQ_CHECK(!(o.hadamard && o.pre_rope),
-            "--hadamard and --pre-rope cannot be combined (the rotation acts on post-RoPE keys)");
+  KVQ_CHECK(o.spec.max_layer() < c.layers,
+            "--kv '{}' names layer {}, but the model has {} layers (0-{})", o.spec.canonical(),
+            o.spec.max_layer(), c.layers, c.layers - 1);
+  for (const SchemeSpec& s : o.spec.distinct_layer_specs())
+    for (Role r : {Role::Key, Role::Value})
+      if (s.side(r).rot.on) (void)Rotation(s.side(r).rot, c.head_dim);  // throws if not
 }
 
 LlamaConfig LlamaModel::read_config(const GgufFile& f) {
@@ -296,8 +292,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
     embed(id, x.row(t).data());
   }
   const int64_t H = c.kv_heads, D = c.head_dim, kvd = H * D;
-  const bool pre = cache.options().pre_rope, rot = cache.options().hadamard;
-  const int64_t rot_k = rot ? hadamard_block_k(D) : 0, rot_v = 64;
+  const bool pre = cache.options().pre_rope;
   check_cache_options(cache.options(), c);
   const int64_t rows_out = all_logits ? n : 1;
   logits.resize(static_cast<size_t>(rows_out * c.vocab));
@@ -309,7 +304,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
   std::exception_ptr err;
   std::atomic<int64_t> next_item{0}, next_merge{0};
   const bool fast = backend_ == AttentionBackend::kCpu;
-  std::vector<int64_t> kq, vq;  // backend cpu: the positions' quantized token counts
+  CpuCausalBuffers cpu_buf;  // backend cpu: counts, and q and tails rotated for rot= sides
   std::unique_ptr<cpu::CausalAttention> call;  // backend cpu: this layer's attention
   const std::lock_guard<std::mutex> lock(team_->mutex);
   if (!team_->team || team_->team->size() != nt) team_->team = std::make_unique<ThreadTeam>(nt);
@@ -351,16 +346,13 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
         if (pre || observe) k_pre = k;
         rope(k.data(), n, H, pos0);
         if (observe) observe(l, pos0, n, k_pre.data(), k.data(), v.data());
-        if (rot) {
-          rotate_blocks(q.data(), n * c.heads * D, rot_k);
-          rotate_blocks(k.data(), n * kvd, rot_k);
-          rotate_blocks(v.data(), n * kvd, rot_v);
-        }
         // Exact values the new positions may need: the cache's window before the append + the
         // chunk.
-        kbeg = gather_exact_tail(*side.k, k.data(), n, ktail);
+        kbeg = gather_exact_tail(*side.k, pre ? k_pre.data() : k.data(), n, ktail);
         vbeg = gather_exact_tail(*side.v, v.data(), n, vtail);
-        if (pre) rope(ktail.data(), pos0 - kbeg, H, kbeg);  // the stored window is pre-RoPE
+        // Pre-RoPE keys: the window and the chunk as stored (through a rot= side's rotation and
+        // back), then rotated to their positions, so a token reads the same bits in any call.
+        if (pre) rope(ktail.data(), pos0 + n - kbeg, H, kbeg);
         side.k->append(pre ? k_pre.data() : k.data(), n);
         side.v->append(v.data(), n);
         view.reset();
@@ -377,7 +369,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
         if (fast)
           call = std::make_unique<cpu::CausalAttention>(
               cpu_causal_input(q.data(), n, c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
-                               {vtail.data(), vbeg}, kq, vq),
+                               {vtail.data(), vbeg}, cpu_buf),
               nt);
         next_item.store(0);
         next_merge.store(0);
@@ -396,8 +388,8 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
                                 {vtail.data(), vbeg}, attn.data(), it, scratch);
       }
       team.barrier();
-      if (rot) {  // back from the rotated value space, each member its rows
-        rotate_blocks(attn.data() + r0 * c.hidden, (r1 - r0) * c.hidden, rot_v);
+      if (fast && side.v->rotation()) {  // back from a rot= value side's space, each member its rows
+        unrotate_output(*side.v, attn.data() + r0 * c.hidden, (r1 - r0) * c.heads);
         team.barrier();
       }
       product(b.wo, attn.data(), x.data(), true, n);

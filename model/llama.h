@@ -31,36 +31,37 @@ struct LlamaConfig {
 
 /// \brief How the model's KV cache is stored.
 struct CacheOptions {
-  SchemeSpec spec;        ///< any scheme; the same for K and V (roles decide KIVI's axes)
+  SchemeSpec spec;        ///< any scheme (roles decide KIVI's axes); SPEC@L=SPEC: per layer
   bool pre_rope = false;  ///< quantize keys before RoPE and rotate when reading (KVQuant)
-  /// Store Hadamard-rotated K and V, as llama.cpp does for its quantized caches (since
-  /// 2026; LLAMA_ATTN_ROT_DISABLE=1 turns it off there): q and post-RoPE k of every head are
-  /// multiplied by the orthonormal Walsh-Hadamard matrix of the largest power-of-two block >= 64
-  /// dividing head_dim, v by blocks of 64, and the attention output of each head by the
-  /// 64-block matrix again (it is its own inverse). Scores and outputs are unchanged in exact
-  /// arithmetic; what changes is what the quantizer sees (outlier channels spread out).
-  bool hadamard = false;
+  // The spec's rot= (core/rotation.h) rotates q, k and v per head and the output back; sink=S keeps
+  // the first S tokens exact. Both work with every scheme, pre_rope included.
 };
-
-/// \brief x[0..n) <- H_n x / sqrt(n) in place (Sylvester order), n a power of two: the
-/// orthonormal Walsh-Hadamard transform, its own inverse.
-void hadamard_transform(float* x, int64_t n);
 
 /// \brief Backend cpu's quantizers for make_side (kernels/cpu/): they store the reference's bytes,
 /// bit for bit, faster. The model's cache, the Python Cache and the throughput sweep use them.
 SideKernels cpu_side_kernels();
 
+/// \brief What cpu_causal_input keeps alive for the call: quantized token counts, and the query and
+/// exact tails rotated into a rot= side's space.
+struct CpuCausalBuffers {
+  std::vector<int64_t> kq, vq;
+  std::vector<float> q, ktail, vtail;
+};
+
 /// \brief Backend cpu's causal call for positions t_begin .. t_begin + n - 1 (q [n, q_heads, dim])
-/// over the sides as stored (holding t_begin + n tokens) and their exact tails: each position's
-/// quantized token counts go into kq / vq, which the input points into.
+/// over the sides as stored (holding t_begin + n tokens) and their exact tails (as the sides give
+/// them back: un-rotated). A rot= key side gets q and the key tail rotated, a rot= value side the
+/// value tail; the call's output is then in the value side's rotated space: unrotate_output.
 cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
                                   const SideStore& k, const SideStore& v, ExactTail k_exact,
-                                  ExactTail v_exact, std::vector<int64_t>& kq,
-                                  std::vector<int64_t>& vq);
+                                  ExactTail v_exact, CpuCausalBuffers& b);
 
-/// \brief Throws kvq::Error when `o` cannot run on a model of shape `c` (--hadamard needs a
-/// head_dim that is a multiple of 64 and post-RoPE keys): the forward pass's own check, callable
-/// before the weights load.
+/// \brief out [rows, dim] of a backend cpu call rotated back by v's rot= (nothing without one).
+void unrotate_output(const SideStore& v, float* out, int64_t rows);
+
+/// \brief Throws kvq::Error when `o` cannot run on a model of shape `c` (rot= needs a head_dim
+/// divisible by 8; a per-layer spec names existing layers): the forward pass's own check,
+/// callable before the weights load.
 void check_cache_options(const CacheOptions& o, const LlamaConfig& c);
 
 /// \brief One sequence's KV cache: a K and a V side per layer.

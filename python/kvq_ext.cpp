@@ -123,6 +123,8 @@ nlohmann::json spec_json(const SchemeSpec& s) {
       j["kivi"] = s.q.kivi;
       break;
   }
+  if (s.rot.on) j["rot"] = s.rot.seeded ? fmt::format("hadamard:{}", s.rot.seed) : "hadamard";
+  if (s.sink > 0) j["sink"] = s.sink;
   return j;
 }
 
@@ -248,10 +250,11 @@ class Cache {
       // the two agree bit for bit (as in the model's forward pass).
       if (cpu_) {
         causal_attention_check(n, qh, t_begin, *k_, *v_, ke, ve);
-        std::vector<int64_t> kq, vq;
-        cpu::CausalInput in = cpu_causal_input(q.data(), n, qh, t_begin, *k_, *v_, ke, ve, kq, vq);
+        CpuCausalBuffers buf;
+        cpu::CausalInput in = cpu_causal_input(q.data(), n, qh, t_begin, *k_, *v_, ke, ve, buf);
         in.int_mode = mode_;
         cpu::causal_attention(in, out.data(), threads_);
+        unrotate_output(*v_, out.data(), n * qh);
       } else {
         causal_attention(q.data(), n, qh, t_begin, *k_, *v_, ke, ve, out.data(), threads_);
       }

@@ -1,5 +1,6 @@
 #include "reference_cpu/kv_cache.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <vector>
@@ -325,12 +326,133 @@ class ViewSide final : public SideStore {
   StoredSide stored() const override {
     StoredSide s{SchemeKind::Fp32, tokens(), heads(), dim()};
     s.f32 = x_.data.data();
+    const int64_t S = base_.stored().sink_tokens;  // the base's sinks: the same rows, split off
+    if (S > 0) {
+      s.sink = s.f32;
+      s.sink_tokens = S;
+      s.f32 += S * heads() * dim();
+    }
     return s;
   }
 
  private:
   const SideStore& base_;
   Tensor3 x_;
+};
+
+// sink=S: the first S tokens exact (fp32) in front of the scheme's own side, which holds the
+// tokens from S on (its token 0 is the sequence's token S).
+class SinkSide final : public SideStore {
+ public:
+  SinkSide(int64_t sinks, std::unique_ptr<SideStore> inner)
+      : S_(sinks), in_(std::move(inner)), H_(in_->heads()), D_(in_->dim()) {}
+  void append(const float* x, int64_t n) override {
+    const int64_t row = H_ * D_, take = std::min(n, S_ - held());
+    if (take > 0) sink_.insert(sink_.end(), x, x + take * row);
+    if (n > take) in_->append(x + take * row, n - take);
+  }
+  void reserve(int64_t t) override {
+    sink_.reserve(static_cast<size_t>(S_ * H_ * D_));
+    in_->reserve(std::max<int64_t>(t - S_, 0));
+  }
+  int64_t tokens() const override { return held() + in_->tokens(); }
+  int64_t heads() const override { return H_; }
+  int64_t dim() const override { return D_; }
+  int64_t quantized_tokens_at(int64_t t) const override {
+    return t <= S_ ? t : S_ + in_->quantized_tokens_at(t - S_);
+  }
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
+           int64_t ld) const override {
+    const int64_t m = std::clamp(S_, t0, t1);
+    if (m > t0) dense_dot(sink_.data(), H_, D_, h, q, nq, t0, m, s, ld);
+    if (t1 > m) in_->dot(h, q, nq, m - S_, t1 - S_, s + (m - t0), ld);
+  }
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
+                  float* out) const override {
+    const int64_t m = std::clamp(S_, t0, t1);
+    if (m > t0) dense_accumulate(sink_.data(), H_, D_, h, p, nq, t0, m, ld, out);
+    if (t1 > m) in_->accumulate(h, p + (m - t0), nq, m - S_, t1 - S_, ld, out);
+  }
+  void exact_tail(std::vector<float>& out) const override { in_->exact_tail(out); }
+  Tensor3 dequantize() const override {
+    Tensor3 y({tokens(), H_, D_});
+    std::copy(sink_.begin(), sink_.end(), y.data.begin());
+    if (in_->tokens() > 0) {
+      const Tensor3 r = in_->dequantize();
+      std::copy(r.data.begin(), r.data.end(), y.data.begin() + static_cast<int64_t>(sink_.size()));
+    }
+    return y;
+  }
+  Footprint footprint() const override {
+    Footprint f = in_->footprint();
+    const int64_t e = static_cast<int64_t>(sink_.size());
+    f.residual_elements += e;
+    f.residual_bytes += kResidualBytesPerElement * static_cast<double>(e);
+    return f;
+  }
+  StoredSide stored() const override {
+    StoredSide s = in_->stored();
+    s.tokens += held();
+    s.sink = sink_.data();
+    s.sink_tokens = held();
+    return s;
+  }
+
+ private:
+  int64_t held() const { return static_cast<int64_t>(sink_.size()) / (H_ * D_); }
+  int64_t S_;
+  std::unique_ptr<SideStore> in_;
+  int64_t H_, D_;
+  std::vector<float> sink_;
+};
+
+// rot=: the inner side stores R x; reads rotate q, un-rotate outputs and exact values.
+class RotatedSide final : public SideStore {
+ public:
+  RotatedSide(const RotSpec& r, std::unique_ptr<SideStore> inner)
+      : in_(std::move(inner)), rot_(r, in_->dim()), D_(in_->dim()) {}
+  void append(const float* x, int64_t n) override {
+    buf_.assign(x, x + n * in_->heads() * D_);
+    rot_.rotate(buf_.data(), n * in_->heads());
+    in_->append(buf_.data(), n);
+  }
+  void reserve(int64_t t) override { in_->reserve(t); }
+  int64_t tokens() const override { return in_->tokens(); }
+  int64_t heads() const override { return in_->heads(); }
+  int64_t dim() const override { return D_; }
+  int64_t quantized_tokens_at(int64_t t) const override { return in_->quantized_tokens_at(t); }
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
+           int64_t ld) const override {
+    std::vector<float> rq(q, q + nq * D_);
+    rot_.rotate(rq.data(), nq);
+    in_->dot(h, rq.data(), nq, t0, t1, s, ld);
+  }
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
+                  float* out) const override {
+    std::vector<float> o(static_cast<size_t>(nq * D_), 0.0f);
+    in_->accumulate(h, p, nq, t0, t1, ld, o.data());
+    rot_.unrotate(o.data(), nq);
+    for (size_t i = 0; i < o.size(); ++i) out[i] += o[i];
+  }
+  void exact_tail(std::vector<float>& out) const override {
+    const size_t before = out.size();
+    in_->exact_tail(out);
+    rot_.unrotate(out.data() + before, static_cast<int64_t>(out.size() - before) / D_);
+  }
+  Tensor3 dequantize() const override {
+    Tensor3 y = in_->dequantize();
+    rot_.unrotate(y.data.data(), y.shape.tokens * y.shape.heads);
+    return y;
+  }
+  Footprint footprint() const override { return in_->footprint(); }
+  StoredSide stored() const override { return in_->stored(); }
+  const Rotation* rotation() const override { return &rot_; }
+
+ private:
+  std::unique_ptr<SideStore> in_;
+  Rotation rot_;
+  int64_t D_;
+  std::vector<float> buf_;
 };
 
 }  // namespace
@@ -346,15 +468,31 @@ int64_t gather_exact_tail(const SideStore& s, const float* x, int64_t n, std::ve
   tail.clear();
   s.exact_tail(tail);
   const int64_t begin = s.tokens() - static_cast<int64_t>(tail.size()) / row;
+  const size_t old = tail.size();
   tail.insert(tail.end(), x, x + n * row);
+  if (const Rotation* r = s.rotation()) {
+    // A rot= side gives back R^T (R x), not x: the chunk's rows read the same way, so a token
+    // reads the same bits from this chunk as from the side's tail in a later call.
+    r->rotate(tail.data() + old, n * s.heads());
+    r->unrotate(tail.data() + old, n * s.heads());
+  }
   return begin;
 }
 
 std::unique_ptr<SideStore> make_side(const SchemeSpec& whole, Role role, int64_t heads,
                                      int64_t dim, int layer, const SideKernels& kernels) {
+  if (whole.layered()) return make_side(whole.for_layer(layer), role, heads, dim, layer, kernels);
   const SchemeSpec& spec = whole.side(role);
   KVQ_CHECK(heads > 0 && dim > 0, "cache shape: heads {} and head_dim {} must be positive", heads,
             dim);
+  if (spec.rot.on || spec.sink > 0) {
+    // Rotation outermost, so the sinks hold rotated vectors like every other token and one
+    // rotated query reads them all (backend cpu attends the sinks and the codes in one pass).
+    std::unique_ptr<SideStore> s = make_side(spec.base(), role, heads, dim, layer, kernels);
+    if (spec.sink > 0) s = std::make_unique<SinkSide>(spec.sink, std::move(s));
+    if (spec.rot.on) s = std::make_unique<RotatedSide>(spec.rot, std::move(s));
+    return s;
+  }
   switch (spec.kind) {
     case SchemeKind::Fp32:
       return std::make_unique<Fp32Side>(heads, dim);
@@ -374,9 +512,10 @@ std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, const Te
                                      int layer) {
   // A tensor quantized at once is its own prefill: dynamic first-N scales come from its first
   // min(N, T) tokens, so a short tensor is still quantized.
-  SchemeSpec sp = spec.side(role);
-  if (sp.kind == SchemeKind::Fp8 && x.shape.tokens > 0)
-    sp.fp8.first = static_cast<int>(std::min<int64_t>(sp.fp8.first, x.shape.tokens));
+  SchemeSpec sp = spec.for_layer(layer).side(role);
+  const int64_t own = x.shape.tokens - std::min<int64_t>(sp.sink, x.shape.tokens);  // after sinks
+  if (sp.kind == SchemeKind::Fp8 && own > 0)
+    sp.fp8.first = static_cast<int>(std::min<int64_t>(sp.fp8.first, own));
   auto s = make_side(sp, role, x.shape.heads, x.shape.dim, layer);
   s->append(x.data.data(), x.shape.tokens);
   return s;

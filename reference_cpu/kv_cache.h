@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/footprint.h"
+#include "core/rotation.h"
 #include "core/spec.h"
 #include "core/stored_side.h"
 #include "core/tensor.h"
@@ -58,11 +59,16 @@ class SideStore {
   /// \brief A view of the stored bytes for the other backends (valid until the next append);
   /// the default throws kvq::Error (a side that keeps its bytes elsewhere).
   virtual StoredSide stored() const;
+  /// \brief rot=: the rotation the side stores its vectors under (null: none). dot() and
+  /// accumulate() apply it themselves; a reader of stored() rotates q by it and un-rotates the
+  /// output (model/llama.h's cpu_causal_input and unrotate_output).
+  virtual const Rotation* rotation() const { return nullptr; }
 };
 
 /// \brief What a causal call over an append of n tokens reads exactly: the side's exact tail from
 /// before the append (SideStore::exact_tail) followed by the chunk x ([n, heads, dim]), into
 /// `tail` (replaced). Returns the first token it covers (ExactTail::begin). Call before appending.
+/// A rot= side's chunk rows are passed through its rotation and back, as its tail reads them.
 int64_t gather_exact_tail(const SideStore& s, const float* x, int64_t n, std::vector<float>& tail);
 
 /// \brief Quantize kernels a backend lends the cache sides for their streaming appends, in place of
@@ -79,7 +85,9 @@ struct SideKernels {
 };
 
 /// \brief A cache side for `spec` in `role`; `layer` selects calib scales; `kernels` quantize its
-/// appends (the reference's when empty).
+/// appends (the reference's when empty). sink=S keeps the first S tokens exact in front of the
+/// scheme's own side (which starts at token S); rot= stores rotated vectors (rotation() says so)
+/// and undoes it in every read: dot, accumulate, exact_tail, dequantize.
 std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim,
                                      int layer = 0, const SideKernels& kernels = {});
 

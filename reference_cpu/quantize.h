@@ -14,7 +14,8 @@ struct RoundTrip {
 };
 
 /// \brief Quantizes and dequantizes `x` as one layer's cache in role `role` (int schemes apply
-/// the residual rule as if the tensor's tokens were the cache). `layer` picks calib scales.
+/// the residual rule as if the tensor's tokens were the cache). `layer` picks calib scales and the
+/// scheme of a per-layer spec.
 RoundTrip round_trip(const SchemeSpec& spec, Role role, const Tensor3& x, int layer = 0);
 
 }  // namespace kvq

@@ -1210,8 +1210,53 @@ struct CausalAttention::Parts {
   std::vector<Partial> p;
 };
 
-CausalAttention::CausalAttention(const CausalInput& in, int members) : in_(in) {
-  check(in.k, in.v, in.q_heads);
+/// The side without its sinks: the tokens from S on, indexed from 0.
+StoredSide without_sinks(StoredSide s) {
+  s.tokens -= s.sink_tokens;
+  s.sink = nullptr;
+  s.sink_tokens = 0;
+  return s;
+}
+
+CausalAttention::CausalAttention(const CausalInput& given, int members) : in_(given) {
+  check(given.k, given.v, given.q_heads);
+  KVQ_CHECK(given.k.sink_tokens == given.v.sink_tokens,
+            "cpu attention: {} key sinks but {} value sinks", given.k.sink_tokens,
+            given.v.sink_tokens);
+  q_heads_ = given.q_heads;
+  dim_ = given.k.dim;
+  if (given.k.sink_tokens > 0) {
+    sink_partials(given);
+    const int64_t S = sinks_, row = given.k.heads * given.k.dim;
+    sink_only_ = std::clamp<int64_t>(S - given.t_begin, 0, given.n);
+    in_.k = without_sinks(given.k);
+    in_.v = without_sinks(given.v);
+    in_.q = given.q + sink_only_ * given.q_heads * dim_;
+    in_.n = given.n - sink_only_;
+    in_.t_begin = given.t_begin + sink_only_ - S;
+    for (ExactTail* e : {&in_.k_exact, &in_.v_exact})
+      if (e->data) {
+        if (e->begin < S) {
+          e->data += (S - e->begin) * row;
+          e->begin = S;
+        }
+        e->begin -= S;
+      }
+    if (given.k_exact.data) {
+      KVQ_CHECK(static_cast<int64_t>(given.k_quantized.size()) == given.n &&
+                    static_cast<int64_t>(given.v_quantized.size()) == given.n,
+                "cpu attention: {} positions need {} quantized-token counts per side", given.n,
+                given.n);
+      for (int64_t p = sink_only_; p < given.n; ++p) {
+        kq_.push_back(given.k_quantized[static_cast<size_t>(p)] - S);
+        vq_.push_back(given.v_quantized[static_cast<size_t>(p)] - S);
+      }
+      in_.k_quantized = kq_;
+      in_.v_quantized = vq_;
+    }
+    if (in_.n == 0) return;  // every position reads sinks only (merge writes them)
+  }
+  const CausalInput& in = in_;
   KVQ_CHECK(in.n > 0 && in.t_begin >= 0 && in.k.tokens == in.t_begin + in.n,
             "cpu attention: the cache holds {} tokens, expected {} + {}", in.k.tokens, in.t_begin,
             in.n);
@@ -1246,10 +1291,46 @@ int64_t CausalAttention::segments(int64_t p) const {
 }
 
 int64_t CausalAttention::items() const {
+  if (in_.n == 0) return 0;
   return parts_ ? first_item_.back() : (in_.n + tile_ - 1) / tile_;
 }
 
-int64_t CausalAttention::merges() const { return parts_ ? in_.n : 0; }
+int64_t CausalAttention::merges() const { return sink_only_ + (parts_ ? in_.n : 0); }
+
+void CausalAttention::sink_partials(const CausalInput& in) {
+  sinks_ = in.k.sink_tokens;
+  const int64_t H = in.k.heads, D = in.k.dim, nq = in.q_heads / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  std::vector<float> sc(static_cast<size_t>(sinks_));
+  sink_part_.resize(static_cast<size_t>(in.n));
+  for (int64_t p = 0; p < in.n; ++p) {
+    Partial& P = sink_part_[static_cast<size_t>(p)];
+    P.init(in.q_heads, D);
+    const int64_t u1 = std::min(sinks_, in.t_begin + p + 1);  // the sinks position p sees
+    for (int64_t j = 0; j < in.q_heads; ++j) {
+      const float* q = in.q + (p * in.q_heads + j) * D;
+      const int64_t h = j / nq;
+      float m = -INFINITY;
+      for (int64_t u = 0; u < u1; ++u) {
+        const float* k = in.k.sink + (u * H + h) * D;
+        float acc = 0;
+        for (int64_t d = 0; d < D; ++d) acc += q[d] * k[d];
+        sc[static_cast<size_t>(u)] = acc * scale;
+        m = std::max(m, acc * scale);
+      }
+      float l = 0;
+      float* o = P.o.data() + j * D;
+      for (int64_t u = 0; u < u1; ++u) {
+        const float e = std::exp(sc[static_cast<size_t>(u)] - m);
+        l += e;
+        const float* v = in.v.sink + (u * H + h) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += e * v[d];
+      }
+      P.m[static_cast<size_t>(j)] = m;
+      P.l[static_cast<size_t>(j)] = l;
+    }
+  }
+}
 
 /// One position's sides as it sees them (position_view), whether the SIMD path takes them, and
 /// its call.
@@ -1332,14 +1413,26 @@ void CausalAttention::segment(const Position& pos, int64_t p, int64_t s, Partial
 void CausalAttention::finish(const Position& pos, int64_t p, const Partial& acc, float* out) const {
   const int64_t D = in_.k.dim, nq = in_.q_heads / in_.k.heads;
   // The fast path leaves per-channel fp8 value scales for the end (the portable path applied them).
-  const bool cf_left =
-      pos.v.kind == SchemeKind::Fp8 && pos.v.gran == Granularity::Channel && pos.fast;
-  float* o = out + p * in_.q_heads * D;
+  bool cf_left = pos.v.kind == SchemeKind::Fp8 && pos.v.gran == Granularity::Channel && pos.fast;
+  const Partial* a = &acc;
+  Partial all;
+  if (sinks_ > 0) {  // the sinks come first: fold the rest (its channel scales applied) after them
+    Partial rest = acc;
+    if (cf_left)
+      for (int64_t j = 0; j < in_.q_heads; ++j)
+        for (int64_t d = 0; d < D; ++d)
+          rest.o[static_cast<size_t>(j * D + d)] *= pos.v.fp8_scales[(j / nq) * D + d];
+    cf_left = false;
+    all = sink_part_[static_cast<size_t>(sink_only_ + p)];
+    fold(all, rest, false, D);
+    a = &all;
+  }
+  float* o = out + (sink_only_ + p) * in_.q_heads * D;
   for (int64_t j = 0; j < in_.q_heads; ++j) {
-    const float inv = 1.0f / acc.l[static_cast<size_t>(j)];
+    const float inv = 1.0f / a->l[static_cast<size_t>(j)];
     const float* cf = cf_left ? pos.v.fp8_scales + (j / nq) * D : nullptr;
     for (int64_t d = 0; d < D; ++d)
-      o[j * D + d] = acc.o[static_cast<size_t>(j * D + d)] * (inv * (cf ? cf[d] : 1.0f));
+      o[j * D + d] = a->o[static_cast<size_t>(j * D + d)] * (inv * (cf ? cf[d] : 1.0f));
   }
 }
 
@@ -1387,7 +1480,16 @@ void CausalAttention::run(int64_t item, float* out, Workspace& w) {
     finish(pos[static_cast<size_t>(x)], lo + x, acc[static_cast<size_t>(x)], out);
 }
 
-void CausalAttention::merge(int64_t p, float* out) const {
+void CausalAttention::merge(int64_t m, float* out) const {
+  if (m < sink_only_) {  // a position before S: its sinks are all it reads
+    const Partial& P = sink_part_[static_cast<size_t>(m)];
+    float* o = out + m * q_heads_ * dim_;
+    for (int64_t j = 0; j < q_heads_; ++j)
+      for (int64_t d = 0; d < dim_; ++d)
+        o[j * dim_ + d] = P.o[static_cast<size_t>(j * dim_ + d)] / P.l[static_cast<size_t>(j)];
+    return;
+  }
+  const int64_t p = m - sink_only_;
   Partial acc;
   for (int64_t s = 0; s < segments(p); ++s)
     fold(acc, parts_->p[static_cast<size_t>(first_item_[static_cast<size_t>(p)] + s)], s == 0,

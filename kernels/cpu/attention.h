@@ -64,6 +64,9 @@ void decode_attention(const float* q, int64_t q_heads, const StoredSide& k, cons
 /// k_exact (values likewise), which must start at or below the first position's count (the
 /// contract of reference_cpu's causal_attention; SideStore::quantized_tokens_at gives the counts).
 /// Null tails (n = 1 only): the sides as stored, window included.
+/// Sides with sink=S tokens (StoredSide::sink; both sides the same S): the sinks are one exact
+/// partial per position, folded in front of the rest, which runs as a call over the tokens from S
+/// on (positions before S read the sinks alone).
 struct CausalInput {
   const float* q = nullptr;  ///< [n, q_heads, dim]
   int64_t n = 0, q_heads = 0, t_begin = 0;
@@ -96,6 +99,7 @@ class CausalAttention {
   void merge(int64_t position, float* out) const;
 
  private:
+  void sink_partials(const CausalInput& in);
   struct Parts;
   struct Position;
   Position position(int64_t p) const;
@@ -107,6 +111,11 @@ class CausalAttention {
   int64_t tile_ = 1;  // positions per item when there is one item per several positions
   std::vector<int64_t> first_item_;
   std::unique_ptr<Parts> parts_;
+  // sink=S: the sinks' partial of every position of the call, the positions that read only
+  // sinks (the first `sink_only_`), and the rest's quantized-token counts counted from S
+  int64_t sinks_ = 0, sink_only_ = 0, q_heads_ = 0, dim_ = 0;
+  std::vector<Partial> sink_part_;
+  std::vector<int64_t> kq_, vq_;
 };
 
 /// \brief Runs a causal call on an OpenMP team of `threads` (0: all cores).

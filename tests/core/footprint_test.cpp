@@ -3,8 +3,31 @@
 
 #include <gtest/gtest.h>
 
+#include "core/error.h"
+
 namespace kvq {
 namespace {
+
+// sink=S: S tokens at 16 bits (as the residual window) plus the scheme on the other T - S; rot=
+// stores nothing. By hand: fp8 per token on [10, 2, 8] with 4 sinks: 6*2*8 = 96 code bytes,
+// 6*2 scales * 4 B = 48, 4*2*8 elements * 2 B = 128 exact; 272 bytes in all.
+TEST(Footprint, SinksCountAsExactTokensRotationIsFree) {
+  const Footprint f = footprint(parse_spec("fp8:gran=token,sink=4,rot=hadamard"), Role::Key, {10, 2, 8});
+  EXPECT_EQ(f.code_bytes, 96.0);
+  EXPECT_EQ(f.scale_bytes, 48.0);
+  EXPECT_EQ(f.residual_bytes, 128.0);
+  EXPECT_EQ(f.total_bytes(), 272.0);
+  EXPECT_EQ(f.quantized_elements, 96);
+  EXPECT_EQ(f.residual_elements, 64);
+  // Fewer tokens than sinks: everything exact.
+  EXPECT_EQ(footprint(parse_spec("kivi2:sink=16"), Role::Value, {3, 2, 8}).total_bytes(), 96.0);
+}
+
+TEST(Footprint, PerLayerSpecNeedsOneLayer) {
+  EXPECT_THROW((void)footprint(parse_spec("kivi2@0=kivi4"), Role::Key, {10, 2, 8}), Error);
+  EXPECT_EQ(footprint(parse_spec("kivi2@0=bf16").for_layer(0), Role::Key, {10, 2, 8}).total_bytes(),
+            320.0);
+}
 
 TEST(Footprint, DenseFormats) {
   const Shape3 s{10, 2, 64};  // 1280 elements

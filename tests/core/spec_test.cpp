@@ -68,9 +68,71 @@ TEST(Spec, IntNeedsAxesAndDefaultsR0) {
   EXPECT_EQ(parse_spec("int8:k=token,v=token,g=dim").q.group, kGroupWholeDim);
 }
 
+// Issue 15: rot=hadamard[:SEED] and sink=S on every scheme; canonical names carry them only when
+// set (the names of earlier results stay), and both sides of a split spec share one S.
+TEST(Spec, RotationAndSinks) {
+  const SchemeSpec a = parse_spec("kivi2:rot=hadamard:7,sink=4");
+  EXPECT_TRUE(a.rot.on);
+  EXPECT_TRUE(a.rot.seeded);
+  EXPECT_EQ(a.rot.seed, 7u);
+  EXPECT_EQ(a.sink, 4);
+  EXPECT_EQ(a.canonical(), "kivi2:g=32,r=128,rot=hadamard:7,sink=4");
+  EXPECT_EQ(a.base().canonical(), "kivi2:g=32,r=128");
+  EXPECT_EQ(parse_spec("bf16:sink=2").canonical(), "bf16:sink=2");
+  EXPECT_EQ(parse_spec("fp32:rot=hadamard").canonical(), "fp32:rot=hadamard");
+  EXPECT_EQ(parse_spec("fp8:gran=token,rot=hadamard").canonical(),
+            "fp8_e4m3:gran=token,scale=dynamic,rot=hadamard");
+  EXPECT_FALSE(parse_spec("kivi2:rot=hadamard").rot.seeded);
+  EXPECT_EQ(parse_spec("kivi2:sink=0").canonical(), "kivi2:g=32,r=128");
+  const SchemeSpec s = parse_spec("k=kivi2:sink=4;v=fp8:gran=token,sink=4,rot=hadamard");
+  EXPECT_EQ(s.side(Role::Key).sink, 4);
+  EXPECT_FALSE(s.side(Role::Key).rot.on);
+  EXPECT_TRUE(s.side(Role::Value).rot.on);
+  EXPECT_EQ(with_rotation(parse_spec("kivi2"), RotSpec{true}).canonical(),
+            "kivi2:g=32,r=128,rot=hadamard");
+  EXPECT_EQ(with_rotation(s, RotSpec{true, true, 3}).canonical(),
+            "k=kivi2:g=32,r=128,rot=hadamard:3,sink=4;v=fp8_e4m3:gran=token,scale=dynamic,"
+            "rot=hadamard,sink=4");
+  EXPECT_NE(error_of("kivi2:rot=random").find("rot=random (allowed: hadamard, hadamard:SEED)"),
+            std::string::npos);
+  EXPECT_NE(error_of("kivi2:rot=hadamard:x").find("the seed is a non-negative integer"),
+            std::string::npos);
+  EXPECT_NE(error_of("kivi2:rot=hadamard:").find("the seed is a non-negative integer"),
+            std::string::npos);
+  EXPECT_NE(error_of("kivi2:sink=-1").find("sink=-1 (allowed: 0 .. 4096 tokens)"),
+            std::string::npos);
+  EXPECT_NE(error_of("kivi2:sink").find("needs a value"), std::string::npos);
+  EXPECT_NE(error_of("k=kivi2:sink=4;v=kivi4").find("sink= is 4 for keys and 0 for values"),
+            std::string::npos);
+}
+
+// Per-layer specs (issue 15): SPEC@LAYERS=SPEC, grouped by scheme, layers sorted and written as
+// ranges; a layer that names the first spec is dropped; a layer given twice is an error.
+TEST(Spec, PerLayerSchemes) {
+  const SchemeSpec s = parse_spec("kivi2@29,0-1=kivi4@5=fp8@3=kivi4@7=kivi2");
+  EXPECT_EQ(s.canonical(),
+            "kivi2:g=32,r=128@0-1,3,29=kivi4:g=32,r=128@5=fp8_e4m3:gran=tensor,scale=dynamic");
+  EXPECT_EQ(parse_spec(s.canonical()).canonical(), s.canonical());
+  EXPECT_EQ(s.for_layer(0).canonical(), "kivi4:g=32,r=128");
+  EXPECT_EQ(s.for_layer(4).canonical(), "kivi2:g=32,r=128");
+  EXPECT_EQ(s.for_layer(5).canonical(), "fp8_e4m3:gran=tensor,scale=dynamic");
+  EXPECT_EQ(s.for_layer(7).canonical(), "kivi2:g=32,r=128");
+  EXPECT_FALSE(s.for_layer(3).layered());
+  EXPECT_EQ(s.max_layer(), 29);
+  EXPECT_EQ(s.distinct_layer_specs().size(), 3u);
+  EXPECT_EQ(parse_spec("fp32@3=k=kivi2;v=fp16").for_layer(3).canonical(),
+            "k=kivi2:g=32,r=128;v=fp16");
+  EXPECT_NE(error_of("kivi2@1=kivi4@1=fp8").find("layer 1 is given twice"), std::string::npos);
+  EXPECT_NE(error_of("kivi2@x=kivi4").find("'x' is not a layer index"), std::string::npos);
+  EXPECT_NE(error_of("kivi2@3-1=kivi4").find("runs backwards"), std::string::npos);
+  EXPECT_NE(error_of("kivi2@kivi4").find("should be @LAYERS=SPEC"), std::string::npos);
+  EXPECT_NE(error_of("kivi2@1=int9").find("9 bits not supported"), std::string::npos);
+}
+
 TEST(Spec, CanonicalReparsesToItself) {
   for (const char* t : {"fp32", "fp8_e5m2:gran=token,scale=2", "kivi3:g=16,r=32,sym",
-                        "int4:k=channel,v=channel,g=128,r=256"}) {
+                        "int4:k=channel,v=channel,g=128,r=256", "bf16:rot=hadamard:1,sink=3",
+                        "int2:k=token,v=token,sink=16,rot=hadamard"}) {
     const std::string c = parse_spec(t).canonical();
     EXPECT_EQ(parse_spec(c).canonical(), c) << t;
   }
@@ -84,7 +146,7 @@ TEST(Spec, ErrorsNameTheBadPartAndListAllowed) {
   EXPECT_NE(error_of("fp8_e4m3:scale=-1").find("scale=-1"), std::string::npos);
   EXPECT_NE(error_of("fp8_e4m3:scale=calib:").find("needs a file"), std::string::npos);
   EXPECT_NE(error_of("fp8_e4m3:g=32")
-                .find("unknown parameter 'g' for fp8_e4m3 (allowed: first, gran, scale)"),
+                .find("unknown parameter 'g' for fp8_e4m3 (allowed: first, gran, rot, scale, sink)"),
             std::string::npos);
   EXPECT_NE(error_of("int5:k=token,v=token").find("5 bits not supported (allowed: 2, 3, 4, 8)"),
             std::string::npos);
@@ -99,7 +161,8 @@ TEST(Spec, ErrorsNameTheBadPartAndListAllowed) {
   EXPECT_NE(error_of("int2:k=row,v=token").find("k=row (allowed: channel, token)"),
             std::string::npos);
   EXPECT_NE(error_of("kivi2:k=token").find("unknown parameter 'k'"), std::string::npos);
-  EXPECT_NE(error_of("bf16:gran=head").find("takes no parameters"), std::string::npos);
+  EXPECT_NE(error_of("bf16:gran=head").find("unknown parameter 'gran' for bf16 (allowed: rot, sink)"),
+            std::string::npos);
   EXPECT_NE(error_of("kivi2:g=32,g=64").find("given twice"), std::string::npos);
   EXPECT_NE(error_of("kivi2:").find("nothing after ':'"), std::string::npos);
   EXPECT_NE(error_of("").find("empty scheme spec"), std::string::npos);

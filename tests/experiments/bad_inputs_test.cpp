@@ -140,7 +140,7 @@ TEST_F(BadInputs, ModelFlagsCheckedBeforeTheModelLoads_noBanner) {
       {"model ppl --ctx 100000", "ppl: --ctx 100000 exceeds the model's context 8192"},
       {"model ppl --ctx 512 --stride 1024", "ppl: --stride 1024 must not exceed --ctx 512"},
       {"model ppl --ctx 512 --score-from 511", "--score-from 511 leaves nothing to score"},
-      {"model ppl --hadamard --pre-rope", "--hadamard and --pre-rope cannot be combined"},
+      {"model ppl --kv kivi2@30=kivi4", "names layer 30, but the model has 30 layers (0-29)"},
       {"model needle --ctx 100000", "--ctx 100000 outside [256, 8192]"},
       {"model calibrate --ctx 100000 --out " + out, "--ctx 100000 exceeds the model's context 8192"},
       {"model bench --depth 9000", "bench: --depth 9000 + 512 tokens exceed the model's context 8192"},

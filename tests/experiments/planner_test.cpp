@@ -115,16 +115,35 @@ TEST(planner, DesignNoteTablePrintsTheNotesNumbers) {
 //   K: floor(2,000 / 128) x 128 = 1,920 quantized, 80 full: 1,920 x 384 + 80 x 2,048 = 901,120 B.
 //   V: 1,872 quantized, 128 full: 1,872 x 384 + 128 x 2,048 = 980,992 B.
 //   Request: 32 x 1,882,112 = 60,227,584 B; batch of 64: 3,854,565,376 B.
+// Per-layer specs (issue 15): kivi2 with layers 0-1 in kivi4, a 4,096-token request. kivi4 per
+// quantized token-layer: 1,024 x 4 bits = 512 B + 32 groups x 4 B = 640 B. K: 4,096 x 640 =
+// 2,621,440 B; V: 3,968 x 640 + 128 x 2,048 = 2,801,664 B; kivi4 layer 5,423,104 B. Request:
+// 30 x 3,358,720 (the kivi2 layer above) + 2 x 5,423,104 = 111,607,808 B.
+TEST(planner, PerLayerSpecSumsEachLayersScheme) {
+  const ModelDims m = model_preset("llama-3.1-8b");
+  EXPECT_EQ(request_footprint(m, parse_kv("kivi2:g=32,r=128@0-1=kivi4:g=32,r=128"), 4096)
+                .total_bytes(),
+            111607808.0);
+  try {
+    (void)request_footprint(m, parse_kv("kivi2@32=kivi4"), 4096);
+    FAIL() << "layer 32 of a 32-layer model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("names layer 32, but llama-3.1-8b has 32 layers (0-31)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(planner, Kivi2HandComputed) {
   const ModelDims m = model_preset("llama-3.1-8b");
   const SchemeSpec spec = parse_kv("kivi2:g=32,r=128");
-  const RequestFootprint f = request_footprint(m, spec, 4096);
-  EXPECT_EQ(f.key.code_bytes, 1048576.0);
-  EXPECT_EQ(f.key.scale_bytes, 262144.0);
-  EXPECT_EQ(f.key.zero_bytes, 262144.0);
+  const RequestFootprint f = request_footprint(m, spec, 4096);  // summed over the 32 layers
+  EXPECT_EQ(f.key.code_bytes, 32 * 1048576.0);
+  EXPECT_EQ(f.key.scale_bytes, 32 * 262144.0);
+  EXPECT_EQ(f.key.zero_bytes, 32 * 262144.0);
   EXPECT_EQ(f.key.residual_bytes, 0.0);
-  EXPECT_EQ(f.value.total_bytes(), 1785856.0);
-  EXPECT_EQ(f.value.residual_bytes, 262144.0);
+  EXPECT_EQ(f.value.total_bytes(), 32 * 1785856.0);
+  EXPECT_EQ(f.value.residual_bytes, 32 * 262144.0);
   EXPECT_EQ(f.total_bytes(), 107479040.0);
   EXPECT_DOUBLE_EQ(*f.effective_bits(), 3.0);
   EXPECT_EQ(request_footprint(m, spec, 2000).total_bytes(), 60227584.0);

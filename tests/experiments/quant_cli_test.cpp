@@ -169,6 +169,9 @@ TEST_F(QuantCli, BadInputsGiveOneLineAndNonzeroExit) {
   expect_one_line_error("quant -s nf4 " + path("ok.npy") + out, "unknown scheme 'nf4'");
   expect_one_line_error("quant -s fp8_e4m3 --role query " + path("ok.npy") + out, "--role");
   expect_one_line_error("quant " + path("ok.npy") + out, "--kv is required");
+  expect_one_line_error("quant -s kivi2:sink=4 --codes " + path("c.safetensors") + " " +
+                            path("ok.npy") + out,
+                        "--codes writes one scheme's stored bytes");
   EXPECT_FALSE(std::filesystem::exists(path("o.npy"))) << "no output written on error";
 }
 

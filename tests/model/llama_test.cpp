@@ -105,7 +105,12 @@ INSTANTIATE_TEST_SUITE_P(
                                          std::make_pair("int4:k=token,v=token,g=8,r=8", false),
                                          std::make_pair("kivi2:g=8,r=16", false),
                                          std::make_pair("kivi4:g=8,r=8", true),
-                                         std::make_pair("k=kivi2:g=8,r=16;v=fp8_e4m3:gran=token", false)),
+                                         std::make_pair("k=kivi2:g=8,r=16;v=fp8_e4m3:gran=token", false),
+                                         // issue 15: sinks and rotation, with pre-RoPE keys too
+                                         std::make_pair("kivi2:g=8,r=16,rot=hadamard:3,sink=4", false),
+                                         std::make_pair("kivi4:g=8,r=8,rot=hadamard:5,sink=24", true),
+                                         std::make_pair("k=int4:k=token,v=token,g=8,r=8,rot=hadamard;v=fp16", true),
+                                         std::make_pair("fp8_e4m3:gran=tensor,first=20,sink=2,rot=hadamard", false)),
                        ::testing::Values(AttentionBackend::kCpu, AttentionBackend::kRef)),
     [](const auto& i) {
       const auto& sp = std::get<0>(i.param);
@@ -261,49 +266,45 @@ TEST(ModelEval, ManySchemesInOnePassEqualOneAtATime) {
   }
 }
 
-// The Walsh-Hadamard transform (model/llama.h) against its definition: H_n x / sqrt(n) with
-// H_n[i][j] = (-1)^popcount(i & j) (Sylvester order), computed here directly in double.
-TEST(Hadamard, MatchesSylvesterDefinitionAndIsItsOwnInverse) {
-  for (int64_t n : {1, 2, 8, 64, 128}) {
-    std::vector<float> x(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i)
-      x[static_cast<size_t>(i)] = std::sin(0.7 * static_cast<double>(i) + 0.3) * 3.0f;
-    std::vector<float> y = x;
-    hadamard_transform(y.data(), n);
-    for (int64_t i = 0; i < n; ++i) {
-      double want = 0;
-      for (int64_t j = 0; j < n; ++j)
-        want += (__builtin_popcountll(static_cast<uint64_t>(i & j)) % 2 ? -1.0 : 1.0) *
-                x[static_cast<size_t>(j)];
-      want /= std::sqrt(static_cast<double>(n));
-      EXPECT_NEAR(y[static_cast<size_t>(i)], want, 1e-5) << "n=" << n << " i=" << i;
-    }
-    hadamard_transform(y.data(), n);  // H is symmetric and orthonormal: H H = I
-    for (int64_t i = 0; i < n; ++i)
-      EXPECT_NEAR(y[static_cast<size_t>(i)], x[static_cast<size_t>(i)], 1e-5);
-  }
-}
-
 // Rotating q, k and v (and the output back) changes nothing in exact arithmetic: with an fp32
 // cache the logits move by float rounding only. With a per-token 4-bit cache the rotation must
 // change the logits (what the quantizer sees differs), and chunked prefill still equals decode.
 TEST(Hadamard, RotationIsInvisibleWithExactCacheAndStreamsWithQuantizedOne) {
   KVQ_REQUIRE_MODEL();
   const auto ids = kjv_tokens(M->tok, 24);
-  CacheOptions rot = opts("fp32");
-  rot.hadamard = true;
-  const auto plain = run(M->model, opts("fp32"), ids, {24});
-  const auto rotated = run(M->model, rot, ids, {24});
-  const double d = max_abs_diff(plain, rotated);
-  EXPECT_GT(d, 0.0) << "the rotation was not applied";
-  EXPECT_LT(d, 2e-3)
-      << "an orthonormal rotation must leave the logits (scale ~10) unchanged up to rounding";
-  CacheOptions q4 = opts("int4:k=token,v=token,g=32");
-  q4.hadamard = true;
-  const auto chunked = run(M->model, q4, ids, {7, 5});
-  EXPECT_EQ(max_abs_diff(chunked, run(M->model, q4, ids, {1})), 0.0);
-  EXPECT_GT(max_abs_diff(chunked, run(M->model, opts("int4:k=token,v=token,g=32"), ids, {7, 5})),
-            1e-3);
+  for (const char* rot : {"rot=hadamard", "rot=hadamard:11"}) {
+    SCOPED_TRACE(rot);
+    const auto plain = run(M->model, opts("fp32"), ids, {24});
+    const auto rotated = run(M->model, opts(std::string("fp32:") + rot), ids, {24});
+    const double d = max_abs_diff(plain, rotated);
+    EXPECT_GT(d, 0.0) << "the rotation was not applied";
+    EXPECT_LT(d, 2e-3)
+        << "an orthonormal rotation must leave the logits (scale ~10) unchanged up to rounding";
+    const CacheOptions q4 = opts(std::string("int4:k=token,v=token,g=32,") + rot);
+    const auto chunked = run(M->model, q4, ids, {7, 5});
+    EXPECT_EQ(max_abs_diff(chunked, run(M->model, q4, ids, {1})), 0.0);
+    EXPECT_GT(
+        max_abs_diff(chunked, run(M->model, opts("int4:k=token,v=token,g=32"), ids, {7, 5})),
+        1e-3);
+  }
+}
+
+// sink=S on an fp32 cache stores the same values: the logits are the plain cache's up to the
+// order of float sums (the sinks are a separate partial). On a quantized cache they must change
+// the logits, and chunked prefill still equals decode on both backends.
+TEST(Sinks, InvisibleWithExactCacheAndStreamWithQuantizedOne) {
+  KVQ_REQUIRE_MODEL();
+  const auto ids = kjv_tokens(M->tok, 24);
+  for (AttentionBackend b : {AttentionBackend::kCpu, AttentionBackend::kRef}) {
+    SCOPED_TRACE(to_string(b));
+    const LlamaModel& m = testing::model_with(b);
+    EXPECT_LT(max_abs_diff(run(m, opts("fp32"), ids, {24}), run(m, opts("fp32:sink=4"), ids, {24})),
+              2e-3);
+    const CacheOptions s = opts("kivi2:g=8,r=8,sink=4");
+    const auto chunked = run(m, s, ids, {3, 7});
+    EXPECT_EQ(max_abs_diff(chunked, run(m, s, ids, {1})), 0.0);
+    EXPECT_GT(max_abs_diff(chunked, run(m, opts("kivi2:g=8,r=8"), ids, {3, 7})), 1e-3);
+  }
 }
 
 }  // namespace

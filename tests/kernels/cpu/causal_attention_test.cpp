@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "experiments/synthetic.h"
 #include "kernels/cpu/attention.h"
+#include "model/llama.h"
 #include "reference_cpu/attention.h"
 #include "tests/support/names.h"
 #include "tests/support/random.h"
@@ -69,33 +70,19 @@ struct Stream {
             int64_t n, int threads, float* out, float* ref_out) {
     const int64_t row = H * D;
     std::vector<float> kt, vt;
-    k->exact_tail(kt);
-    v->exact_tail(vt);
-    const ExactTail ke{nullptr, t0 - static_cast<int64_t>(kt.size()) / row},
-        ve{nullptr, t0 - static_cast<int64_t>(vt.size()) / row};
-    kt.insert(kt.end(), kx.data.begin() + t0 * row, kx.data.begin() + (t0 + n) * row);
-    vt.insert(vt.end(), vx.data.begin() + t0 * row, vx.data.begin() + (t0 + n) * row);
+    const ExactTail ke{nullptr, gather_exact_tail(*k, kx.data.data() + t0 * row, n, kt)},
+        ve{nullptr, gather_exact_tail(*v, vx.data.data() + t0 * row, n, vt)};
     k->append(kx.data.data() + t0 * row, n);
     v->append(vx.data.data() + t0 * row, n);
-    std::vector<int64_t> kq, vq;
-    for (int64_t i = 0; i < n; ++i) {
-      kq.push_back(k->quantized_tokens_at(t0 + i + 1));
-      vq.push_back(v->quantized_tokens_at(t0 + i + 1));
-    }
-    CausalInput in;
-    in.q = q.data() + t0 * qh * D;
-    in.n = n;
-    in.q_heads = qh;
-    in.t_begin = t0;
-    in.k = k->stored();
-    in.v = v->stored();
-    in.k_exact = {kt.data(), ke.begin};
-    in.v_exact = {vt.data(), ve.begin};
-    in.k_quantized = kq;
-    in.v_quantized = vq;
+    // The model's own call (model/llama.h): rot= sides get q and the tails rotated.
+    CpuCausalBuffers buf;
+    CausalInput in = cpu_causal_input(q.data() + t0 * qh * D, n, qh, t0, *k, *v,
+                                      {kt.data(), ke.begin}, {vt.data(), ve.begin}, buf);
     causal_attention(in, out, threads);
-    if (ref_out)
-      causal_attention(in.q, n, qh, t0, *k, *v, in.k_exact, in.v_exact, ref_out, threads);
+    unrotate_output(*v, out, n * qh);
+    if (ref_out)  // the sides' own reads (rot= undone inside them), the exact tails as given
+      causal_attention(q.data() + t0 * qh * D, n, qh, t0, *k, *v, {kt.data(), ke.begin},
+                       {vt.data(), ve.begin}, ref_out, threads);
   }
 };
 
@@ -140,9 +127,18 @@ TEST_P(cpuCausalAttention, chunked_withinTolOfReference_andBitIdenticalToDecode)
   // A decode step over the sides as stored (no tails: the window read from the cache) equals the
   // last position above.
   std::vector<float> last(static_cast<size_t>(qh * D));
-  decode_attention(q.data() + (T - 1) * qh * D, qh, b.k->stored(), b.v->stored(), last.data(),
-                   {2, IntMode::Exact});
-  EXPECT_EQ(std::memcmp(last.data(), decoded.data() + (T - 1) * qh * D, last.size() * 4), 0);
+  std::vector<float> ql(q.begin() + (T - 1) * qh * D, q.begin() + T * qh * D);
+  if (b.k->rotation()) b.k->rotation()->rotate(ql.data(), qh);
+  decode_attention(ql.data(), qh, b.k->stored(), b.v->stored(), last.data(), {2, IntMode::Exact});
+  unrotate_output(*b.v, last.data(), qh);
+  if (!b.k->rotation() && !b.v->rotation()) {
+    EXPECT_EQ(std::memcmp(last.data(), decoded.data() + (T - 1) * qh * D, last.size() * 4), 0);
+  } else {  // the stored window holds R x, the tails R (R^T R x): equal up to rounding only
+    double e = 0;
+    for (int64_t i = 0; i < qh * D; ++i)
+      e = std::max(e, std::fabs(double(last[static_cast<size_t>(i)]) - decoded[static_cast<size_t>((T - 1) * qh * D + i)]));
+    EXPECT_LE(e, kExactTol * max_v);
+  }
 }
 
 std::vector<Case> grid() {
@@ -175,6 +171,17 @@ std::vector<Case> grid() {
   v.push_back({"k=kivi2;v=fp8_e4m3:gran=token", 2, 64, 3, {300, 1, 250, 77}});
   v.push_back({"k=fp8_e4m3:gran=head;v=kivi4:g=32,r=64", 2, 64, 4, {200, 3, 60}});
   v.push_back({"k=kivi4;v=bf16", 3, 64, 3, {150, 1, 90}});
+  // sink=S (exact first tokens; chunks that end before S, at S and after it) and rot= (the query
+  // and tails rotated, the output back), alone and together, fast and portable paths (issue 15).
+  v.push_back({"kivi2:sink=4", 2, 64, 3, {300, 1, 250, 77}});
+  v.push_back({"kivi2:rot=hadamard:7", 2, 64, 3, {300, 1, 250, 77}});
+  v.push_back({"fp8_e4m3:gran=tensor,first=64,sink=16,rot=hadamard", 2, 128, 2, {10, 1, 5, 300}});
+  v.push_back({"k=kivi4:sink=8;v=fp8_e4m3:gran=token,sink=8,rot=hadamard:2", 3, 64, 4,
+               {5, 1, 4, 200}});
+  v.push_back({"int4:k=token,v=channel,g=32,r=32,sink=5", 2, 64, 2, {3, 40, 100}});
+  v.push_back({"bf16:sink=3", 2, 20, 2, {2, 40, 9}});  // ragged head_dim: portable path
+  v.push_back({"fp32:rot=hadamard:1", 1, 96, 8, {600, 1}});  // three blocks of 32
+  v.push_back({"kivi4:g=32,r=32,sink=600", 2, 64, 2, {300, 400}});  // sinks past a segment
   return v;
 }
 
