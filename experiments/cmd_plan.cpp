@@ -41,6 +41,8 @@ Examples:
   kvq plan --layers 30 --kv-heads 3 --head-dim 64 --params 0.135 --bandwidth 0.3 --mem 8 --json)";
 
 // The footer: how the numbers are made, the presets (from the planner's tables), examples.
+}  // namespace
+
 std::string plan_footer() {
   std::string s = kPlanFooter;
   s += "\nModel presets (--model):       layers  kv heads  head dim  params\n";
@@ -54,15 +56,61 @@ std::string plan_footer() {
   return s + kPlanExamples;
 }
 
-}  // namespace
+PlanFlags add_plan_flags(CLI::App* c, PlanFlags::Values& o) {
+  PlanFlags f;
+  f.model = c->add_option("--model", o.model,
+                          "model preset (default llama-3.1-8b; presets below), or a custom "
+                          "model: all of the next four");
+  f.layers = c->add_option("--layers", o.layers, "custom model: decoder layers (e.g. 32)");
+  f.kv_heads = c->add_option("--kv-heads", o.kv_heads, "custom model: KV heads (e.g. 8)");
+  f.head_dim = c->add_option("--head-dim", o.head_dim, "custom model: head dim (e.g. 128)");
+  f.params = c->add_option("--params", o.params,
+                           "custom model: parameters in billions (e.g. 8.03); sets the "
+                           "weight bytes to params x 2 (bf16)");
+  f.mem = c->add_option(
+      "--mem", o.mem,
+      "memory for the KV cache in GB (55, 55GB, 80GiB, 500MB); default: 90% of the GPU's memory\n"
+      "minus the weights (vLLM's default gpu_memory_utilization), or the design note's 55 GB when\n"
+      "no model or GPU flag is given");
+  f.gpu = c->add_option("--gpu", o.gpu, "GPU preset (default h100-sxm; presets below)");
+  f.bw = c->add_option("--bandwidth", o.bandwidth,
+                       "memory bandwidth in TB/s instead of --gpu (e.g. 3.35)");
+  f.weights = c->add_option(
+      "--weights-bytes", o.weights,
+      "weight bytes read per decode step, in GB like --mem (default params x 2 bytes; 0: KV only)");
+  c->add_option(
+       "--weights-dtype", o.in.weights_dtype,
+       "weights in memory and read per step: bf16 | fp16 (2 bytes per parameter) | fp8 (1) |\n"
+       "int4 (0.5 + a bf16 scale per 128 weights)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp8", "int4"}))
+      ->capture_default_str();
+  f.values = &o;
+  return f;
+}
+
+planner::PlanInput PlanFlags::resolve() const {
+  const Values& o = *values;
+  planner::ModelArgs a;
+  if (model->count()) a.preset = o.model;
+  if (layers->count()) a.layers = o.layers;
+  if (kv_heads->count()) a.kv_heads = o.kv_heads;
+  if (head_dim->count()) a.head_dim = o.head_dim;
+  if (params->count()) a.params_billions = o.params;
+  planner::PlanInput in = o.in;
+  in.model = planner::resolve_model(a, weights->count() > 0);
+  in.gpu = planner::resolve_gpu(gpu->count() ? std::optional<std::string>(o.gpu) : std::nullopt,
+                                bw->count() ? std::optional<double>(o.bandwidth) : std::nullopt);
+  planner::set_mem(in, mem->count() ? std::optional<std::string>(o.mem) : std::nullopt, a,
+                   gpu->count() || bw->count());
+  if (weights->count()) in.weight_bytes = planner::parse_gb(o.weights, "--weights-bytes", true);
+  return in;
+}
 
 void register_plan(CLI::App& app) {
   struct Opts {
-    planner::PlanInput in;
-    std::string model, gpu, mem, weights, json, sweep_csv;
+    PlanFlags::Values v;
+    std::string json, sweep_csv;
     std::vector<int64_t> sweep_batch, sweep_ctx;
-    int64_t layers = 0, kv_heads = 0, head_dim = 0;
-    double params = 0, bandwidth = 0;
   };
   auto o = std::make_shared<Opts>();
   auto* c = app.add_subcommand(
@@ -73,38 +121,13 @@ void register_plan(CLI::App& app) {
       "55 GB of KV memory, 4,096-token requests, decode batch 64 x 2,000 tokens, H100 SXM).\n"
       "Example: kvq plan --model mistral-7b --gpu a100-80gb --kv bf16 fp8 kivi2");
   c->footer(plan_footer());
-  auto* model = c->add_option("--model", o->model,
-                              "model preset (default llama-3.1-8b; presets below), or a custom "
-                              "model: all of the next four");
-  auto* layers = c->add_option("--layers", o->layers, "custom model: decoder layers (e.g. 32)");
-  auto* kv_heads = c->add_option("--kv-heads", o->kv_heads, "custom model: KV heads (e.g. 8)");
-  auto* head_dim = c->add_option("--head-dim", o->head_dim, "custom model: head dim (e.g. 128)");
-  auto* params = c->add_option("--params", o->params,
-                               "custom model: parameters in billions (e.g. 8.03); sets the "
-                               "weight bytes to params x 2 (bf16)");
-  c->add_option("--kv", o->in.kv, "KV formats, space separated, one row each (see below)")
+  const PlanFlags flags = add_plan_flags(c, o->v);
+  c->add_option("--kv", o->v.in.kv, "KV formats, space separated, one row each (see below)")
       ->capture_default_str();
-  auto* mem = c->add_option(
-      "--mem", o->mem,
-      "memory for the KV cache in GB (55, 55GB, 80GiB, 500MB); default: 90% of the GPU's memory\n"
-      "minus the weights (vLLM's default gpu_memory_utilization), or the design note's 55 GB when\n"
-      "no model or GPU flag is given");
-  c->add_option("--ctx", o->in.ctx, "tokens per request for the capacity columns")
+  c->add_option("--ctx", o->v.in.ctx, "tokens per request for the capacity columns")
       ->capture_default_str();
-  c->add_option("--batch", o->in.batch, "requests in the decode batch")->capture_default_str();
-  c->add_option("--decode-ctx", o->in.decode_ctx, "tokens of context per decode-batch request")
-      ->capture_default_str();
-  auto* gpu = c->add_option("--gpu", o->gpu, "GPU preset (default h100-sxm; presets below)");
-  auto* bw = c->add_option("--bandwidth", o->bandwidth,
-                           "memory bandwidth in TB/s instead of --gpu (e.g. 3.35)");
-  auto* weights = c->add_option(
-      "--weights-bytes", o->weights,
-      "weight bytes read per decode step, in GB like --mem (default params x 2 bytes; 0: KV only)");
-  c->add_option(
-       "--weights-dtype", o->in.weights_dtype,
-       "weights in memory and read per step: bf16 | fp16 (2 bytes per parameter) | fp8 (1) |\n"
-       "int4 (0.5 + a bf16 scale per 128 weights)")
-      ->check(CLI::IsMember({"bf16", "fp16", "fp8", "int4"}))
+  c->add_option("--batch", o->v.in.batch, "requests in the decode batch")->capture_default_str();
+  c->add_option("--decode-ctx", o->v.in.decode_ctx, "tokens of context per decode-batch request")
       ->capture_default_str();
   auto* json = c->add_option("--json", o->json,
                              "write the plan as JSON to FILE (no FILE or '-': print it instead of "
@@ -120,20 +143,8 @@ void register_plan(CLI::App& app) {
   c->add_option("--sweep-ctx", o->sweep_ctx,
                 "decode contexts of the sweep in tokens (default: --decode-ctx)")
       ->check(CLI::PositiveNumber);
-  c->callback([o, model, layers, kv_heads, head_dim, params, gpu, bw, weights, mem, json] {
-    planner::ModelArgs a;
-    if (model->count()) a.preset = o->model;
-    if (layers->count()) a.layers = o->layers;
-    if (kv_heads->count()) a.kv_heads = o->kv_heads;
-    if (head_dim->count()) a.head_dim = o->head_dim;
-    if (params->count()) a.params_billions = o->params;
-    planner::PlanInput in = o->in;
-    in.model = planner::resolve_model(a, weights->count() > 0);
-    in.gpu = planner::resolve_gpu(gpu->count() ? std::optional<std::string>(o->gpu) : std::nullopt,
-                                  bw->count() ? std::optional<double>(o->bandwidth) : std::nullopt);
-    planner::set_mem(in, mem->count() ? std::optional<std::string>(o->mem) : std::nullopt, a,
-                     gpu->count() || bw->count());
-    if (weights->count()) in.weight_bytes = planner::parse_gb(o->weights, "--weights-bytes", true);
+  c->callback([o, flags, json] {
+    const planner::PlanInput in = flags.resolve();
     const planner::Plan p = planner::make_plan(in);
     KVQ_CHECK(!o->sweep_csv.empty() || (o->sweep_batch.empty() && o->sweep_ctx.empty()),
               "--sweep-batch and --sweep-ctx need --sweep-csv FILE (where the sweep goes)");

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "experiments/defaults.h"
+#include "experiments/planner.h"
 
 namespace kvq::cli {
 
@@ -16,6 +17,28 @@ void register_plan(CLI::App& app);
 void register_model(CLI::App& app);
 void register_run(CLI::App& app);
 void register_stats(CLI::App& app);
+void register_advise(CLI::App& app);
+
+/// \brief The planner's model, GPU, memory and weight flags (kvq plan and kvq advise share them).
+struct PlanFlags {
+  struct Values {
+    planner::PlanInput in;
+    std::string model, gpu, mem, weights;
+    int64_t layers = 0, kv_heads = 0, head_dim = 0;
+    double params = 0, bandwidth = 0;
+  };
+  CLI::Option *model = nullptr, *layers = nullptr, *kv_heads = nullptr, *head_dim = nullptr,
+              *params = nullptr, *mem = nullptr, *gpu = nullptr, *bw = nullptr,
+              *weights = nullptr;
+  const Values* values = nullptr;
+  /// \brief The plan input those flags give (throws kvq::Error on bad combinations).
+  planner::PlanInput resolve() const;
+};
+/// \brief Adds --model, --layers, --kv-heads, --head-dim, --params, --mem, --gpu, --bandwidth,
+/// --weights-bytes and --weights-dtype to `c`, writing into `v` (which must outlive the app).
+PlanFlags add_plan_flags(CLI::App* c, PlanFlags::Values& v);
+/// \brief kvq plan's footer: how the numbers are made, the model and GPU presets, examples.
+std::string plan_footer();
 
 /// \brief Thrown when the user stops a long command (Ctrl-C); main prints it and exits 130.
 struct Interrupted : std::runtime_error {

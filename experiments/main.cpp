@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   kvq::cli::register_model(app);
   kvq::cli::register_run(app);
   kvq::cli::register_stats(app);
+  kvq::cli::register_advise(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
