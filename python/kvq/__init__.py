@@ -71,6 +71,8 @@ class Spec:
     format: Optional[str] = None  #: fp8: fp8_e4m3, fp8_e4m3fnuz or fp8_e5m2
     gran: Optional[str] = None  #: fp8: tensor, head, token or channel
     scale: Optional[str] = None  #: fp8: dynamic, constant or calib
+    rot: Optional[str] = None  #: any: "hadamard" or "hadamard:SEED" (rot=), else None
+    sink: Optional[int] = None  #: any: the first S tokens kept exact (sink=S), else None
     key: Optional["Spec"] = None  #: split: the keys' scheme
     value: Optional["Spec"] = None  #: split: the values' scheme
     fields: dict = field(default_factory=dict, compare=False, repr=False)

@@ -26,7 +26,8 @@ def test_decode_fp32_matches_numpy(rng, backend):
 
 
 @pytest.mark.parametrize("spec", ["kivi2", "kivi4:g=32,r=64", "fp8_e4m3:gran=token", "bf16",
-                                  "k=kivi2;v=fp8_e4m3:gran=token"])
+                                  "k=kivi2;v=fp8_e4m3:gran=token", "kivi2:rot=hadamard:3,sink=4",
+                                  "fp8_e4m3:gran=token,rot=hadamard"])
 @pytest.mark.parametrize("backend", ["cpu", "ref"])
 def test_decode_reads_what_dequantize_returns(rng, spec, backend):
     # Attention over the codes equals numpy attention over the values the cache reads back.
@@ -39,7 +40,8 @@ def test_decode_reads_what_dequantize_returns(rng, spec, backend):
     assert np.abs(c.attend(q) - attention_numpy(q, kd, vd)).max() <= 2e-5 * np.abs(vd).max()
 
 
-@pytest.mark.parametrize("spec", ["kivi2", "kivi4:g=32,r=64", "fp8_e4m3:gran=tensor", "int2"])
+@pytest.mark.parametrize("spec", ["kivi2", "kivi4:g=32,r=64", "fp8_e4m3:gran=tensor", "int2",
+                                  "kivi2:sink=5,rot=hadamard"])
 def test_streaming_equals_one_append(rng, spec):
     k, v = kv(rng)
     whole = kvq.Cache(spec, H, D)
@@ -53,7 +55,8 @@ def test_streaming_equals_one_append(rng, spec):
     assert parts.footprint() == whole.footprint()
 
 
-@pytest.mark.parametrize("spec", ["kivi2", "fp8_e4m3:gran=head", "fp32", "k=fp8;v=kivi4:g=32,r=64"])
+@pytest.mark.parametrize("spec", ["kivi2", "fp8_e4m3:gran=head", "fp32", "k=fp8;v=kivi4:g=32,r=64",
+                                  "kivi2:rot=hadamard:2,sink=3"])
 @pytest.mark.parametrize("backend", ["cpu", "ref"])
 def test_causal_equals_token_by_token_decode(rng, spec, backend):
     # Position t of a causal call sees the cache a decode holding t + 1 tokens has: within one

@@ -58,3 +58,13 @@ def test_bad_spec_is_a_value_error(text, part):
 def test_not_a_string():
     with pytest.raises(kvq.Error, match="expected a spec string"):
         kvq.parse_spec(3)
+
+
+def test_rotation_and_sinks():
+    # Issue 15: rot=hadamard[:SEED] and sink=S on any scheme; absent when not given.
+    s = kvq.parse_spec("kivi2:rot=hadamard:7,sink=4")
+    assert s.canonical == "kivi2:g=32,r=128,rot=hadamard:7,sink=4"
+    assert (s.rot, s.sink) == ("hadamard:7", 4)
+    assert kvq.parse_spec("bf16:rot=hadamard").rot == "hadamard"
+    assert kvq.parse_spec("kivi2").rot is None and kvq.parse_spec("kivi2").sink is None
+    assert kvq.parse_spec("kivi2@0-1=kivi4").canonical == "kivi2:g=32,r=128@0-1=kivi4:g=32,r=128"
