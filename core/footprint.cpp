@@ -31,8 +31,7 @@ Footprint footprint(const SchemeSpec& whole, Role role, Shape3 s) {
   if (spec.sink > 0) {  // the first S tokens exact, the rest as the scheme without sinks stores them
     const int64_t sinks = std::min<int64_t>(spec.sink, s.tokens);
     Footprint f = footprint(spec.base(), role, {s.tokens - sinks, s.heads, s.dim});
-    f.residual_elements += sinks * s.heads * s.dim;
-    f.residual_bytes += kResidualBytesPerElement * static_cast<double>(sinks * s.heads * s.dim);
+    add_exact(f, sinks * s.heads * s.dim);
     return f;
   }
   Footprint f;

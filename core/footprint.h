@@ -22,7 +22,6 @@ struct Footprint {
   double effective_bits() const {
     return quantized_elements ? 8.0 * (code_bytes + scale_bytes + zero_bytes) / quantized_elements : 0.0;
   }
-  /// \brief Bits per element over the whole tensor, residual included.
   Footprint& operator+=(const Footprint& o) {
     code_bytes += o.code_bytes;
     scale_bytes += o.scale_bytes;
@@ -32,6 +31,7 @@ struct Footprint {
     residual_elements += o.residual_elements;
     return *this;
   }
+  /// \brief Bits per element over the whole tensor, residual included.
   double overall_bits() const {
     const int64_t n = quantized_elements + residual_elements;
     return n ? 8.0 * total_bytes() / n : 0.0;
@@ -41,6 +41,12 @@ struct Footprint {
 /// Residual-window tokens are kept in the model's dtype; kvq counts 16 bits (bf16/fp16), as
 /// KIVI keeps them in fp16. (The CPU reference holds them in fp32 so they are exact.)
 inline constexpr double kResidualBytesPerElement = 2.0;
+
+/// \brief `elements` more exact elements (sink=S tokens), at kResidualBytesPerElement each.
+inline void add_exact(Footprint& f, int64_t elements) {
+  f.residual_elements += elements;
+  f.residual_bytes += kResidualBytesPerElement * static_cast<double>(elements);
+}
 
 /// \brief Tokens of T that an int scheme's `axis` side keeps quantized (REFERENCE.md section 3):
 /// per-channel: floor(T / B) * B with B = R if R > 0 else G; per-token: max(T - R, 0).

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/splitmix.h"
 
 namespace kvq {
 
@@ -34,13 +35,7 @@ Rotation::Rotation(const RotSpec& spec, int64_t dim) : dim_(dim), block_(rotatio
   if (!spec.seeded) return;
   sign_.resize(static_cast<size_t>(dim));
   uint64_t state = spec.seed;
-  for (float& s : sign_) {  // splitmix64
-    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    s = (z & 1) ? -1.0f : 1.0f;
-  }
+  for (float& s : sign_) s = (splitmix64(state) & 1) ? -1.0f : 1.0f;
 }
 
 void Rotation::rotate(float* x, int64_t rows) const {

@@ -406,6 +406,11 @@ SchemeSpec parse_spec(std::string_view text) {
         "has no "
         "effect with {}",
         text, s.fp8.source != ScaleSource::Dynamic ? "a fixed scale" : "gran=token");
+  if (s.kind == SchemeKind::Fp8 && s.rot.on && s.fp8.source == ScaleSource::Calib)
+    fail(
+        "bad scheme spec '{}': scale=calib: scales were measured on unrotated channels; with "
+        "rot= use scale=dynamic or a number",
+        text);
   if (s.kind == SchemeKind::Int) {
     // A bare int<B> takes KIVI's axes (keys per channel, values per token; `kvq plan`'s old
     // shorthand); with parameters both axes must be named.
@@ -431,6 +436,12 @@ SchemeSpec parse_spec(std::string_view text) {
 }
 
 SchemeSpec with_rotation(const SchemeSpec& s, const RotSpec& r) {
+  if (s.layered()) {  // every layer's scheme
+    SchemeSpec o = with_rotation(s.for_layer(-1), r);
+    for (const LayerOverride& l : s.layers)
+      o.layers.push_back({l.layers, std::make_shared<const SchemeSpec>(with_rotation(*l.spec, r))});
+    return o;
+  }
   if (s.split()) {
     // Through the parser, so a split that becomes one scheme on both sides collapses as usual.
     return parse_spec("k=" + with_rotation(*s.key_side, r).canonical() +

@@ -31,9 +31,15 @@ std::vector<Quality> read_quality(const std::vector<std::string>& dirs) {
       nlohmann::json j;
       try {
         j = nlohmann::json::parse(line);
+        const nlohmann::json& st = j.at("settings");
+        // Pre-RoPE keys are another cache than the scheme's name says: not a serving choice here.
+        if (st.value("pre_rope", false)) continue;
+        SchemeSpec spec = parse_spec(j.at("scheme").get<std::string>());
+        // kvq run's hadamard = true rows keep the plain name; the rotation is part of the scheme.
+        if (st.value("hadamard", false)) spec = with_rotation(spec, RotSpec{true});
         Quality q;
-        q.scheme = parse_spec(j.at("scheme").get<std::string>()).canonical();
-        q.ctx = j.at("settings").at("ctx").get<int64_t>();
+        q.scheme = spec.canonical();
+        q.ctx = st.at("ctx").get<int64_t>();
         q.kld = j.at("kld").get<double>();
         q.delta_ppl = j.at("delta_ppl").get<double>();
         q.top1 = j.value("top1", 0.0);
@@ -41,6 +47,8 @@ std::vector<Quality> read_quality(const std::vector<std::string>& dirs) {
         out.push_back(q);
       } catch (const nlohmann::json::exception& e) {
         fail("{}:{}: not a kvq run model row ({})", path, n, e.what());
+      } catch (const Error& e) {
+        fail("{}:{}: {}", path, n, e.what());
       }
     }
   }
@@ -147,10 +155,14 @@ Advice advise(planner::PlanInput in, const std::vector<Quality>& rows, const Bud
   }
   a.choice = best->scheme;
   a.quantize = true;
-  a.reasons.push_back(fmt::format(
-      "{}: {:.2f}x bf16's decode tokens/s ({} requests in the batch, step {:.2f} ms){}; {}",
-      best->scheme, gain, best->plan.decode_batch, best->plan.step_seconds * 1e3,
-      bf16_fits ? "" : ", the whole batch fits", measured));
+  const bool fits = best->plan.decode_batch >= in.batch;
+  a.reasons.push_back(
+      fmt::format("{}: {:.2f}x bf16's decode tokens/s, step {:.2f} ms with {}; {}", best->scheme,
+                  gain, best->plan.step_seconds * 1e3,
+                  fits ? fmt::format("the whole batch of {} in memory", in.batch)
+                       : fmt::format("{} of the {} requests in memory (the rest wait)",
+                                     best->plan.decode_batch, in.batch),
+                  measured));
   return a;
 }
 

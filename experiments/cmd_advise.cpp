@@ -66,9 +66,10 @@ void register_advise(CLI::App& app) {
     planner::PlanInput in = flags.resolve();
     if (gguf->count()) {
       KVQ_CHECK(!flags.model->count() && !flags.layers->count() && !flags.kv_heads->count() &&
-                    !flags.head_dim->count() && !flags.params->count() && !flags.weights->count(),
+                    !flags.head_dim->count() && !flags.params->count() && !flags.weights->count() &&
+                    !flags.weights_dtype->count(),
                 "--gguf gives the model and its weight bytes; leave out --model, --layers, "
-                "--kv-heads, --head-dim, --params and --weights-bytes");
+                "--kv-heads, --head-dim, --params, --weights-bytes and --weights-dtype");
       const auto f = gguf::GgufFile::open(model_path(o->gguf));
       const LlamaConfig cfg = LlamaModel::read_config(f);
       double bytes = 0;
@@ -76,6 +77,11 @@ void register_advise(CLI::App& app) {
       in.model = {std::filesystem::path(o->gguf).filename().string(), cfg.layers, cfg.kv_heads,
                   cfg.head_dim, 0.0};
       in.weight_bytes = bytes;
+      // The design note's 55 GB belongs to its own model: a GGUF gets --mem, or 90% of --gpu's
+      // memory minus its weights.
+      KVQ_CHECK(flags.mem->count() || flags.gpu->count(),
+                "--gguf: give --mem (the KV memory) or --gpu (90% of its memory minus the "
+                "weights)");
     }
     in.ctx = in.decode_ctx = o->ctx;
     in.batch = o->batch;

@@ -79,7 +79,8 @@ void register_compare(CLI::App& app) {
     const Tensor3 x = o->in.empty() ? synthetic_kv(o->synth) : load_kv(o->in).tensor;
     const Role role = o->role == "key" ? Role::Key : Role::Value;
     std::vector<SchemeSpec> specs;
-    for (const auto& s : o->schemes) specs.push_back(parse_spec(s));  // fail before any work
+    // fail before any work; a per-layer spec is layer 0's scheme here (one tensor)
+    for (const auto& s : o->schemes) specs.push_back(parse_spec(s).for_layer(0));
     if (o->in.empty())
       fmt::print(
           "input: synthetic [{} tokens, {} heads, {} dim], {} outlier channels x{} per head, seed "

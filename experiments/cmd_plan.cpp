@@ -12,10 +12,11 @@ namespace {
 
 constexpr const char* kPlanFooter = R"(
 How the numbers are made (GB = 10^9 bytes, TB/s = 10^12 bytes/s, KiB = 1,024 bytes):
-  bytes of a request of N tokens = layers x (footprint(K, [N, kv_heads, head_dim])
-                                           + footprint(V, [N, kv_heads, head_dim]))
+  bytes of a request of N tokens = sum over layers of footprint(K, [N, kv_heads, head_dim])
+                                                    + footprint(V, [N, kv_heads, head_dim])
     the same kvq::footprint the quantizers use: codes, scale and zero bytes per group, and the
-    R most recent tokens of kivi/int schemes kept at 2 bytes per element.
+    R most recent tokens of kivi/int schemes (and sink=S tokens) kept at 2 bytes per element;
+    a per-layer spec (kivi2@0-1=kivi4) counts each layer in its own scheme.
   KiB/token   = bytes of one --ctx request / --ctx (per-request scales and the window spread
                 over the request: 128 KiB for bf16 and 64 KiB for fp8 on llama-3.1-8b, where fp8's
                 per-tensor scales add 1/16 byte per token at --ctx 4096)
@@ -40,9 +41,9 @@ Examples:
   kvq plan --model llama-3.1-70b --gpu h200 --weights-dtype fp8 --kv bf16 fp8 kivi2
   kvq plan --layers 30 --kv-heads 3 --head-dim 64 --params 0.135 --bandwidth 0.3 --mem 8 --json)";
 
-// The footer: how the numbers are made, the presets (from the planner's tables), examples.
 }  // namespace
 
+// The footer: how the numbers are made, the presets (from the planner's tables), examples.
 std::string plan_footer() {
   std::string s = kPlanFooter;
   s += "\nModel presets (--model):       layers  kv heads  head dim  params\n";
@@ -78,7 +79,7 @@ PlanFlags add_plan_flags(CLI::App* c, PlanFlags::Values& o) {
   f.weights = c->add_option(
       "--weights-bytes", o.weights,
       "weight bytes read per decode step, in GB like --mem (default params x 2 bytes; 0: KV only)");
-  c->add_option(
+  f.weights_dtype = c->add_option(
        "--weights-dtype", o.in.weights_dtype,
        "weights in memory and read per step: bf16 | fp16 (2 bytes per parameter) | fp8 (1) |\n"
        "int4 (0.5 + a bf16 scale per 128 weights)")

@@ -279,8 +279,15 @@ struct Row {
   bool from_sweep = false;
 };
 
-// Whether spec can hold heads x head_dim for both roles; the reason when not.
-std::string misfit(const SchemeSpec& spec, int64_t heads, int64_t dim) {
+// Whether spec can hold heads x head_dim for both roles; the reason when not. `layers`: the
+// model's layer count, or 0 for a task that measures one tensor (no per-layer specs there).
+std::string misfit(const SchemeSpec& spec, int64_t heads, int64_t dim, int layers) {
+  if (spec.layered() && layers == 0)
+    return "a per-layer spec (SPEC@LAYERS=SPEC) is for the model's cache; this task measures one "
+           "tensor (give it in [model] schemes)";
+  if (spec.max_layer() >= layers && spec.layered())
+    return fmt::format("names layer {}, but the model has {} layers (0-{})", spec.max_layer(),
+                       layers, layers - 1);
   try {
     for (const SchemeSpec& one : spec.distinct_layer_specs())  // every layer's scheme
       for (Role role : {Role::Key, Role::Value}) (void)make_side(one, role, heads, dim);
@@ -293,10 +300,10 @@ std::string misfit(const SchemeSpec& spec, int64_t heads, int64_t dim) {
 // Keeps the rows that fit [heads, dim]; a sweep row that does not is skipped with a line, an
 // explicit one is added to `errors`.
 std::vector<SchemeSpec> fitting(const std::vector<Row>& rows, const std::string& task, int64_t heads,
-                                int64_t dim, std::vector<std::string>& errors) {
+                                int64_t dim, std::vector<std::string>& errors, int layers = 0) {
   std::vector<SchemeSpec> out;
   for (const Row& r : rows) {
-    const std::string why = misfit(r.spec, heads, dim);
+    const std::string why = misfit(r.spec, heads, dim, layers);
     if (why.empty()) {
       out.push_back(r.spec);
     } else if (r.from_sweep) {
@@ -1033,7 +1040,7 @@ void register_run(CLI::App& app) {
         }
       }
       mp->specs = fitting(task_rows(*mt, "model"), "model", model_config().kv_heads, model_config().head_dim,
-                          errors);
+                          errors, model_config().layers);
     }
     std::optional<NeedlePlan> np;
     if (want_needle) {
@@ -1044,7 +1051,7 @@ void register_run(CLI::App& app) {
         np->settings["smoke"] = true;
       }
       np->specs = fitting(task_rows(*nt, "needle"), "needle", model_config().kv_heads, model_config().head_dim,
-                          errors);
+                          errors, model_config().layers);
     }
     std::optional<ThroughputPlan> tp;
     if (want_tp) {

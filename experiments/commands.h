@@ -29,7 +29,7 @@ struct PlanFlags {
   };
   CLI::Option *model = nullptr, *layers = nullptr, *kv_heads = nullptr, *head_dim = nullptr,
               *params = nullptr, *mem = nullptr, *gpu = nullptr, *bw = nullptr,
-              *weights = nullptr;
+              *weights = nullptr, *weights_dtype = nullptr;
   const Values* values = nullptr;
   /// \brief The plan input those flags give (throws kvq::Error on bad combinations).
   planner::PlanInput resolve() const;

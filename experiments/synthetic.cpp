@@ -3,15 +3,10 @@
 #include <cmath>
 #include <vector>
 
+#include "core/splitmix.h"
+
 namespace kvq {
 namespace {
-
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 double uniform01(uint64_t& st) { return (static_cast<double>(splitmix64(st) >> 11) + 0.5) * 0x1.0p-53; }
 

@@ -80,13 +80,22 @@ Timing time_decode(const SchemeSpec& spec, const ThroughputInput& in, int64_t ba
   std::vector<float> out(static_cast<size_t>(q_heads * in.shape.head_dim));
   const cpu::DecodeOptions dopt{opt.threads, opt.int_mode};
   int64_t next = 0;
+  std::vector<float> qr;
   auto step = [&] {
     for (int64_t b = 0; b < batch; ++b) {
       const Sides& s = pool[static_cast<size_t>(next++ % n)];
       if (backend == AttentionBackend::kRef)
         decode_attention(in.q.data(), q_heads, *s.k, *s.v, out.data(), opt.threads);
-      else
-        cpu::decode_attention(in.q.data(), q_heads, s.k->stored(), s.v->stored(), out.data(), dopt);
+      else {  // a rot= side reads a rotated query and gives a rotated output (timed with it)
+        const float* q = in.q.data();
+        if (const Rotation* r = s.k->rotation()) {
+          qr.assign(in.q.begin(), in.q.end());
+          r->rotate(qr.data(), q_heads);
+          q = qr.data();
+        }
+        cpu::decode_attention(q, q_heads, s.k->stored(), s.v->stored(), out.data(), dopt);
+        unrotate_output(*s.v, out.data(), q_heads);
+      }
     }
   };
   step();  // warm-up (page faults, thread team)

@@ -99,22 +99,23 @@ cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, in
   in.k_quantized = b.kq;
   in.v_quantized = b.vq;
   // rot=: the kernels read the rotated codes, so the query and the exact tails go there too.
-  const int64_t tail_rows = (t_begin + n) * k.heads();
+  const int64_t rows = t_begin + n;  // tokens a tail ends at
+  auto rotate_tail = [&](const SideStore& s, const ExactTail& e, std::vector<float>& buf,
+                         ExactTail& to) {
+    const Rotation* r = s.rotation();
+    if (!r || !e.data) return;
+    const int64_t count = (rows - e.begin) * s.heads();
+    buf.assign(e.data, e.data + count * s.dim());
+    r->rotate(buf.data(), count);
+    to.data = buf.data();
+  };
   if (const Rotation* r = k.rotation()) {
     b.q.assign(q, q + n * q_heads * k.dim());
     r->rotate(b.q.data(), n * q_heads);
     in.q = b.q.data();
-    if (k_exact.data) {
-      b.ktail.assign(k_exact.data, k_exact.data + (tail_rows - k_exact.begin * k.heads()) * k.dim());
-      r->rotate(b.ktail.data(), tail_rows - k_exact.begin * k.heads());
-      in.k_exact.data = b.ktail.data();
-    }
   }
-  if (const Rotation* r = v.rotation(); r && v_exact.data) {
-    b.vtail.assign(v_exact.data, v_exact.data + (tail_rows - v_exact.begin * v.heads()) * v.dim());
-    r->rotate(b.vtail.data(), tail_rows - v_exact.begin * v.heads());
-    in.v_exact.data = b.vtail.data();
-  }
+  rotate_tail(k, k_exact, b.ktail, in.k_exact);
+  rotate_tail(v, v_exact, b.vtail, in.v_exact);
   return in;
 }
 

@@ -148,7 +148,7 @@ cli::KvInput as_tensor(const FloatIn& x, const std::string& name) {
 
 std::pair<FloatOut, std::string> quantize(const FloatIn& x, const std::string& spec_text,
                                           const std::string& role_text, int layer) {
-  const SchemeSpec spec = parse_spec(spec_text);
+  const SchemeSpec spec = parse_spec(spec_text).for_layer(layer);  // SPEC@L=..: this layer's
   const Role role = parse_role(role_text);
   cli::KvInput in = as_tensor(x, "x");
   RoundTrip r;
@@ -164,7 +164,8 @@ std::pair<FloatOut, std::string> quantize(const FloatIn& x, const std::string& s
 std::vector<std::string> compare(const FloatIn& x, const std::vector<std::string>& spec_texts,
                                  const std::string& role_text) {
   std::vector<SchemeSpec> specs;
-  for (const auto& s : spec_texts) specs.push_back(parse_spec(s));  // every spec before any work
+  // every spec before any work; a per-layer spec is layer 0's scheme here (one tensor)
+  for (const auto& s : spec_texts) specs.push_back(parse_spec(s).for_layer(0));
   const Role role = parse_role(role_text);
   const cli::KvInput in = as_tensor(x, "x");
   nb::gil_scoped_release release;
@@ -180,7 +181,10 @@ class Cache {
  public:
   Cache(const std::string& spec_text, int64_t heads, int64_t dim, const std::string& backend,
         int layer, const std::string& int_mode, int threads)
-      : spec_(parse_spec(spec_text)), heads_(heads), dim_(dim), threads_(threads) {
+      : spec_(parse_spec(spec_text).for_layer(layer)),  // one layer's cache: its scheme
+        heads_(heads),
+        dim_(dim),
+        threads_(threads) {
     KVQ_CHECK(heads >= 1, "heads must be at least 1, got {}", heads);
     KVQ_CHECK(dim >= 1, "head_dim must be at least 1, got {}", dim);
     KVQ_CHECK(threads >= 0, "threads must be 0 (all cores) or more, got {}", threads);

@@ -385,9 +385,7 @@ class SinkSide final : public SideStore {
   }
   Footprint footprint() const override {
     Footprint f = in_->footprint();
-    const int64_t e = static_cast<int64_t>(sink_.size());
-    f.residual_elements += e;
-    f.residual_bytes += kResidualBytesPerElement * static_cast<double>(e);
+    add_exact(f, static_cast<int64_t>(sink_.size()));
     return f;
   }
   StoredSide stored() const override {

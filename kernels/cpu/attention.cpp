@@ -1210,6 +1210,7 @@ struct CausalAttention::Parts {
   std::vector<Partial> p;
 };
 
+namespace {
 /// The side without its sinks: the tokens from S on, indexed from 0.
 StoredSide without_sinks(StoredSide s) {
   s.tokens -= s.sink_tokens;
@@ -1217,17 +1218,39 @@ StoredSide without_sinks(StoredSide s) {
   s.sink_tokens = 0;
   return s;
 }
+}  // namespace
 
 CausalAttention::CausalAttention(const CausalInput& given, int members) : in_(given) {
   check(given.k, given.v, given.q_heads);
-  KVQ_CHECK(given.k.sink_tokens == given.v.sink_tokens,
-            "cpu attention: {} key sinks but {} value sinks", given.k.sink_tokens,
-            given.v.sink_tokens);
+  KVQ_CHECK(given.n > 0 && given.t_begin >= 0 && given.k.tokens == given.t_begin + given.n,
+            "cpu attention: the cache holds {} tokens, expected {} + {}", given.k.tokens,
+            given.t_begin, given.n);
+  const int64_t S = given.k.sink_tokens;
+  KVQ_CHECK(S == given.v.sink_tokens && S >= 0 && S <= given.k.tokens &&
+                (S == 0 || (given.k.sink && given.v.sink)),
+            "cpu attention: {} key sinks and {} value sinks of {} tokens (both sides the same, "
+            "with their values)",
+            S, given.v.sink_tokens, given.k.tokens);
+  const bool tails = given.k_exact.data != nullptr;
+  KVQ_CHECK(tails == (given.v_exact.data != nullptr),
+            "cpu attention: give exact tails for both sides or for neither");
+  KVQ_CHECK(tails || given.n == 1, "cpu attention: {} positions need exact tails", given.n);
+  KVQ_CHECK(!tails || (static_cast<int64_t>(given.k_quantized.size()) == given.n &&
+                       static_cast<int64_t>(given.v_quantized.size()) == given.n),
+            "cpu attention: {} positions need {} quantized-token counts per side", given.n,
+            given.n);
   q_heads_ = given.q_heads;
   dim_ = given.k.dim;
-  if (given.k.sink_tokens > 0) {
-    sink_partials(given);
-    const int64_t S = sinks_, row = given.k.heads * given.k.dim;
+  if (S > 0) {
+    // The positions before S read sinks only; the rest are a call over the tokens from S on,
+    // with the sinks' partial folded in front (finish).
+    sinks_ = S;
+    q_ = given.q;
+    t0_ = given.t_begin;
+    k_sink_ = given.k.sink;
+    v_sink_ = given.v.sink;
+    kv_heads_ = given.k.heads;
+    const int64_t row = given.k.heads * given.k.dim;
     sink_only_ = std::clamp<int64_t>(S - given.t_begin, 0, given.n);
     in_.k = without_sinks(given.k);
     in_.v = without_sinks(given.v);
@@ -1242,11 +1265,7 @@ CausalAttention::CausalAttention(const CausalInput& given, int members) : in_(gi
         }
         e->begin -= S;
       }
-    if (given.k_exact.data) {
-      KVQ_CHECK(static_cast<int64_t>(given.k_quantized.size()) == given.n &&
-                    static_cast<int64_t>(given.v_quantized.size()) == given.n,
-                "cpu attention: {} positions need {} quantized-token counts per side", given.n,
-                given.n);
+    if (tails) {
       for (int64_t p = sink_only_; p < given.n; ++p) {
         kq_.push_back(given.k_quantized[static_cast<size_t>(p)] - S);
         vq_.push_back(given.v_quantized[static_cast<size_t>(p)] - S);
@@ -1256,18 +1275,8 @@ CausalAttention::CausalAttention(const CausalInput& given, int members) : in_(gi
     }
     if (in_.n == 0) return;  // every position reads sinks only (merge writes them)
   }
-  const CausalInput& in = in_;
-  KVQ_CHECK(in.n > 0 && in.t_begin >= 0 && in.k.tokens == in.t_begin + in.n,
-            "cpu attention: the cache holds {} tokens, expected {} + {}", in.k.tokens, in.t_begin,
-            in.n);
-  const bool tails = in.k_exact.data != nullptr;
-  KVQ_CHECK(tails == (in.v_exact.data != nullptr),
-            "cpu attention: give exact tails for both sides or for neither");
-  KVQ_CHECK(tails || in.n == 1, "cpu attention: {} positions need exact tails", in.n);
+  const CausalInput& in = in_;  // the call over the tokens from the sinks on
   if (tails) {
-    KVQ_CHECK(static_cast<int64_t>(in.k_quantized.size()) == in.n &&
-                  static_cast<int64_t>(in.v_quantized.size()) == in.n,
-              "cpu attention: {} positions need {} quantized-token counts per side", in.n, in.n);
     KVQ_CHECK(in.k_exact.begin <= in.k_quantized[0] && in.v_exact.begin <= in.v_quantized[0],
               "cpu attention: exact tails start at {} / {}, after the window of position {}",
               in.k_exact.begin, in.v_exact.begin, in.t_begin);
@@ -1297,39 +1306,36 @@ int64_t CausalAttention::items() const {
 
 int64_t CausalAttention::merges() const { return sink_only_ + (parts_ ? in_.n : 0); }
 
-void CausalAttention::sink_partials(const CausalInput& in) {
-  sinks_ = in.k.sink_tokens;
-  const int64_t H = in.k.heads, D = in.k.dim, nq = in.q_heads / H;
+Partial CausalAttention::sink_partial(int64_t p) const {
+  const int64_t H = kv_heads_, D = dim_, nq = q_heads_ / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  std::vector<float> sc(static_cast<size_t>(sinks_));
-  sink_part_.resize(static_cast<size_t>(in.n));
-  for (int64_t p = 0; p < in.n; ++p) {
-    Partial& P = sink_part_[static_cast<size_t>(p)];
-    P.init(in.q_heads, D);
-    const int64_t u1 = std::min(sinks_, in.t_begin + p + 1);  // the sinks position p sees
-    for (int64_t j = 0; j < in.q_heads; ++j) {
-      const float* q = in.q + (p * in.q_heads + j) * D;
-      const int64_t h = j / nq;
-      float m = -INFINITY;
-      for (int64_t u = 0; u < u1; ++u) {
-        const float* k = in.k.sink + (u * H + h) * D;
-        float acc = 0;
-        for (int64_t d = 0; d < D; ++d) acc += q[d] * k[d];
-        sc[static_cast<size_t>(u)] = acc * scale;
-        m = std::max(m, acc * scale);
-      }
-      float l = 0;
-      float* o = P.o.data() + j * D;
-      for (int64_t u = 0; u < u1; ++u) {
-        const float e = std::exp(sc[static_cast<size_t>(u)] - m);
-        l += e;
-        const float* v = in.v.sink + (u * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) o[d] += e * v[d];
-      }
-      P.m[static_cast<size_t>(j)] = m;
-      P.l[static_cast<size_t>(j)] = l;
+  const int64_t u1 = std::min(sinks_, t0_ + p + 1);  // the sinks position p sees (>= 1)
+  std::vector<float> sc(static_cast<size_t>(u1));
+  Partial P;
+  P.init(q_heads_, D);
+  for (int64_t j = 0; j < q_heads_; ++j) {
+    const float* q = q_ + (p * q_heads_ + j) * D;
+    const int64_t h = j / nq;
+    float m = -INFINITY;
+    for (int64_t u = 0; u < u1; ++u) {
+      const float* k = k_sink_ + (u * H + h) * D;
+      float acc = 0;
+      for (int64_t d = 0; d < D; ++d) acc += q[d] * k[d];
+      sc[static_cast<size_t>(u)] = acc * scale;
+      m = std::max(m, acc * scale);
     }
+    float l = 0;
+    float* o = P.o.data() + j * D;
+    for (int64_t u = 0; u < u1; ++u) {
+      const float e = std::exp(sc[static_cast<size_t>(u)] - m);
+      l += e;
+      const float* v = v_sink_ + (u * H + h) * D;
+      for (int64_t d = 0; d < D; ++d) o[d] += e * v[d];
+    }
+    P.m[static_cast<size_t>(j)] = m;
+    P.l[static_cast<size_t>(j)] = l;
   }
+  return P;
 }
 
 /// One position's sides as it sees them (position_view), whether the SIMD path takes them, and
@@ -1423,7 +1429,7 @@ void CausalAttention::finish(const Position& pos, int64_t p, const Partial& acc,
         for (int64_t d = 0; d < D; ++d)
           rest.o[static_cast<size_t>(j * D + d)] *= pos.v.fp8_scales[(j / nq) * D + d];
     cf_left = false;
-    all = sink_part_[static_cast<size_t>(sink_only_ + p)];
+    all = sink_partial(sink_only_ + p);
     fold(all, rest, false, D);
     a = &all;
   }
@@ -1482,11 +1488,13 @@ void CausalAttention::run(int64_t item, float* out, Workspace& w) {
 
 void CausalAttention::merge(int64_t m, float* out) const {
   if (m < sink_only_) {  // a position before S: its sinks are all it reads
-    const Partial& P = sink_part_[static_cast<size_t>(m)];
+    const Partial P = sink_partial(m);
     float* o = out + m * q_heads_ * dim_;
-    for (int64_t j = 0; j < q_heads_; ++j)
+    for (int64_t j = 0; j < q_heads_; ++j) {
+      const float inv = 1.0f / P.l[static_cast<size_t>(j)];
       for (int64_t d = 0; d < dim_; ++d)
-        o[j * dim_ + d] = P.o[static_cast<size_t>(j * dim_ + d)] / P.l[static_cast<size_t>(j)];
+        o[j * dim_ + d] = P.o[static_cast<size_t>(j * dim_ + d)] * inv;
+    }
     return;
   }
   const int64_t p = m - sink_only_;
@@ -1501,7 +1509,7 @@ void causal_attention(const CausalInput& in, float* out, int threads) {
   const int nt = threads > 0 ? threads : omp_get_max_threads();
   CausalAttention a(in, nt);
   const int64_t items = a.items();
-#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(nt, items)))
+#pragma omp parallel num_threads(static_cast <int>(std::max <int64_t>(1, std::min <int64_t>(nt, std::max(items, a.merges())))))
   {
     CausalAttention::Workspace w;
 #pragma omp for schedule(dynamic, 1)

@@ -99,7 +99,8 @@ class CausalAttention {
   void merge(int64_t position, float* out) const;
 
  private:
-  void sink_partials(const CausalInput& in);
+  /// The sinks' partial of position p of the call as given (sink=S).
+  Partial sink_partial(int64_t p) const;
   struct Parts;
   struct Position;
   Position position(int64_t p) const;
@@ -111,10 +112,10 @@ class CausalAttention {
   int64_t tile_ = 1;  // positions per item when there is one item per several positions
   std::vector<int64_t> first_item_;
   std::unique_ptr<Parts> parts_;
-  // sink=S: the sinks' partial of every position of the call, the positions that read only
-  // sinks (the first `sink_only_`), and the rest's quantized-token counts counted from S
-  int64_t sinks_ = 0, sink_only_ = 0, q_heads_ = 0, dim_ = 0;
-  std::vector<Partial> sink_part_;
+  // sink=S: the call as given (q, first position, the sinks' K and V), the positions that read
+  // only sinks (the first `sink_only_`), and the rest's quantized-token counts counted from S
+  int64_t sinks_ = 0, sink_only_ = 0, q_heads_ = 0, dim_ = 0, t0_ = 0, kv_heads_ = 0;
+  const float *q_ = nullptr, *k_sink_ = nullptr, *v_sink_ = nullptr;
   std::vector<int64_t> kq_, vq_;
 };
 

@@ -93,6 +93,10 @@ TEST(Spec, RotationAndSinks) {
   EXPECT_EQ(with_rotation(s, RotSpec{true, true, 3}).canonical(),
             "k=kivi2:g=32,r=128,rot=hadamard:3,sink=4;v=fp8_e4m3:gran=token,scale=dynamic,"
             "rot=hadamard,sink=4");
+  EXPECT_EQ(with_rotation(parse_spec("kivi2@1=k=kivi4;v=fp16"), RotSpec{true}).canonical(),
+            "kivi2:g=32,r=128,rot=hadamard@1=k=kivi4:g=32,r=128,rot=hadamard;v=fp16:rot=hadamard");
+  EXPECT_NE(error_of("fp8:scale=calib:s.json,rot=hadamard").find("measured on unrotated channels"),
+            std::string::npos);
   EXPECT_NE(error_of("kivi2:rot=random").find("rot=random (allowed: hadamard, hadamard:SEED)"),
             std::string::npos);
   EXPECT_NE(error_of("kivi2:rot=hadamard:x").find("the seed is a non-negative integer"),

@@ -104,6 +104,24 @@ TEST_F(Advise, CapacityBound_bf16DoesNotHoldTheBatch) {
   EXPECT_NE(a.reasons[0].find("bf16 holds only 12 of the 64 requests"), std::string::npos)
       << a.reasons[0];
   EXPECT_EQ(a.table[0].plan.decode_batch, 12);
+  // kivi4 at 32,768 tokens: 32 x (32,768 x 640 + 32,640 x 640 + 128 x 2,048) = 1.348 GB per
+  // request, so 40 fit in 55 GB.
+  EXPECT_NE(a.reasons.back().find("40 of the 64 requests in memory"), std::string::npos)
+      << a.reasons.back();
+}
+
+// kvq run's hadamard = true rows carry the plain name in `scheme`: the rotation is added back;
+// pre-RoPE rows are another cache and are left out.
+TEST_F(Advise, RowSettingsNameTheCacheThatRan) {
+  std::filesystem::create_directories(dir_ / "s");
+  std::ofstream(dir_ / "s" / "model.jsonl")
+      << "{\"scheme\":\"kivi2\",\"settings\":{\"ctx\":512,\"hadamard\":true},\"kld\":0.1,"
+         "\"delta_ppl\":0.2}\n"
+      << "{\"scheme\":\"kivi4\",\"settings\":{\"ctx\":512,\"pre_rope\":true},\"kld\":0.1,"
+         "\"delta_ppl\":0.2}\n";
+  const auto q = read_quality({(dir_ / "s").string()});
+  ASSERT_EQ(q.size(), 1u);
+  EXPECT_EQ(q[0].scheme, "kivi2:g=32,r=128,rot=hadamard");
 }
 
 // The row nearest the workload's context (log distance), the worst of several there.

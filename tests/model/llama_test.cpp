@@ -307,5 +307,27 @@ TEST(Sinks, InvisibleWithExactCacheAndStreamWithQuantizedOne) {
   }
 }
 
+// With an exact (fp32) cache, sinks and a rotation change only float rounding, post- and pre-RoPE
+// (the pre-RoPE view splits its sinks off as the stored side does), on both backends: the logits
+// agree with the plain fp32 cache's on backend ref as closely as the two backends agree with each
+// other on a plain cache (KL <= 1e-6, the same top-1; Backends.CpuMatchesRef_...).
+TEST(Sinks, ExactCacheWithSinksAndRotationMatchesPlainOnBothBackends_preRopeToo) {
+  KVQ_REQUIRE_MODEL();
+  const auto ids = kjv_tokens(M->tok, 64);
+  const int64_t V = M->model.config().vocab;
+  const LlamaModel& ref = testing::model_with(AttentionBackend::kRef);
+  const auto plain = run(ref, opts("fp32"), ids, {30, 1, 33});
+  for (bool pre : {false, true})
+    for (AttentionBackend b : {AttentionBackend::kCpu, AttentionBackend::kRef}) {
+      SCOPED_TRACE(::testing::Message() << to_string(b) << (pre ? " pre-RoPE" : ""));
+      const auto got =
+          run(testing::model_with(b), opts("fp32:rot=hadamard:3,sink=4", pre), ids, {30, 1, 33});
+      const auto [kl, top] = mean_kl(plain, got, V);
+      EXPECT_LE(kl, 1e-6);
+      EXPECT_EQ(top, 0);
+      EXPECT_GT(max_abs_diff(plain, got), 0.0) << "vacuous: nothing was rotated";
+    }
+}
+
 }  // namespace
 }  // namespace kvq

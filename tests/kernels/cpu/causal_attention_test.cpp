@@ -182,6 +182,7 @@ std::vector<Case> grid() {
   v.push_back({"bf16:sink=3", 2, 20, 2, {2, 40, 9}});  // ragged head_dim: portable path
   v.push_back({"fp32:rot=hadamard:1", 1, 96, 8, {600, 1}});  // three blocks of 32
   v.push_back({"kivi4:g=32,r=32,sink=600", 2, 64, 2, {300, 400}});  // sinks past a segment
+  v.push_back({"fp8_e4m3:gran=channel,first=16,sink=5", 2, 64, 3, {3, 40, 300}});  // scales at the end
   return v;
 }
 
