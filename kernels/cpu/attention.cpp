@@ -707,6 +707,28 @@ struct TokenCodes {
   }
 };
 
+/// Per-token int keys as rows of dequantized values (exact: kivi::decode's scale * code + min, or
+/// (code - 2^(b-1)) * scale symmetric, 8 channels of one group at a time), for the float dot kernels.
+template <int B>
+struct TokenKeyRows {
+  TokenCodes<B> codes;
+  const uint16_t* scales;  // token t0, head h
+  const uint16_t* mins;    // null: symmetric
+  int64_t pstride;         // parameters per token
+  void prefetch(int64_t j, int64_t D) const { codes.prefetch(j, D); }
+  __m256 operator()(int64_t j, int64_t d) const {
+    const int64_t c = d / codes.group;
+    const float sc = _cvtsh_ss(scales[j * pstride + c]);
+    const __m256 x = codes.code(j, c, d % codes.group);
+    if (!mins)
+      return _mm256_mul_ps(
+          _mm256_sub_ps(x, _mm256_set1_ps(static_cast<float>(kivi::sym_offset(B)))),
+          _mm256_set1_ps(sc));
+    return _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(sc)),
+                         _mm256_set1_ps(_cvtsh_ss(mins[j * pstride + c])));
+  }
+};
+
 /// o_i[d] += sum_j w[i * ldw + j - j0] * code_j[d] for rows [j0, j1) and d in [d0, d1), CW vectors
 /// of channels at a time.
 template <int NQ, int CW, class L>
@@ -857,8 +879,32 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
   const StoredSide& k = c.k;
   const int64_t H = c.H, D = c.D, row = H * D;
   const float* q = c.q + h * NQ * D;
-  // Per-channel int keys: each token group folds its scales into q; the window is exact.
   const int64_t qt = k.quantized_tokens, te = std::min(t1, qt);
+  if (k.axis == Axis::Token) {  // per-token int keys: rows dequantized in registers, exact floats
+    if (t0 < te) {
+      const kivi::TokenLayout L{H, D, k.group, k.bits};
+      auto run = [&]<int B>() {
+        if constexpr (B == 3) {
+          fail("cpu attention: 3-bit per-token keys take the portable path");
+        } else {
+          const TokenKeyRows<B> ld{
+              {k.words + L.word_index(t0, h, 0), H * L.words_per_token_head(), k.group,
+               kivi::words_for(k.group, B)},
+              k.scales + L.param_index(t0, h, 0),
+              k.sym ? nullptr : k.mins + L.param_index(t0, h, 0),
+              H * L.channel_groups()};
+          dot<NQ>(q, D, te - t0, ld, s, lds);
+        }
+      };
+      kivi::dispatch_bits(k.bits, run);
+    }
+    const int64_t r0 = std::max(t0, qt);
+    if (r0 < t1)
+      dot<NQ>(q, D, t1 - r0, F32Rows{k.residual + (r0 - qt) * row + h * D, row}, s + (r0 - t0),
+              lds);
+    return;
+  }
+  // Per-channel int keys: each token group folds its scales into q; the window is exact.
   const int G = k.group;
   const kivi::ChannelLayout L{H, D, G, k.bits};
   const int64_t wpg = L.words_per_group();
@@ -1122,8 +1168,10 @@ void dispatch_nq(int nq, F&& f) {
 
 bool side_fast(const StoredSide& s, bool key) {
   if (s.kind != SchemeKind::Int) return true;
-  if (key) return s.axis == Axis::Channel;  // any bits: one shift per token
-  return s.axis == Axis::Token && (s.bits == 2 || s.bits == 4 || s.bits == 8) && s.group % 8 == 0;
+  const bool token_ok = s.axis == Axis::Token && (s.bits == 2 || s.bits == 4 || s.bits == 8) &&
+                        s.group % 8 == 0;
+  if (key) return s.axis == Axis::Channel || token_ok;  // per-channel: any bits, one shift/token
+  return token_ok;
 }
 
 void check(const StoredSide& k, const StoredSide& v, int64_t q_heads) {

@@ -20,10 +20,13 @@
 // Paths (AVX2+FMA+F16C; anything else takes the portable path, same results within tolerance):
 //   fp32 / bf16 / fp16   rows widened in registers, several tokens x query heads of accumulators
 //   fp8 (all formats, every granularity)   codes decoded arithmetically (exact: fp8::decode)
-//   int (KIVI axes): keys per-channel (2/3/4/8 bits), values per-token (2/4/8 bits, G a multiple
-//     of 8), the exact residual window as fp32; head_dim a multiple of 8 and GQA 1-8 throughout
-//     IntMode::Exact   codes widened to float; per-channel scales folded into q per group
-//     IntMode::Int8    keys of 2 and 4 bits, head_dim a multiple of 32: q * scale quantized to
+//   int: keys per-channel (2/3/4/8 bits) or per-token (2/4/8 bits, G a multiple of 8: llama.cpp's
+//     and HF QuantizedCache's layout), values per-token (2/4/8 bits, G a multiple of 8), the exact
+//     residual window as fp32; head_dim a multiple of 8 and GQA 1-8 throughout (per-channel
+//     values and 3-bit per-token sides take the portable path)
+//     IntMode::Exact   codes widened to float; per-channel scales folded into q per group,
+//                      per-token key rows dequantized in registers (scale * code + min)
+//     IntMode::Int8    per-channel keys of 2 and 4 bits, head_dim a multiple of 32: q * scale quantized to
 //                      int8 per (key group, query head), scores as integer dot products on the
 //                      codes (vpmaddubsw + vpmaddwd); values as Exact
 //

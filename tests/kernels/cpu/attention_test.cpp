@@ -98,7 +98,11 @@ std::vector<Case> grid() {
                               "kivi4",
                               "int8:k=channel,v=token,g=32,r=64",
                               "kivi2:g=64,r=128,sym",
-                              "int3:k=channel,v=token,g=32,r=32"};
+                              "int3:k=channel,v=token,g=32,r=32",
+                              // per-token keys (llama.cpp's q4_0/q8_0 and HF's layout)
+                              "int4:k=token,v=token,g=32,r=32",
+                              "int8:k=token,v=token,g=32,sym",
+                              "int2:k=token,v=token,g=8,r=128"};
   for (const char* s : fast_specs) {
     const bool fast = std::string(s).rfind("int3", 0) != 0;  // 3-bit values: portable
     v.push_back({s, 1000, 2, 128, 4, 1, fast});

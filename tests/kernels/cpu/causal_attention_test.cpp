@@ -153,7 +153,10 @@ std::vector<Case> grid() {
                          "kivi4:g=64,r=128",
                          "int8:k=channel,v=token,g=32,r=64",
                          "int3:k=channel,v=token,g=32,r=32",   // 3-bit values: portable path
-                         "int4:k=token,v=channel,g=32,r=32"};  // mirror axes: portable path
+                         "int4:k=token,v=channel,g=32,r=32",   // mirror axes: portable path
+                         // per-token keys (llama.cpp / HF layout): the fast path
+                         "int4:k=token,v=token,g=32,r=32", "int2:k=token,v=token,g=32,r=128",
+                         "int8:k=token,v=token,g=32,sym", "int4:k=token,v=token,g=dim,r=16"};
   for (const char* s : specs) v.push_back({s, 2, 64, 3, {300, 1, 250, 77}});
   v.push_back({"kivi2", 3, 72, 4, {1, 160, 530}});
   v.push_back({"fp8_e4m3:gran=tensor,first=200", 2, 128, 2, {150, 120, 3}});
