@@ -126,8 +126,9 @@ Advice advise(planner::PlanInput in, const std::vector<Quality>& rows, const Bud
   const bool bf16_fits = base.plan.decode_batch >= in.batch;
   a.reasons.push_back(
       bf16_fits
-          ? fmt::format("bf16 holds the whole batch: {} requests of {} tokens fit in {:.1f} GB",
-                        in.batch, in.decode_ctx, a.plan.mem_bytes / 1e9)
+          ? fmt::format("bf16 holds the whole batch: {} request{} of {} tokens fit{} in {:.1f} GB",
+                        in.batch, in.batch == 1 ? "" : "s", in.decode_ctx, in.batch == 1 ? "s" : "",
+                        a.plan.mem_bytes / 1e9)
           : fmt::format("bf16 holds only {} of the {} requests of {} tokens in {:.1f} GB",
                         base.plan.decode_batch, in.batch, in.decode_ctx, a.plan.mem_bytes / 1e9));
   if (!best) {
@@ -163,6 +164,13 @@ Advice advise(planner::PlanInput in, const std::vector<Quality>& rows, const Bud
                        : fmt::format("{} of the {} requests in memory (the rest wait)",
                                      best->plan.decode_batch, in.batch),
                   measured));
+  if (best->quality &&
+      (best->quality->ctx > 2 * in.decode_ctx || 2 * best->quality->ctx < in.decode_ctx))
+    a.reasons.push_back(fmt::format(
+        "caution: its quality was measured at {} tokens, the workload runs {}; damage grows with "
+        "context (docs/results.md, \"Quality against context length\"): measure at the workload's "
+        "length (kvq run with [model] ctx = {}) before trusting the budget",
+        best->quality->ctx, in.decode_ctx, in.decode_ctx));
   return a;
 }
 

@@ -106,7 +106,11 @@ TEST_F(Advise, CapacityBound_bf16DoesNotHoldTheBatch) {
   EXPECT_EQ(a.table[0].plan.decode_batch, 12);
   // kivi4 at 32,768 tokens: 32 x (32,768 x 640 + 32,640 x 640 + 128 x 2,048) = 1.348 GB per
   // request, so 40 fit in 55 GB.
-  EXPECT_NE(a.reasons.back().find("40 of the 64 requests in memory"), std::string::npos)
+  EXPECT_NE(a.reasons[1].find("40 of the 64 requests in memory"), std::string::npos)
+      << a.reasons[1];
+  // Measured at 2,048 tokens, asked about 32,768: the answer says so.
+  EXPECT_NE(a.reasons.back().find("caution: its quality was measured at 2048 tokens"),
+            std::string::npos)
       << a.reasons.back();
 }
 
