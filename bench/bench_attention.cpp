@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "bench/bench_ratio.h"
+#include "core/error.h"
 #include "experiments/synthetic.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
@@ -33,8 +34,8 @@ namespace {
 using namespace kvq;
 
 int64_t kHeads = 8, kDim = 128, kGqa = 4;  // --shape=H,D,GQA
-const std::vector<std::string> kSchemes = {"bf16", "fp8_e4m3:gran=token", "fp8_e4m3:gran=tensor",
-                                           "kivi4", "kivi2"};
+std::vector<std::string> kSchemes = {"bf16", "fp8_e4m3:gran=token", "fp8_e4m3:gran=tensor",
+                                     "kivi4", "kivi2"};  // --kv=SPEC|SPEC|...
 std::vector<int64_t> g_contexts = {1024, 4096, 16384, 32768};
 
 struct Fixture {
@@ -163,6 +164,19 @@ int main(int argc, char** argv) {
   const std::string int_mode = kvq::bench::take_flag(argc, argv, "int-mode", "both");
   const std::string contexts = kvq::bench::take_flag(argc, argv, "contexts", "");
   const std::string shape = kvq::bench::take_flag(argc, argv, "shape", "");
+  const std::string kv = kvq::bench::take_flag(argc, argv, "kv", "");
+  if (!kv.empty()) {  // specs hold commas: '|' separates them
+    kSchemes.clear();
+    std::stringstream ss(kv);
+    for (std::string x; std::getline(ss, x, '|');) {
+      try {
+        kSchemes.push_back(parse_spec(x).canonical());
+      } catch (const kvq::Error& e) {
+        std::fprintf(stderr, "bench_attention: --kv: %s\n", e.what());
+        return 2;
+      }
+    }
+  }
   if (!shape.empty() &&
       std::sscanf(shape.c_str(), "%ld,%ld,%ld", &kHeads, &kDim, &kGqa) != 3) {  // NOLINT
     std::fprintf(stderr, "bench_attention: --shape=H,D,GQA, for example --shape=3,64,3\n");
@@ -192,7 +206,7 @@ int main(int argc, char** argv) {
     for (int64_t T : g_contexts)
       for (const auto& b : backends)
         for (const auto& s : kSchemes) {
-          if (b == "cpu-int8" && s.rfind("kivi", 0) != 0) continue;  // int keys only
+          if (b == "cpu-int8" && s.rfind("kivi", 0) != 0) continue;  // per-channel int keys only
           auto* bm = benchmark::RegisterBenchmark(
               case_name(b, s, T, threads).c_str(),
               [b, s, T, threads](benchmark::State& st) { BM_Decode(st, b, s, T, threads); });
