@@ -98,24 +98,12 @@ cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, in
   in.v_exact = v_exact;
   in.k_quantized = b.kq;
   in.v_quantized = b.vq;
-  // rot=: the kernels read the rotated codes, so the query and the exact tails go there too.
-  const int64_t rows = t_begin + n;  // tokens a tail ends at
-  auto rotate_tail = [&](const SideStore& s, const ExactTail& e, std::vector<float>& buf,
-                         ExactTail& to) {
-    const Rotation* r = s.rotation();
-    if (!r || !e.data) return;
-    const int64_t count = (rows - e.begin) * s.heads();
-    buf.assign(e.data, e.data + count * s.dim());
-    r->rotate(buf.data(), count);
-    to.data = buf.data();
-  };
+  // rot=: the kernels read the rotated codes (and the tails as stored), so the query goes there too.
   if (const Rotation* r = k.rotation()) {
     b.q.assign(q, q + n * q_heads * k.dim());
     r->rotate(b.q.data(), n * q_heads);
     in.q = b.q.data();
   }
-  rotate_tail(k, k_exact, b.ktail, in.k_exact);
-  rotate_tail(v, v_exact, b.vtail, in.v_exact);
   return in;
 }
 
@@ -349,8 +337,10 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
         if (observe) observe(l, pos0, n, k_pre.data(), k.data(), v.data());
         // Exact values the new positions may need: the cache's window before the append + the
         // chunk.
-        kbeg = gather_exact_tail(*side.k, pre ? k_pre.data() : k.data(), n, ktail);
-        vbeg = gather_exact_tail(*side.v, v.data(), n, vtail);
+        // Backend cpu reads the tails as stored (rot= sides: rotated); pre-RoPE keys are read
+        // back through a view in the model's own space.
+        kbeg = gather_exact_tail(*side.k, pre ? k_pre.data() : k.data(), n, ktail, fast && !pre);
+        vbeg = gather_exact_tail(*side.v, v.data(), n, vtail, fast);
         // Pre-RoPE keys: the window and the chunk as stored (through a rot= side's rotation and
         // back), then rotated to their positions, so a token reads the same bits in any call.
         if (pre) rope(ktail.data(), pos0 + n - kbeg, H, kbeg);

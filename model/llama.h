@@ -41,17 +41,17 @@ struct CacheOptions {
 /// bit for bit, faster. The model's cache, the Python Cache and the throughput sweep use them.
 SideKernels cpu_side_kernels();
 
-/// \brief What cpu_causal_input keeps alive for the call: quantized token counts, and the query and
-/// exact tails rotated into a rot= side's space.
+/// \brief What cpu_causal_input keeps alive for the call: quantized token counts, and the query
+/// rotated into a rot= key side's space.
 struct CpuCausalBuffers {
   std::vector<int64_t> kq, vq;
-  std::vector<float> q, ktail, vtail;
+  std::vector<float> q;
 };
 
 /// \brief Backend cpu's causal call for positions t_begin .. t_begin + n - 1 (q [n, q_heads, dim])
-/// over the sides as stored (holding t_begin + n tokens) and their exact tails (as the sides give
-/// them back: un-rotated). A rot= key side gets q and the key tail rotated, a rot= value side the
-/// value tail; the call's output is then in the value side's rotated space: unrotate_output.
+/// over the sides as stored (holding t_begin + n tokens) and their exact tails as stored
+/// (gather_exact_tail with stored_space: a rot= side's rows rotated). A rot= key side gets q
+/// rotated; the call's output is then in a rot= value side's space: unrotate_output.
 cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
                                   const SideStore& k, const SideStore& v, ExactTail k_exact,
                                   ExactTail v_exact, CpuCausalBuffers& b);

@@ -437,6 +437,7 @@ class RotatedSide final : public SideStore {
     in_->exact_tail(out);
     rot_.unrotate(out.data() + before, static_cast<int64_t>(out.size() - before) / D_);
   }
+  void stored_exact_tail(std::vector<float>& out) const override { in_->exact_tail(out); }
   Tensor3 dequantize() const override {
     Tensor3 y = in_->dequantize();
     rot_.unrotate(y.data.data(), y.shape.tokens * y.shape.heads);
@@ -461,18 +462,22 @@ std::unique_ptr<SideStore> make_view(const SideStore& base, Tensor3 values) {
   return std::make_unique<ViewSide>(base, std::move(values));
 }
 
-int64_t gather_exact_tail(const SideStore& s, const float* x, int64_t n, std::vector<float>& tail) {
+int64_t gather_exact_tail(const SideStore& s, const float* x, int64_t n, std::vector<float>& tail,
+                          bool stored_space) {
   const int64_t row = s.heads() * s.dim();
   tail.clear();
-  s.exact_tail(tail);
+  if (stored_space)
+    s.stored_exact_tail(tail);
+  else
+    s.exact_tail(tail);
   const int64_t begin = s.tokens() - static_cast<int64_t>(tail.size()) / row;
   const size_t old = tail.size();
   tail.insert(tail.end(), x, x + n * row);
   if (const Rotation* r = s.rotation()) {
-    // A rot= side gives back R^T (R x), not x: the chunk's rows read the same way, so a token
-    // reads the same bits from this chunk as from the side's tail in a later call.
+    // A rot= side stores R x and gives back R^T (R x): the chunk's rows read the same way as the
+    // side's tail will in a later call, so a token reads the same bits in any chunking.
     r->rotate(tail.data() + old, n * s.heads());
-    r->unrotate(tail.data() + old, n * s.heads());
+    if (!stored_space) r->unrotate(tail.data() + old, n * s.heads());
   }
   return begin;
 }

@@ -51,6 +51,8 @@ class SideStore {
   /// \brief Appends the exact values of the tokens not yet quantized, [quantized_tokens_at(T), T)
   /// ([n, heads, dim]); nothing for schemes without a residual window.
   virtual void exact_tail(std::vector<float>& out) const = 0;
+  /// \brief exact_tail as stored: a rot= side's rows still rotated (others: exact_tail).
+  virtual void stored_exact_tail(std::vector<float>& out) const { exact_tail(out); }
 
   /// \brief The values the cache reads back, [tokens, heads, dim] (tests and metrics only).
   virtual Tensor3 dequantize() const = 0;
@@ -69,7 +71,10 @@ class SideStore {
 /// before the append (SideStore::exact_tail) followed by the chunk x ([n, heads, dim]), into
 /// `tail` (replaced). Returns the first token it covers (ExactTail::begin). Call before appending.
 /// A rot= side's chunk rows are passed through its rotation and back, as its tail reads them.
-int64_t gather_exact_tail(const SideStore& s, const float* x, int64_t n, std::vector<float>& tail);
+/// `stored_space`: the tail as the side stores it instead (a rot= side's rows rotated, R x, the
+/// chunk rotated alike): what backend cpu's kernels read beside the stored codes.
+int64_t gather_exact_tail(const SideStore& s, const float* x, int64_t n, std::vector<float>& tail,
+                          bool stored_space = false);
 
 /// \brief Quantize kernels a backend lends the cache sides for their streaming appends, in place of
 /// the reference's own (fp8/scale.h, kivi/cache.cpp). Each must produce the same bytes; backend
