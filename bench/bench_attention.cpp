@@ -176,6 +176,9 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+    // The speed-up column is against bf16 in the same run: always measure it.
+    if (std::find(kSchemes.begin(), kSchemes.end(), "bf16") == kSchemes.end())
+      kSchemes.insert(kSchemes.begin(), "bf16");
   }
   if (!shape.empty() &&
       std::sscanf(shape.c_str(), "%ld,%ld,%ld", &kHeads, &kDim, &kGqa) != 3) {  // NOLINT

@@ -293,7 +293,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
   std::exception_ptr err;
   std::atomic<int64_t> next_item{0}, next_merge{0};
   const bool fast = backend_ == AttentionBackend::kCpu;
-  CpuCausalBuffers cpu_buf;  // backend cpu: counts, and q and tails rotated for rot= sides
+  CpuCausalBuffers cpu_buf;  // backend cpu: counts, and q rotated for a rot= key side
   std::unique_ptr<cpu::CausalAttention> call;  // backend cpu: this layer's attention
   const std::lock_guard<std::mutex> lock(team_->mutex);
   if (!team_->team || team_->team->size() != nt) team_->team = std::make_unique<ThreadTeam>(nt);
@@ -339,8 +339,10 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
         // chunk.
         // Backend cpu reads the tails as stored (rot= sides: rotated); pre-RoPE keys are read
         // back through a view in the model's own space.
-        kbeg = gather_exact_tail(*side.k, pre ? k_pre.data() : k.data(), n, ktail, fast && !pre);
-        vbeg = gather_exact_tail(*side.v, v.data(), n, vtail, fast);
+        const TailSpace vspace = fast ? TailSpace::kStored : TailSpace::kModel;
+        kbeg = gather_exact_tail(*side.k, pre ? k_pre.data() : k.data(), n, ktail,
+                                 pre ? TailSpace::kModel : vspace);
+        vbeg = gather_exact_tail(*side.v, v.data(), n, vtail, vspace);
         // Pre-RoPE keys: the window and the chunk as stored (through a rot= side's rotation and
         // back), then rotated to their positions, so a token reads the same bits in any call.
         if (pre) rope(ktail.data(), pos0 + n - kbeg, H, kbeg);

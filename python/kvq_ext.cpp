@@ -217,8 +217,9 @@ class Cache {
     KVQ_CHECK(n >= 1, "append needs at least one token");
     nb::gil_scoped_release release;
     // The exact values causal attention over this append reads: the window before it + the chunk.
-    kbeg_ = gather_exact_tail(*k_, k.data(), n, ktail_, cpu_);  // backend cpu: as stored
-    vbeg_ = gather_exact_tail(*v_, v.data(), n, vtail_, cpu_);
+    const TailSpace space = cpu_ ? TailSpace::kStored : TailSpace::kModel;  // what attend reads
+    kbeg_ = gather_exact_tail(*k_, k.data(), n, ktail_, space);
+    vbeg_ = gather_exact_tail(*v_, v.data(), n, vtail_, space);
     k_->append(k.data(), n);
     v_->append(v.data(), n);
     last_ = n;

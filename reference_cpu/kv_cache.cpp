@@ -463,7 +463,8 @@ std::unique_ptr<SideStore> make_view(const SideStore& base, Tensor3 values) {
 }
 
 int64_t gather_exact_tail(const SideStore& s, const float* x, int64_t n, std::vector<float>& tail,
-                          bool stored_space) {
+                          TailSpace space) {
+  const bool stored_space = space == TailSpace::kStored;
   const int64_t row = s.heads() * s.dim();
   tail.clear();
   if (stored_space)

@@ -70,11 +70,14 @@ class SideStore {
 /// \brief What a causal call over an append of n tokens reads exactly: the side's exact tail from
 /// before the append (SideStore::exact_tail) followed by the chunk x ([n, heads, dim]), into
 /// `tail` (replaced). Returns the first token it covers (ExactTail::begin). Call before appending.
-/// A rot= side's chunk rows are passed through its rotation and back, as its tail reads them.
-/// `stored_space`: the tail as the side stores it instead (a rot= side's rows rotated, R x, the
-/// chunk rotated alike): what backend cpu's kernels read beside the stored codes.
+/// The space the tail is wanted in (it differs only for rot= sides):
+///   kModel   the model's own vectors, as the side gives them back (R^T R x; the chunk's rows
+///            through the rotation and back too): what backend ref's attention reads;
+///   kStored  as the side stores them (R x, the chunk rotated alike): what backend cpu's kernels
+///            read beside the stored codes (cpu_causal_input, model/llama.h).
+enum class TailSpace { kModel, kStored };
 int64_t gather_exact_tail(const SideStore& s, const float* x, int64_t n, std::vector<float>& tail,
-                          bool stored_space = false);
+                          TailSpace space);
 
 /// \brief Quantize kernels a backend lends the cache sides for their streaming appends, in place of
 /// the reference's own (fp8/scale.h, kivi/cache.cpp). Each must produce the same bytes; backend

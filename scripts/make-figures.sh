@@ -25,8 +25,8 @@ build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/needle.toml
 # cold caches and prefill quantize, per scheme, backend and context.
 build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/throughput.toml
 .venv/bin/python experiments/plots/plot_throughput.py results/throughput --out docs/img
-# The issue-15 studies: rotation on/off (~15 minutes), exact attention sinks (~9 minutes), and the
-# per-layer sensitivity (~8 minutes) whose kivi2 rows set the kivi2/kivi4 allocation (~4 minutes;
+# The issue-15 studies: rotation on/off (~10 minutes), exact attention sinks (~9 minutes), and the
+# per-layer sensitivity (~5 minutes) whose kivi2 rows set the kivi2/kivi4 allocation (~2 minutes;
 # the allocation config is regenerated from the sensitivity rows, then run).
 build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/rotation.toml
 .venv/bin/python experiments/plots/plot_options.py rotation results/rotation --out docs/img
@@ -34,7 +34,8 @@ build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/sinks.toml
 .venv/bin/python experiments/plots/plot_options.py sinks results/sinks --out docs/img
 build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/layer_sensitivity.toml
 .venv/bin/python experiments/plots/plot_options.py allocate results/layer_sensitivity \
-  > experiments/configs/layer_allocation.toml
+  > build/layer_allocation.toml   # replaced only when the script succeeds
+mv build/layer_allocation.toml experiments/configs/layer_allocation.toml
 build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/layer_allocation.toml
 .venv/bin/python experiments/plots/plot_options.py layers results/layer_sensitivity \
   results/layer_allocation --out docs/img

@@ -145,7 +145,7 @@ def allocate(a):
     print("# kivi2/kivi4 per-layer mixes from the measured one-layer sensitivities: for k layers in")
     print("# kivi4, the k most sensitive (greedy), the first k, and the k least sensitive, all at the")
     print("# same bytes; with uniform kivi2 / kivi3 / kivi4. Results: docs/results.md, \"Per-layer")
-    print("# precision\". Run: kvq run experiments/configs/layer_allocation.toml (about 3 minutes).")
+    print("# precision\". Run: kvq run experiments/configs/layer_allocation.toml (about 2 minutes).")
     print('name = "layer_allocation"')
     print('out = "results/layer_allocation"')
     print("schemes = [")

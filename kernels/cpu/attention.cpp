@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -715,11 +716,12 @@ struct TokenKeyRows {
   const uint16_t* scales;  // token t0, head h
   const uint16_t* mins;    // null: symmetric
   int64_t pstride;         // parameters per token
+  int gshift;              // log2(G) when G is a power of two (else -1: g=dim, one group)
   void prefetch(int64_t j, int64_t D) const { codes.prefetch(j, D); }
   __m256 operator()(int64_t j, int64_t d) const {
-    const int64_t c = d / codes.group;
+    const int64_t c = gshift >= 0 ? d >> gshift : d / codes.group;
     const float sc = _cvtsh_ss(scales[j * pstride + c]);
-    const __m256 x = codes.code(j, c, d % codes.group);
+    const __m256 x = codes.code(j, c, d - c * codes.group);
     if (!mins)
       return _mm256_mul_ps(
           _mm256_sub_ps(x, _mm256_set1_ps(static_cast<float>(kivi::sym_offset(B)))),
@@ -892,7 +894,9 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
                kivi::words_for(k.group, B)},
               k.scales + L.param_index(t0, h, 0),
               k.sym ? nullptr : k.mins + L.param_index(t0, h, 0),
-              H * L.channel_groups()};
+              H * L.channel_groups(),
+              (k.group & (k.group - 1)) == 0 ? std::countr_zero(static_cast<unsigned>(k.group))
+                                              : -1};
           dot<NQ>(q, D, te - t0, ld, s, lds);
         }
       };

@@ -329,5 +329,25 @@ TEST(Sinks, ExactCacheWithSinksAndRotationMatchesPlainOnBothBackends_preRopeToo)
     }
 }
 
+// Pre-RoPE keys in a rot= cache with a window: backend cpu reads the keys through the un-rotated
+// view and its exact tail, backend ref through the side's own reads. Their damage against each
+// backend's own fp32 cache agrees within the factor of Backends.CpuMatchesRef_... (1.5).
+TEST(Hadamard, PreRopeRotatedWindowedCacheDamageAgreesAcrossBackends) {
+  KVQ_REQUIRE_MODEL();
+  const auto ids = kjv_tokens(M->tok, 64);
+  const int64_t V = M->model.config().vocab;
+  double d[2];
+  for (int i = 0; i < 2; ++i) {
+    const LlamaModel& m = testing::model_with(i ? AttentionBackend::kCpu : AttentionBackend::kRef);
+    d[i] = mean_kl(run(m, opts("fp32"), ids, {30, 1, 33}),
+                   run(m, opts("kivi4:g=8,r=8,rot=hadamard:5,sink=2", true), ids, {30, 1, 33}), V)
+               .first;
+  }
+  std::printf("pre-RoPE kivi4 rot+sink: damage KL ref %.4g, cpu %.4g\n", d[0], d[1]);
+  EXPECT_GT(d[0], 1e-4) << "vacuous: the scheme did not move the logits";
+  EXPECT_LE(d[1], 1.5 * d[0]);
+  EXPECT_GE(d[1], d[0] / 1.5);
+}
+
 }  // namespace
 }  // namespace kvq

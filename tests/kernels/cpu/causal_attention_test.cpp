@@ -71,13 +71,14 @@ struct Stream {
     const int64_t row = H * D;
     // The tails each backend reads: as stored for cpu (rot= sides rotated), un-rotated for ref.
     std::vector<float> kt, vt, kr, vr;
-    const ExactTail ke{nullptr, gather_exact_tail(*k, kx.data.data() + t0 * row, n, kt, true)},
-        ve{nullptr, gather_exact_tail(*v, vx.data.data() + t0 * row, n, vt, true)};
-    const ExactTail kre{nullptr, gather_exact_tail(*k, kx.data.data() + t0 * row, n, kr)},
-        vre{nullptr, gather_exact_tail(*v, vx.data.data() + t0 * row, n, vr)};
+    const float *kc = kx.data.data() + t0 * row, *vc = vx.data.data() + t0 * row;
+    const ExactTail ke{nullptr, gather_exact_tail(*k, kc, n, kt, TailSpace::kStored)},
+        ve{nullptr, gather_exact_tail(*v, vc, n, vt, TailSpace::kStored)};
+    const ExactTail kre{nullptr, gather_exact_tail(*k, kc, n, kr, TailSpace::kModel)},
+        vre{nullptr, gather_exact_tail(*v, vc, n, vr, TailSpace::kModel)};
     k->append(kx.data.data() + t0 * row, n);
     v->append(vx.data.data() + t0 * row, n);
-    // The model's own call (model/llama.h): rot= sides get q and the tails rotated.
+    // The model's own call (model/llama.h): a rot= key side gets q rotated.
     CpuCausalBuffers buf;
     CausalInput in = cpu_causal_input(q.data() + t0 * qh * D, n, qh, t0, *k, *v,
                                       {kt.data(), ke.begin}, {vt.data(), ve.begin}, buf);
@@ -180,6 +181,9 @@ std::vector<Case> grid() {
   v.push_back({"int4:k=token,v=channel,g=32,r=32,sink=5", 2, 64, 2, {3, 40, 100}});
   v.push_back({"bf16:sink=3", 2, 20, 2, {2, 40, 9}});  // ragged head_dim: portable path
   v.push_back({"fp32:rot=hadamard:1", 1, 96, 8, {600, 1}});  // three blocks of 32
+  // One side rotated: quantized keys only (exact tails on both sides), per-token keys only.
+  v.push_back({"k=kivi2:rot=hadamard;v=kivi2", 2, 64, 3, {300, 1, 250, 77}});
+  v.push_back({"k=int4:k=token,v=token,g=32,r=16,rot=hadamard:2;v=fp16", 2, 64, 4, {40, 1, 90}});
   v.push_back({"kivi4:g=32,r=32,sink=600", 2, 64, 2, {300, 400}});  // sinks past a segment
   v.push_back({"fp8_e4m3:gran=channel,first=16,sink=5", 2, 64, 3, {3, 40, 300}});  // scales at the end
   return v;
