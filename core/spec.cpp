@@ -208,14 +208,14 @@ SchemeSpec parse_layered(std::string_view text) {
   }
   std::sort(by_layer.begin(), by_layer.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const auto& [l, o] : by_layer) {
-    auto it = std::find_if(s.layers.begin(), s.layers.end(), [&](const LayerOverride& x) {
-      return x.spec->canonical() == o.canonical();
-    });
+  for (const auto& lo : by_layer) {  // (no structured binding: clang 14 cannot capture one)
+    const std::string c = lo.second.canonical();
+    auto it = std::find_if(s.layers.begin(), s.layers.end(),
+                           [&](const LayerOverride& x) { return x.spec->canonical() == c; });
     if (it == s.layers.end())
-      s.layers.push_back({{l}, std::make_shared<const SchemeSpec>(o)});
+      s.layers.push_back({{lo.first}, std::make_shared<const SchemeSpec>(lo.second)});
     else
-      it->layers.push_back(l);
+      it->layers.push_back(lo.first);
   }
   return s;
 }
