@@ -383,8 +383,9 @@ SchemeSpec parse_spec(std::string_view text) {
           const std::string_view sv = val.substr(kind.size() + 1);
           auto [p, ec] = std::from_chars(sv.data(), sv.data() + sv.size(), s.rot.seed);
           if (sv.empty() || ec != std::errc() || p != sv.data() + sv.size())
-            fail("bad scheme spec '{}': rot={}: the seed is a non-negative integer (rot=hadamard:7)",
-                 text, val);
+            fail(
+                "bad scheme spec '{}': rot={}: the seed is a non-negative integer (rot=hadamard:7)",
+                text, val);
           s.rot.seeded = true;
         }
       } else if (key == "sink") {

@@ -79,12 +79,13 @@ PlanFlags add_plan_flags(CLI::App* c, PlanFlags::Values& o) {
   f.weights = c->add_option(
       "--weights-bytes", o.weights,
       "weight bytes read per decode step, in GB like --mem (default params x 2 bytes; 0: KV only)");
-  f.weights_dtype = c->add_option(
-       "--weights-dtype", o.in.weights_dtype,
-       "weights in memory and read per step: bf16 | fp16 (2 bytes per parameter) | fp8 (1) |\n"
-       "int4 (0.5 + a bf16 scale per 128 weights)")
-      ->check(CLI::IsMember({"bf16", "fp16", "fp8", "int4"}))
-      ->capture_default_str();
+  f.weights_dtype =
+      c->add_option(
+           "--weights-dtype", o.in.weights_dtype,
+           "weights in memory and read per step: bf16 | fp16 (2 bytes per parameter) | fp8 (1) |\n"
+           "int4 (0.5 + a bf16 scale per 128 weights)")
+          ->check(CLI::IsMember({"bf16", "fp16", "fp8", "int4"}))
+          ->capture_default_str();
   f.values = &o;
   return f;
 }

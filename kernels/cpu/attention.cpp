@@ -709,7 +709,8 @@ struct TokenCodes {
 };
 
 /// Per-token int keys as rows of dequantized values (exact: kivi::decode's scale * code + min, or
-/// (code - 2^(b-1)) * scale symmetric, 8 channels of one group at a time), for the float dot kernels.
+/// (code - 2^(b-1)) * scale symmetric, 8 channels of one group at a time), for the float dot
+/// kernels.
 template <int B>
 struct TokenKeyRows {
   TokenCodes<B> codes;
@@ -889,14 +890,14 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
         if constexpr (B == 3) {
           fail("cpu attention: 3-bit per-token keys take the portable path");
         } else {
-          const TokenKeyRows<B> ld{
-              {k.words + L.word_index(t0, h, 0), H * L.words_per_token_head(), k.group,
-               kivi::words_for(k.group, B)},
-              k.scales + L.param_index(t0, h, 0),
-              k.sym ? nullptr : k.mins + L.param_index(t0, h, 0),
-              H * L.channel_groups(),
-              (k.group & (k.group - 1)) == 0 ? std::countr_zero(static_cast<unsigned>(k.group))
-                                              : -1};
+          const TokenKeyRows<B> ld{{k.words + L.word_index(t0, h, 0), H * L.words_per_token_head(),
+                                    k.group, kivi::words_for(k.group, B)},
+                                   k.scales + L.param_index(t0, h, 0),
+                                   k.sym ? nullptr : k.mins + L.param_index(t0, h, 0),
+                                   H * L.channel_groups(),
+                                   (k.group & (k.group - 1)) == 0
+                                       ? std::countr_zero(static_cast<unsigned>(k.group))
+                                       : -1};
           dot<NQ>(q, D, te - t0, ld, s, lds);
         }
       };
@@ -1172,8 +1173,8 @@ void dispatch_nq(int nq, F&& f) {
 
 bool side_fast(const StoredSide& s, bool key) {
   if (s.kind != SchemeKind::Int) return true;
-  const bool token_ok = s.axis == Axis::Token && (s.bits == 2 || s.bits == 4 || s.bits == 8) &&
-                        s.group % 8 == 0;
+  const bool token_ok =
+      s.axis == Axis::Token && (s.bits == 2 || s.bits == 4 || s.bits == 8) && s.group % 8 == 0;
   if (key) return s.axis == Axis::Channel || token_ok;  // per-channel: any bits, one shift/token
   return token_ok;
 }
@@ -1561,7 +1562,10 @@ void causal_attention(const CausalInput& in, float* out, int threads) {
   const int nt = threads > 0 ? threads : omp_get_max_threads();
   CausalAttention a(in, nt);
   const int64_t items = a.items();
-#pragma omp parallel num_threads(static_cast <int>(std::max <int64_t>(1, std::min <int64_t>(nt, std::max(items, a.merges())))))
+  // At least one thread (a call may have merges only: positions that read sinks alone).
+  const int team =
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(nt, std::max(items, a.merges()))));
+#pragma omp parallel num_threads(team)
   {
     CausalAttention::Workspace w;
 #pragma omp for schedule(dynamic, 1)
