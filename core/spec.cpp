@@ -436,6 +436,11 @@ SchemeSpec parse_spec(std::string_view text) {
   return s;
 }
 
+void check_layers(const SchemeSpec& s, int64_t layers, std::string_view model) {
+  KVQ_CHECK(s.max_layer() < layers, "--kv '{}' names layer {}, but {} has {} layers (0-{})",
+            s.canonical(), s.max_layer(), model, layers, layers - 1);
+}
+
 SchemeSpec with_rotation(const SchemeSpec& s, const RotSpec& r) {
   if (s.layered()) {  // every layer's scheme
     SchemeSpec o = with_rotation(s.for_layer(-1), r);

@@ -134,6 +134,10 @@ struct SchemeSpec {
   int max_layer() const;
 };
 
+/// \brief Throws kvq::Error when a per-layer spec names a layer that `model` (a name for the message)
+/// with `layers` layers does not have.
+void check_layers(const SchemeSpec& s, int64_t layers, std::string_view model);
+
 /// \brief `s` with rot=`r` on each side that has none (what the model's --hadamard flag adds).
 SchemeSpec with_rotation(const SchemeSpec& s, const RotSpec& r);
 

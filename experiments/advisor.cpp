@@ -7,11 +7,11 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
 #include "core/io.h"
 #include "core/spec.h"
+#include "experiments/report.h"
 
 namespace kvq::advisor {
 
@@ -24,14 +24,10 @@ std::vector<Quality> read_quality(const std::vector<std::string>& dirs) {
               "{}: no model rows (model.jsonl); run a config with a [model] table into it first "
               "(e.g. kvq run experiments/configs/default.toml)",
               d);
-    std::istringstream lines(read_file(path));
-    std::string line;
-    for (int n = 1; std::getline(lines, line); ++n) {
-      if (line.empty()) continue;
-      nlohmann::json j;
+    for (const cli::JsonLine& l : cli::read_jsonl(path)) {
+      const nlohmann::ordered_json& j = l.value;
       try {
-        j = nlohmann::json::parse(line);
-        const nlohmann::json& st = j.at("settings");
+        const nlohmann::ordered_json& st = j.at("settings");
         // Pre-RoPE keys are another cache than the scheme's name says: not a serving choice here.
         if (st.value("pre_rope", false)) continue;
         SchemeSpec spec = parse_spec(j.at("scheme").get<std::string>());
@@ -46,9 +42,9 @@ std::vector<Quality> read_quality(const std::vector<std::string>& dirs) {
         q.source = path;
         out.push_back(q);
       } catch (const nlohmann::json::exception& e) {
-        fail("{}:{}: not a kvq run model row ({})", path, n, e.what());
+        fail("{}:{}: not a kvq run model row ({})", path, l.line, e.what());
       } catch (const Error& e) {
-        fail("{}:{}: {}", path, n, e.what());
+        fail("{}:{}: {}", path, l.line, e.what());
       }
     }
   }

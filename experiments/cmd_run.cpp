@@ -31,6 +31,7 @@
 #include "experiments/model_eval.h"
 #include "experiments/model_files.h"
 #include "experiments/planner.h"
+#include "experiments/report.h"
 #include "experiments/synthetic.h"
 #include "experiments/throughput.h"
 #include "reference_cpu/attention.h"
@@ -61,20 +62,9 @@ class ResultTable {
   ResultTable(std::filesystem::path dir, std::string task) : dir_(std::move(dir)), task_(std::move(task)) {
     remove_stale_temporaries();
     const auto p = dir_ / (task_ + ".jsonl");
-    if (std::filesystem::exists(p)) {
-      std::istringstream in(read_file(p.string()));
-      std::string line;
-      int n = 0;
-      while (std::getline(in, line)) {
-        ++n;
-        if (line.empty()) continue;
-        try {
-          rows_.push_back(json::parse(line));
-        } catch (const json::exception&) {
-          fail("{}:{}: not a JSON line; delete the file or the line to rerun", p.string(), n);
-        }
-      }
-    }
+    if (std::filesystem::exists(p))
+      for (auto& l : read_jsonl(p.string(), "; delete the file or the line to rerun"))
+        rows_.push_back(std::move(l.value));
   }
   const std::vector<json>& rows() const { return rows_; }
   // The stored row with this key and these settings, if any.
@@ -285,10 +275,8 @@ std::string misfit(const SchemeSpec& spec, int64_t heads, int64_t dim, int layer
   if (spec.layered() && layers == 0)
     return "a per-layer spec (SPEC@LAYERS=SPEC) is for the model's cache; this task measures one "
            "tensor (give it in [model] schemes)";
-  if (spec.max_layer() >= layers && spec.layered())
-    return fmt::format("names layer {}, but the model has {} layers (0-{})", spec.max_layer(),
-                       layers, layers - 1);
   try {
+    if (spec.layered()) check_layers(spec, layers, "the model");
     for (const SchemeSpec& one : spec.distinct_layer_specs())  // every layer's scheme
       for (Role role : {Role::Key, Role::Value}) (void)make_side(one, role, heads, dim);
   } catch (const Error& e) {

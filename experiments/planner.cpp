@@ -184,8 +184,7 @@ RequestFootprint request_footprint(const ModelDims& m, const SchemeSpec& spec, i
   KVQ_CHECK(elements <= kMaxElements,
             "a request of {} tokens x {} layers x {} kv heads x {} head dim is too large to plan",
             tokens, m.layers, m.kv_heads, m.head_dim);
-  KVQ_CHECK(spec.max_layer() < m.layers, "--kv '{}' names layer {}, but {} has {} layers (0-{})",
-            spec.canonical(), spec.max_layer(), m.name, m.layers, m.layers - 1);
+  check_layers(spec, m.layers, m.name);
   const Shape3 shape{tokens, m.kv_heads, m.head_dim};
   RequestFootprint r;
   for (int l = 0; l < m.layers; ++l) {

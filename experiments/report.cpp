@@ -1,7 +1,10 @@
 #include "experiments/report.h"
 
 #include <cmath>
+#include <sstream>
 
+#include "core/error.h"
+#include "core/io.h"
 #include "reference_cpu/metrics.h"
 
 namespace kvq::cli {
@@ -21,6 +24,21 @@ nlohmann::json error_report(const SchemeSpec& spec, Role role, const Tensor3& x,
   j["max_abs_err"] = m.max_abs_err;
   j["cosine"] = m.cosine;
   return j;
+}
+
+std::vector<JsonLine> read_jsonl(const std::string& path, std::string_view hint) {
+  std::istringstream in(read_file(path));
+  std::vector<JsonLine> out;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    try {
+      out.push_back({n, nlohmann::ordered_json::parse(line)});
+    } catch (const nlohmann::json::exception&) {
+      fail("{}:{}: not a JSON line{}", path, n, hint);
+    }
+  }
+  return out;
 }
 
 }  // namespace kvq::cli

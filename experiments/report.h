@@ -2,6 +2,9 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "core/spec.h"
 #include "core/tensor.h"
@@ -12,5 +15,14 @@ namespace kvq::cli {
 /// \brief scheme, role, shape, effective_bits (codes + scales + zeros per quantized element),
 /// overall_bits (residual included), mse, nmse, snr_db (null when exact), max_abs_err, cosine.
 nlohmann::json error_report(const SchemeSpec& spec, Role role, const Tensor3& x, const RoundTrip& r);
+
+/// \brief One line of a results file (`kvq run`'s TASK.jsonl): its 1-based line number and value.
+struct JsonLine {
+  int line = 0;
+  nlohmann::ordered_json value;  // keys in file order, as kvq run wrote them
+};
+/// \brief The non-empty lines of a JSONL file; a line that is not JSON throws kvq::Error
+/// "PATH:LINE: not a JSON line" followed by `hint`.
+std::vector<JsonLine> read_jsonl(const std::string& path, std::string_view hint = "");
 
 }  // namespace kvq::cli

@@ -141,9 +141,7 @@ double LlamaCache::bytes() const {
 }
 
 void check_cache_options(const CacheOptions& o, const LlamaConfig& c) {
-  KVQ_CHECK(o.spec.max_layer() < c.layers,
-            "--kv '{}' names layer {}, but the model has {} layers (0-{})", o.spec.canonical(),
-            o.spec.max_layer(), c.layers, c.layers - 1);
+  check_layers(o.spec, c.layers, "the model");
   for (const SchemeSpec& s : o.spec.distinct_layer_specs())
     for (Role r : {Role::Key, Role::Value})
       if (s.side(r).rot.on) (void)Rotation(s.side(r).rot, c.head_dim);  // throws if not
@@ -339,10 +337,10 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
         // chunk.
         // Backend cpu reads the tails as stored (rot= sides: rotated); pre-RoPE keys are read
         // back through a view in the model's own space.
-        const TailSpace vspace = fast ? TailSpace::kStored : TailSpace::kModel;
+        const TailSpace space = fast ? TailSpace::kStored : TailSpace::kModel;
         kbeg = gather_exact_tail(*side.k, pre ? k_pre.data() : k.data(), n, ktail,
-                                 pre ? TailSpace::kModel : vspace);
-        vbeg = gather_exact_tail(*side.v, v.data(), n, vtail, vspace);
+                                 pre ? TailSpace::kModel : space);
+        vbeg = gather_exact_tail(*side.v, v.data(), n, vtail, space);
         // Pre-RoPE keys: the window and the chunk as stored (through a rot= side's rotation and
         // back), then rotated to their positions, so a token reads the same bits in any call.
         if (pre) rope(ktail.data(), pos0 + n - kbeg, H, kbeg);
