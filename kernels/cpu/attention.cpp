@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -618,8 +619,8 @@ void transpose_codes(const uint32_t* wt, int64_t D, int G, uint8_t* c8) {
 
 /// Int8 mode scores of n tokens of one key group: qs_i (q * scale, [NQ, D]) quantized to int8
 /// with one scale per query head (amax / 127), then s = qscale_i * sum_d q8_id * code_td + base_i
-/// with vpmaddubsw (codes unsigned, q signed; pair sums <= 2 * 15 * 127, and 8 of them at most
-/// are added in int16 before vpmaddwd widens) - exact integer arithmetic on the rounded query.
+/// with byte dot products (dpbusd: codes unsigned, q signed, pair sums <= 2 * 15 * 127) - exact
+/// integer arithmetic on the rounded query.
 template <int NQ>
 void dot_int8(const float* qs, int64_t D, int64_t n, const uint8_t* c8, const float* base, float* s,
               int64_t lds, int8_t* q8) {
@@ -644,26 +645,18 @@ void dot_int8(const float* qs, int64_t D, int64_t n, const uint8_t* c8, const fl
     }
   }
   constexpr int TT = NQ <= 4 ? 2 : 1;
-  const __m256i ones = _mm256_set1_epi16(1);
   int64_t j = 0;
   auto step = [&]<int U>(int64_t j0) {
     __m256i acc[NQ * U];
     for (auto& x : acc) x = _mm256_setzero_si256();
-    for (int64_t d0 = 0; d0 < D; d0 += 256) {
-      __m256i a16[NQ * U];
-      for (auto& x : a16) x = _mm256_setzero_si256();
-      for (int64_t d = d0; d < std::min(D, d0 + 256); d += 32) {
-        __m256i cb[U];
-        for (int u = 0; u < U; ++u)
-          cb[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c8 + (j0 + u) * D + d));
-        for (int i = 0; i < NQ; ++i) {
-          const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + i * D + d));
-          for (int u = 0; u < U; ++u)
-            a16[i * U + u] = _mm256_add_epi16(a16[i * U + u], _mm256_maddubs_epi16(cb[u], qv));
-        }
+    for (int64_t d = 0; d < D; d += 32) {
+      __m256i cb[U];
+      for (int u = 0; u < U; ++u)
+        cb[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c8 + (j0 + u) * D + d));
+      for (int i = 0; i < NQ; ++i) {
+        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + i * D + d));
+        for (int u = 0; u < U; ++u) acc[i * U + u] = dpbusd(acc[i * U + u], cb[u], qv);
       }
-      for (int x = 0; x < NQ * U; ++x)
-        acc[x] = _mm256_add_epi32(acc[x], _mm256_madd_epi16(a16[x], ones));
     }
     constexpr int kN = NQ * U, kPad = (kN + 3) / 4 * 4;
     alignas(16) float r[kPad];
@@ -757,6 +750,131 @@ void acc_span(const float* w, int64_t ldw, int64_t j0, int64_t j1, const L& ld, 
   }
 }
 
+/// Int8 mode: the packed codes of 32 channels (bits 2 or 4) of four tokens (rows[u]; null: a token
+/// past the end, zero codes), interleaved byte by byte and split by bit position: every 32-bit lane
+/// of n[r] holds one channel's four codes in token order. The channel of lane k of n[r] is, for 2
+/// bits, 4k + r; for 4 bits, 2k + r (r = 0, 1) and 16 + 2k + (r - 2) (r = 2, 3).
+template <int B>
+inline void quad_codes(const uint8_t* const* rows, __m256i* n) {
+  if constexpr (B == 2) {  // 8 bytes a token: byte k holds channels 4k .. 4k + 3
+    __m128i t[4];
+    for (int u = 0; u < 4; ++u)
+      t[u] = rows[u] ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[u]))
+                     : _mm_setzero_si128();
+    const __m128i a = _mm_unpacklo_epi8(t[0], t[1]), c = _mm_unpacklo_epi8(t[2], t[3]);
+    const __m256i x = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c));
+    const __m256i mask = _mm256_set1_epi32(0x03030303);
+    n[0] = _mm256_and_si256(x, mask);
+    n[1] = _mm256_and_si256(_mm256_srli_epi32(x, 2), mask);
+    n[2] = _mm256_and_si256(_mm256_srli_epi32(x, 4), mask);
+    n[3] = _mm256_and_si256(_mm256_srli_epi32(x, 6), mask);
+  } else {  // 16 bytes a token: byte k holds channels 2k (low nibble) and 2k + 1
+    __m128i t[4];
+    for (int u = 0; u < 4; ++u)
+      t[u] = rows[u] ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[u]))
+                     : _mm_setzero_si128();
+    const __m128i a = _mm_unpacklo_epi8(t[0], t[1]), b = _mm_unpackhi_epi8(t[0], t[1]);
+    const __m128i c = _mm_unpacklo_epi8(t[2], t[3]), d = _mm_unpackhi_epi8(t[2], t[3]);
+    const __m256i x0 = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c));
+    const __m256i x1 = _mm256_set_m128i(_mm_unpackhi_epi16(b, d), _mm_unpacklo_epi16(b, d));
+    const __m256i mask = _mm256_set1_epi32(0x0F0F0F0F);
+    n[0] = _mm256_and_si256(x0, mask);
+    n[1] = _mm256_and_si256(_mm256_srli_epi32(x0, 4), mask);
+    n[2] = _mm256_and_si256(x1, mask);
+    n[3] = _mm256_and_si256(_mm256_srli_epi32(x1, 4), mask);
+  }
+}
+
+/// quad_codes' lanes back in channel order: f[r] (lanes as n[r]) into out[0..3], channels 8r ..
+/// 8r + 7.
+template <int B>
+inline void channel_order(const __m256* f, __m256* out) {
+  if constexpr (B == 2) {  // a 4 x 8 transpose
+    const __m256 t0 = _mm256_unpacklo_ps(f[0], f[1]), t1 = _mm256_unpackhi_ps(f[0], f[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(f[2], f[3]), t3 = _mm256_unpackhi_ps(f[2], f[3]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    out[0] = _mm256_permute2f128_ps(u0, u1, 0x20);
+    out[1] = _mm256_permute2f128_ps(u2, u3, 0x20);
+    out[2] = _mm256_permute2f128_ps(u0, u1, 0x31);
+    out[3] = _mm256_permute2f128_ps(u2, u3, 0x31);
+  } else {  // even and odd channels interleaved, per half
+    for (int h = 0; h < 2; ++h) {
+      const __m256 lo = _mm256_unpacklo_ps(f[2 * h], f[2 * h + 1]);
+      const __m256 hi = _mm256_unpackhi_ps(f[2 * h], f[2 * h + 1]);
+      out[2 * h] = _mm256_permute2f128_ps(lo, hi, 0x20);
+      out[2 * h + 1] = _mm256_permute2f128_ps(lo, hi, 0x31);
+    }
+  }
+}
+
+/// Int8 mode, per-token values of channel group c (G a multiple of 32) over rows [j0, j0 + m),
+/// m <= kSubRows, w = p * scale as acc_token_values computes it ([NQ][kSubRows]): per query head,
+///   wmax = max_j w_j,  u_j = rne(w_j * float(255 / wmax)) in 0..255,
+///   o[d] += float(wmax / 255) * sum_j u_j * code_jd      (exact integer sums, four tokens per
+/// byte dot product; the weights' bytes are the unsigned operand, the codes the signed one: pair
+/// sums <= 2 * 255 * 15, so the vpmaddubsw fallback never saturates).
+template <int NQ, int B>
+void acc_int8_group(const float* w, int64_t m, const TokenCodes<B>& ld, int64_t j0, int64_t c,
+                    float* o, int64_t D) {
+  const int64_t G = ld.group, quads = (m + 3) / 4;
+  alignas(32) uint8_t wb[NQ * kSubRows];
+  float fac[NQ];
+  for (int i = 0; i < NQ; ++i) {
+    const float* wi = w + i * kSubRows;
+    uint8_t* bi = wb + i * kSubRows;
+    __m256 mx = _mm256_setzero_ps();
+    int64_t x = 0;
+    for (; x + 8 <= m; x += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(wi + x));
+    float wmax = hmax8(mx);
+    for (; x < m; ++x) wmax = std::max(wmax, wi[x]);
+    const float inv = wmax > 0 ? 255.0f / wmax : 0.0f;
+    fac[i] = wmax / 255.0f;
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (x = 0; x + 8 <= m; x += 8) {
+      const __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(wi + x), iv));
+      const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(bi + x), _mm_packus_epi16(h, h));
+    }
+    for (; x < m; ++x) bi[x] = static_cast<uint8_t>(std::lrint(wi[x] * inv));
+    for (; x < quads * 4; ++x) bi[x] = 0;
+  }
+  const auto* base = reinterpret_cast<const uint8_t*>(ld.words + j0 * ld.wstride + c * ld.wpg);
+  const int64_t tstride = ld.wstride * 4;  // bytes per token
+  // Heads in blocks of up to 4 (16 accumulators); a block rebuilds the interleaved codes.
+  auto heads = [&]<int NH>(int i0, int64_t k) {
+    __m256i acc[NH * 4];
+    for (auto& x : acc) x = _mm256_setzero_si256();
+    const uint8_t* chunk = base + k * B / 8;
+    for (int64_t q = 0; q < quads; ++q) {
+      const uint8_t* rows[4];
+      for (int u = 0; u < 4; ++u) rows[u] = 4 * q + u < m ? chunk + (4 * q + u) * tstride : nullptr;
+      __m256i n[4];
+      quad_codes<B>(rows, n);
+      for (int i = 0; i < NH; ++i) {
+        uint32_t wq;
+        std::memcpy(&wq, wb + (i0 + i) * kSubRows + 4 * q, 4);
+        const __m256i wv = _mm256_set1_epi32(static_cast<int>(wq));
+        for (int r = 0; r < 4; ++r) acc[i * 4 + r] = dpbusd(acc[i * 4 + r], wv, n[r]);
+      }
+    }
+    for (int i = 0; i < NH; ++i) {
+      float* oi = o + (i0 + i) * D + c * G + k;
+      __m256 f[4], out[4];
+      for (int r = 0; r < 4; ++r) f[r] = _mm256_cvtepi32_ps(acc[i * 4 + r]);
+      channel_order<B>(f, out);
+      const __m256 fv = _mm256_set1_ps(fac[i0 + i]);
+      for (int r = 0; r < 4; ++r)
+        _mm256_storeu_ps(oi + 8 * r, _mm256_fmadd_ps(out[r], fv, _mm256_loadu_ps(oi + 8 * r)));
+    }
+  };
+  for (int64_t k = 0; k < G; k += 32) {
+    constexpr int kFull = NQ / 4, kRest = NQ % 4;
+    for (int b = 0; b < kFull; ++b) heads.template operator()<4>(4 * b, k);
+    if constexpr (kRest > 0) heads.template operator()<kRest>(4 * kFull, k);
+  }
+}
+
 /// Per-token int values over rows [0, n), folded as the reference folds them: each code is
 /// weighted by p_ij * scale_jc (one multiply per token and channel group), and
 /// sum_j p_ij * min_jc is added to the group's channels once. pw: NQ * kSubRows * D / G floats,
@@ -764,7 +882,7 @@ void acc_span(const float* w, int64_t ldw, int64_t j0, int64_t j1, const L& ld, 
 template <int NQ, int B>
 void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B>& ld,
                       const uint16_t* scales, const uint16_t* mins, int64_t pstride, float* o,
-                      int64_t D, float* pw, float* msum, float* sct, float* mnt) {
+                      int64_t D, float* pw, float* msum, float* sct, float* mnt, bool int8) {
   const int64_t G = ld.group, ncg = (D + G - 1) / G;  // the last group may be shorter
   const float sym_min = -static_cast<float>(kivi::sym_offset(B));
   std::fill(msum, msum + NQ * ncg, 0.0f);
@@ -799,6 +917,12 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
       }
     for (int64_t c = 0; c < ncg; ++c) {
       const float* w = pw + c * NQ * kSubRows;
+      if constexpr (B == 2 || B == 4) {
+        if (int8) {
+          acc_int8_group<NQ, B>(w, m, ld, j0, c, o, D);
+          continue;
+        }
+      }
       const int64_t d1 = std::min(D, (c + 1) * G);
       const auto lc = [&ld, c, G](int64_t j, int64_t d) { return ld.code(j, c, d - c * G); };
       if (G % (8 * kChannelVectors<NQ>) == 0)
@@ -808,7 +932,15 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
     }
   }
   for (int i = 0; i < NQ; ++i)
-    for (int64_t d = 0; d < D; ++d) o[i * D + d] += msum[i * ncg + d / G];
+    for (int64_t c = 0; c < ncg; ++c) {
+      const float add = msum[i * ncg + c];
+      int64_t d = c * G;
+      const int64_t d1 = std::min(D, d + G);
+      for (; d + 8 <= d1; d += 8)
+        _mm256_storeu_ps(o + i * D + d,
+                         _mm256_add_ps(_mm256_loadu_ps(o + i * D + d), _mm256_set1_ps(add)));
+      for (; d < d1; ++d) o[i * D + d] += add;
+    }
 }
 
 /// A key group's words, channel-major (words[d * wpg + x]), as wt[x * D + d]: word x of 8
@@ -959,6 +1091,12 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
     dot<NQ>(q, D, t1 - r0, F32Rows{k.residual + (r0 - qt) * row + h * D, row}, s + (r0 - t0), lds);
 }
 
+/// Whether per-token int values take the int8 mode's byte dot products (acc_int8_group).
+bool int8_values(IntMode mode, const StoredSide& v) {
+  return mode == IntMode::Int8 && (v.bits == 2 || v.bits == 4) && v.group % 32 == 0 &&
+         v.dim % v.group == 0;
+}
+
 /// Int values (per-token): o_i += sum_t p_i[t - t0] * V[t, h, :] for kv head h over tokens
 /// [t0, t1). Dense and fp8 values go through values_rows.
 template <int NQ>
@@ -978,7 +1116,7 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
         acc_token_values<NQ, B>(p, ldp, te - t0, ld, v.scales + L.param_index(t0, h, 0),
                                 v.sym ? nullptr : v.mins + L.param_index(t0, h, 0),
                                 H * L.channel_groups(), o, D, w.pw.data(), w.msum.data(),
-                                w.sct.data(), w.mnt.data());
+                                w.sct.data(), w.mnt.data(), int8_values(c.mode, v));
       }
     };
     kivi::dispatch_bits(v.bits, run);

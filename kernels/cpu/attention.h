@@ -26,16 +26,22 @@
 //     values and 3-bit per-token sides take the portable path)
 //     IntMode::Exact   codes widened to float; per-channel scales folded into q per group,
 //                      per-token key rows dequantized in registers (scale * code + min)
-//     IntMode::Int8    per-channel keys of 2 and 4 bits, head_dim a multiple of 32: q * scale quantized to
-//                      int8 per (key group, query head), scores as integer dot products on the
-//                      codes (vpmaddubsw + vpmaddwd); values as Exact
+//     IntMode::Int8    integer dot products on the codes where they apply, exact elsewhere:
+//                      keys per-channel of 2 and 4 bits, head_dim a multiple of 32: q * scale
+//                      quantized to int8 per (key group, query head), scores as byte dots on the
+//                      codes; values per-token of 2 and 4 bits, G a multiple of 32 dividing
+//                      head_dim: per run of 32 tokens counted from the block's start (blocks
+//                      start at multiples of 256 tokens, or of whole key groups), channel group and
+//                      query head, the weights p * scale quantized to 0..255 against their
+//                      maximum, outputs as byte dots of four tokens' weights and codes, the
+//                      minima folded exactly (vpdpbusd with VNNI, else vpmaddubsw + vpmaddwd:
+//                      the same integers)
 //
 // Tolerances against the reference (tests/kernels/cpu/attention_test.cpp): Exact mode is float
 // arithmetic in another order (and a polynomial exp), max |o - o_ref| <= 2e-5 * max |V| (outputs
 // are convex combinations of V rows; observed <= 1.5e-6). Int8 mode equals its own definition
-// (the int8-rounded q * scale, integer sums) within the same tolerance; its distance to the exact
-// reference is the int8 rounding of q * scale, 0.7-4% of max |V| on keys with outlier channels
-// (docs/benchmarks.md).
+// (the rounded q * scale and weights, integer sums) within the same tolerance; its distance to the
+// exact reference is the rounding of q * scale and of the weights (docs/benchmarks.md).
 #pragma once
 
 #include <cstdint>
@@ -47,7 +53,8 @@
 
 namespace kvq::cpu {
 
-/// \brief How int keys are read: exact float products, or int8 query x code integer dots.
+/// \brief How int codes are read: exact float products, or integer dot products (int8 query x key
+/// codes, 8-bit weights x value codes).
 enum class IntMode { Exact, Int8 };
 
 struct DecodeOptions {

@@ -12,12 +12,46 @@
 #define KVQ_CPU_AVX2 0
 #endif
 
+// Byte dot products (int8 mode, kernels/cpu/attention.h): VNNI's vpdpbusd where the compiler
+// targets it (AVX-512 VNNI with VL, or AVX-VNNI), else vpmaddubsw + vpmaddwd. Both give the same
+// integers whenever no pair of products reaches the int16 limit, which the callers guarantee.
+#if KVQ_CPU_AVX2 && ((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__))
+#define KVQ_CPU_VNNI 1
+#else
+#define KVQ_CPU_VNNI 0
+#endif
+
 namespace kvq::cpu {
 
 /// \brief True when the AVX2+FMA+F16C kernels are compiled in.
 inline constexpr bool kAvx2 = KVQ_CPU_AVX2 != 0;
 
+/// \brief True when the byte dot products use VNNI's vpdpbusd.
+inline constexpr bool kVnni = KVQ_CPU_VNNI != 0;
+
 /// \brief The instruction set of the compiled kernels, for result rows and bench output.
-inline const char* isa() { return kAvx2 ? "avx2+fma+f16c" : "portable"; }
+inline const char* isa() {
+  return kVnni ? "avx2+fma+f16c+vnni" : kAvx2 ? "avx2+fma+f16c" : "portable";
+}
+
+#if KVQ_CPU_AVX2
+/// \brief acc + sum of the four products u8 x s8 in each 32-bit lane, without VNNI: vpmaddubsw
+/// (pairs into int16, saturating) then vpmaddwd (pairs of those into int32). Exact when every
+/// pair |u0 * s0 + u1 * s1| <= 32767.
+inline __m256i dpbusd_avx2(__m256i acc, __m256i u8, __m256i s8) {
+  return _mm256_add_epi32(acc,
+                          _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
+}
+/// \brief The same sums with vpdpbusd where compiled in (one instruction, never saturates).
+inline __m256i dpbusd(__m256i acc, __m256i u8, __m256i s8) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u8, s8);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u8, s8);
+#else
+  return dpbusd_avx2(acc, u8, s8);
+#endif
+}
+#endif
 
 }  // namespace kvq::cpu
