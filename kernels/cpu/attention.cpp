@@ -63,7 +63,6 @@ struct Scratch {
   std::vector<float> s, qs;  // s: the portable path's scores
   std::vector<TileSlot> slots;
   std::vector<uint32_t> wt;
-  std::vector<uint8_t> c8;      // int8 mode: one key group's codes, token-major bytes [G, D]
   std::vector<int8_t> q8;       // int8 mode: the quantized query [NQ, D]
   std::vector<float> pw, msum;  // int values: weights per channel group, sums of p * min
   std::vector<float> sct, mnt;  // int values: a sub-block's scales and minima per channel group
@@ -592,39 +591,10 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
 }
 
-/// Int8 mode: the codes of one per-channel key group (words transposed to wt[w * D + d]) as
-/// token-major bytes c8[jj * D + d], 32 channels per step.
-template <int B>
-void transpose_codes(const uint32_t* wt, int64_t D, int G, uint8_t* c8) {
-  constexpr int kCpw = kivi::codes_per_word(B);
-  const __m256i mask = _mm256_set1_epi32(static_cast<int>(kivi::code_mask(B)));
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  for (int64_t x = 0; x * kCpw < G; ++x)
-    for (int64_t d = 0; d < D; d += 32) {
-      const uint32_t* p = wt + x * D + d;
-      __m256i W[4];
-      for (int v = 0; v < 4; ++v)
-        W[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 8 * v));
-      for (int k = 0; k < kCpw && x * kCpw + k < G; ++k) {
-        const __m128i sh = _mm_cvtsi32_si128(k * B);
-        __m256i c[4];
-        for (int v = 0; v < 4; ++v) c[v] = _mm256_and_si256(_mm256_srl_epi32(W[v], sh), mask);
-        const __m256i b =
-            _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(c8 + (x * kCpw + k) * D + d),
-                            _mm256_permutevar8x32_epi32(b, order));
-      }
-    }
-}
-
-/// Int8 mode scores of n tokens of one key group: qs_i (q * scale, [NQ, D]) quantized to int8
-/// with one scale per query head (amax / 127), then s = qscale_i * sum_d q8_id * code_td + base_i
-/// with byte dot products (dpbusd: codes unsigned, q signed, pair sums <= 2 * 15 * 127) - exact
-/// integer arithmetic on the rounded query.
+/// Int8 mode: q * scale of one key group ([NQ, D]) as int8 per query head, q8 = rne(qs * (127 /
+/// amax)), and qscale = amax / 127.
 template <int NQ>
-void dot_int8(const float* qs, int64_t D, int64_t n, const uint8_t* c8, const float* base, float* s,
-              int64_t lds, int8_t* q8) {
-  float qscale[NQ];
+void quantize_q8(const float* qs, int64_t D, int8_t* q8, float* qscale) {
   for (int i = 0; i < NQ; ++i) {
     __m256 mx = _mm256_setzero_ps();
     const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -644,32 +614,51 @@ void dot_int8(const float* qs, int64_t D, int64_t n, const uint8_t* c8, const fl
           _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     }
   }
-  constexpr int TT = NQ <= 4 ? 2 : 1;
-  int64_t j = 0;
-  auto step = [&]<int U>(int64_t j0) {
-    __m256i acc[NQ * U];
-    for (auto& x : acc) x = _mm256_setzero_si256();
-    for (int64_t d = 0; d < D; d += 32) {
-      __m256i cb[U];
-      for (int u = 0; u < U; ++u)
-        cb[u] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c8 + (j0 + u) * D + d));
-      for (int i = 0; i < NQ; ++i) {
-        const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + i * D + d));
-        for (int u = 0; u < U; ++u) acc[i * U + u] = dpbusd(acc[i * U + u], cb[u], qv);
-      }
+}
+
+/// Int8 mode: the codes of 32 tokens (one slice of a per-channel key group) of channels d .. d + 3
+/// (w: channel d's first word of the slice, channels wpg words apart), interleaved byte by byte so
+/// that every 32-bit lane of n[r] holds one token's four codes in channel order; the token of lane
+/// k of n[r] follows quad_codes' channel rule (2 bits: 4k + r; 4 bits: 2k + r, 16 + 2k + r - 2).
+template <int B>
+inline void key_quad(const uint32_t* w, int64_t wpg, __m256i* n) {
+  // within each 128-bit lane, dword i byte b -> dword b byte i (a 4 x 4 byte transpose)
+  const __m256i bt = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8,
+                                      12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  if constexpr (B == 2) {  // two words a channel, 16 tokens each; byte b: tokens 4b .. 4b + 3
+    __m256i x;
+    if (wpg == 2) {
+      x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    } else {
+      auto two = [&](int i) {
+        return _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + i * wpg));
+      };
+      x = _mm256_set_m128i(_mm_unpacklo_epi64(two(2), two(3)), _mm_unpacklo_epi64(two(0), two(1)));
     }
-    constexpr int kN = NQ * U, kPad = (kN + 3) / 4 * 4;
-    alignas(16) float r[kPad];
-    for (int x = 0; x < kN; x += 4) {
-      const __m256 z = _mm256_setzero_ps();
-      auto f = [&](int y) { return y < kN ? _mm256_cvtepi32_ps(acc[y]) : z; };
-      _mm_store_ps(r + x, hsum4(f(x), f(x + 1), f(x + 2), f(x + 3)));
-    }
-    for (int i = 0; i < NQ; ++i)
-      for (int u = 0; u < U; ++u) s[i * lds + j0 + u] = r[i * U + u] * qscale[i] + base[i];
-  };
-  for (; j + TT <= n; j += TT) step.template operator()<TT>(j);
-  for (; j < n; ++j) step.template operator()<1>(j);
+    // [w(d,0) w(d+1,0) w(d+2,0) w(d+3,0) | w(d,1) ...], then lane 4x + b = the four byte b's
+    x = _mm256_shuffle_epi8(
+        _mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)), bt);
+    const __m256i mask = _mm256_set1_epi32(0x03030303);
+    n[0] = _mm256_and_si256(x, mask);
+    n[1] = _mm256_and_si256(_mm256_srli_epi32(x, 2), mask);
+    n[2] = _mm256_and_si256(_mm256_srli_epi32(x, 4), mask);
+    n[3] = _mm256_and_si256(_mm256_srli_epi32(x, 6), mask);
+  } else {  // four words a channel, 8 tokens each; byte b: tokens 2b, 2b + 1
+    __m128i c[4];
+    for (int i = 0; i < 4; ++i)
+      c[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i * wpg));
+    const __m128i t0 = _mm_unpacklo_epi32(c[0], c[1]), t1 = _mm_unpackhi_epi32(c[0], c[1]);
+    const __m128i t2 = _mm_unpacklo_epi32(c[2], c[3]), t3 = _mm_unpackhi_epi32(c[2], c[3]);
+    const __m256i x0 = _mm256_shuffle_epi8(
+        _mm256_set_m128i(_mm_unpackhi_epi64(t0, t2), _mm_unpacklo_epi64(t0, t2)), bt);
+    const __m256i x1 = _mm256_shuffle_epi8(
+        _mm256_set_m128i(_mm_unpackhi_epi64(t1, t3), _mm_unpacklo_epi64(t1, t3)), bt);
+    const __m256i mask = _mm256_set1_epi32(0x0F0F0F0F);
+    n[0] = _mm256_and_si256(x0, mask);
+    n[1] = _mm256_and_si256(_mm256_srli_epi32(x0, 4), mask);
+    n[2] = _mm256_and_si256(x1, mask);
+    n[3] = _mm256_and_si256(_mm256_srli_epi32(x1, 4), mask);
+  }
 }
 
 /// Raw codes (no scale, no min) of per-token int values (bits 2, 4, 8; G a multiple of 8): token j,
@@ -808,6 +797,47 @@ inline void channel_order(const __m256* f, __m256* out) {
   }
 }
 
+/// Int8 mode scores of a per-channel key group (bits 2 or 4, G a multiple of 32; words
+/// channel-major, word x of channel d at words[d * wpg + x]) for its tokens [j0, j0 + n): 32-token
+/// slices, four channels at a time, s = qscale_i * sum_d q8_id * code_td + base_i - exact integer
+/// sums (dpbusd: codes unsigned, q signed, pair sums <= 2 * 15 * 127) on the rounded query.
+template <int NQ, int B>
+void dot_int8_group(const uint32_t* words, int64_t D, int64_t wpg, const int8_t* q8,
+                    const float* qscale, const float* base, int64_t j0, int64_t n, float* s,
+                    int64_t lds) {
+  constexpr int64_t kSliceWords = B;  // words per channel in 32 tokens
+  for (int64_t sl = j0 / 32; sl * 32 < j0 + n; ++sl) {
+    const int64_t a = std::max(j0, sl * 32), b = std::min(j0 + n, sl * 32 + 32);
+    auto heads = [&]<int NH>(int i0) {
+      __m256i acc[NH * 4];
+      for (auto& x : acc) x = _mm256_setzero_si256();
+      for (int64_t d = 0; d < D; d += 4) {
+        __m256i c[4];
+        key_quad<B>(words + d * wpg + sl * kSliceWords, wpg, c);
+        for (int i = 0; i < NH; ++i) {
+          int32_t qq;
+          std::memcpy(&qq, q8 + (i0 + i) * D + d, 4);
+          const __m256i qv = _mm256_set1_epi32(qq);
+          for (int r = 0; r < 4; ++r) acc[i * 4 + r] = dpbusd(acc[i * 4 + r], c[r], qv);
+        }
+      }
+      for (int i = 0; i < NH; ++i) {
+        __m256 f[4], out[4];
+        for (int r = 0; r < 4; ++r) f[r] = _mm256_cvtepi32_ps(acc[i * 4 + r]);
+        channel_order<B>(f, out);
+        const __m256 qs = _mm256_set1_ps(qscale[i0 + i]), bs = _mm256_set1_ps(base[i0 + i]);
+        alignas(32) float t[32];
+        for (int r = 0; r < 4; ++r) _mm256_store_ps(t + 8 * r, _mm256_fmadd_ps(out[r], qs, bs));
+        float* si = s + (i0 + i) * lds;
+        for (int64_t jj = a; jj < b; ++jj) si[jj - j0] = t[jj - sl * 32];
+      }
+    };
+    constexpr int kFull = NQ / 4, kRest = NQ % 4;
+    for (int h = 0; h < kFull; ++h) heads.template operator()<4>(4 * h);
+    if constexpr (kRest > 0) heads.template operator()<kRest>(4 * kFull);
+  }
+}
+
 /// Int8 mode, per-token values of channel group c (G a multiple of 32) over rows [j0, j0 + m),
 /// m <= kSubRows, w = p * scale as acc_token_values computes it ([NQ][kSubRows]): per query head,
 ///   wmax = max_j w_j,  u_j = rne(w_j * float(255 / wmax)) in 0..255,
@@ -889,13 +919,29 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
   for (int64_t j0 = 0; j0 < n; j0 += kSubRows) {
     const int64_t j1 = std::min(n, j0 + kSubRows), m = j1 - j0, m8 = m / 8 * 8;
     prefetch_rows(ld, j0 + kSubRows, n, D);
-    // This sub-block's scales and minima as floats, [c][j - j0].
-    for (int64_t j = j0; j < j1; ++j)
-      for (int64_t c = 0; c < ncg; ++c) {
-        const float sc = _cvtsh_ss(scales[j * pstride + c]);
-        sct[c * kSubRows + (j - j0)] = sc;
-        mnt[c * kSubRows + (j - j0)] = mins ? _cvtsh_ss(mins[j * pstride + c]) : sym_min * sc;
+    // This sub-block's scales and minima as floats, [c][j - j0], 8 tokens per conversion.
+    auto eight = [pstride](const uint16_t* x) {  // x[0], x[pstride], ... x[7 * pstride]
+      return _mm256_cvtph_ps(_mm_setr_epi16(
+          static_cast<int16_t>(x[0]), static_cast<int16_t>(x[pstride]),
+          static_cast<int16_t>(x[2 * pstride]), static_cast<int16_t>(x[3 * pstride]),
+          static_cast<int16_t>(x[4 * pstride]), static_cast<int16_t>(x[5 * pstride]),
+          static_cast<int16_t>(x[6 * pstride]), static_cast<int16_t>(x[7 * pstride])));
+    };
+    for (int64_t c = 0; c < ncg; ++c) {
+      float* sc = sct + c * kSubRows;
+      float* mn = mnt + c * kSubRows;
+      int64_t x = 0;
+      for (; x < m8; x += 8) {
+        const __m256 v = eight(scales + (j0 + x) * pstride + c);
+        _mm256_storeu_ps(sc + x, v);
+        _mm256_storeu_ps(mn + x, mins ? eight(mins + (j0 + x) * pstride + c)
+                                      : _mm256_mul_ps(_mm256_set1_ps(sym_min), v));
       }
+      for (; x < m; ++x) {
+        sc[x] = _cvtsh_ss(scales[(j0 + x) * pstride + c]);
+        mn[x] = mins ? _cvtsh_ss(mins[(j0 + x) * pstride + c]) : sym_min * sc[x];
+      }
+    }
     for (int64_t c = 0; c < ncg; ++c)
       for (int i = 0; i < NQ; ++i) {
         const float* pi = p + i * ldp + j0;
@@ -1007,6 +1053,12 @@ void with_fp8_rows(const StoredSide& s, const uint8_t* base, int64_t stride, F&&
   }
 }
 
+/// Whether per-channel int keys take the int8 mode's byte dot products (dot_int8_group).
+bool int8_keys(IntMode mode, const StoredSide& k) {
+  return mode == IntMode::Int8 && (k.bits == 2 || k.bits == 4) && k.group % 32 == 0 &&
+         k.dim % 32 == 0;
+}
+
 /// Int keys (per-channel): scores of kv head h over tokens [t0, t1) into s[i * lds + (t - t0)]
 /// (unscaled). Dense and fp8 keys go through scores_rows.
 template <int NQ>
@@ -1068,18 +1120,18 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
     float base[NQ];
     for (int i = 0; i < NQ; ++i) base[i] = hsum8(bacc[i]);
     const uint32_t* words = k.words + L.word_index(g, h, 0);
-    transpose_words(words, D, wpg, w.wt.data());
     float* sg = s + (a - t0);
     const int jj0 = static_cast<int>(a - g * G);
-    const bool int8 = c.mode == IntMode::Int8 && (k.bits == 2 || k.bits == 4) && D % 32 == 0;
     auto run = [&]<int B>() {
       if constexpr (B == 2 || B == 4) {
-        if (int8) {
-          transpose_codes<B>(w.wt.data(), D, G, w.c8.data());
-          dot_int8<NQ>(w.qs.data(), D, b - a, w.c8.data() + jj0 * D, base, sg, lds, w.q8.data());
+        if (int8_keys(c.mode, k)) {
+          float qscale[NQ];
+          quantize_q8<NQ>(w.qs.data(), D, w.q8.data(), qscale);
+          dot_int8_group<NQ, B>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a, sg, lds);
           return;
         }
       }
+      transpose_words(words, D, wpg, w.wt.data());
       dot<NQ>(w.qs.data(), D, b - a, ChannelCodes<B>{w.wt.data(), D, jj0}, sg, lds);
       for (int i = 0; i < NQ; ++i)
         for (int64_t t = a; t < b; ++t) sg[i * lds + (t - a)] += base[i];
@@ -1136,7 +1188,6 @@ void prepare(Scratch& w, const Call& c) {
   grow(w.qs, c.q_heads * D);
   if (c.k.kind == SchemeKind::Int) {
     grow(w.wt, D * kivi::words_for(c.k.group, c.k.bits));
-    grow(w.c8, D * (c.k.group + 32));
     grow(w.q8, c.nq * D);
   }
   if (c.v.kind == SchemeKind::Int) {

@@ -27,9 +27,9 @@
 //     IntMode::Exact   codes widened to float; per-channel scales folded into q per group,
 //                      per-token key rows dequantized in registers (scale * code + min)
 //     IntMode::Int8    integer dot products on the codes where they apply, exact elsewhere:
-//                      keys per-channel of 2 and 4 bits, head_dim a multiple of 32: q * scale
-//                      quantized to int8 per (key group, query head), scores as byte dots on the
-//                      codes; values per-token of 2 and 4 bits, G a multiple of 32 dividing
+//                      keys per-channel of 2 and 4 bits, G and head_dim multiples of 32: q * scale
+//                      quantized to int8 per (key group, query head), scores as byte dots of four
+//                      channels' q and codes; values per-token of 2 and 4 bits, G a multiple of 32 dividing
 //                      head_dim: per run of 32 tokens counted from the block's start (blocks
 //                      start at multiples of 256 tokens, or of whole key groups), channel group and
 //                      query head, the weights p * scale quantized to 0..255 against their

@@ -175,7 +175,8 @@ class Cache:
     is stored (the codes are read directly, never dequantized first).
 
     ``backend`` is "cpu" (SIMD kernels, the default) or "ref" (the scalar reference); both store
-    the same bytes. ``int_mode="int8"`` (backend cpu) scores 2/4-bit keys with int8 queries.
+    the same bytes. ``int_mode="int8"`` (backend cpu) uses integer dot products on 2/4-bit codes:
+    per-channel keys against int8 queries, per-token values against 8-bit softmax weights.
     ``threads`` 0 uses every core.
 
     Example::

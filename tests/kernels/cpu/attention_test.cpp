@@ -112,8 +112,8 @@ std::vector<Case> grid() {
 INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttention, ::testing::ValuesIn(grid()), name_of);
 
 // Int8 mode (kernels/cpu/attention.h): the definition, computed here in double from the stored
-// bytes. Keys (per-channel, 2 and 4 bits, head_dim a multiple of 32): for each key group g, kv head
-// h and query head j,
+// bytes. Keys (per-channel, 2 and 4 bits, G and head_dim multiples of 32; others exact): for each
+// key group g, kv head h and query head j,
 //   qs_d = float(q_jd * scale_gd), amax = max_d |qs_d|, q8_d = rne(float(qs_d * float(127 /
 //   amax))), s_t = (sum_d q8_d * code_td) * amax / 127 + sum_d q_jd * min_gd   (quantized tokens)
 //   s_t = <q_j, k_t>                                                            (residual window)
@@ -150,6 +150,9 @@ TEST_P(cpuDecodeAttentionInt8, int8Mode_equalsItsDefinition) {
   const kivi::ChannelLayout L{H, D, ks.group, ks.bits};
   const StoredSide vs = v->stored();
   const kivi::TokenLayout VL{H, D, vs.group, vs.bits};
+  const Tensor3 kd = k->dequantize();
+  const bool int8_keys = ks.axis == Axis::Channel && (ks.bits == 2 || ks.bits == 4) &&
+                         ks.group % 32 == 0 && D % 32 == 0;
   const bool int8_values = vs.axis == Axis::Token && (vs.bits == 2 || vs.bits == 4) &&
                            vs.group % 32 == 0 && D % vs.group == 0;
   std::vector<double> want(static_cast<size_t>(qh * D), 0.0);
@@ -158,7 +161,13 @@ TEST_P(cpuDecodeAttentionInt8, int8Mode_equalsItsDefinition) {
     const int64_t h = j / c.gqa;
     const float* qj = q.data() + j * D;
     std::vector<double> sc(static_cast<size_t>(T));
-    for (int64_t g = 0; g < ks.quantized_tokens / ks.group; ++g) {
+    const int64_t kq = int8_keys ? ks.quantized_tokens : 0;
+    for (int64_t t = kq; t < T; ++t) {  // exact keys: the dequantized ones (and the window)
+      double a = 0;
+      for (int64_t d = 0; d < D; ++d) a += static_cast<double>(qj[d]) * kd.at(t, h, d);
+      sc[static_cast<size_t>(t)] = a;
+    }
+    for (int64_t g = 0; g < kq / ks.group; ++g) {
       std::vector<float> qs(static_cast<size_t>(D));
       float amax = 0;
       double base = 0;
@@ -179,12 +188,6 @@ TEST_P(cpuDecodeAttentionInt8, int8Mode_equalsItsDefinition) {
                  L.code(ks.words, t, h, d);
         sc[static_cast<size_t>(t)] = static_cast<double>(acc) * (amax / 127.0f) + base;
       }
-    }
-    for (int64_t t = ks.quantized_tokens; t < T; ++t) {
-      double a = 0;
-      for (int64_t d = 0; d < D; ++d)
-        a += static_cast<double>(qj[d]) * ks.residual[((t - ks.quantized_tokens) * H + h) * D + d];
-      sc[static_cast<size_t>(t)] = a;
     }
     double mx = -INFINITY, z = 0;
     for (double& x : sc) mx = std::max(mx, x /= std::sqrt(static_cast<double>(D)));
@@ -244,8 +247,14 @@ INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionInt8,
                                            Case{"kivi2", 555, 3, 64, 8, 1, true},
                                            Case{"kivi4:g=64,r=64,sym", 300, 2, 128, 3, 2, true},
                                            Case{"kivi2", 700, 1, 256, 2, 2, true},
-                                           // values g=16: exact values beside int8 keys
-                                           Case{"kivi2:g=16", 300, 2, 64, 4, 1, true},
+                                           // int8 keys beside exact values (g=16)
+                                           Case{"k=kivi2;v=kivi2:g=16", 300, 2, 64, 4, 1, true},
+                                           // exact per-token keys beside int8 values
+                                           Case{"int4:k=token,v=token,g=32", 300, 2, 64, 4, 1,
+                                                true},
+                                           // key groups of 64 tokens (words not contiguous)
+                                           Case{"kivi2:g=64,r=64", 400, 2, 128, 4, 1, true},
+                                           Case{"kivi4:g=64,r=0", 300, 2, 64, 2, 2, true},
                                            // one value group of the whole head, no window
                                            Case{"kivi4:g=128,r=0", 600, 2, 128, 4, 2, true},
                                            // fewer tokens than one sub-block; GQA 5
