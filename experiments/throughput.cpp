@@ -29,7 +29,7 @@ double now(int threads) {
 }
 
 SideKernels kernels_of(AttentionBackend b) {
-  return b == AttentionBackend::kCpu ? cpu_side_kernels() : SideKernels{};
+  return b != AttentionBackend::kRef ? cpu_side_kernels() : SideKernels{};
 }
 
 struct Sides {

@@ -70,12 +70,26 @@ void rms_norm_rows(const Mat& x, const Eigen::VectorXf& w, float eps, Mat& y, Ei
 
 }  // namespace
 
-const char* to_string(AttentionBackend b) { return b == AttentionBackend::kRef ? "ref" : "cpu"; }
+const char* to_string(AttentionBackend b) {
+  switch (b) {
+    case AttentionBackend::kRef:
+      return "ref";
+    case AttentionBackend::kCpu:
+      return "cpu";
+    case AttentionBackend::kCpuInt8:
+      return "cpu-int8";
+  }
+  return "?";
+}
 
 AttentionBackend parse_backend(const std::string& s) {
   if (s == "ref") return AttentionBackend::kRef;
   if (s == "cpu") return AttentionBackend::kCpu;
-  fail("unknown backend '{}' (choices: ref, the scalar reference; cpu, the SIMD kernels)", s);
+  if (s == "cpu-int8") return AttentionBackend::kCpuInt8;
+  fail(
+      "unknown backend '{}' (choices: ref, the scalar reference; cpu, the SIMD kernels; cpu-int8, "
+      "the SIMD kernels' integer dot products on 2/4-bit codes)",
+      s);
 }
 
 cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
@@ -98,7 +112,8 @@ cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, in
   in.v_exact = v_exact;
   in.k_quantized = b.kq;
   in.v_quantized = b.vq;
-  // rot=: the kernels read the rotated codes (and the tails as stored), so the query goes there too.
+  // rot=: the kernels read the rotated codes (and the tails as stored), so the query goes there
+  // too.
   if (const Rotation* r = k.rotation()) {
     b.q.assign(q, q + n * q_heads * k.dim());
     r->rotate(b.q.data(), n * q_heads);
@@ -159,8 +174,10 @@ LlamaConfig LlamaModel::read_config(const GgufFile& f) {
   c.context = static_cast<int>(f.get_u32("llama.context_length"));
   c.rms_eps = f.get_f32("llama.attention.layer_norm_rms_epsilon");
   c.rope_theta = f.has("llama.rope.freq_base") ? f.get_f32("llama.rope.freq_base") : 10000.0f;
-  for (const auto& [key, v] : {std::pair{"block_count", c.layers}, {"embedding_length", c.hidden},
-                                {"feed_forward_length", c.ffn}, {"context_length", c.context}})
+  for (const auto& [key, v] : {std::pair{"block_count", c.layers},
+                               {"embedding_length", c.hidden},
+                               {"feed_forward_length", c.ffn},
+                               {"context_length", c.context}})
     KVQ_CHECK(v >= 1 && v <= (1 << 24), "{}: llama.{} = {} is outside [1, 16777216]", f.name(), key,
               v);
   KVQ_CHECK(c.heads > 0 && c.kv_heads > 0 && c.hidden % c.heads == 0 && c.heads % c.kv_heads == 0,
@@ -290,7 +307,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
   int64_t kbeg = 0, vbeg = 0;
   std::exception_ptr err;
   std::atomic<int64_t> next_item{0}, next_merge{0};
-  const bool fast = backend_ == AttentionBackend::kCpu;
+  const bool fast = backend_ != AttentionBackend::kRef;
   CpuCausalBuffers cpu_buf;  // backend cpu: counts, and q rotated for a rot= key side
   std::unique_ptr<cpu::CausalAttention> call;  // backend cpu: this layer's attention
   const std::lock_guard<std::mutex> lock(team_->mutex);
@@ -357,11 +374,13 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
         const SideStore& keys = view ? *view : *side.k;
         causal_attention_check(n, c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
                                {vtail.data(), vbeg});
-        if (fast)
-          call = std::make_unique<cpu::CausalAttention>(
+        if (fast) {
+          cpu::CausalInput in =
               cpu_causal_input(q.data(), n, c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
-                               {vtail.data(), vbeg}, cpu_buf),
-              nt);
+                               {vtail.data(), vbeg}, cpu_buf);
+          if (backend_ == AttentionBackend::kCpuInt8) in.int_mode = cpu::IntMode::Int8;
+          call = std::make_unique<cpu::CausalAttention>(in, nt);
+        }
         next_item.store(0);
         next_merge.store(0);
       });
@@ -379,7 +398,8 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
                                 {vtail.data(), vbeg}, attn.data(), it, scratch);
       }
       team.barrier();
-      if (fast && side.v->rotation()) {  // back from a rot= value side's space, each member its rows
+      if (fast &&
+          side.v->rotation()) {  // back from a rot= value side's space, each member its rows
         unrotate_output(*side.v, attn.data() + r0 * c.hidden, (r1 - r0) * c.heads);
         team.barrier();
       }

@@ -15,9 +15,9 @@
 
 #include "core/gguf.h"
 #include "core/spec.h"
+#include "kernels/cpu/attention.h"
 #include "model/packed_matrix.h"
 #include "model/thread_team.h"
-#include "kernels/cpu/attention.h"
 #include "reference_cpu/kv_cache.h"
 
 namespace kvq {
@@ -92,8 +92,11 @@ using KvObserver = std::function<void(int layer, int64_t pos0, int64_t n, const 
 enum class AttentionBackend {
   kRef,  ///< reference_cpu/attention.h: the scalar definition
   kCpu,  ///< kernels/cpu/attention.h: SIMD kernels, threads over positions and context segments
+  /// The same kernels in their int8 mode (cpu::IntMode::Int8: integer dot products on 2/4-bit
+  /// codes, with the rounding error kernels/cpu/attention.h states); other caches as kCpu.
+  kCpuInt8,
 };
-/// \brief "ref" / "cpu"; parse_backend throws kvq::Error naming the choices.
+/// \brief "ref" / "cpu" / "cpu-int8"; parse_backend throws kvq::Error naming the choices.
 const char* to_string(AttentionBackend b);
 AttentionBackend parse_backend(const std::string& s);
 

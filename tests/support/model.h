@@ -38,16 +38,19 @@ inline const RealModel* real_model() {
   return m.get();
 }
 
-/// \brief The real model with attention on `b` (the default model is backend cpu; a second copy
-/// is loaded once for backend ref). Requires real_model() != nullptr.
+/// \brief The real model with attention on `b` (the default model is backend cpu; a copy is
+/// loaded once for each other backend). Requires real_model() != nullptr.
 inline const LlamaModel& model_with(AttentionBackend b) {
   if (b == AttentionBackend::kCpu) return real_model()->model;
-  static const LlamaModel ref = [] {
+  auto load = [](AttentionBackend x) {
     LlamaModel m = LlamaModel::load(real_model()->file);
-    m.set_backend(AttentionBackend::kRef);
+    m.set_backend(x);
     return m;
-  }();
-  return ref;
+  };
+  static const LlamaModel ref = load(AttentionBackend::kRef);
+  if (b == AttentionBackend::kRef) return ref;
+  static const LlamaModel int8 = load(AttentionBackend::kCpuInt8);
+  return int8;
 }
 
 #define KVQ_REQUIRE_MODEL()                                                            \
