@@ -616,6 +616,23 @@ void quantize_q8(const float* qs, int64_t D, int8_t* q8, float* qscale) {
   }
 }
 
+/// Int8 mode: interleaved code bytes split by bit position into one code per byte. Bits 2: n[r] =
+/// the field at bits 2r of every byte of x0 (x1 unused); bits 4: n[0], n[1] = the low and high
+/// nibbles of x0, n[2], n[3] those of x1.
+template <int B>
+inline void split_fields(__m256i x0, __m256i x1, __m256i* n) {
+  if constexpr (B == 2) {
+    const __m256i mask = _mm256_set1_epi32(0x03030303);
+    for (int r = 0; r < 4; ++r) n[r] = _mm256_and_si256(_mm256_srli_epi32(x0, 2 * r), mask);
+  } else {
+    const __m256i mask = _mm256_set1_epi32(0x0F0F0F0F);
+    n[0] = _mm256_and_si256(x0, mask);
+    n[1] = _mm256_and_si256(_mm256_srli_epi32(x0, 4), mask);
+    n[2] = _mm256_and_si256(x1, mask);
+    n[3] = _mm256_and_si256(_mm256_srli_epi32(x1, 4), mask);
+  }
+}
+
 /// Int8 mode: the codes of 32 tokens (one slice of a per-channel key group) of channels d .. d + 3
 /// (w: channel d's first word of the slice, channels wpg words apart), interleaved byte by byte so
 /// that every 32-bit lane of n[r] holds one token's four codes in channel order; the token of lane
@@ -638,11 +655,7 @@ inline void key_quad(const uint32_t* w, int64_t wpg, __m256i* n) {
     // [w(d,0) w(d+1,0) w(d+2,0) w(d+3,0) | w(d,1) ...], then lane 4x + b = the four byte b's
     x = _mm256_shuffle_epi8(
         _mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)), bt);
-    const __m256i mask = _mm256_set1_epi32(0x03030303);
-    n[0] = _mm256_and_si256(x, mask);
-    n[1] = _mm256_and_si256(_mm256_srli_epi32(x, 2), mask);
-    n[2] = _mm256_and_si256(_mm256_srli_epi32(x, 4), mask);
-    n[3] = _mm256_and_si256(_mm256_srli_epi32(x, 6), mask);
+    split_fields<2>(x, x, n);
   } else {  // four words a channel, 8 tokens each; byte b: tokens 2b, 2b + 1
     __m128i c[4];
     for (int i = 0; i < 4; ++i)
@@ -653,11 +666,7 @@ inline void key_quad(const uint32_t* w, int64_t wpg, __m256i* n) {
         _mm256_set_m128i(_mm_unpackhi_epi64(t0, t2), _mm_unpacklo_epi64(t0, t2)), bt);
     const __m256i x1 = _mm256_shuffle_epi8(
         _mm256_set_m128i(_mm_unpackhi_epi64(t1, t3), _mm_unpacklo_epi64(t1, t3)), bt);
-    const __m256i mask = _mm256_set1_epi32(0x0F0F0F0F);
-    n[0] = _mm256_and_si256(x0, mask);
-    n[1] = _mm256_and_si256(_mm256_srli_epi32(x0, 4), mask);
-    n[2] = _mm256_and_si256(x1, mask);
-    n[3] = _mm256_and_si256(_mm256_srli_epi32(x1, 4), mask);
+    split_fields<4>(x0, x1, n);
   }
 }
 
@@ -752,11 +761,7 @@ inline void quad_codes(const uint8_t* const* rows, __m256i* n) {
                      : _mm_setzero_si128();
     const __m128i a = _mm_unpacklo_epi8(t[0], t[1]), c = _mm_unpacklo_epi8(t[2], t[3]);
     const __m256i x = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c));
-    const __m256i mask = _mm256_set1_epi32(0x03030303);
-    n[0] = _mm256_and_si256(x, mask);
-    n[1] = _mm256_and_si256(_mm256_srli_epi32(x, 2), mask);
-    n[2] = _mm256_and_si256(_mm256_srli_epi32(x, 4), mask);
-    n[3] = _mm256_and_si256(_mm256_srli_epi32(x, 6), mask);
+    split_fields<2>(x, x, n);
   } else {  // 16 bytes a token: byte k holds channels 2k (low nibble) and 2k + 1
     __m128i t[4];
     for (int u = 0; u < 4; ++u)
@@ -766,11 +771,7 @@ inline void quad_codes(const uint8_t* const* rows, __m256i* n) {
     const __m128i c = _mm_unpacklo_epi8(t[2], t[3]), d = _mm_unpackhi_epi8(t[2], t[3]);
     const __m256i x0 = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c));
     const __m256i x1 = _mm256_set_m128i(_mm_unpackhi_epi16(b, d), _mm_unpacklo_epi16(b, d));
-    const __m256i mask = _mm256_set1_epi32(0x0F0F0F0F);
-    n[0] = _mm256_and_si256(x0, mask);
-    n[1] = _mm256_and_si256(_mm256_srli_epi32(x0, 4), mask);
-    n[2] = _mm256_and_si256(x1, mask);
-    n[3] = _mm256_and_si256(_mm256_srli_epi32(x1, 4), mask);
+    split_fields<4>(x0, x1, n);
   }
 }
 
