@@ -748,25 +748,23 @@ void acc_span(const float* w, int64_t ldw, int64_t j0, int64_t j1, const L& ld, 
   }
 }
 
-/// Int8 mode: the packed codes of 32 channels (bits 2 or 4) of four tokens (rows[u]; null: a token
-/// past the end, zero codes), interleaved byte by byte and split by bit position: every 32-bit lane
-/// of n[r] holds one channel's four codes in token order. The channel of lane k of n[r] is, for 2
-/// bits, 4k + r; for 4 bits, 2k + r (r = 0, 1) and 16 + 2k + (r - 2) (r = 2, 3).
+/// Int8 mode: the packed codes of 32 channels (bits 2 or 4) of four tokens (rows p, p + stride,
+/// p + 2 stride, p + 3 stride), interleaved byte by byte and split by bit position: every 32-bit
+/// lane of n[r] holds one channel's four codes in token order. The channel of lane k of n[r] is,
+/// for 2 bits, 4k + r; for 4 bits, 2k + r (r = 0, 1) and 16 + 2k + (r - 2) (r = 2, 3).
 template <int B>
-inline void quad_codes(const uint8_t* const* rows, __m256i* n) {
+inline void quad_codes(const uint8_t* p, int64_t stride, __m256i* n) {
   if constexpr (B == 2) {  // 8 bytes a token: byte k holds channels 4k .. 4k + 3
     __m128i t[4];
     for (int u = 0; u < 4; ++u)
-      t[u] = rows[u] ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rows[u]))
-                     : _mm_setzero_si128();
+      t[u] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + u * stride));
     const __m128i a = _mm_unpacklo_epi8(t[0], t[1]), c = _mm_unpacklo_epi8(t[2], t[3]);
     const __m256i x = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c));
     split_fields<2>(x, x, n);
   } else {  // 16 bytes a token: byte k holds channels 2k (low nibble) and 2k + 1
     __m128i t[4];
     for (int u = 0; u < 4; ++u)
-      t[u] = rows[u] ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[u]))
-                     : _mm_setzero_si128();
+      t[u] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + u * stride));
     const __m128i a = _mm_unpacklo_epi8(t[0], t[1]), b = _mm_unpackhi_epi8(t[0], t[1]);
     const __m128i c = _mm_unpacklo_epi8(t[2], t[3]), d = _mm_unpackhi_epi8(t[2], t[3]);
     const __m256i x0 = _mm256_set_m128i(_mm_unpackhi_epi16(a, c), _mm_unpacklo_epi16(a, c));
@@ -877,11 +875,15 @@ void acc_int8_group(const float* w, int64_t m, const TokenCodes<B>& ld, int64_t 
     __m256i acc[NH * 4];
     for (auto& x : acc) x = _mm256_setzero_si256();
     const uint8_t* chunk = base + k * B / 8;
+    // A last quad of fewer than 4 tokens reads its rows from a zeroed copy (no branch per load).
+    alignas(16) uint8_t part[4][16] = {};
+    for (int64_t u = 4 * (m / 4); u < m; ++u) std::memcpy(part[u % 4], chunk + u * tstride, 4 * B);
     for (int64_t q = 0; q < quads; ++q) {
-      const uint8_t* rows[4];
-      for (int u = 0; u < 4; ++u) rows[u] = 4 * q + u < m ? chunk + (4 * q + u) * tstride : nullptr;
       __m256i n[4];
-      quad_codes<B>(rows, n);
+      if (4 * q + 4 <= m)
+        quad_codes<B>(chunk + 4 * q * tstride, tstride, n);
+      else
+        quad_codes<B>(part[0], 16, n);
       for (int i = 0; i < NH; ++i) {
         uint32_t wq;
         std::memcpy(&wq, wb + (i0 + i) * kSubRows + 4 * q, 4);

@@ -400,6 +400,8 @@ class Model:
         ``text`` is a string (or token ids); windows of ``ctx`` tokens, ``stride`` apart
         (0: ctx), over the first ``max_tokens`` tokens (0: all; default 2,048, as the CLI). Returns a dict (one spec) or a
         list of dicts (kv, ppl, ppl_fp32, kld, kld_p99, top1, windows, scored, seconds).
+        ``backend``: attention on "cpu" (SIMD kernels), "cpu-int8" (their integer dot products on
+        2/4-bit codes) or "ref" (the scalar reference), as ``kvq model --backend``.
         Ctrl-C stops it between chunks.
 
         Example::

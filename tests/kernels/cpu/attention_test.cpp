@@ -138,6 +138,8 @@ constexpr double kTie = 2e-4;
 class cpuDecodeAttentionInt8 : public ::testing::TestWithParam<Case> {};
 
 TEST_P(cpuDecodeAttentionInt8, int8Mode_equalsItsDefinition) {
+  if (!kAvx2)
+    GTEST_SKIP() << "the int8 mode is an AVX2 path; the portable build reads codes exactly";
   const Case c = GetParam();
   const SchemeSpec spec = parse_spec(c.spec);
   const Tensor3 kx = synthetic_kv({{c.tokens, c.heads, c.dim}, 2, 12.0f, 1});
@@ -260,6 +262,42 @@ INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionInt8,
                                            // fewer tokens than one sub-block; GQA 5
                                            Case{"kivi2:g=32,r=0", 21, 1, 64, 5, 1, true}),
                          name_of);
+
+#if KVQ_CPU_AVX2
+// The byte dot product's two forms (kernels/cpu/isa.h): vpdpbusd where compiled in, else
+// vpmaddubsw + vpmaddwd, against the definition acc + sum of four u8 * s8 products per lane, on
+// the operands the int8 mode gives them (unsigned up to 255 against signed codes up to 15, unsigned
+// codes up to 15 against int8 queries -127..127), extremes included. On this CPU dpbusd is VNNI;
+// dpbusd_avx2 is the path of CPUs without it.
+TEST(cpuDpbusd, bothForms_equalTheDefinition) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 20000; ++trial) {
+    const bool values = trial % 2 == 0;
+    alignas(32) uint8_t u[32];
+    alignas(32) int8_t s8[32];
+    alignas(32) int32_t acc[8], got[8], emu[8];
+    for (int i = 0; i < 32; ++i) {
+      const int ext = trial < 4;  // the first trials: every operand at its extreme
+      u[i] = static_cast<uint8_t>(values ? (ext ? 255 : rng() % 256) : (ext ? 15 : rng() % 16));
+      s8[i] = static_cast<int8_t>(
+          values ? (ext ? 15 : static_cast<int>(rng() % 16))
+                 : (ext ? (trial % 4 == 1 ? -127 : 127) : static_cast<int>(rng() % 255) - 127));
+    }
+    for (int l = 0; l < 8; ++l) acc[l] = static_cast<int32_t>(rng() % 2000001) - 1000000;
+    const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc));
+    const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(u));
+    const __m256i y = _mm256_load_si256(reinterpret_cast<const __m256i*>(s8));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(got), dpbusd(a, x, y));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(emu), dpbusd_avx2(a, x, y));
+    for (int l = 0; l < 8; ++l) {
+      int32_t want = acc[l];
+      for (int b = 0; b < 4; ++b) want += u[4 * l + b] * s8[4 * l + b];
+      ASSERT_EQ(got[l], want) << "dpbusd, trial " << trial << " lane " << l;
+      ASSERT_EQ(emu[l], want) << "dpbusd_avx2, trial " << trial << " lane " << l;
+    }
+  }
+}
+#endif
 
 TEST(cpuDecodeAttentionErrors, mismatchedSidesAndBadGqa_throw) {
   const auto k = make_side(parse_spec("bf16"), Role::Key, synthetic_kv({{8, 2, 64}, 0, 1.0f, 1}));
