@@ -591,6 +591,14 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
 }
 
+/// Int8 mode: f.template operator()<NH>(i0) for the query heads in blocks of up to 4 (i0 = 0, 4,
+/// ...; 16 accumulators a block).
+template <int NQ, class F>
+inline void head_blocks(F&& f) {
+  for (int i0 = 0; i0 + 4 <= NQ; i0 += 4) f.template operator()<4>(i0);
+  if constexpr (NQ % 4 > 0) f.template operator()<NQ % 4>(NQ / 4 * 4);
+}
+
 /// Int8 mode: q * scale of one key group ([NQ, D]) as int8 per query head, q8 = rne(qs * (127 /
 /// amax)), and qscale = amax / 127.
 template <int NQ>
@@ -677,6 +685,11 @@ struct TokenCodes {
   const uint32_t* words;  // token t0, head h
   int64_t wstride;        // words per token
   int64_t group, wpg;
+  /// The codes of a per-token side (layout L) from token t0 on, kv head h.
+  static TokenCodes at(const StoredSide& s, const kivi::TokenLayout& L, int64_t t0, int64_t h) {
+    return {s.words + L.word_index(t0, h, 0), s.heads * L.words_per_token_head(), s.group,
+            kivi::words_for(s.group, B)};
+  }
   void prefetch(int64_t j, int64_t D) const { prefetch_row(words + j * wstride, D * B / 8); }
   /// Codes e .. e + 7 of channel group c of token j.
   __m256 code(int64_t j, int64_t c, int64_t e) const {
@@ -831,9 +844,7 @@ void dot_int8_group(const uint32_t* words, int64_t D, int64_t wpg, const int8_t*
         for (int64_t jj = a; jj < b; ++jj) si[jj - j0] = t[jj - sl * 32];
       }
     };
-    constexpr int kFull = NQ / 4, kRest = NQ % 4;
-    for (int h = 0; h < kFull; ++h) heads.template operator()<4>(4 * h);
-    if constexpr (kRest > 0) heads.template operator()<kRest>(4 * kFull);
+    head_blocks<NQ>(heads);
   }
 }
 
@@ -901,11 +912,8 @@ void acc_int8_group(const float* w, int64_t m, const TokenCodes<B>& ld, int64_t 
         _mm256_storeu_ps(oi + 8 * r, _mm256_fmadd_ps(out[r], fv, _mm256_loadu_ps(oi + 8 * r)));
     }
   };
-  for (int64_t k = 0; k < G; k += 32) {
-    constexpr int kFull = NQ / 4, kRest = NQ % 4;
-    for (int b = 0; b < kFull; ++b) heads.template operator()<4>(4 * b, k);
-    if constexpr (kRest > 0) heads.template operator()<kRest>(4 * kFull, k);
-  }
+  for (int64_t k = 0; k < G; k += 32)
+    head_blocks<NQ>([&]<int NH>(int i0) { heads.template operator()<NH>(i0, k); });
 }
 
 /// Per-token int values over rows [0, n), folded as the reference folds them: each code is
@@ -1077,14 +1085,11 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
         if constexpr (B == 3) {
           fail("cpu attention: 3-bit per-token keys take the portable path");
         } else {
-          const TokenKeyRows<B> ld{{k.words + L.word_index(t0, h, 0), H * L.words_per_token_head(),
-                                    k.group, kivi::words_for(k.group, B)},
-                                   k.scales + L.param_index(t0, h, 0),
-                                   k.sym ? nullptr : k.mins + L.param_index(t0, h, 0),
-                                   H * L.channel_groups(),
-                                   (k.group & (k.group - 1)) == 0
-                                       ? std::countr_zero(static_cast<unsigned>(k.group))
-                                       : -1};
+          const TokenKeyRows<B> ld{
+              TokenCodes<B>::at(k, L, t0, h), k.scales + L.param_index(t0, h, 0),
+              k.sym ? nullptr : k.mins + L.param_index(t0, h, 0), H * L.channel_groups(),
+              (k.group & (k.group - 1)) == 0 ? std::countr_zero(static_cast<unsigned>(k.group))
+                                             : -1};
           dot<NQ>(q, D, te - t0, ld, s, lds);
         }
       };
@@ -1166,8 +1171,7 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
       if constexpr (B == 3) {
         fail("cpu attention: 3-bit per-token values take the portable path");
       } else {
-        const TokenCodes<B> ld{v.words + L.word_index(t0, h, 0), H * L.words_per_token_head(),
-                               v.group, kivi::words_for(v.group, B)};
+        const auto ld = TokenCodes<B>::at(v, L, t0, h);
         acc_token_values<NQ, B>(p, ldp, te - t0, ld, v.scales + L.param_index(t0, h, 0),
                                 v.sym ? nullptr : v.mins + L.param_index(t0, h, 0),
                                 H * L.channel_groups(), o, D, w.pw.data(), w.msum.data(),
