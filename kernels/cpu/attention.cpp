@@ -272,11 +272,26 @@ template <class L>
 inline void prefetch_rows(const L& ld, int64_t j0, int64_t n, int64_t D) {
   for (int64_t j = j0; j < std::min(n, j0 + kSubRows); ++j) ld.prefetch(j, D);
 }
+#if KVQ_CPU_AVX512
+// The 512-bit conversions in their zero-masking form with every lane on: the same instructions,
+// but GCC 12's unmasked forms (built on _mm512_undefined_*) trip -Wmaybe-uninitialized.
+constexpr __mmask16 kAll16 = 0xffff;
+inline __m512 cvtph16(__m256i h) { return _mm512_maskz_cvtph_ps(kAll16, h); }
+inline __m512 bf16_to_f32x16(__m256i h) {
+  return _mm512_castsi512_ps(
+      _mm512_maskz_slli_epi32(kAll16, _mm512_maskz_cvtepu16_epi32(kAll16, h), 16));
+}
+#endif
+// Loaders with a member z(j, d) also give channels d .. d + 15 as 16 floats (512-bit), the same
+// values as two calls of operator(); the kernels use it where head_dim is a multiple of 16.
 struct F32Rows {
   const float* base;
   int64_t stride;
   void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D * 4); }
   __m256 operator()(int64_t j, int64_t d) const { return _mm256_loadu_ps(base + j * stride + d); }
+#if KVQ_CPU_AVX512
+  __m512 z(int64_t j, int64_t d) const { return _mm512_loadu_ps(base + j * stride + d); }
+#endif
 };
 struct Bf16Rows {
   const uint16_t* base;
@@ -286,6 +301,12 @@ struct Bf16Rows {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + d));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
+#if KVQ_CPU_AVX512
+  __m512 z(int64_t j, int64_t d) const {
+    return bf16_to_f32x16(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + j * stride + d)));
+  }
+#endif
 };
 struct Fp16Rows {
   const uint16_t* base;
@@ -295,6 +316,11 @@ struct Fp16Rows {
     return _mm256_cvtph_ps(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + d)));
   }
+#if KVQ_CPU_AVX512
+  __m512 z(int64_t j, int64_t d) const {
+    return cvtph16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(base + j * stride + d)));
+  }
+#endif
 };
 
 /// fp8::decode<F> of 8 codes, exact: the code's exponent and mantissa bits placed in a float32
@@ -326,13 +352,56 @@ inline __m256 fp8_decode8(const uint8_t* p) {
   }
   return f;
 }
+#if KVQ_CPU_AVX512
+/// fp8::decode<F> of 16 codes, exact, through binary16: a code's sign, exponent and mantissa bits
+/// placed in a binary16 (bias 15, 10 mantissa bits) give its value times 2^(kBias - 15), normals
+/// and subnormals alike (e5m2 is the top byte of a binary16, inf and NaN included); vcvtph2ps is
+/// exact and the power of two restores the value. The NaN codes of the 4-bit-exponent formats
+/// are set to a binary16 NaN first.
+template <Fp8Format F>
+inline __m512 fp8_decode16(const uint8_t* p) {
+  using T = fp8::Traits<F>;
+  const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  __m256i h = _mm256_slli_epi16(c, 8);  // the code in the high byte
+  if constexpr (T::kExpBits == 4) {
+    // sign at bit 15, exponent and mantissa at bits 7 .. 13 (bit 14 cleared)
+    h = _mm256_and_si256(_mm256_srai_epi16(h, 1), _mm256_set1_epi16(static_cast<int16_t>(0xbfff)));
+    const __mmask16 nan =
+        T::kFnuz ? _mm256_cmpeq_epi16_mask(c, _mm256_set1_epi16(0x80))
+                 : _mm256_cmpeq_epi16_mask(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)),
+                                           _mm256_set1_epi16(0x7f));
+    h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00));
+  }
+  const float pow2 = bits_float(static_cast<uint32_t>(127 + 15 - T::kBias) << 23);
+  return _mm512_mul_ps(cvtph16(h), _mm512_set1_ps(pow2));
+}
+#endif
 template <Fp8Format F>
 struct Fp8Rows {
   const uint8_t* base;
   int64_t stride;
   void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D); }
   __m256 operator()(int64_t j, int64_t d) const { return fp8_decode8<F>(base + j * stride + d); }
+#if KVQ_CPU_AVX512
+  __m512 z(int64_t j, int64_t d) const { return fp8_decode16<F>(base + j * stride + d); }
+#endif
 };
+
+#if KVQ_CPU_AVX512
+template <class L>
+concept Wide = requires(const L& l) {
+  l.z(int64_t{0}, int64_t{0});
+};
+inline __m256 half8(__m512 v, int i) {  // lanes 8i .. 8i + 7
+  const __m512d x = _mm512_castps_pd(v);
+  return _mm256_castpd_ps(i == 0 ? _mm512_maskz_extractf64x4_pd(0xff, x, 0)
+                                 : _mm512_maskz_extractf64x4_pd(0xff, x, 1));
+}
+inline __m256 fold16(__m512 v) { return _mm256_add_ps(half8(v, 0), half8(v, 1)); }
+#else
+template <class L>
+concept Wide = false;
+#endif
 
 /// Per-channel int keys of one token group, its words transposed to wt[w * D + d]: token jj0 + j
 /// of the group is code (jj0 + j) % cpw of word (jj0 + j) / cpw.
@@ -354,19 +423,43 @@ struct ChannelCodes {
 
 /// The score arithmetic every float dot kernel shares, and so the definition of a score on this
 /// backend: for U loader rows and NQ queries each (row u's queries at q[u] + i * D),
-/// res[i * U + u] = the lane-wise fma chain over d in steps of 8, then hsum4's fixed tree. Which
-/// rows go together, and in which order blocks are taken, never changes a score.
+/// res[i * U + u] = the lane-wise fma chain over d in steps of 8, then hsum4's fixed tree; where
+/// the loader has a 16-float form (Wide<L>) and D is a multiple of 16, the chain runs in steps of
+/// 16 and its two halves are added before the tree. Which rows go together, and in which order
+/// blocks are taken, never changes a score.
 template <int NQ, int U, class L>
 inline void dot_core(const float* const* q, const int64_t* rows, int64_t D, const L& ld,
                      float* res) {
   __m256 acc[NQ * U];
-  for (auto& a : acc) a = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; d += 8) {
-    __m256 kv[U];
-    for (int u = 0; u < U; ++u) kv[u] = ld(rows[u], d);
-    for (int i = 0; i < NQ; ++i)
-      for (int u = 0; u < U; ++u)
-        acc[i * U + u] = _mm256_fmadd_ps(_mm256_loadu_ps(q[u] + i * D + d), kv[u], acc[i * U + u]);
+  bool done = false;
+#if KVQ_CPU_AVX512
+  if constexpr (Wide<L>) done = D % 16 == 0;
+  if constexpr (Wide<L>) {
+    if (done) {
+      __m512 az[NQ * U];
+      for (auto& a : az) a = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; d += 16) {
+        __m512 kv[U];
+        for (int u = 0; u < U; ++u) kv[u] = ld.z(rows[u], d);
+        for (int i = 0; i < NQ; ++i)
+          for (int u = 0; u < U; ++u)
+            az[i * U + u] =
+                _mm512_fmadd_ps(_mm512_loadu_ps(q[u] + i * D + d), kv[u], az[i * U + u]);
+      }
+      for (int a = 0; a < NQ * U; ++a) acc[a] = fold16(az[a]);
+    }
+  }
+#endif
+  if (!done) {
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+      __m256 kv[U];
+      for (int u = 0; u < U; ++u) kv[u] = ld(rows[u], d);
+      for (int i = 0; i < NQ; ++i)
+        for (int u = 0; u < U; ++u)
+          acc[i * U + u] =
+              _mm256_fmadd_ps(_mm256_loadu_ps(q[u] + i * D + d), kv[u], acc[i * U + u]);
+    }
   }
   constexpr int kN = NQ * U;
   for (int a = 0; a < kN; a += 4) {
@@ -475,6 +568,25 @@ void acc_heads(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, in
       __m256 pw[NQ * U];
       for (int i = 0; i < NQ; ++i)
         for (int u = 0; u < U; ++u) pw[i * U + u] = _mm256_set1_ps(p[h * hs + i * ldp + t + u]);
+#if KVQ_CPU_AVX512
+      if constexpr (Wide<L>) {
+        if (D % 16 == 0) {
+          __m512 pz[NQ * U];
+          for (int i = 0; i < NQ; ++i)
+            for (int u = 0; u < U; ++u) pz[i * U + u] = _mm512_set1_ps(p[h * hs + i * ldp + t + u]);
+          for (int64_t d = 0; d < D; d += 16) {
+            __m512 v[U];
+            for (int u = 0; u < U; ++u) v[u] = ld.z((t + u) * H + h, d);
+            for (int i = 0; i < NQ; ++i) {
+              __m512 x = _mm512_loadu_ps(oh + i * D + d);
+              for (int u = 0; u < U; ++u) x = _mm512_fmadd_ps(pz[i * U + u], v[u], x);
+              _mm512_storeu_ps(oh + i * D + d, x);
+            }
+          }
+          continue;
+        }
+      }
+#endif
       for (int64_t d = 0; d < D; d += 8) {
         __m256 v[U];
         for (int u = 0; u < U; ++u) v[u] = ld((t + u) * H + h, d);
@@ -494,6 +606,8 @@ void acc_heads(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, in
 /// Rows a stream kernel prefetches ahead of the one it reads (4 KB of 256-byte rows; measured
 /// at 8k context, fp32, D 64: 7 -> 10 GB/s per thread).
 constexpr int64_t kStreamAhead = 16;
+/// Tokens per step of the 512-bit acc_heads_stream.
+constexpr int kValueTokens = 2;
 
 /// dot_heads for a stream read once (a decode step): rows strictly in address order, TT rows
 /// (not tokens) per step, so every load instruction walks memory with one constant stride (twice
@@ -529,6 +643,39 @@ void dot_heads_stream(const float* q, int64_t H, int64_t D, int64_t n, const L& 
 template <int NQ, class L>
 void acc_heads_stream(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
                       const L& ld, float* o, int64_t valid) {
+#if KVQ_CPU_AVX512
+  if constexpr (Wide<L>) {
+    // 16 channels at a time, kValueTokens tokens of one head per load and store of o (the stores
+    // of o, not the rows, bound the one-token form); the next step's rows are prefetched.
+    if (D % 16 == 0) {
+      int64_t t = 0;
+      auto step = [&]<int U>() {
+        if constexpr (Prefetchable<L>)
+          for (int64_t r = (t + U) * H; r < std::min(valid, (t + 2 * U) * H); ++r)
+            ld.prefetch(r, D);
+        for (int64_t h = 0; h < H; ++h) {
+          float* oh = o + h * NQ * D;
+          __m512 pz[NQ * U];
+          for (int i = 0; i < NQ; ++i)
+            for (int u = 0; u < U; ++u) pz[i * U + u] = _mm512_set1_ps(p[h * hs + i * ldp + t + u]);
+          for (int64_t d = 0; d < D; d += 16) {
+            __m512 v[U];
+            for (int u = 0; u < U; ++u) v[u] = ld.z((t + u) * H + h, d);
+            for (int i = 0; i < NQ; ++i) {
+              __m512 x = _mm512_loadu_ps(oh + i * D + d);
+              for (int u = 0; u < U; ++u) x = _mm512_fmadd_ps(pz[i * U + u], v[u], x);
+              _mm512_storeu_ps(oh + i * D + d, x);
+            }
+          }
+        }
+        t += U;
+      };
+      while (t + kValueTokens <= n) step.template operator()<kValueTokens>();
+      while (t < n) step.template operator()<1>();
+      return;
+    }
+  }
+#endif
   int64_t r = 0;
   for (int64_t t = 0; t < n; ++t)
     for (int64_t h = 0; h < H; ++h, ++r) {

@@ -21,6 +21,14 @@
 #define KVQ_CPU_VNNI 0
 #endif
 
+// 512-bit float rows (kernels/cpu/attention.cpp): the dense and fp8 loaders also give 16 floats at
+// a time where the compiler targets AVX-512 F/BW/VL (and head_dim is a multiple of 16).
+#if KVQ_CPU_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define KVQ_CPU_AVX512 1
+#else
+#define KVQ_CPU_AVX512 0
+#endif
+
 namespace kvq::cpu {
 
 /// \brief True when the AVX2+FMA+F16C kernels are compiled in.
@@ -29,9 +37,14 @@ inline constexpr bool kAvx2 = KVQ_CPU_AVX2 != 0;
 /// \brief True when the byte dot products use VNNI's vpdpbusd.
 inline constexpr bool kVnni = KVQ_CPU_VNNI != 0;
 
+/// \brief True when the float row kernels also have their 512-bit form.
+inline constexpr bool kAvx512 = KVQ_CPU_AVX512 != 0;
+
 /// \brief The instruction set of the compiled kernels, for result rows and bench output.
 inline const char* isa() {
-  return kVnni ? "avx2+fma+f16c+vnni" : kAvx2 ? "avx2+fma+f16c" : "portable";
+  if (!kAvx2) return "portable";
+  if (kAvx512) return kVnni ? "avx2+fma+f16c+vnni+avx512" : "avx2+fma+f16c+avx512";
+  return kVnni ? "avx2+fma+f16c+vnni" : "avx2+fma+f16c";
 }
 
 #if KVQ_CPU_AVX2
