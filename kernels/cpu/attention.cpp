@@ -13,6 +13,7 @@
 #include "fp8/format.h"
 #include "fp8/scale.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/simd_decode.h"
 #include "kivi/group.h"
 #include "kivi/layout.h"
 #include "kivi/minmax.h"
@@ -272,16 +273,6 @@ template <class L>
 inline void prefetch_rows(const L& ld, int64_t j0, int64_t n, int64_t D) {
   for (int64_t j = j0; j < std::min(n, j0 + kSubRows); ++j) ld.prefetch(j, D);
 }
-#if KVQ_CPU_AVX512
-// The 512-bit conversions in their zero-masking form with every lane on: the same instructions,
-// but GCC 12's unmasked forms (built on _mm512_undefined_*) trip -Wmaybe-uninitialized.
-constexpr __mmask16 kAll16 = 0xffff;
-inline __m512 cvtph16(__m256i h) { return _mm512_maskz_cvtph_ps(kAll16, h); }
-inline __m512 bf16_to_f32x16(__m256i h) {
-  return _mm512_castsi512_ps(
-      _mm512_maskz_slli_epi32(kAll16, _mm512_maskz_cvtepu16_epi32(kAll16, h), 16));
-}
-#endif
 // Loaders with a member z(j, d) also give channels d .. d + 15 as 16 floats (512-bit), the same
 // values as two calls of operator(); the kernels use it where head_dim is a multiple of 16.
 struct F32Rows {
@@ -323,59 +314,6 @@ struct Fp16Rows {
 #endif
 };
 
-/// fp8::decode<F> of 8 codes, exact: the code's exponent and mantissa bits placed in a float32
-/// and scaled by 2^(127 - bias) (a power of two: exact for normals and subnormals alike).
-template <Fp8Format F>
-inline __m256 fp8_decode8(const uint8_t* p) {
-  using T = fp8::Traits<F>;
-  const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m256i em = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
-  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
-  const float pow2 = bits_float(static_cast<uint32_t>(127 + 127 - T::kBias) << 23);
-  __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 23 - T::kMantBits)),
-                           _mm256_set1_ps(pow2));
-  f = _mm256_or_ps(f, _mm256_castsi256_ps(sign));
-  const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
-  if constexpr (T::kFnuz) {
-    f = _mm256_blendv_ps(f, qnan,
-                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(c, _mm256_set1_epi32(0x80))));
-  } else if constexpr (T::kHasInf) {
-    const __m256i special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7b));
-    const __m256 inf =
-        _mm256_or_ps(_mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000)), _mm256_castsi256_ps(sign));
-    const __m256 v = _mm256_blendv_ps(
-        qnan, inf, _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7c))));
-    f = _mm256_blendv_ps(f, v, _mm256_castsi256_ps(special));
-  } else {
-    f = _mm256_blendv_ps(f, qnan,
-                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f))));
-  }
-  return f;
-}
-#if KVQ_CPU_AVX512
-/// fp8::decode<F> of 16 codes, exact, through binary16: a code's sign, exponent and mantissa bits
-/// placed in a binary16 (bias 15, 10 mantissa bits) give its value times 2^(kBias - 15), normals
-/// and subnormals alike (e5m2 is the top byte of a binary16, inf and NaN included); vcvtph2ps is
-/// exact and the power of two restores the value. The NaN codes of the 4-bit-exponent formats
-/// are set to a binary16 NaN first.
-template <Fp8Format F>
-inline __m512 fp8_decode16(const uint8_t* p) {
-  using T = fp8::Traits<F>;
-  const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  __m256i h = _mm256_slli_epi16(c, 8);  // the code in the high byte
-  if constexpr (T::kExpBits == 4) {
-    // sign at bit 15, exponent and mantissa at bits 7 .. 13 (bit 14 cleared)
-    h = _mm256_and_si256(_mm256_srai_epi16(h, 1), _mm256_set1_epi16(static_cast<int16_t>(0xbfff)));
-    const __mmask16 nan =
-        T::kFnuz ? _mm256_cmpeq_epi16_mask(c, _mm256_set1_epi16(0x80))
-                 : _mm256_cmpeq_epi16_mask(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)),
-                                           _mm256_set1_epi16(0x7f));
-    h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00));
-  }
-  const float pow2 = bits_float(static_cast<uint32_t>(127 + 15 - T::kBias) << 23);
-  return _mm512_mul_ps(cvtph16(h), _mm512_set1_ps(pow2));
-}
-#endif
 template <Fp8Format F>
 struct Fp8Rows {
   const uint8_t* base;

@@ -1,0 +1,87 @@
+// Tests for kernels/cpu/simd_decode.h: backend cpu's SIMD decoders of stored elements against the
+// reference decoders, on every input. Expected values: fp8::decode<F> (fp8/format.h, the
+// definition of each FP8 format) and half_bits_to_float (core/half.h); bf16 against its
+// definition (the 16 bits on top of a float32's). Compared bit for bit, except that a NaN only has
+// to decode to a NaN (the formats define no NaN payloads).
+#include "kernels/cpu/simd_decode.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace kvq::cpu {
+namespace {
+
+// Counts lanes where got differs from want (NaN matches NaN); the first few go to `why`.
+int64_t mismatches(const std::vector<float>& want, const std::vector<float>& got,
+                   std::string& why) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const bool same =
+        (std::isnan(want[i]) && std::isnan(got[i])) || float_bits(want[i]) == float_bits(got[i]);
+    if (!same && bad++ < 5)
+      why += " input " + std::to_string(i) + ": want " + std::to_string(want[i]) + " got " +
+             std::to_string(got[i]) + ";";
+  }
+  return bad;
+}
+
+#if KVQ_CPU_AVX2
+template <Fp8Format F>
+void check_fp8_every_code() {
+  std::vector<uint8_t> codes(256);
+  std::vector<float> want(256), got8(256);
+  for (int c = 0; c < 256; ++c)
+    codes[c] = static_cast<uint8_t>(c), want[c] = fp8::decode<F>(codes[c]);
+  for (int i = 0; i < 256; i += 8)
+    _mm256_storeu_ps(got8.data() + i, fp8_decode8<F>(codes.data() + i));
+  std::string why;
+  EXPECT_EQ(mismatches(want, got8, why), 0) << "fp8_decode8, format " << static_cast<int>(F) << why;
+#if KVQ_CPU_AVX512
+  std::vector<float> got16(256);
+  for (int i = 0; i < 256; i += 16)
+    _mm512_storeu_ps(got16.data() + i, fp8_decode16<F>(codes.data() + i));
+  why.clear();
+  EXPECT_EQ(mismatches(want, got16, why), 0)
+      << "fp8_decode16, format " << static_cast<int>(F) << why;
+#endif
+}
+
+TEST(cpuSimdDecode, fp8_every256Codes_everyFormat_equalsFp8Decode) {
+  check_fp8_every_code<Fp8Format::E4M3>();
+  check_fp8_every_code<Fp8Format::E4M3FNUZ>();
+  check_fp8_every_code<Fp8Format::E5M2>();
+}
+#endif
+
+#if KVQ_CPU_AVX512
+TEST(cpuSimdDecode, halfAndBf16_every65536Patterns_equalTheDefinitions) {
+  std::vector<uint16_t> bits(65536);
+  for (int i = 0; i < 65536; ++i) bits[i] = static_cast<uint16_t>(i);
+  std::vector<float> want_h(65536), want_b(65536), got_h(65536), got_b(65536);
+  for (int i = 0; i < 65536; ++i) {
+    want_h[i] = half_bits_to_float(bits[i]);
+    want_b[i] = bits_float(static_cast<uint32_t>(bits[i]) << 16);
+  }
+  for (int i = 0; i < 65536; i += 16) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits.data() + i));
+    _mm512_storeu_ps(got_h.data() + i, cvtph16(x));
+    _mm512_storeu_ps(got_b.data() + i, bf16_to_f32x16(x));
+  }
+  std::string why;
+  EXPECT_EQ(mismatches(want_h, got_h, why), 0) << "cvtph16" << why;
+  why.clear();
+  EXPECT_EQ(mismatches(want_b, got_b, why), 0) << "bf16_to_f32x16" << why;
+}
+#else
+TEST(cpuSimdDecode, halfAndBf16_every65536Patterns_equalTheDefinitions) {
+  GTEST_SKIP() << "the 512-bit decoders are compiled only where the compiler targets AVX-512";
+}
+#endif
+
+}  // namespace
+}  // namespace kvq::cpu
