@@ -3,7 +3,9 @@
 // heads), one query token, contexts 1k-32k; both backends read the same stored bytes. After the
 // runs a table prints, per backend, each scheme's time, its speedup over the same backend's bf16
 // at the same context and thread count, cpu's speedup over ref, and the effective bandwidth
-// (stored bytes read / time) as a fraction of a plain memcpy measured in the same run.
+// (stored bytes read / time) as a fraction of a plain memcpy and of a read stream measured in the
+// same run, and the multiply-adds per second as a fraction of one core's measured peak (fp32 FMA
+// lanes; byte products for the int8 mode) times the threads.
 //
 // One-thread cases are timed in process CPU time (robust on a shared machine), two-thread cases
 // in real time. Interleave repetitions and take medians:
@@ -13,6 +15,7 @@
 // --int-mode=exact|int8|both (backend cpu's int keys; default both), --contexts=1024,4096,...,
 // --shape=H,D,GQA (default 8,128,4; SmolLM2-135M's is 3,64,3)
 #include <benchmark/benchmark.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -34,8 +37,8 @@ namespace {
 using namespace kvq;
 
 int64_t kHeads = 8, kDim = 128, kGqa = 4;  // --shape=H,D,GQA
-std::vector<std::string> kSchemes = {"bf16", "fp8_e4m3:gran=token", "fp8_e4m3:gran=tensor",
-                                     "kivi4", "kivi2"};  // --kv=SPEC|SPEC|...
+std::vector<std::string> kSchemes = {"bf16", "fp8_e4m3:gran=token", "fp8_e4m3:gran=tensor", "kivi4",
+                                     "kivi2"};  // --kv=SPEC|SPEC|...
 std::vector<int64_t> g_contexts = {1024, 4096, 16384, 32768};
 
 struct Fixture {
@@ -99,6 +102,101 @@ void BM_Copy(benchmark::State& st) {
   st.SetBytesProcessed(static_cast<int64_t>(n) * st.iterations());
 }
 
+// The machine's limits, measured in the same run (the fractions the table prints):
+// BM_ReadStream/threads:N reads the bf16 cache's bytes at 32k once with vector loads on N
+// threads; BM_FmaPeak and BM_DpbusdPeak run 12 independent chains of vfmadd231ps (fp32 lanes) or
+// vpdpbusd (4 byte products per 32-bit lane), 512-bit where the kernels are, on one core.
+void BM_ReadStream(benchmark::State& st, int threads) {
+  const size_t n = static_cast<size_t>(32768 * kHeads * kDim * 2 * 2) / 64 * 64;
+  static std::vector<uint64_t> buf;
+  if (buf.size() != n / 8) buf.assign(n / 8, 1);
+  const uint64_t* b = buf.data();
+  for (auto _ : st) {
+    uint64_t total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      const int64_t parts = omp_get_num_threads(), me = omp_get_thread_num();
+      const int64_t lines = static_cast<int64_t>(n / 64), a = lines * me / parts,
+                    e = lines * (me + 1) / parts;
+#if KVQ_CPU_AVX2
+      __m256i x0 = _mm256_setzero_si256(), x1 = x0;
+      for (int64_t l = a; l < e; ++l) {
+        const auto* p = reinterpret_cast<const __m256i*>(b + l * 8);
+        x0 = _mm256_add_epi64(x0, _mm256_loadu_si256(p));
+        x1 = _mm256_add_epi64(x1, _mm256_loadu_si256(p + 1));
+      }
+      alignas(32) uint64_t r[4];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(r), _mm256_add_epi64(x0, x1));
+      total += r[0] + r[1] + r[2] + r[3];
+#else
+      for (int64_t l = a * 8; l < e * 8; ++l) total += b[l];
+#endif
+    }
+    benchmark::DoNotOptimize(total);
+  }
+  st.SetBytesProcessed(static_cast<int64_t>(n) * st.iterations());
+}
+
+#if KVQ_CPU_AVX2
+#if KVQ_CPU_AVX512
+#define KVQ_PEAK_REG(i) "%%zmm" #i
+constexpr int kPeakLanes = 16;
+#else
+#define KVQ_PEAK_REG(i) "%%ymm" #i
+constexpr int kPeakLanes = 8;
+#endif
+#define KVQ_PEAK_12(op) \
+  op " " KVQ_PEAK_REG(14) "," KVQ_PEAK_REG(15) "," KVQ_PEAK_REG(0) "\n\t" op " " \
+  KVQ_PEAK_REG(14) "," KVQ_PEAK_REG(15) "," KVQ_PEAK_REG(1) "\n\t" op " "        \
+  KVQ_PEAK_REG(14) "," KVQ_PEAK_REG(15) "," KVQ_PEAK_REG(2) "\n\t" op " "        \
+  KVQ_PEAK_REG(14) "," KVQ_PEAK_REG(15) "," KVQ_PEAK_REG(3) "\n\t" op " "        \
+  KVQ_PEAK_REG(14) "," KVQ_PEAK_REG(15) "," KVQ_PEAK_REG(4) "\n\t" op " "        \
+  KVQ_PEAK_REG(14) "," KVQ_PEAK_REG(15) "," KVQ_PEAK_REG(5) "\n\t" op " "        \
+  KVQ_PEAK_REG(14) "," KVQ_PEAK_REG(15) "," KVQ_PEAK_REG(6) "\n\t" op " "        \
+  KVQ_PEAK_REG(14) "," KVQ_PEAK_REG(15) "," KVQ_PEAK_REG(7) "\n\t" op " "        \
+  KVQ_PEAK_REG(14) "," KVQ_PEAK_REG(15) "," KVQ_PEAK_REG(8) "\n\t" op " "        \
+  KVQ_PEAK_REG(14) "," KVQ_PEAK_REG(15) "," KVQ_PEAK_REG(9) "\n\t" op " "        \
+  KVQ_PEAK_REG(14) "," KVQ_PEAK_REG(15) "," KVQ_PEAK_REG(10) "\n\t" op " "       \
+  KVQ_PEAK_REG(14) "," KVQ_PEAK_REG(15) "," KVQ_PEAK_REG(11) "\n\t"
+constexpr int64_t kPeakSteps = 1 << 20;  // 12 instructions each
+void BM_FmaPeak(benchmark::State& st) {
+  for (auto _ : st)
+    for (int64_t i = 0; i < kPeakSteps; ++i)
+      asm volatile(KVQ_PEAK_12("vfmadd231ps")::
+                       : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
+                         "xmm9", "xmm10", "xmm11");
+  st.counters["lane_fma"] = benchmark::Counter(12.0 * kPeakLanes * kPeakSteps * st.iterations(),
+                                               benchmark::Counter::kIsRate);
+}
+#if KVQ_CPU_VNNI
+void BM_DpbusdPeak(benchmark::State& st) {
+#if KVQ_CPU_AVX512 && defined(__AVX512VNNI__)
+  for (auto _ : st)
+    for (int64_t i = 0; i < kPeakSteps; ++i)
+      asm volatile(KVQ_PEAK_12("vpdpbusd")::
+                       : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
+                         "xmm9", "xmm10", "xmm11");
+  constexpr double kProducts = 4.0 * kPeakLanes;
+#else
+  for (auto _ : st)
+    for (int64_t i = 0; i < kPeakSteps; ++i)
+      asm volatile(
+          "{vex} vpdpbusd %%ymm14,%%ymm15,%%ymm0\n\t{vex} vpdpbusd %%ymm14,%%ymm15,%%ymm1\n\t"
+          "{vex} vpdpbusd %%ymm14,%%ymm15,%%ymm2\n\t{vex} vpdpbusd %%ymm14,%%ymm15,%%ymm3\n\t"
+          "{vex} vpdpbusd %%ymm14,%%ymm15,%%ymm4\n\t{vex} vpdpbusd %%ymm14,%%ymm15,%%ymm5\n\t"
+          "{vex} vpdpbusd %%ymm14,%%ymm15,%%ymm6\n\t{vex} vpdpbusd %%ymm14,%%ymm15,%%ymm7\n\t"
+          "{vex} vpdpbusd %%ymm14,%%ymm15,%%ymm8\n\t{vex} vpdpbusd %%ymm14,%%ymm15,%%ymm9\n\t"
+          "{vex} vpdpbusd %%ymm14,%%ymm15,%%ymm10\n\t{vex} vpdpbusd %%ymm14,%%ymm15,%%ymm11\n\t" ::
+              : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                "xmm10", "xmm11");
+  constexpr double kProducts = 32.0;
+#endif
+  st.counters["products"] = benchmark::Counter(12.0 * kProducts * kPeakSteps * st.iterations(),
+                                               benchmark::Counter::kIsRate);
+}
+#endif
+#endif
+
 std::string case_name(const std::string& backend, const std::string& s, int64_t T, int threads) {
   return "BM_Decode/" + backend + "/" + s + "/T" + std::to_string(T) +
          "/threads:" + std::to_string(threads);
@@ -121,6 +219,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
                         ? r.GetAdjustedRealTime()
                         : r.GetAdjustedCPUTime();
       if (r.counters.count("bytes_per_second")) bw_[key] = r.counters.at("bytes_per_second");
+      for (const char* c : {"lane_fma", "products"})
+        if (r.counters.count(c)) peak_[c] = r.counters.at(c);
       (void)n;
     }
   }
@@ -132,8 +232,12 @@ class RatioReporter : public benchmark::ConsoleReporter {
         "threads); cpu/ref = ref time / cpu time; of_copy = (stored bytes / time) / memcpy "
         "bandwidth\n",
         cpu::isa());
-    std::printf("%-9s %-22s %7s %3s %10s %8s %8s %8s %7s\n", "backend", "scheme", "context", "thr",
-                "us/query", "speedup", "cpu/ref", "GB/s", "of_copy");
+    std::printf(
+        "of_read = (stored bytes / time) / the read stream on as many threads; of_peak = the "
+        "case's multiply-adds (2 T H D GQA: keys and values) / time over the threads' peak: "
+        "fp32 FMA lanes (ref, cpu), byte products of vpdpbusd (cpu-int8)\n");
+    std::printf("%-9s %-22s %7s %3s %10s %8s %8s %8s %7s %7s %7s\n", "backend", "scheme", "context",
+                "thr", "us/query", "speedup", "cpu/ref", "GB/s", "of_copy", "of_read", "of_peak");
     for (int threads : {1, 2})
       for (int64_t T : g_contexts)
         for (const auto& b : backends_)
@@ -145,16 +249,30 @@ class RatioReporter : public benchmark::ConsoleReporter {
             const double bw = bw_.count(n) ? bw_[n] : 0;
             const double sp = times_.count(base) ? times_[base] / times_[n] : 0;
             const double vs_ref = times_.count(ref) ? times_[ref] / times_[n] : 0;
-            std::printf("%-9s %-22s %7ld %3d %10.1f %7.2fx %7.2fx %8.2f %6.0f%%\n", b.c_str(),
-                        s.c_str(), static_cast<long>(T), threads, times_[n], sp, vs_ref, bw / 1e9,
-                        copy_bw > 0 ? 100.0 * bw / copy_bw : 0.0);
+            const std::string rs = "BM_ReadStream/threads:" + std::to_string(threads);
+            const double read_bw = bw_.count(rs) ? bw_[rs] : 0;
+            const double peak = (b == "cpu-int8" ? peak_["products"] : peak_["lane_fma"]) * threads;
+            const double macs = 2.0 * static_cast<double>(T) * kHeads * kDim * kGqa;
+            std::printf("%-9s %-22s %7ld %3d %10.1f %7.2fx %7.2fx %8.2f %6.0f%% %6.0f%% %6.0f%%\n",
+                        b.c_str(), s.c_str(), static_cast<long>(T), threads, times_[n], sp, vs_ref,
+                        bw / 1e9, copy_bw > 0 ? 100.0 * bw / copy_bw : 0.0,
+                        read_bw > 0 ? 100.0 * bw / read_bw : 0.0,
+                        peak > 0 ? 100.0 * macs / (times_[n] * 1e-6) / peak : 0.0);
           }
     if (copy_bw > 0) std::printf("memcpy bandwidth: %.2f GB/s\n", copy_bw / 1e9);
+    for (int th : {1, 2}) {
+      const std::string rs = "BM_ReadStream/threads:" + std::to_string(th);
+      if (bw_.count(rs)) std::printf("read stream, %d thread(s): %.2f GB/s\n", th, bw_[rs] / 1e9);
+    }
+    if (peak_.count("lane_fma"))
+      std::printf("fp32 FMA peak, one core: %.1f G lanes/s\n", peak_["lane_fma"] / 1e9);
+    if (peak_.count("products"))
+      std::printf("vpdpbusd peak, one core: %.1f G byte products/s\n", peak_["products"] / 1e9);
   }
 
  private:
   std::vector<std::string> backends_;
-  std::map<std::string, double> times_, bw_;
+  std::map<std::string, double> times_, bw_, peak_;
 };
 
 }  // namespace
@@ -205,6 +323,22 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("BM_Copy", BM_Copy)
       ->Unit(benchmark::kMicrosecond)
       ->MeasureProcessCPUTime();
+  benchmark::RegisterBenchmark("BM_ReadStream/threads:1", BM_ReadStream, 1)
+      ->Unit(benchmark::kMicrosecond)
+      ->MeasureProcessCPUTime();
+  benchmark::RegisterBenchmark("BM_ReadStream/threads:2", BM_ReadStream, 2)
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
+#if KVQ_CPU_AVX2
+  benchmark::RegisterBenchmark("BM_FmaPeak", BM_FmaPeak)
+      ->Unit(benchmark::kMicrosecond)
+      ->MeasureProcessCPUTime();
+#if KVQ_CPU_VNNI
+  benchmark::RegisterBenchmark("BM_DpbusdPeak", BM_DpbusdPeak)
+      ->Unit(benchmark::kMicrosecond)
+      ->MeasureProcessCPUTime();
+#endif
+#endif
   for (int threads : {1, 2})
     for (int64_t T : g_contexts)
       for (const auto& b : backends)
