@@ -357,6 +357,17 @@ struct ChannelCodes {
                                        _mm256_set1_epi32(static_cast<int>(kivi::code_mask(B))));
     return _mm256_cvtepi32_ps(c);
   }
+#if KVQ_CPU_AVX512
+  __m512 z(int64_t j, int64_t d) const {
+    constexpr int kCpw = kivi::codes_per_word(B);
+    const int jj = jj0 + static_cast<int>(j);
+    const __m512i w = _mm512_loadu_si512(wt + (jj / kCpw) * D + d);
+    const __m512i c =
+        _mm512_and_si512(_mm512_maskz_srl_epi32(kAll16, w, _mm_cvtsi32_si128((jj % kCpw) * B)),
+                         _mm512_set1_epi32(static_cast<int>(kivi::code_mask(B))));
+    return _mm512_maskz_cvtepi32_ps(kAll16, c);
+  }
+#endif
 };
 
 /// The score arithmetic every float dot kernel shares, and so the definition of a score on this
@@ -795,6 +806,32 @@ struct TokenCodes {
     }
     return _mm256_cvtepi32_ps(code);
   }
+#if KVQ_CPU_AVX512
+  /// Codes e .. e + 15 of channel group c of token j (e a multiple of 16).
+  __m512 codez(int64_t j, int64_t c, int64_t e) const {
+    const uint32_t* wr = words + j * wstride + c * wpg;
+    __m512i code;
+    if constexpr (B == 8) {
+      code = _mm512_maskz_cvtepu8_epi32(
+          kAll16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + e / 4)));
+    } else if constexpr (B == 4) {  // words e / 8 and e / 8 + 1, eight codes each
+      const __m512i x = _mm512_mask_set1_epi32(_mm512_set1_epi32(static_cast<int>(wr[e / 8])),
+                                               0xff00, static_cast<int>(wr[e / 8 + 1]));
+      code = _mm512_and_si512(
+          _mm512_maskz_srlv_epi32(
+              kAll16, x,
+              _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28)),
+          _mm512_set1_epi32(15));
+    } else {  // word e / 16, all sixteen codes
+      code = _mm512_and_si512(
+          _mm512_maskz_srlv_epi32(
+              kAll16, _mm512_set1_epi32(static_cast<int>(wr[e / 16])),
+              _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)),
+          _mm512_set1_epi32(3));
+    }
+    return _mm512_maskz_cvtepi32_ps(kAll16, code);
+  }
+#endif
 };
 
 /// Per-token int keys as rows of dequantized values (exact: kivi::decode's scale * code + min, or
@@ -821,28 +858,50 @@ struct TokenKeyRows {
   }
 };
 
+/// Float vectors of W lanes (8: AVX2, 16: AVX-512) for kernels written once for both widths.
+template <int W>
+struct FVec {
+  using T = __m256;
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static T bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+};
+#if KVQ_CPU_AVX512
+template <>
+struct FVec<16> {
+  using T = __m512;
+  static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static T bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+};
+#endif
+
 /// o_i[d] += sum_j w[i * ldw + j - j0] * code_j[d] for rows [j0, j1) and d in [d0, d1), CW vectors
-/// of channels at a time.
-template <int NQ, int CW, class L>
+/// of W channels at a time (ld(j, d): W floats). Per element the same fma chain in row order
+/// whatever W and CW.
+template <int NQ, int CW, int W = 8, class L>
 void acc_span(const float* w, int64_t ldw, int64_t j0, int64_t j1, const L& ld, float* o, int64_t D,
               int64_t d0, int64_t d1) {
-  for (; d0 + 8 * CW <= d1; d0 += 8 * CW) {
-    __m256 a[NQ * CW];
+  using V = FVec<W>;
+  for (; d0 + W * CW <= d1; d0 += W * CW) {
+    typename V::T a[NQ * CW];
     for (int i = 0; i < NQ; ++i)
-      for (int c = 0; c < CW; ++c) a[i * CW + c] = _mm256_loadu_ps(o + i * D + d0 + 8 * c);
+      for (int c = 0; c < CW; ++c) a[i * CW + c] = V::load(o + i * D + d0 + W * c);
     for (int64_t j = j0; j < j1; ++j) {
-      __m256 vv[CW];
-      for (int c = 0; c < CW; ++c) vv[c] = ld(j, d0 + 8 * c);
+      typename V::T vv[CW];
+      for (int c = 0; c < CW; ++c) vv[c] = ld(j, d0 + W * c);
       for (int i = 0; i < NQ; ++i) {
-        const __m256 pw = _mm256_broadcast_ss(w + i * ldw + (j - j0));
-        for (int c = 0; c < CW; ++c) a[i * CW + c] = _mm256_fmadd_ps(pw, vv[c], a[i * CW + c]);
+        const auto pw = V::bcast(w + i * ldw + (j - j0));
+        for (int c = 0; c < CW; ++c) a[i * CW + c] = V::fma(pw, vv[c], a[i * CW + c]);
       }
     }
     for (int i = 0; i < NQ; ++i)
-      for (int c = 0; c < CW; ++c) _mm256_storeu_ps(o + i * D + d0 + 8 * c, a[i * CW + c]);
+      for (int c = 0; c < CW; ++c) V::store(o + i * D + d0 + W * c, a[i * CW + c]);
   }
   if constexpr (CW > 1) {
-    if (d0 < d1) acc_span<NQ, 1>(w, ldw, j0, j1, ld, o, D, d0, d1);
+    if (d0 < d1) acc_span<NQ, 1, W>(w, ldw, j0, j1, ld, o, D, d0, d1);
   }
 }
 
@@ -1066,6 +1125,17 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
         }
       }
       const int64_t d1 = std::min(D, (c + 1) * G);
+#if KVQ_CPU_AVX512
+      if (G % 16 == 0 && d1 - c * G == G) {
+        const auto lz = [&ld, c, G](int64_t j, int64_t d) { return ld.codez(j, c, d - c * G); };
+        constexpr int kCw = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;
+        if (G % (16 * kCw) == 0)
+          acc_span<NQ, kCw, 16>(w, kSubRows, j0, j1, lz, o, D, c * G, d1);
+        else
+          acc_span<NQ, 1, 16>(w, kSubRows, j0, j1, lz, o, D, c * G, d1);
+        continue;
+      }
+#endif
       const auto lc = [&ld, c, G](int64_t j, int64_t d) { return ld.code(j, c, d - c * G); };
       if (G % (8 * kChannelVectors<NQ>) == 0)
         acc_span<NQ, kChannelVectors<NQ>>(w, kSubRows, j0, j1, lc, o, D, c * G, d1);
@@ -1084,6 +1154,64 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
       for (; d < d1; ++d) o[i * D + d] += add;
     }
 }
+
+#if KVQ_CPU_AVX512
+/// Exact scores of a per-channel key group (bits 2, 4 or 8, G a multiple of 16; words
+/// channel-major, word x of channel d at words[d * wpg + x]) for its tokens [j0, j0 + n), tokens in
+/// the lanes: s_i[t] = base_i + sum_d qs_i[d] * code_t[d], the sum taken in channel order by one
+/// fma per channel, 16 tokens a vector, two vectors (32 tokens) at a time where the group has them.
+/// No horizontal sums and no transposed copy of the words.
+template <int NQ, int B>
+void dot_channel_group(const uint32_t* words, int64_t D, int64_t wpg, const float* qs,
+                       const float* base, int64_t j0, int64_t n, float* s, int64_t lds) {
+  auto slices = [&]<int S>(int64_t k) {  // tokens 16k .. 16k + 16 S - 1 of the group
+    __m512 acc[NQ * S];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+      const uint32_t* wd = words + d * wpg;
+      __m512 f[S];
+      for (int u = 0; u < S; ++u) {
+        const int64_t t = 16 * (k + u);  // first token of the slice
+        __m512i code;
+        if constexpr (B == 8) {
+          code = _mm512_maskz_cvtepu8_epi32(
+              kAll16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wd + t / 4)));
+        } else if constexpr (B == 4) {
+          const __m512i x = _mm512_mask_set1_epi32(_mm512_set1_epi32(static_cast<int>(wd[t / 8])),
+                                                   0xff00, static_cast<int>(wd[t / 8 + 1]));
+          code = _mm512_and_si512(
+              _mm512_maskz_srlv_epi32(
+                  kAll16, x,
+                  _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28)),
+              _mm512_set1_epi32(15));
+        } else {
+          code = _mm512_and_si512(
+              _mm512_maskz_srlv_epi32(
+                  kAll16, _mm512_set1_epi32(static_cast<int>(wd[t / 16])),
+                  _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)),
+              _mm512_set1_epi32(3));
+        }
+        f[u] = _mm512_maskz_cvtepi32_ps(kAll16, code);
+      }
+      for (int i = 0; i < NQ; ++i) {
+        const __m512 qv = _mm512_set1_ps(qs[i * D + d]);
+        for (int u = 0; u < S; ++u) acc[i * S + u] = _mm512_fmadd_ps(qv, f[u], acc[i * S + u]);
+      }
+    }
+    const int64_t a = std::max(j0, 16 * k), b = std::min(j0 + n, 16 * (k + S));
+    for (int i = 0; i < NQ; ++i) {
+      alignas(64) float tmp[16 * S];
+      for (int u = 0; u < S; ++u)
+        _mm512_store_ps(tmp + 16 * u, _mm512_add_ps(acc[i * S + u], _mm512_set1_ps(base[i])));
+      for (int64_t t = a; t < b; ++t) s[i * lds + (t - j0)] = tmp[t - 16 * k];
+    }
+  };
+  int64_t k = j0 / 16;
+  const int64_t k1 = (j0 + n + 15) / 16;
+  for (; k + 2 <= k1; k += 2) slices.template operator()<2>(k);
+  if (k < k1) slices.template operator()<1>(k);
+}
+#endif
 
 /// A key group's words, channel-major (words[d * wpg + x]), as wt[x * D + d]: word x of 8
 /// consecutive channels in one vector.
@@ -1224,6 +1352,14 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
           return;
         }
       }
+#if KVQ_CPU_AVX512
+      if constexpr (B == 2 || B == 4 || B == 8) {
+        if (G % 16 == 0) {
+          dot_channel_group<NQ, B>(words, D, wpg, w.qs.data(), base, jj0, b - a, sg, lds);
+          return;
+        }
+      }
+#endif
       transpose_words(words, D, wpg, w.wt.data());
       dot<NQ>(w.qs.data(), D, b - a, ChannelCodes<B>{w.wt.data(), D, jj0}, sg, lds);
       for (int i = 0; i < NQ; ++i)
