@@ -992,6 +992,90 @@ void dot_int8_group(const uint32_t* words, int64_t D, int64_t wpg, const int8_t*
   }
 }
 
+#if KVQ_CPU_AVX512 && defined(__AVX512VNNI__)
+/// Int8 mode, 512-bit: the codes of channels d .. d + 3 (w: channel d's first word of a 32-token
+/// slice, channels wpg words apart) for the slice's tokens 16u .. 16u + 15 in c[u], tokens in the
+/// lanes: byte r of lane t is channel d + r's code of token 16u + t (one vpdpbusd then takes four
+/// channels of 16 tokens). A dword permute brings each 128-bit lane the four words that hold its
+/// four tokens, a byte shuffle puts each token's byte of every channel in its lane, and a shift
+/// per lane and a mask leave the codes.
+template <int B>
+inline void key_tokens(const uint32_t* w, int64_t wpg, __m512i* c) {
+  constexpr __mmask64 kAll64 = ~__mmask64{0};
+  __m512i x;  // channel r's slice word k at dword B * r + k
+  if (wpg == B) {
+    x = _mm512_maskz_loadu_epi32(B == 4 ? 0xffff : 0x00ff, w);
+  } else {
+    alignas(64) uint32_t t[16] = {};
+    for (int r = 0; r < 4; ++r)
+      for (int k = 0; k < B; ++k) t[B * r + k] = w[r * wpg + k];
+    x = _mm512_load_si512(t);
+  }
+  for (int u = 0; u < 2; ++u) {
+    __m512i idx, ctl, sh;
+    if constexpr (B == 2) {  // token t of the slice: word t / 16, bits 2 (t % 16); lane L: byte L
+      idx = _mm512_setr_epi32(u, 2 + u, 4 + u, 6 + u, u, 2 + u, 4 + u, 6 + u, u, 2 + u, 4 + u,
+                              6 + u, u, 2 + u, 4 + u, 6 + u);
+      ctl = _mm512_set_epi8(15, 11, 7, 3, 15, 11, 7, 3, 15, 11, 7, 3, 15, 11, 7, 3,  //
+                            14, 10, 6, 2, 14, 10, 6, 2, 14, 10, 6, 2, 14, 10, 6, 2,  //
+                            13, 9, 5, 1, 13, 9, 5, 1, 13, 9, 5, 1, 13, 9, 5, 1,      //
+                            12, 8, 4, 0, 12, 8, 4, 0, 12, 8, 4, 0, 12, 8, 4, 0);
+      sh = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
+    } else {  // word t / 8, bits 4 (t % 8): lane L holds word 2u + L / 2, bytes 2 (L % 2) + k / 2
+      idx = _mm512_setr_epi32(2 * u, 4 + 2 * u, 8 + 2 * u, 12 + 2 * u, 2 * u, 4 + 2 * u, 8 + 2 * u,
+                              12 + 2 * u, 2 * u + 1, 5 + 2 * u, 9 + 2 * u, 13 + 2 * u, 2 * u + 1,
+                              5 + 2 * u, 9 + 2 * u, 13 + 2 * u);
+      ctl = _mm512_set_epi8(15, 11, 7, 3, 15, 11, 7, 3, 14, 10, 6, 2, 14, 10, 6, 2,  //
+                            13, 9, 5, 1, 13, 9, 5, 1, 12, 8, 4, 0, 12, 8, 4, 0,      //
+                            15, 11, 7, 3, 15, 11, 7, 3, 14, 10, 6, 2, 14, 10, 6, 2,  //
+                            13, 9, 5, 1, 13, 9, 5, 1, 12, 8, 4, 0, 12, 8, 4, 0);
+      sh = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    }
+    const __m512i y =
+        _mm512_maskz_shuffle_epi8(kAll64, _mm512_maskz_permutexvar_epi32(kAll16, idx, x), ctl);
+    c[u] = _mm512_and_si512(_mm512_maskz_srlv_epi32(kAll16, y, sh),
+                            _mm512_set1_epi8(static_cast<char>(kivi::code_mask(B))));
+  }
+}
+
+/// dot_int8_group with tokens in the lanes (key_tokens): the same integer sums per token and query
+/// head, then the same qscale_i * sum + base_i, so the same scores.
+template <int NQ, int B>
+void dot_int8_tokens(const uint32_t* words, int64_t D, int64_t wpg, const int8_t* q8,
+                     const float* qscale, const float* base, int64_t j0, int64_t n, float* s,
+                     int64_t lds) {
+  for (int64_t sl = j0 / 32; sl * 32 < j0 + n; ++sl) {
+    const int64_t a = std::max(j0, sl * 32), b = std::min(j0 + n, sl * 32 + 32);
+    auto heads = [&]<int NH>(int i0) {
+      __m512i acc[NH * 2];
+      for (auto& x : acc) x = _mm512_setzero_si512();
+      for (int64_t d = 0; d < D; d += 4) {
+        __m512i c[2];
+        key_tokens<B>(words + d * wpg + sl * B, wpg, c);
+        for (int i = 0; i < NH; ++i) {
+          int32_t qq;
+          std::memcpy(&qq, q8 + (i0 + i) * D + d, 4);
+          const __m512i qv = _mm512_set1_epi32(qq);
+          for (int u = 0; u < 2; ++u)
+            acc[i * 2 + u] = _mm512_dpbusd_epi32(acc[i * 2 + u], c[u], qv);
+        }
+      }
+      for (int i = 0; i < NH; ++i) {
+        const __m512 qs = _mm512_set1_ps(qscale[i0 + i]), bs = _mm512_set1_ps(base[i0 + i]);
+        alignas(64) float t[32];
+        for (int u = 0; u < 2; ++u)
+          _mm512_store_ps(
+              t + 16 * u,
+              _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, acc[i * 2 + u]), qs, bs));
+        float* si = s + (i0 + i) * lds;
+        for (int64_t jj = a; jj < b; ++jj) si[jj - j0] = t[jj - sl * 32];
+      }
+    };
+    head_blocks<NQ>(heads);
+  }
+}
+#endif
+
 /// Int8 mode, per-token values of channel group c (G a multiple of 32) over rows [j0, j0 + m),
 /// m <= kSubRows, w = p * scale as acc_token_values computes it ([NQ][kSubRows]): per query head,
 ///   wmax = max_j w_j,  u_j = rne(w_j * float(255 / wmax)) in 0..255,
@@ -1348,7 +1432,11 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
         if (int8_keys(c.mode, k)) {
           float qscale[NQ];
           quantize_q8<NQ>(w.qs.data(), D, w.q8.data(), qscale);
+#if KVQ_CPU_AVX512 && defined(__AVX512VNNI__)
+          dot_int8_tokens<NQ, B>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a, sg, lds);
+#else
           dot_int8_group<NQ, B>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a, sg, lds);
+#endif
           return;
         }
       }
