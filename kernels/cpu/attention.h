@@ -17,25 +17,31 @@
 // Dense and fp8 sides read every kv head of a block in address order (row (t, h) is row t*H + h;
 // a decode step streams them with a software prefetch ahead); int sides go head by head.
 //
-// Paths (AVX2+FMA+F16C; anything else takes the portable path, same results within tolerance):
+// Paths (AVX2+FMA+F16C; anything else takes the portable path, same results within tolerance;
+// where the compiler also targets AVX-512 F/BW/VL, 512-bit forms as marked):
 //   fp32 / bf16 / fp16   rows widened in registers, several tokens x query heads of accumulators
-//   fp8 (all formats, every granularity)   codes decoded arithmetically (exact: fp8::decode)
+//                        (512-bit: 16 channels a step where head_dim is a multiple of 16)
+//   fp8 (all formats, every granularity)   codes decoded arithmetically (exact: fp8::decode;
+//                        512-bit: through binary16, kernels/cpu/simd_decode.h)
 //   int: keys per-channel (2/3/4/8 bits) or per-token (2/4/8 bits, G a multiple of 8: llama.cpp's
 //     and HF QuantizedCache's layout), values per-token (2/4/8 bits, G a multiple of 8), the exact
 //     residual window as fp32; head_dim a multiple of 8 and GQA 1-8 throughout (per-channel
 //     values and 3-bit per-token sides take the portable path)
 //     IntMode::Exact   codes widened to float; per-channel scales folded into q per group,
 //                      per-token key rows dequantized in registers (scale * code + min)
+//                      (512-bit: per-channel keys of 2/4/8 bits with tokens in the lanes, one
+//                      fma per channel and 16 tokens; per-token values 16 channels a step)
 //     IntMode::Int8    integer dot products on the codes where they apply, exact elsewhere:
 //                      keys per-channel of 2 and 4 bits, G and head_dim multiples of 32: q * scale
 //                      quantized to int8 per (key group, query head), scores as byte dots of four
-//                      channels' q and codes; values per-token of 2 and 4 bits, G a multiple of 32 dividing
-//                      head_dim: per run of 32 tokens counted from the block's start (blocks
-//                      start at multiples of 256 tokens, or of whole key groups), channel group and
-//                      query head, the weights p * scale quantized to 0..255 against their
-//                      maximum, outputs as byte dots of four tokens' weights and codes, the
-//                      minima folded exactly (vpdpbusd with VNNI, else vpmaddubsw + vpmaddwd:
-//                      the same integers)
+//                      channels' q and codes; values per-token of 2 and 4 bits, G a multiple
+//                      of 32 dividing head_dim: per run of 32 tokens counted from the block's
+//                      start (blocks start at multiples of 256 tokens, or of whole key groups),
+//                      channel group and query head, the weights p * scale quantized to 0..255
+//                      against their maximum, outputs as byte dots of four tokens' weights and
+//                      codes, the minima folded exactly (vpdpbusd with VNNI, else vpmaddubsw +
+//                      vpmaddwd: the same integers; with AVX-512 VNNI the keys take 16 tokens
+//                      in the lanes of one vpdpbusd: the same integer sums, the same scores)
 //
 // Tolerances against the reference (tests/kernels/cpu/attention_test.cpp): Exact mode is float
 // arithmetic in another order (and a polynomial exp), max |o - o_ref| <= 2e-5 * max |V| (outputs

@@ -1,9 +1,9 @@
 // Backend `cpu`: FP8 quantize, bit-identical to the reference (fp8/scale.h, fp8/format.h).
 //
-// The encode is fp8::encode<F> step for step on 8 lanes (same selects, the same IEEE division
-// x / s per element: x * (1/s) would flip codes), so every code equals the reference's; the amax
-// pass is a lane-wise max (order-free: max of |x| is unique) with groups holding NaN redone by the
-// reference so the NaN that reaches the scale is the same one.
+// The encode is fp8::encode<F> step for step on 8 lanes, 16 with AVX-512 (same selects, the same
+// IEEE division x / s per element: x * (1/s) would flip codes), so every code equals the
+// reference's; the amax pass is a lane-wise max (order-free: max of |x| is unique) with groups
+// holding NaN redone by the reference so the NaN that reaches the scale is the same one.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,8 @@
 // chosen at compile time (-march=native on this machine, or -mavx2 -mfma -mf16c); without those
 // flags, or with KVQ_CPU_PORTABLE defined, every kernel takes its portable scalar path (the same
 // results: the quantizers are bit-identical either way, attention stays within the tolerances
-// stated in kernels/cpu/attention.h).
+// stated in kernels/cpu/attention.h). Where the compiler also targets AVX-512 F/BW/VL (and VNNI),
+// the hot loops have 512-bit forms beside the AVX2 ones (KVQ_CPU_AVX512; isa() ends in "+avx512").
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(KVQ_CPU_PORTABLE)
