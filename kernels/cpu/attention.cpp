@@ -69,12 +69,6 @@ struct Scratch {
   std::vector<float> sct, mnt;  // int values: a sub-block's scales and minima per channel group
 };
 
-/// Per-(token, head) factor of an fp8 side's scale (tensor / head / token; 1 for channel).
-float fp8_token_factor(const StoredSide& s, int64_t t, int64_t h) {
-  if (s.gran == Granularity::Channel) return 1.0f;
-  return s.fp8_scales[fp8::scale_index(s.gran, t, h, 0, s.heads, s.dim)];
-}
-
 bool is_dense(SchemeKind k) {
   return k == SchemeKind::Fp32 || k == SchemeKind::Bf16 || k == SchemeKind::Fp16;
 }
@@ -186,6 +180,13 @@ void portable_range(const Call& c, int64_t a, int64_t b, Partial& P, Scratch& w)
 }
 
 #if KVQ_CPU_AVX2
+
+/// Per-(token, head) factor of an fp8 side's scale (tensor / head / token; 1 for channel).
+float fp8_token_factor(const StoredSide& s, int64_t t, int64_t h) {
+  if (s.gran == Granularity::Channel) return 1.0f;
+  return s.fp8_scales[fp8::scale_index(s.gran, t, h, 0, s.heads, s.dim)];
+}
+
 // ---- AVX2 path ---------------------------------------------------------------------------------
 
 /// e^x on 8 lanes (Cephes expf: range reduction by ln 2 in two parts, degree-6 polynomial); x
@@ -289,8 +290,7 @@ struct Bf16Rows {
   int64_t stride;
   void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D * 2); }
   __m256 operator()(int64_t j, int64_t d) const {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + d));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return bf16_to_f32x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + d)));
   }
 #if KVQ_CPU_AVX512
   __m512 z(int64_t j, int64_t d) const {
@@ -357,17 +357,6 @@ struct ChannelCodes {
                                        _mm256_set1_epi32(static_cast<int>(kivi::code_mask(B))));
     return _mm256_cvtepi32_ps(c);
   }
-#if KVQ_CPU_AVX512
-  __m512 z(int64_t j, int64_t d) const {
-    constexpr int kCpw = kivi::codes_per_word(B);
-    const int jj = jj0 + static_cast<int>(j);
-    const __m512i w = _mm512_loadu_si512(wt + (jj / kCpw) * D + d);
-    const __m512i c =
-        _mm512_and_si512(_mm512_maskz_srl_epi32(kAll16, w, _mm_cvtsi32_si128((jj % kCpw) * B)),
-                         _mm512_set1_epi32(static_cast<int>(kivi::code_mask(B))));
-    return _mm512_maskz_cvtepi32_ps(kAll16, c);
-  }
-#endif
 };
 
 /// The score arithmetic every float dot kernel shares, and so the definition of a score on this
@@ -503,6 +492,42 @@ void dot_heads(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, flo
   while (t < n) step.template operator()<1>();
 }
 
+#if KVQ_CPU_AVX512
+/// Tokens per step of acc_heads16.
+constexpr int kValueTokens = 2;
+/// acc_heads and acc_heads_stream with 16-float rows: kValueTokens tokens of one head per load and
+/// store of o (the stores of o, not the rows, bound a one-token step), heads in address order,
+/// each element the same fma chain in token order as the 8-lane forms. kPrefetch (a stream read
+/// once): the next step's rows, up to `valid` rows from the base, are prefetched.
+template <int NQ, bool kPrefetch, class L>
+void acc_heads16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
+                 const L& ld, float* o, int64_t valid) {
+  int64_t t = 0;
+  auto step = [&]<int U>() {
+    if constexpr (kPrefetch && Prefetchable<L>)
+      for (int64_t r = (t + U) * H; r < std::min(valid, (t + 2 * U) * H); ++r) ld.prefetch(r, D);
+    for (int64_t h = 0; h < H; ++h) {
+      float* oh = o + h * NQ * D;
+      __m512 pz[NQ * U];
+      for (int i = 0; i < NQ; ++i)
+        for (int u = 0; u < U; ++u) pz[i * U + u] = _mm512_set1_ps(p[h * hs + i * ldp + t + u]);
+      for (int64_t d = 0; d < D; d += 16) {
+        __m512 v[U];
+        for (int u = 0; u < U; ++u) v[u] = ld.z((t + u) * H + h, d);
+        for (int i = 0; i < NQ; ++i) {
+          __m512 x = _mm512_loadu_ps(oh + i * D + d);
+          for (int u = 0; u < U; ++u) x = _mm512_fmadd_ps(pz[i * U + u], v[u], x);
+          _mm512_storeu_ps(oh + i * D + d, x);
+        }
+      }
+    }
+    t += U;
+  };
+  while (t + kValueTokens <= n) step.template operator()<kValueTokens>();
+  while (t < n) step.template operator()<1>();
+}
+#endif
+
 /// Values of every kv head, tokens in address order: o_h,i += p[h * hs + i * ldp + t] * row (t, h),
 /// two tokens at a time, each head's o ([H, NQ, D]) loaded once per step, both tokens' fmas
 /// applied in token order, stored. Per element the same fma chain in token order as acc_rows, so
@@ -510,6 +535,11 @@ void dot_heads(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, flo
 template <int NQ, class L>
 void acc_heads(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
                const L& ld, float* o) {
+#if KVQ_CPU_AVX512
+  if constexpr (Wide<L>) {
+    if (D % 16 == 0) return acc_heads16<NQ, false>(p, hs, ldp, H, D, n, ld, o, 0);
+  }
+#endif
   int64_t t = 0;
   auto step = [&]<int U>() {
     for (int64_t h = 0; h < H; ++h) {
@@ -517,25 +547,6 @@ void acc_heads(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, in
       __m256 pw[NQ * U];
       for (int i = 0; i < NQ; ++i)
         for (int u = 0; u < U; ++u) pw[i * U + u] = _mm256_set1_ps(p[h * hs + i * ldp + t + u]);
-#if KVQ_CPU_AVX512
-      if constexpr (Wide<L>) {
-        if (D % 16 == 0) {
-          __m512 pz[NQ * U];
-          for (int i = 0; i < NQ; ++i)
-            for (int u = 0; u < U; ++u) pz[i * U + u] = _mm512_set1_ps(p[h * hs + i * ldp + t + u]);
-          for (int64_t d = 0; d < D; d += 16) {
-            __m512 v[U];
-            for (int u = 0; u < U; ++u) v[u] = ld.z((t + u) * H + h, d);
-            for (int i = 0; i < NQ; ++i) {
-              __m512 x = _mm512_loadu_ps(oh + i * D + d);
-              for (int u = 0; u < U; ++u) x = _mm512_fmadd_ps(pz[i * U + u], v[u], x);
-              _mm512_storeu_ps(oh + i * D + d, x);
-            }
-          }
-          continue;
-        }
-      }
-#endif
       for (int64_t d = 0; d < D; d += 8) {
         __m256 v[U];
         for (int u = 0; u < U; ++u) v[u] = ld((t + u) * H + h, d);
@@ -555,8 +566,6 @@ void acc_heads(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, in
 /// Rows a stream kernel prefetches ahead of the one it reads (4 KB of 256-byte rows; measured
 /// at 8k context, fp32, D 64: 7 -> 10 GB/s per thread).
 constexpr int64_t kStreamAhead = 16;
-/// Tokens per step of the 512-bit acc_heads_stream.
-constexpr int kValueTokens = 2;
 
 /// dot_heads for a stream read once (a decode step): rows strictly in address order, TT rows
 /// (not tokens) per step, so every load instruction walks memory with one constant stride (twice
@@ -594,35 +603,7 @@ void acc_heads_stream(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_
                       const L& ld, float* o, int64_t valid) {
 #if KVQ_CPU_AVX512
   if constexpr (Wide<L>) {
-    // 16 channels at a time, kValueTokens tokens of one head per load and store of o (the stores
-    // of o, not the rows, bound the one-token form); the next step's rows are prefetched.
-    if (D % 16 == 0) {
-      int64_t t = 0;
-      auto step = [&]<int U>() {
-        if constexpr (Prefetchable<L>)
-          for (int64_t r = (t + U) * H; r < std::min(valid, (t + 2 * U) * H); ++r)
-            ld.prefetch(r, D);
-        for (int64_t h = 0; h < H; ++h) {
-          float* oh = o + h * NQ * D;
-          __m512 pz[NQ * U];
-          for (int i = 0; i < NQ; ++i)
-            for (int u = 0; u < U; ++u) pz[i * U + u] = _mm512_set1_ps(p[h * hs + i * ldp + t + u]);
-          for (int64_t d = 0; d < D; d += 16) {
-            __m512 v[U];
-            for (int u = 0; u < U; ++u) v[u] = ld.z((t + u) * H + h, d);
-            for (int i = 0; i < NQ; ++i) {
-              __m512 x = _mm512_loadu_ps(oh + i * D + d);
-              for (int u = 0; u < U; ++u) x = _mm512_fmadd_ps(pz[i * U + u], v[u], x);
-              _mm512_storeu_ps(oh + i * D + d, x);
-            }
-          }
-        }
-        t += U;
-      };
-      while (t + kValueTokens <= n) step.template operator()<kValueTokens>();
-      while (t < n) step.template operator()<1>();
-      return;
-    }
+    if (D % 16 == 0) return acc_heads16<NQ, true>(p, hs, ldp, H, D, n, ld, o, valid);
   }
 #endif
   int64_t r = 0;
@@ -774,6 +755,34 @@ inline void key_quad(const uint32_t* w, int64_t wpg, __m256i* n) {
   }
 }
 
+#if KVQ_CPU_AVX512
+/// Codes e .. e + 15 (e a multiple of 16) of the packed words w (bits 2, 4 or 8; codes in order
+/// from bit 0 of word 0), as 16 floats.
+template <int B>
+inline __m512 codes16(const uint32_t* w, int64_t e) {
+  __m512i code;
+  if constexpr (B == 8) {
+    code = _mm512_maskz_cvtepu8_epi32(kAll16,
+                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + e / 4)));
+  } else if constexpr (B == 4) {  // words e / 8 and e / 8 + 1, eight codes each
+    const __m512i x = _mm512_mask_set1_epi32(_mm512_set1_epi32(static_cast<int>(w[e / 8])), 0xff00,
+                                             static_cast<int>(w[e / 8 + 1]));
+    code = _mm512_and_si512(
+        _mm512_maskz_srlv_epi32(
+            kAll16, x, _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28)),
+        _mm512_set1_epi32(15));
+  } else {  // word e / 16, all sixteen codes
+    static_assert(B == 2);
+    code = _mm512_and_si512(
+        _mm512_maskz_srlv_epi32(
+            kAll16, _mm512_set1_epi32(static_cast<int>(w[e / 16])),
+            _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)),
+        _mm512_set1_epi32(3));
+  }
+  return _mm512_maskz_cvtepi32_ps(kAll16, code);
+}
+#endif
+
 /// Raw codes (no scale, no min) of per-token int values (bits 2, 4, 8; G a multiple of 8): token j,
 /// channels d .. d + 7 of one channel group.
 template <int B>
@@ -809,27 +818,7 @@ struct TokenCodes {
 #if KVQ_CPU_AVX512
   /// Codes e .. e + 15 of channel group c of token j (e a multiple of 16).
   __m512 codez(int64_t j, int64_t c, int64_t e) const {
-    const uint32_t* wr = words + j * wstride + c * wpg;
-    __m512i code;
-    if constexpr (B == 8) {
-      code = _mm512_maskz_cvtepu8_epi32(
-          kAll16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + e / 4)));
-    } else if constexpr (B == 4) {  // words e / 8 and e / 8 + 1, eight codes each
-      const __m512i x = _mm512_mask_set1_epi32(_mm512_set1_epi32(static_cast<int>(wr[e / 8])),
-                                               0xff00, static_cast<int>(wr[e / 8 + 1]));
-      code = _mm512_and_si512(
-          _mm512_maskz_srlv_epi32(
-              kAll16, x,
-              _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28)),
-          _mm512_set1_epi32(15));
-    } else {  // word e / 16, all sixteen codes
-      code = _mm512_and_si512(
-          _mm512_maskz_srlv_epi32(
-              kAll16, _mm512_set1_epi32(static_cast<int>(wr[e / 16])),
-              _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)),
-          _mm512_set1_epi32(3));
-    }
-    return _mm512_maskz_cvtepi32_ps(kAll16, code);
+    return codes16<B>(words + j * wstride + c * wpg, e);
   }
 #endif
 };
@@ -953,37 +942,56 @@ inline void channel_order(const __m256* f, __m256* out) {
   }
 }
 
+/// Int8 mode, 256-bit key codes: key_quad's interleave (lane k of part r: the token of
+/// quad_codes' channel rule), scores back in token order through channel_order.
+template <int B>
+struct Int8Keys256 {
+  using Acc = __m256i;
+  static constexpr int kParts = 4;
+  static constexpr int64_t kSliceWords = B;  // words per channel in 32 tokens
+  static Acc zero() { return _mm256_setzero_si256(); }
+  static void codes(const uint32_t* w, int64_t wpg, Acc* c) { key_quad<B>(w, wpg, c); }
+  static Acc bcast(int32_t q) { return _mm256_set1_epi32(q); }
+  static Acc dp(Acc acc, Acc c, Acc q) { return dpbusd(acc, c, q); }
+  /// t[0..31] = qs * sum + bs for the slice's 32 tokens in order.
+  static void scores(const Acc* acc, float qs, float bs, float* t) {
+    __m256 f[4], out[4];
+    for (int r = 0; r < 4; ++r) f[r] = _mm256_cvtepi32_ps(acc[r]);
+    channel_order<B>(f, out);
+    for (int r = 0; r < 4; ++r)
+      _mm256_storeu_ps(t + 8 * r, _mm256_fmadd_ps(out[r], _mm256_set1_ps(qs), _mm256_set1_ps(bs)));
+  }
+};
+
 /// Int8 mode scores of a per-channel key group (bits 2 or 4, G a multiple of 32; words
 /// channel-major, word x of channel d at words[d * wpg + x]) for its tokens [j0, j0 + n): 32-token
 /// slices, four channels at a time, s = qscale_i * sum_d q8_id * code_td + base_i - exact integer
-/// sums (dpbusd: codes unsigned, q signed, pair sums <= 2 * 15 * 127) on the rounded query.
-template <int NQ, int B>
+/// sums (dpbusd: codes unsigned, q signed, pair sums <= 2 * 15 * 127) on the rounded query. K: the
+/// vector form (Int8Keys256, or Int8Keys512 with AVX-512 VNNI): the same integer sums and the same
+/// final fma, so the same scores.
+template <int NQ, class K>
 void dot_int8_group(const uint32_t* words, int64_t D, int64_t wpg, const int8_t* q8,
                     const float* qscale, const float* base, int64_t j0, int64_t n, float* s,
                     int64_t lds) {
-  constexpr int64_t kSliceWords = B;  // words per channel in 32 tokens
+  constexpr int P = K::kParts;
   for (int64_t sl = j0 / 32; sl * 32 < j0 + n; ++sl) {
     const int64_t a = std::max(j0, sl * 32), b = std::min(j0 + n, sl * 32 + 32);
     auto heads = [&]<int NH>(int i0) {
-      __m256i acc[NH * 4];
-      for (auto& x : acc) x = _mm256_setzero_si256();
+      typename K::Acc acc[NH * P];
+      for (auto& x : acc) x = K::zero();
       for (int64_t d = 0; d < D; d += 4) {
-        __m256i c[4];
-        key_quad<B>(words + d * wpg + sl * kSliceWords, wpg, c);
+        typename K::Acc c[P];
+        K::codes(words + d * wpg + sl * K::kSliceWords, wpg, c);
         for (int i = 0; i < NH; ++i) {
           int32_t qq;
           std::memcpy(&qq, q8 + (i0 + i) * D + d, 4);
-          const __m256i qv = _mm256_set1_epi32(qq);
-          for (int r = 0; r < 4; ++r) acc[i * 4 + r] = dpbusd(acc[i * 4 + r], c[r], qv);
+          const auto qv = K::bcast(qq);
+          for (int r = 0; r < P; ++r) acc[i * P + r] = K::dp(acc[i * P + r], c[r], qv);
         }
       }
       for (int i = 0; i < NH; ++i) {
-        __m256 f[4], out[4];
-        for (int r = 0; r < 4; ++r) f[r] = _mm256_cvtepi32_ps(acc[i * 4 + r]);
-        channel_order<B>(f, out);
-        const __m256 qs = _mm256_set1_ps(qscale[i0 + i]), bs = _mm256_set1_ps(base[i0 + i]);
-        alignas(32) float t[32];
-        for (int r = 0; r < 4; ++r) _mm256_store_ps(t + 8 * r, _mm256_fmadd_ps(out[r], qs, bs));
+        alignas(64) float t[32];
+        K::scores(acc + i * P, qscale[i0 + i], base[i0 + i], t);
         float* si = s + (i0 + i) * lds;
         for (int64_t jj = a; jj < b; ++jj) si[jj - j0] = t[jj - sl * 32];
       }
@@ -1038,42 +1046,22 @@ inline void key_tokens(const uint32_t* w, int64_t wpg, __m512i* c) {
   }
 }
 
-/// dot_int8_group with tokens in the lanes (key_tokens): the same integer sums per token and query
-/// head, then the same qscale_i * sum + base_i, so the same scores.
-template <int NQ, int B>
-void dot_int8_tokens(const uint32_t* words, int64_t D, int64_t wpg, const int8_t* q8,
-                     const float* qscale, const float* base, int64_t j0, int64_t n, float* s,
-                     int64_t lds) {
-  for (int64_t sl = j0 / 32; sl * 32 < j0 + n; ++sl) {
-    const int64_t a = std::max(j0, sl * 32), b = std::min(j0 + n, sl * 32 + 32);
-    auto heads = [&]<int NH>(int i0) {
-      __m512i acc[NH * 2];
-      for (auto& x : acc) x = _mm512_setzero_si512();
-      for (int64_t d = 0; d < D; d += 4) {
-        __m512i c[2];
-        key_tokens<B>(words + d * wpg + sl * B, wpg, c);
-        for (int i = 0; i < NH; ++i) {
-          int32_t qq;
-          std::memcpy(&qq, q8 + (i0 + i) * D + d, 4);
-          const __m512i qv = _mm512_set1_epi32(qq);
-          for (int u = 0; u < 2; ++u)
-            acc[i * 2 + u] = _mm512_dpbusd_epi32(acc[i * 2 + u], c[u], qv);
-        }
-      }
-      for (int i = 0; i < NH; ++i) {
-        const __m512 qs = _mm512_set1_ps(qscale[i0 + i]), bs = _mm512_set1_ps(base[i0 + i]);
-        alignas(64) float t[32];
-        for (int u = 0; u < 2; ++u)
-          _mm512_store_ps(
-              t + 16 * u,
-              _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, acc[i * 2 + u]), qs, bs));
-        float* si = s + (i0 + i) * lds;
-        for (int64_t jj = a; jj < b; ++jj) si[jj - j0] = t[jj - sl * 32];
-      }
-    };
-    head_blocks<NQ>(heads);
+/// Int8 mode, 512-bit key codes with the tokens in the lanes (key_tokens): scores in token order.
+template <int B>
+struct Int8Keys512 {
+  using Acc = __m512i;
+  static constexpr int kParts = 2;
+  static constexpr int64_t kSliceWords = B;
+  static Acc zero() { return _mm512_setzero_si512(); }
+  static void codes(const uint32_t* w, int64_t wpg, Acc* c) { key_tokens<B>(w, wpg, c); }
+  static Acc bcast(int32_t q) { return _mm512_set1_epi32(q); }
+  static Acc dp(Acc acc, Acc c, Acc q) { return _mm512_dpbusd_epi32(acc, c, q); }
+  static void scores(const Acc* acc, float qs, float bs, float* t) {
+    for (int u = 0; u < 2; ++u)
+      _mm512_storeu_ps(t + 16 * u, _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, acc[u]),
+                                                   _mm512_set1_ps(qs), _mm512_set1_ps(bs)));
   }
-}
+};
 #endif
 
 /// Int8 mode, per-token values of channel group c (G a multiple of 32) over rows [j0, j0 + m),
@@ -1254,29 +1242,7 @@ void dot_channel_group(const uint32_t* words, int64_t D, int64_t wpg, const floa
     for (int64_t d = 0; d < D; ++d) {
       const uint32_t* wd = words + d * wpg;
       __m512 f[S];
-      for (int u = 0; u < S; ++u) {
-        const int64_t t = 16 * (k + u);  // first token of the slice
-        __m512i code;
-        if constexpr (B == 8) {
-          code = _mm512_maskz_cvtepu8_epi32(
-              kAll16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wd + t / 4)));
-        } else if constexpr (B == 4) {
-          const __m512i x = _mm512_mask_set1_epi32(_mm512_set1_epi32(static_cast<int>(wd[t / 8])),
-                                                   0xff00, static_cast<int>(wd[t / 8 + 1]));
-          code = _mm512_and_si512(
-              _mm512_maskz_srlv_epi32(
-                  kAll16, x,
-                  _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28)),
-              _mm512_set1_epi32(15));
-        } else {
-          code = _mm512_and_si512(
-              _mm512_maskz_srlv_epi32(
-                  kAll16, _mm512_set1_epi32(static_cast<int>(wd[t / 16])),
-                  _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)),
-              _mm512_set1_epi32(3));
-        }
-        f[u] = _mm512_maskz_cvtepi32_ps(kAll16, code);
-      }
+      for (int u = 0; u < S; ++u) f[u] = codes16<B>(wd, 16 * (k + u));  // token 16 (k + u) on
       for (int i = 0; i < NQ; ++i) {
         const __m512 qv = _mm512_set1_ps(qs[i * D + d]);
         for (int u = 0; u < S; ++u) acc[i * S + u] = _mm512_fmadd_ps(qv, f[u], acc[i * S + u]);
@@ -1433,10 +1399,11 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
           float qscale[NQ];
           quantize_q8<NQ>(w.qs.data(), D, w.q8.data(), qscale);
 #if KVQ_CPU_AVX512 && defined(__AVX512VNNI__)
-          dot_int8_tokens<NQ, B>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a, sg, lds);
+          using Keys = Int8Keys512<B>;
 #else
-          dot_int8_group<NQ, B>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a, sg, lds);
+          using Keys = Int8Keys256<B>;
 #endif
+          dot_int8_group<NQ, Keys>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a, sg, lds);
           return;
         }
       }

@@ -26,41 +26,33 @@ inline __m512 bf16_to_f32x16(__m256i h) {
 }
 #endif
 
-/// fp8::decode<F> of 8 codes, exact: the code's exponent and mantissa bits placed in a float32
-/// and scaled by 2^(127 - bias) (a power of two: exact for normals and subnormals alike).
-template <Fp8Format F>
-inline __m256 fp8_decode8(const uint8_t* p) {
-  using T = fp8::Traits<F>;
-  const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m256i em = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
-  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
-  const float pow2 = bits_float(static_cast<uint32_t>(127 + 127 - T::kBias) << 23);
-  __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 23 - T::kMantBits)),
-                           _mm256_set1_ps(pow2));
-  f = _mm256_or_ps(f, _mm256_castsi256_ps(sign));
-  const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
-  if constexpr (T::kFnuz) {
-    f = _mm256_blendv_ps(f, qnan,
-                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(c, _mm256_set1_epi32(0x80))));
-  } else if constexpr (T::kHasInf) {
-    const __m256i special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7b));
-    const __m256 inf =
-        _mm256_or_ps(_mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000)), _mm256_castsi256_ps(sign));
-    const __m256 v = _mm256_blendv_ps(
-        qnan, inf, _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7c))));
-    f = _mm256_blendv_ps(f, v, _mm256_castsi256_ps(special));
-  } else {
-    f = _mm256_blendv_ps(f, qnan,
-                         _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f))));
-  }
-  return f;
-}
-#if KVQ_CPU_AVX512
-/// fp8::decode<F> of 16 codes, exact, through binary16: a code's sign, exponent and mantissa bits
+/// fp8::decode<F> of 8 codes, exact, through binary16: a code's sign, exponent and mantissa bits
 /// placed in a binary16 (bias 15, 10 mantissa bits) give its value times 2^(kBias - 15), normals
 /// and subnormals alike (e5m2 is the top byte of a binary16, inf and NaN included); vcvtph2ps is
 /// exact and the power of two restores the value. The NaN codes of the 4-bit-exponent formats
-/// are set to a binary16 NaN first.
+/// are set to a binary16 NaN first. fp8_decode16 is the same on 16 codes.
+template <Fp8Format F>
+inline __m256 fp8_decode8(const uint8_t* p) {
+  using T = fp8::Traits<F>;
+  const __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  __m128i h = _mm_slli_epi16(c, 8);  // the code in the high byte
+  if constexpr (T::kExpBits == 4) {
+    // sign at bit 15, exponent and mantissa at bits 7 .. 13 (bit 14 cleared)
+    h = _mm_and_si128(_mm_srai_epi16(h, 1), _mm_set1_epi16(static_cast<int16_t>(0xbfff)));
+    const __m128i nan =
+        T::kFnuz ? _mm_cmpeq_epi16(c, _mm_set1_epi16(0x80))
+                 : _mm_cmpeq_epi16(_mm_and_si128(c, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
+    h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan);
+  }
+  const float pow2 = bits_float(static_cast<uint32_t>(127 + 15 - T::kBias) << 23);
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(pow2));
+}
+/// bf16 bits -> float32 on 8 lanes (the 16 bits on top of a float32's).
+inline __m256 bf16_to_f32x8(__m128i h) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#if KVQ_CPU_AVX512
+/// fp8_decode8 on 16 codes (the NaN codes found with a mask register).
 template <Fp8Format F>
 inline __m512 fp8_decode16(const uint8_t* p) {
   using T = fp8::Traits<F>;

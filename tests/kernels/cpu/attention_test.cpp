@@ -103,6 +103,10 @@ std::vector<Case> grid() {
   }
   for (int gqa : {1, 3, 4, 8}) v.push_back({"kivi2", 555, 2, 128, gqa, 1, true});
   v.push_back({"kivi4", 1100, 2, 64, 4, 3, true});
+  // per-channel key groups of 16 (one 16-token slice a group), 128 and 8-bit codes at 64
+  v.push_back({"int4:k=channel,v=token,g=16,r=32", 300, 2, 128, 4, 1, true});
+  v.push_back({"kivi2:g=128,r=128", 1000, 2, 128, 4, 2, true});
+  v.push_back({"int8:k=channel,v=token,g=64,r=64", 500, 2, 64, 3, 1, true});
   v.push_back({"bf16", 20, 2, 20, 4, 1, false});                               // ragged head_dim
   v.push_back({"kivi2:g=8,r=16", 45, 2, 20, 2, 1, false});                     // ragged head_dim
   v.push_back({"int4:k=token,v=channel,g=32,r=32", 300, 2, 64, 4, 1, false});  // mirror axes

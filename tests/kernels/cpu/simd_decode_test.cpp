@@ -13,9 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "core/half.h"
+
 namespace kvq::cpu {
 namespace {
 
+#if KVQ_CPU_AVX2
 // Counts lanes where got differs from want (NaN matches NaN); the first few go to `why`.
 int64_t mismatches(const std::vector<float>& want, const std::vector<float>& got,
                    std::string& why) {
@@ -30,7 +33,6 @@ int64_t mismatches(const std::vector<float>& want, const std::vector<float>& got
   return bad;
 }
 
-#if KVQ_CPU_AVX2
 template <Fp8Format F>
 void check_fp8_every_code() {
   std::vector<uint8_t> codes(256);
@@ -55,6 +57,25 @@ TEST(cpuSimdDecode, fp8_every256Codes_everyFormat_equalsFp8Decode) {
   check_fp8_every_code<Fp8Format::E4M3>();
   check_fp8_every_code<Fp8Format::E4M3FNUZ>();
   check_fp8_every_code<Fp8Format::E5M2>();
+}
+
+TEST(cpuSimdDecode, bf16x8_every65536Patterns_equalsTheDefinition) {
+  std::vector<uint16_t> bits(65536);
+  std::vector<float> want(65536), got(65536);
+  for (int i = 0; i < 65536; ++i) {
+    bits[i] = static_cast<uint16_t>(i);
+    want[i] = bits_float(static_cast<uint32_t>(i) << 16);
+  }
+  for (int i = 0; i < 65536; i += 8)
+    _mm256_storeu_ps(
+        got.data() + i,
+        bf16_to_f32x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits.data() + i))));
+  std::string why;
+  EXPECT_EQ(mismatches(want, got, why), 0) << "bf16_to_f32x8" << why;
+}
+#else
+TEST(cpuSimdDecode, fp8_every256Codes_everyFormat_equalsFp8Decode) {
+  GTEST_SKIP() << "the SIMD decoders are compiled only where the AVX2 path is";
 }
 #endif
 
