@@ -112,8 +112,7 @@ cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, in
   in.v_exact = v_exact;
   in.k_quantized = b.kq;
   in.v_quantized = b.vq;
-  // rot=: the kernels read the rotated codes (and the tails as stored), so the query goes there
-  // too.
+  // rot=: the kernels read the rotated codes (and the tails as stored), so q is rotated too.
   if (const Rotation* r = k.rotation()) {
     b.q.assign(q, q + n * q_heads * k.dim());
     r->rotate(b.q.data(), n * q_heads);
@@ -398,8 +397,8 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
                                 {vtail.data(), vbeg}, attn.data(), it, scratch);
       }
       team.barrier();
-      if (fast &&
-          side.v->rotation()) {  // back from a rot= value side's space, each member its rows
+      // back from a rot= value side's space, each member its rows
+      if (fast && side.v->rotation()) {
         unrotate_output(*side.v, attn.data() + r0 * c.hidden, (r1 - r0) * c.heads);
         team.barrier();
       }

@@ -369,11 +369,11 @@ template <int NQ, int U, class L>
 inline void dot_core(const float* const* q, const int64_t* rows, int64_t D, const L& ld,
                      float* res) {
   __m256 acc[NQ * U];
-  bool done = false;
+  bool wide = false;  // 16 channels a step
 #if KVQ_CPU_AVX512
-  if constexpr (Wide<L>) done = D % 16 == 0;
   if constexpr (Wide<L>) {
-    if (done) {
+    wide = D % 16 == 0;
+    if (wide) {
       __m512 az[NQ * U];
       for (auto& a : az) a = _mm512_setzero_ps();
       for (int64_t d = 0; d < D; d += 16) {
@@ -388,7 +388,7 @@ inline void dot_core(const float* const* q, const int64_t* rows, int64_t D, cons
     }
   }
 #endif
-  if (!done) {
+  if (!wide) {
     for (auto& a : acc) a = _mm256_setzero_ps();
     for (int64_t d = 0; d < D; d += 8) {
       __m256 kv[U];

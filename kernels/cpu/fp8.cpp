@@ -49,39 +49,38 @@ inline __m256i encode8(__m256 x) {
 
 #if KVQ_CPU_AVX512
 // encode8 on 16 lanes (the same integer steps; mask registers instead of blends), returning the
-// 16 codes as bytes. Zero-masking forms with every lane on where GCC 12's unmasked ones trip
-// -Wmaybe-uninitialized (kernels/cpu/simd_decode.h).
+// 16 codes as bytes. Zero-masking forms with every lane on (kAll16, kernels/cpu/isa.h) where
+// GCC 12's unmasked ones trip -Wmaybe-uninitialized.
 template <Fp8Format F>
 inline __m128i encode16(__m512 x) {
   using T = fp8::Traits<F>;
-  constexpr __mmask16 kAll = 0xffff;
   constexpr int kMinExp = 1 - T::kBias;
   constexpr int kShift = 23 - T::kMantBits;
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i abits = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
   const __mmask16 nan = _mm512_cmpgt_epi32_mask(abits, _mm512_set1_epi32(0x7f800000));
-  const __m512i a =
-      _mm512_maskz_min_epi32(kAll, abits, _mm512_set1_epi32(static_cast<int>(float_bits(T::kMax))));
+  const __m512i a = _mm512_maskz_min_epi32(
+      kAll16, abits, _mm512_set1_epi32(static_cast<int>(float_bits(T::kMax))));
   const __m512i rebiased =
-      _mm512_maskz_sub_epi32(kAll, a, _mm512_set1_epi32((127 - T::kBias) << 23));
+      _mm512_maskz_sub_epi32(kAll16, a, _mm512_set1_epi32((127 - T::kBias) << 23));
   const __m512i half = _mm512_maskz_add_epi32(
-      kAll, _mm512_set1_epi32((1 << (kShift - 1)) - 1),
-      _mm512_and_si512(_mm512_maskz_srli_epi32(kAll, a, kShift), _mm512_set1_epi32(1)));
+      kAll16, _mm512_set1_epi32((1 << (kShift - 1)) - 1),
+      _mm512_and_si512(_mm512_maskz_srli_epi32(kAll16, a, kShift), _mm512_set1_epi32(1)));
   const __m512i normal =
-      _mm512_maskz_srli_epi32(kAll, _mm512_maskz_add_epi32(kAll, rebiased, half), kShift);
+      _mm512_maskz_srli_epi32(kAll16, _mm512_maskz_add_epi32(kAll16, rebiased, half), kShift);
   const __m512 magic =
       _mm512_set1_ps(bits_float(static_cast<uint32_t>(127 + kMinExp - T::kMantBits + 23) << 23));
   const __m512i sub = _mm512_maskz_sub_epi32(
-      kAll, _mm512_castps_si512(_mm512_maskz_add_ps(kAll, _mm512_castsi512_ps(a), magic)),
+      kAll16, _mm512_castps_si512(_mm512_maskz_add_ps(kAll16, _mm512_castsi512_ps(a), magic)),
       _mm512_castps_si512(magic));
   const __mmask16 is_sub = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32((127 + kMinExp) << 23), a);
   const __m512i mag = _mm512_mask_mov_epi32(normal, is_sub, sub);
   __m512i code = _mm512_or_si512(
-      mag, _mm512_and_si512(_mm512_maskz_srli_epi32(kAll, bits, 24), _mm512_set1_epi32(0x80)));
+      mag, _mm512_and_si512(_mm512_maskz_srli_epi32(kAll16, bits, 24), _mm512_set1_epi32(0x80)));
   if constexpr (T::kFnuz)  // no -0: 0x80 is the NaN
     code = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(mag, mag), code);
   code = _mm512_mask_mov_epi32(code, nan, _mm512_set1_epi32(T::kNaN));
-  return _mm512_maskz_cvtepi32_epi8(kAll, code);
+  return _mm512_maskz_cvtepi32_epi8(kAll16, code);
 }
 #endif
 
@@ -95,8 +94,6 @@ template <Fp8Format F, bool kPerElement>
 void quantize_row_t(const float* x, int64_t n, const float* s, uint8_t* codes) {
   if (n <= 0) return;  // s may be empty then (UBSan: s[0] below read a null pointer)
   int64_t i = 0;
-  const __m256 s1 = _mm256_set1_ps(s[0]);
-  auto scale = [&](int64_t j) { return kPerElement ? _mm256_loadu_ps(s + j) : s1; };
 #if KVQ_CPU_AVX512
   const __m512 z1 = _mm512_set1_ps(s[0]);
   for (; i + 16 <= n; i += 16) {
@@ -104,13 +101,16 @@ void quantize_row_t(const float* x, int64_t n, const float* s, uint8_t* codes) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
                      encode16<F>(_mm512_div_ps(_mm512_loadu_ps(x + i), sz)));
   }
-#endif
+#else
+  const __m256 s1 = _mm256_set1_ps(s[0]);
+  auto scale = [&](int64_t j) { return kPerElement ? _mm256_loadu_ps(s + j) : s1; };
   for (; i + 32 <= n; i += 32) {
     __m256i c[4];
     for (int k = 0; k < 4; ++k)
       c[k] = encode8<F>(_mm256_div_ps(_mm256_loadu_ps(x + i + 8 * k), scale(i + 8 * k)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i), pack32(c[0], c[1], c[2], c[3]));
   }
+#endif
   for (; i < n; ++i) codes[i] = fp8::quantize_value<F>(x[i], kPerElement ? s[i] : s[0]);
 }
 #else

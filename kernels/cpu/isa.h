@@ -38,6 +38,13 @@ inline constexpr bool kAvx2 = KVQ_CPU_AVX2 != 0;
 /// \brief True when the byte dot products use VNNI's vpdpbusd.
 inline constexpr bool kVnni = KVQ_CPU_VNNI != 0;
 
+#if KVQ_CPU_AVX512
+/// \brief Every lane of a 16-lane mask. The kernels use the zero-masking forms of 512-bit
+/// intrinsics with it: the same instructions as the unmasked ones, which GCC 12 builds on
+/// _mm512_undefined_* and which trip -Wmaybe-uninitialized.
+constexpr __mmask16 kAll16 = 0xffff;
+#endif
+
 /// \brief True when the float row kernels also have their 512-bit form.
 inline constexpr bool kAvx512 = KVQ_CPU_AVX512 != 0;
 

@@ -16,9 +16,7 @@
 namespace kvq::cpu {
 
 #if KVQ_CPU_AVX512
-// The 512-bit conversions in their zero-masking form with every lane on: the same instructions,
-// but GCC 12's unmasked forms (built on _mm512_undefined_*) trip -Wmaybe-uninitialized.
-constexpr __mmask16 kAll16 = 0xffff;
+// The 512-bit conversions in their zero-masking form with every lane on (kAll16, isa.h).
 inline __m512 cvtph16(__m256i h) { return _mm512_maskz_cvtph_ps(kAll16, h); }
 inline __m512 bf16_to_f32x16(__m256i h) {
   return _mm512_castsi512_ps(
