@@ -2,8 +2,9 @@
 // chosen at compile time (-march=native on this machine, or -mavx2 -mfma -mf16c); without those
 // flags, or with KVQ_CPU_PORTABLE defined, every kernel takes its portable scalar path (the same
 // results: the quantizers are bit-identical either way, attention stays within the tolerances
-// stated in kernels/cpu/attention.h). Where the compiler also targets AVX-512 F/BW/VL (and VNNI),
-// the hot loops have 512-bit forms beside the AVX2 ones (KVQ_CPU_AVX512; isa() ends in "+avx512").
+// stated in kernels/cpu/attention.h). Where the compiler also targets AVX-512 F/BW/VL/DQ (and
+// VNNI), the hot loops have 512-bit forms beside the AVX2 ones (KVQ_CPU_AVX512; isa() ends in
+// "+avx512").
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(KVQ_CPU_PORTABLE)
@@ -23,8 +24,10 @@
 #endif
 
 // 512-bit float rows (kernels/cpu/attention.cpp): the dense and fp8 loaders also give 16 floats at
-// a time where the compiler targets AVX-512 F/BW/VL (and head_dim is a multiple of 16).
-#if KVQ_CPU_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// a time where the compiler targets AVX-512 F/BW/VL/DQ (and head_dim is a multiple of 16); the
+// KIVI quantizers (kernels/cpu/kivi.cpp) run 16 columns or groups at a time.
+#if KVQ_CPU_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__)
 #define KVQ_CPU_AVX512 1
 #else
 #define KVQ_CPU_AVX512 0

@@ -30,6 +30,7 @@ constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 struct Params8 {
   __m128i scale_h, min_h;  // stored fp16 bits
   __m256 z, s;             // zero point and scale the quotient uses (0 and 1 where !ok)
+  __m256 inv;              // 1 / s, for the quotient's fast estimate (estimate8)
   __m256i valid;           // all ones where scale > 0, else every code is the zero code
 };
 
@@ -71,14 +72,25 @@ inline Params8 params8(__m256 mn, __m256 mx, __m256 nf) {
   const __m256 ok = _mm256_cmp_ps(scale, zero, _CMP_GT_OQ);
   p.z = S ? zero : _mm256_and_ps(min, ok);
   p.s = _mm256_blendv_ps(_mm256_set1_ps(1.0f), scale, ok);
+  p.inv = _mm256_div_ps(_mm256_set1_ps(1.0f), p.s);
   p.valid = _mm256_castps_si256(ok);
   return p;
 }
 
 // kivi::encode's arithmetic on 8 values: the clamped IEEE quotient rounded to nearest even.
 // Lanes whose quotient sits on a tie k + 1/2 are flagged in `tie` (they need resolve_tie).
+//
+// The quotient is first estimated (estimate8) as (x - z) * (1 / s): two roundings off the IEEE
+// quotient, a relative error below 2^-23 + 2^-48, so under 2^-15 where it matters (|q| <= 256 after
+// the clamp, which is monotone and moves no value further). Rounding the estimate can differ from
+// rounding the quotient only if a half-integer lies between them, so only when the estimate is
+// within that error of some k + 1/2; when any lane is within kNearTie of one (kNearTie = 2^-12,
+// 8x the bound), the values take the IEEE division instead (codes8_exact). kivi_test's nearTies
+// cases place values one ulp either side of every tie.
+constexpr float kNearTie = 1.0f / 4096.0f;
+
 template <int B, bool S>
-inline __m256i codes8(__m256 x, const Params8& p, __m256& tie) {
+inline __m256i codes8_exact(__m256 x, const Params8& p, __m256& tie) {
   __m256 q = _mm256_div_ps(_mm256_sub_ps(x, p.z), p.s);
   q = _mm256_max_ps(q, _mm256_set1_ps(kivi::quotient_lo(B, S)));  // q > lo ? q : lo (NaN -> lo)
   q = _mm256_min_ps(q, _mm256_set1_ps(kivi::quotient_hi(B, S)));  // q < hi ? q : hi
@@ -92,74 +104,134 @@ inline __m256i codes8(__m256 x, const Params8& p, __m256& tie) {
   return _mm256_blendv_epi8(_mm256_set1_epi32(static_cast<int>(kivi::zero_code(B, S))), k, p.valid);
 }
 
+// The estimate's rounded, clamped quotient; `near` gains the lanes within kNearTie of a tie.
 template <int B, bool S>
-void columns_t(const float* x, int64_t cols, int n, uint32_t* words, uint16_t* scales,
-               uint16_t* mins) {
-  constexpr int kCpw = codes_per_word(B);
+inline __m256 estimate8(__m256 x, const Params8& p, __m256& near) {
+  __m256 q = _mm256_mul_ps(_mm256_sub_ps(x, p.z), p.inv);
+  q = _mm256_max_ps(q, _mm256_set1_ps(kivi::quotient_lo(B, S)));
+  q = _mm256_min_ps(q, _mm256_set1_ps(kivi::quotient_hi(B, S)));
+  const __m256 r = _mm256_round_ps(q, kRne);
+  // 1/2 - |r - q| <= kNearTie: the estimate is near a tie (and, exactly, on one).
+  const __m256 off = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(r, q));
+  near = _mm256_or_ps(near, _mm256_cmp_ps(off, _mm256_set1_ps(0.5f - kNearTie), _CMP_GE_OQ));
+  return r;
+}
+
+// The code of a rounded quotient r (valid lanes).
+template <int B, bool S>
+inline __m256i code_of(__m256 r) {
+  return _mm256_add_epi32(_mm256_cvttps_epi32(r), _mm256_set1_epi32(S ? kivi::sym_offset(B) : 0));
+}
+
+template <int B, bool S>
+void columns8(const float* x, int64_t cols, int n, uint32_t* words, uint16_t* scales,
+              uint16_t* mins) {
   const int64_t wpg = words_for(n, B);
-  alignas(32) uint32_t tmp[8 * 64];  // [word][lane]: words_for(n, B) <= 64 on this path
-  int64_t c0 = 0;
-  if (wpg <= 64 && cols >= 8) {
-    // Min, max and finiteness of every column first, row by row: the group's rows are cols
-    // floats apart (pages apart), which the hardware prefetchers follow only when read in
-    // order. The code pass below then finds the group in L2.
-    const int64_t cols8 = cols / 8 * 8;
-    thread_local std::vector<float> stats;
-    stats.resize(static_cast<size_t>(3 * cols8));
-    float* smn = stats.data();
-    float* smx = smn + cols8;
-    float* snf = smx + cols8;
-    const __m256 zero = _mm256_setzero_ps();
+  const int64_t cols8 = cols / 8 * 8, blocks = cols / 8;
+  // Both passes walk the group row by row: its rows are cols floats apart (pages apart), which
+  // the hardware prefetchers follow only when read in order, and a walk down 8 columns would put
+  // every row in the same L1 set.
+  thread_local std::vector<float> stats;
+  thread_local std::vector<Params8> params;
+  struct Words8 {
+    __m256i v;
+  };
+  thread_local std::vector<Words8> acc;    // [block][word]: the words of 8 columns
+  thread_local std::vector<uint8_t> slow;  // block b goes through the reference
+  stats.resize(static_cast<size_t>(3 * cols8));
+  params.resize(static_cast<size_t>(blocks));
+  acc.assign(static_cast<size_t>(blocks * wpg), Words8{_mm256_setzero_si256()});
+  slow.assign(static_cast<size_t>(blocks), 0);
+  // Min, max and NaN-ness (all bits set where a NaN was seen) per column.
+  float* smn = stats.data();
+  float* smx = smn + cols8;
+  float* snf = smx + cols8;
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t c = 0; c < cols8; c += 8) {
+    const __m256 v = _mm256_loadu_ps(x + c);
+    _mm256_storeu_ps(smn + c, v);
+    _mm256_storeu_ps(smx + c, v);
+    _mm256_storeu_ps(snf + c, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  for (int i = 1; i < n; i += 4) {  // up to 4 rows per visit of the running values
+    const int rows = std::min(4, n - i);
+    const float* xr = x + i * cols;
     for (int64_t c = 0; c < cols8; c += 8) {
-      const __m256 v = _mm256_loadu_ps(x + c);
-      _mm256_storeu_ps(smn + c, v);
-      _mm256_storeu_ps(smx + c, v);
-      _mm256_storeu_ps(snf + c, _mm256_mul_ps(v, zero));
-    }
-    for (int i = 1; i < n; i += 4) {  // up to 4 rows per visit of the running values
-      const int rows = std::min(4, n - i);
-      const float* xr = x + i * cols;
-      for (int64_t c = 0; c < cols8; c += 8) {
-        __m256 mn = _mm256_loadu_ps(smn + c), mx = _mm256_loadu_ps(smx + c);
-        __m256 nf = _mm256_loadu_ps(snf + c);
-        for (int r = 0; r < rows; ++r) {
-          const __m256 v = _mm256_loadu_ps(xr + r * cols + c);
-          mn = _mm256_min_ps(v, mn);  // v < mn ? v : mn, as kivi::min_step
-          mx = _mm256_max_ps(v, mx);
-          nf = _mm256_add_ps(nf, _mm256_mul_ps(v, zero));
-        }
-        _mm256_storeu_ps(smn + c, mn);
-        _mm256_storeu_ps(smx + c, mx);
-        _mm256_storeu_ps(snf + c, nf);
+      __m256 mn = _mm256_loadu_ps(smn + c), mx = _mm256_loadu_ps(smx + c);
+      __m256 nf = _mm256_loadu_ps(snf + c);
+      for (int r = 0; r < rows; ++r) {
+        const __m256 v = _mm256_loadu_ps(xr + r * cols + c);
+        mn = _mm256_min_ps(v, mn);  // v < mn ? v : mn, as kivi::min_step
+        mx = _mm256_max_ps(v, mx);
+        nf = _mm256_or_ps(nf, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));  // NaN lanes
       }
-    }
-    for (; c0 < cols8; c0 += 8) {
-      const float* xc = x + c0;
-      const Params8 p = params8<B, S>(_mm256_loadu_ps(smn + c0), _mm256_loadu_ps(smx + c0),
-                                      _mm256_loadu_ps(snf + c0));
-      __m256 tie = zero;
-      for (int64_t w = 0; w < wpg; ++w) {
-        __m256i acc = _mm256_setzero_si256();
-        const int i1 = static_cast<int>(std::min<int64_t>(n, (w + 1) * kCpw));
-        for (int i = static_cast<int>(w) * kCpw; i < i1; ++i) {
-          const __m256i k = codes8<B, S>(_mm256_loadu_ps(xc + i * cols), p, tie);
-          acc = _mm256_or_si256(acc, _mm256_sll_epi32(k, _mm_cvtsi32_si128(kivi::shift_of(i, B))));
-        }
-        _mm256_store_si256(reinterpret_cast<__m256i*>(tmp + 8 * w), acc);
-      }
-      if (_mm256_movemask_ps(tie)) {  // a quotient on a tie: these 8 columns by the reference
-        for (int64_t c = c0; c < c0 + 8; ++c)
-          reference_group<B, S>(x + c, cols, n, words + c * wpg, scales, mins, c);
-        continue;
-      }
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(scales + c0), p.scale_h);
-      if (!S) _mm_storeu_si128(reinterpret_cast<__m128i*>(mins + c0), p.min_h);
-      for (int j = 0; j < 8; ++j)
-        for (int64_t w = 0; w < wpg; ++w) words[(c0 + j) * wpg + w] = tmp[8 * w + j];
+      _mm256_storeu_ps(smn + c, mn);
+      _mm256_storeu_ps(smx + c, mx);
+      _mm256_storeu_ps(snf + c, nf);
     }
   }
-  for (; c0 < cols; ++c0)
-    reference_group<B, S>(x + c0, cols, n, words + c0 * wpg, scales, mins, c0);
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c = 8 * blk;
+    // Not finite: a NaN was seen, or the min or max is +-inf (all bits set reads as a NaN).
+    const __m256 mn = _mm256_loadu_ps(smn + c), mx = _mm256_loadu_ps(smx + c);
+    const __m256 nf =
+        _mm256_or_ps(_mm256_loadu_ps(snf + c),
+                     _mm256_castsi256_ps(_mm256_or_si256(inf_or_nan(mn), inf_or_nan(mx))));
+    params[blk] = params8<B, S>(mn, mx, nf);
+    // A column whose codes are all the zero code (scale not > 0: constant, NaN or inf) sends
+    // its 8 columns to the reference, so the code loop below has no per-lane select.
+    slow[blk] = _mm256_movemask_ps(_mm256_castsi256_ps(params[blk].valid)) != 0xff;
+  }
+  // Codes, row by row, OR-ed into the block's words: rows i .. i + kRows - 1 share a word.
+  // (Plain pointers: the thread_local vectors would be looked up again in the loop.)
+  Params8* const pp = params.data();
+  Words8* const ap = acc.data();
+  uint8_t* const sl = slow.data();
+  constexpr int kCpw = codes_per_word(B);
+  constexpr int kRows = kCpw % 4 == 0 ? 4 : 2;
+  for (int i = 0; i < n; i += kRows) {
+    const int rows = std::min(kRows, n - i);
+    const int64_t w = i / kCpw;
+    const float* xr = x + i * cols;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      if (sl[blk]) continue;
+      const Params8& p = pp[blk];
+      __m256 tie = zero, near = zero, r[kRows];
+      for (int j = 0; j < rows; ++j)
+        r[j] = estimate8<B, S>(_mm256_loadu_ps(xr + j * cols + 8 * blk), p, near);
+      __m256i word = ap[blk * wpg + w].v;
+      if (!_mm256_movemask_ps(near)) [[likely]] {
+        for (int j = 0; j < rows; ++j)
+          word = _mm256_or_si256(word,
+                                 _mm256_slli_epi32(code_of<B, S>(r[j]), kivi::shift_of(i + j, B)));
+      } else {
+        for (int j = 0; j < rows; ++j) {
+          const __m256i k = codes8_exact<B, S>(_mm256_loadu_ps(xr + j * cols + 8 * blk), p, tie);
+          word = _mm256_or_si256(word, _mm256_slli_epi32(k, kivi::shift_of(i + j, B)));
+        }
+      }
+      ap[blk * wpg + w].v = word;
+      if (_mm256_movemask_ps(tie)) [[unlikely]]
+        sl[blk] = 1;  // a quotient on a tie: these 8 columns by the reference
+    }
+  }
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c0 = 8 * blk;
+    if (slow[blk]) {
+      for (int64_t c = c0; c < c0 + 8; ++c)
+        reference_group<B, S>(x + c, cols, n, words + c * wpg, scales, mins, c);
+      continue;
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(scales + c0), params[blk].scale_h);
+    if (!S) _mm_storeu_si128(reinterpret_cast<__m128i*>(mins + c0), params[blk].min_h);
+    alignas(32) uint32_t lanes[8];
+    for (int64_t w = 0; w < wpg; ++w) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[blk * wpg + w].v);
+      for (int j = 0; j < 8; ++j) words[(c0 + j) * wpg + w] = lanes[j];
+    }
+  }
+  for (int64_t c = cols8; c < cols; ++c)
+    reference_group<B, S>(x + c, cols, n, words + c * wpg, scales, mins, c);
 }
 
 // Lane reductions (the result in every lane). Min / max of finite values do not depend on the
@@ -229,8 +301,8 @@ inline __attribute__((always_inline)) void pack_vectors(const __m256i* k, int le
 // Groups of one row, 8 at a time: their min / max are reduced into one lane each, so one params8
 // (two divisions, the fp16 round trip) serves 8 groups, then each group's codes take its lane.
 template <int B, bool S>
-void row_t(const float* x, int64_t dim, int group, uint32_t* words, uint16_t* scales,
-           uint16_t* mins) {
+void row8(const float* x, int64_t dim, int group, uint32_t* words, uint16_t* scales,
+          uint16_t* mins) {
   const int64_t wpg = words_for(group, B);
   const int64_t groups = (dim + group - 1) / group;
   const __m256 zero = _mm256_setzero_ps();
@@ -273,10 +345,19 @@ void row_t(const float* x, int64_t dim, int group, uint32_t* words, uint16_t* sc
       Params8 p;
       p.z = _mm256_permutevar8x32_ps(pb.z, lane);
       p.s = _mm256_permutevar8x32_ps(pb.s, lane);
+      p.inv = _mm256_permutevar8x32_ps(pb.inv, lane);
       p.valid = _mm256_permutevar8x32_epi32(pb.valid, lane);
-      __m256 tie = zero;
+      __m256 tie = zero, near = zero, r[32];
       __m256i k[32];
-      for (int v = 0; v < len / 8; ++v) k[v] = codes8<B, S>(_mm256_loadu_ps(g + 8 * v), p, tie);
+      for (int v = 0; v < len / 8; ++v) r[v] = estimate8<B, S>(_mm256_loadu_ps(g + 8 * v), p, near);
+      if (!_mm256_movemask_ps(_mm256_and_ps(near, _mm256_castsi256_ps(p.valid)))) [[likely]] {
+        const __m256i zc = _mm256_set1_epi32(static_cast<int>(kivi::zero_code(B, S)));
+        for (int v = 0; v < len / 8; ++v)
+          k[v] = _mm256_blendv_epi8(zc, code_of<B, S>(r[v]), p.valid);
+      } else {
+        for (int v = 0; v < len / 8; ++v)
+          k[v] = codes8_exact<B, S>(_mm256_loadu_ps(g + 8 * v), p, tie);
+      }
       if (_mm256_movemask_ps(tie)) {
         reference_group<B, S>(g, 1, len, wout, scales, mins, cg);
         continue;
@@ -286,6 +367,459 @@ void row_t(const float* x, int64_t dim, int group, uint32_t* words, uint16_t* sc
       pack_vectors<B>(k, len, wout);
     }
   }
+}
+#if KVQ_CPU_AVX512
+// ---- 512-bit forms: the same arithmetic on 16 lanes, with mask registers for the selects -----
+
+struct Params16 {
+  __m256i scale_h, min_h;  // stored fp16 bits
+  __m512 z, s, inv;        // as Params8
+  __mmask16 valid;         // scale > 0
+};
+
+inline __mmask16 inf_or_nan16(__m512 v) {
+  const __m512i e = _mm512_set1_epi32(0x7f800000);
+  return _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), e), e);
+}
+
+// params8 on 16 lanes; not_finite: the lanes whose group held a NaN or +-inf.
+template <int B, bool S>
+inline Params16 params16(__m512 mn, __m512 mx, __mmask16 not_finite) {
+  const __m512 zero = _mm512_setzero_ps();
+  mn = _mm512_mask_mov_ps(mn, _mm512_cmp_ps_mask(mn, zero, _CMP_EQ_OQ), zero);  // zeros as +0
+  mx = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(mx, zero, _CMP_EQ_OQ), zero);
+  Params16 p;
+  if constexpr (S) {
+    const __m512 neg = _mm512_castsi512_ps(
+        _mm512_xor_si512(_mm512_castps_si512(mn), _mm512_set1_epi32(INT32_MIN)));
+    const __m512 amax = _mm512_mask_mov_ps(mx, _mm512_cmp_ps_mask(neg, mx, _CMP_GT_OQ), neg);
+    p.scale_h = _mm512_maskz_cvtps_ph(
+        kAll16, _mm512_div_ps(amax, _mm512_set1_ps(static_cast<float>(kivi::sym_qmax(B)))), kRne);
+    p.min_h = _mm256_setzero_si256();
+  } else {
+    p.min_h = _mm512_maskz_cvtps_ph(kAll16, mn, kRne);
+    p.scale_h = _mm512_maskz_cvtps_ph(
+        kAll16,
+        _mm512_div_ps(_mm512_sub_ps(mx, mn), _mm512_set1_ps(static_cast<float>(kivi::max_code(B)))),
+        kRne);
+  }
+  __m512 scale = _mm512_maskz_cvtph_ps(kAll16, p.scale_h);
+  __m512 min = _mm512_maskz_cvtph_ps(kAll16, p.min_h);
+  const __mmask16 bad = not_finite | inf_or_nan16(scale) | inf_or_nan16(min);
+  const __m256i nan_h = _mm256_set1_epi16(static_cast<short>(kivi::kHalfNaN));
+  p.scale_h = _mm256_mask_mov_epi16(p.scale_h, bad, nan_h);
+  if (!S) p.min_h = _mm256_mask_mov_epi16(p.min_h, bad, nan_h);
+  const __m512 nan = _mm512_maskz_cvtph_ps(kAll16, nan_h);
+  scale = _mm512_mask_mov_ps(scale, bad, nan);
+  min = _mm512_mask_mov_ps(min, bad, nan);
+  p.valid = _mm512_cmp_ps_mask(scale, zero, _CMP_GT_OQ);
+  p.z = S ? zero : _mm512_maskz_mov_ps(p.valid, min);
+  p.s = _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), p.valid, scale);
+  p.inv = _mm512_div_ps(_mm512_set1_ps(1.0f), p.s);
+  return p;
+}
+
+// estimate8 on 16 lanes, returning the unclamped estimate (code_of16 rounds it and clamps the
+// integer: rounding is monotone and the bounds are integers, so that equals rounding the clamped
+// quotient). The near test then sees the unclamped estimate: within 2^-12 of the quotient while
+// |q| <= 2^11, and beyond that both lie far outside [lo, hi] and clamp alike; a flagged value
+// outside [lo, hi] only costs the division. vreduceps gives q - round(q) exactly.
+template <int B, bool S>
+inline __m512 estimate16(__m512 x, const Params16& p, __mmask16& near) {
+  const __m512 q = _mm512_mul_ps(_mm512_sub_ps(x, p.z), p.inv);
+  const __m512 off = _mm512_castsi512_ps(_mm512_and_si512(
+      _mm512_castps_si512(_mm512_maskz_reduce_ps(kAll16, q, kRne)), _mm512_set1_epi32(0x7fffffff)));
+  near |= _mm512_cmp_ps_mask(off, _mm512_set1_ps(0.5f - kNearTie), _CMP_GE_OQ);
+  return q;
+}
+
+// codes8_exact on 16 lanes: the IEEE quotient; tie gains the valid lanes on a tie.
+template <int B, bool S>
+inline __m512i codes16_exact(__m512 x, const Params16& p, __mmask16& tie) {
+  __m512 q = _mm512_div_ps(_mm512_sub_ps(x, p.z), p.s);
+  q = _mm512_maskz_max_ps(kAll16, q, _mm512_set1_ps(kivi::quotient_lo(B, S)));  // NaN -> lo
+  q = _mm512_maskz_min_ps(kAll16, q, _mm512_set1_ps(kivi::quotient_hi(B, S)));
+  const __m512 r = _mm512_maskz_roundscale_ps(kAll16, q, kRne);
+  const __m512 d = _mm512_sub_ps(r, q);
+  tie |= p.valid & (_mm512_cmp_ps_mask(d, _mm512_set1_ps(0.5f), _CMP_EQ_OQ) |
+                    _mm512_cmp_ps_mask(d, _mm512_set1_ps(-0.5f), _CMP_EQ_OQ));
+  const __m512i k = _mm512_add_epi32(_mm512_maskz_cvttps_epi32(kAll16, r),
+                                     _mm512_set1_epi32(S ? kivi::sym_offset(B) : 0));
+  return _mm512_mask_mov_epi32(_mm512_set1_epi32(static_cast<int>(kivi::zero_code(B, S))), p.valid,
+                               k);
+}
+
+// The code of an estimate q of a valid lane: q rounded to nearest even, clamped to [lo, hi],
+// plus the offset. (|q| < 2^31 in a valid group: |x - z| is at most fp16's rounding of the
+// group's min, 2^-11 |z| <= 32, over a scale of at least 2^-24.)
+template <int B, bool S>
+inline __m512i code_of16(__m512 q) {
+  __m512i k = _mm512_maskz_cvt_roundps_epi32(kAll16, q, kRne);
+  k = _mm512_maskz_max_epi32(kAll16, k,
+                             _mm512_set1_epi32(static_cast<int>(kivi::quotient_lo(B, S))));
+  k = _mm512_maskz_min_epi32(kAll16, k,
+                             _mm512_set1_epi32(static_cast<int>(kivi::quotient_hi(B, S))));
+  if constexpr (!S) return k;
+  return _mm512_add_epi32(k, _mm512_set1_epi32(kivi::sym_offset(B)));
+}
+
+struct Words16 {  // word w of 16 columns, one per lane
+  __m512i v;
+};
+
+// Lane by lane interleave of p[i] and q[i], i < N: out[2i], out[2i + 1] hold p[i][0] q[i][0]
+// p[i][1] q[i][1] ... p[i][15] q[i][15].
+template <int N>
+inline void zip_seq(const __m512i* p, const __m512i* q, __m512i* out) {
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi =
+      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  for (int i = 0; i < N; ++i) {
+    out[2 * i] = _mm512_maskz_permutex2var_epi32(kAll16, p[i], lo, q[i]);
+    out[2 * i + 1] = _mm512_maskz_permutex2var_epi32(kAll16, p[i], hi, q[i]);
+  }
+}
+
+// W words of 16 columns (w[k] holds word k of every column) in column-major order:
+// W vectors whose lanes run column 0's words, then column 1's... Built as the interleave of the
+// even words' and the odd words' orders (one zip level per halving).
+template <int W>
+inline void column_major(const __m512i* w, __m512i* out) {
+  if constexpr (W == 1) {
+    out[0] = w[0];
+  } else {
+    __m512i even[W / 2], odd[W / 2], pe[W / 2], po[W / 2];
+    for (int i = 0; i < W / 2; ++i) {
+      even[i] = w[2 * i];
+      odd[i] = w[2 * i + 1];
+    }
+    column_major<W / 2>(even, pe);
+    column_major<W / 2>(odd, po);
+    zip_seq<W / 2>(pe, po, out);
+  }
+}
+
+template <int W>
+inline void return_words(const Words16* in, uint32_t* out) {
+  __m512i w[W], o[W];
+  for (int i = 0; i < W; ++i) w[i] = in[i].v;
+  column_major<W>(w, o);
+  for (int i = 0; i < W; ++i) _mm512_storeu_si512(out + 16 * i, o[i]);
+}
+
+// columns8 with 16 columns per block; the last cols % 16 columns go through the reference.
+template <int B, bool S>
+void columns16(const float* x, int64_t cols, int n, uint32_t* words, uint16_t* scales,
+               uint16_t* mins) {
+  const int64_t wpg = words_for(n, B);
+  const int64_t blocks = cols / 16, cols16 = blocks * 16;
+  thread_local std::vector<float> stats;
+  thread_local std::vector<__mmask16> nans;
+  thread_local std::vector<Params16> params;
+  thread_local std::vector<Words16> acc;   // [block][word]: the words of 16 columns
+  thread_local std::vector<uint8_t> slow;  // block b goes through the reference
+  stats.resize(static_cast<size_t>(2 * cols16));
+  nans.assign(static_cast<size_t>(blocks), 0);
+  params.resize(static_cast<size_t>(blocks));
+  acc.assign(static_cast<size_t>(blocks * wpg), Words16{_mm512_setzero_si512()});
+  slow.assign(static_cast<size_t>(blocks), 0);
+  float* const smn = stats.data();
+  float* const smx = smn + cols16;
+  __mmask16* const sna = nans.data();
+  Params16* const pp = params.data();
+  Words16* const ap = acc.data();
+  uint8_t* const sl = slow.data();
+  // Min, max and the NaN lanes per column, walking the group's rows in order.
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m512 v = _mm512_loadu_ps(x + 16 * b);
+    _mm512_storeu_ps(smn + 16 * b, v);
+    _mm512_storeu_ps(smx + 16 * b, v);
+    sna[b] = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  }
+  for (int i = 1; i < n; i += 4) {
+    const int rows = std::min(4, n - i);
+    const float* xr = x + i * cols;
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m512 mn = _mm512_loadu_ps(smn + 16 * b), mx = _mm512_loadu_ps(smx + 16 * b);
+      __mmask16 na = sna[b];
+      for (int r = 0; r < rows; ++r) {
+        const __m512 v = _mm512_loadu_ps(xr + r * cols + 16 * b);
+        mn = _mm512_maskz_min_ps(kAll16, v, mn);  // v < mn ? v : mn, as kivi::min_step
+        mx = _mm512_maskz_max_ps(kAll16, v, mx);
+        na |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      }
+      _mm512_storeu_ps(smn + 16 * b, mn);
+      _mm512_storeu_ps(smx + 16 * b, mx);
+      sna[b] = na;
+    }
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m512 mn = _mm512_loadu_ps(smn + 16 * b), mx = _mm512_loadu_ps(smx + 16 * b);
+    pp[b] = params16<B, S>(mn, mx, sna[b] | inf_or_nan16(mn) | inf_or_nan16(mx));
+    sl[b] = pp[b].valid != kAll16;  // a zero-code column: these 16 by the reference
+  }
+  constexpr int kCpw = codes_per_word(B);
+  constexpr int kRows = kCpw % 4 == 0 ? 4 : 2;
+  for (int i = 0; i < n; i += kRows) {
+    const int rows = std::min(kRows, n - i);
+    const int64_t w = i / kCpw;
+    const float* xr = x + i * cols;
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (sl[b]) continue;
+      const Params16& p = pp[b];
+      __mmask16 near = 0, tie = 0;
+      __m512 r[kRows];
+      for (int j = 0; j < rows; ++j)
+        r[j] = estimate16<B, S>(_mm512_loadu_ps(xr + j * cols + 16 * b), p, near);
+      __m512i word = ap[b * wpg + w].v;
+      if (!near) [[likely]] {
+        for (int j = 0; j < rows; ++j)
+          word = _mm512_or_si512(word, _mm512_maskz_slli_epi32(kAll16, code_of16<B, S>(r[j]),
+                                                               kivi::shift_of(i + j, B)));
+      } else {
+        for (int j = 0; j < rows; ++j) {
+          const __m512i k = codes16_exact<B, S>(_mm512_loadu_ps(xr + j * cols + 16 * b), p, tie);
+          word =
+              _mm512_or_si512(word, _mm512_maskz_slli_epi32(kAll16, k, kivi::shift_of(i + j, B)));
+        }
+      }
+      ap[b * wpg + w].v = word;
+      if (tie) [[unlikely]]
+        sl[b] = 1;  // a quotient on a tie: these 16 columns by the reference
+    }
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t c0 = 16 * b;
+    if (sl[b]) {
+      for (int64_t c = c0; c < c0 + 16; ++c)
+        reference_group<B, S>(x + c, cols, n, words + c * wpg, scales, mins, c);
+      continue;
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(scales + c0), pp[b].scale_h);
+    if (!S) _mm256_storeu_si256(reinterpret_cast<__m256i*>(mins + c0), pp[b].min_h);
+    uint32_t* const out = words + c0 * wpg;
+    const Words16* const in = ap + b * wpg;
+    switch (wpg) {  // column c's words are out[c * wpg .. c * wpg + wpg - 1]
+      case 1:
+        return_words<1>(in, out);
+        break;
+      case 2:
+        return_words<2>(in, out);
+        break;
+      case 4:
+        return_words<4>(in, out);
+        break;
+      case 8:
+        return_words<8>(in, out);
+        break;
+      default: {
+        alignas(64) uint32_t lanes[16];
+        for (int64_t w = 0; w < wpg; ++w) {
+          _mm512_store_si512(lanes, in[w].v);
+          for (int j = 0; j < 16; ++j) out[j * wpg + w] = lanes[j];
+        }
+      }
+    }
+  }
+  for (int64_t c = cols16; c < cols; ++c)
+    reference_group<B, S>(x + c, cols, n, words + c * wpg, scales, mins, c);
+}
+
+// Packs 16 codes (int32 lanes, each < 2^B) into 16 * B / 32 words as kivi::pack does (B = 2, 4,
+// 8): the codes as bytes, then pairs and quads of those merged by byte multiply-adds.
+// Reduces each of v[0..15] over its 16 lanes with op (min or max): lane g of the result is
+// op over v[g]. A transposing tree, each level pairing two vectors into one: their 256-bit,
+// then 128-bit, 64-bit and 32-bit halves (45 ops, not 16 horizontal reductions of 8 each),
+// then one permute puts the groups in order (the tree was checked by simulating the shuffles'
+// lane maps). v is overwritten.
+template <class Op>
+inline __m512 lanes16x16(__m512* v, Op op) {
+  for (int i = 0; i < 8; ++i)  // A = v[2i], B = v[2i+1]: [A 8 | B 8]
+    v[i] = op(_mm512_maskz_shuffle_f32x4(kAll16, v[2 * i], v[2 * i + 1], 0x44),
+              _mm512_maskz_shuffle_f32x4(kAll16, v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // [A 4 | B 4 | C 4 | D 4]
+    v[i] = op(_mm512_maskz_shuffle_f32x4(kAll16, v[2 * i], v[2 * i + 1], 0x88),
+              _mm512_maskz_shuffle_f32x4(kAll16, v[2 * i], v[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // per 128 bits: [X 2 | Y 2], X from v[2i], Y from v[2i+1]
+    v[i] = op(_mm512_maskz_shuffle_ps(kAll16, v[2 * i], v[2 * i + 1], 0x44),
+              _mm512_maskz_shuffle_ps(kAll16, v[2 * i], v[2 * i + 1], 0xEE));
+  const __m512 m = op(_mm512_maskz_shuffle_ps(kAll16, v[0], v[1], 0x88),
+                      _mm512_maskz_shuffle_ps(kAll16, v[0], v[1], 0xDD));
+  // m's lane 4 q + r holds group 4 r + q: group g sits in lane 4 (g % 4) + g / 4.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_maskz_permutexvar_ps(kAll16, order, m);
+}
+
+// Lane reductions on 16 lanes (the result in every lane), as lanes_min / lanes_max.
+inline __m512 lanes_min16(__m512 m) {
+  m = _mm512_maskz_min_ps(kAll16, m, _mm512_maskz_shuffle_f32x4(kAll16, m, m, 0x4E));
+  m = _mm512_maskz_min_ps(kAll16, m, _mm512_maskz_shuffle_f32x4(kAll16, m, m, 0xB1));
+  m = _mm512_maskz_min_ps(kAll16, m, _mm512_maskz_permute_ps(kAll16, m, 0x4E));
+  return _mm512_maskz_min_ps(kAll16, m, _mm512_maskz_permute_ps(kAll16, m, 0xB1));
+}
+inline __m512 lanes_max16(__m512 m) {
+  m = _mm512_maskz_max_ps(kAll16, m, _mm512_maskz_shuffle_f32x4(kAll16, m, m, 0x4E));
+  m = _mm512_maskz_max_ps(kAll16, m, _mm512_maskz_shuffle_f32x4(kAll16, m, m, 0xB1));
+  m = _mm512_maskz_max_ps(kAll16, m, _mm512_maskz_permute_ps(kAll16, m, 0x4E));
+  return _mm512_maskz_max_ps(kAll16, m, _mm512_maskz_permute_ps(kAll16, m, 0xB1));
+}
+
+// pack16 on 32 codes (two vectors, codes 0-15 and 16-31): 32 * B / 32 words.
+template <int B>
+inline void pack32(__m512i k0, __m512i k1, uint32_t* words) {
+  const __m256i b8 =
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_maskz_cvtepi32_epi8(kAll16, k0)),
+                              _mm512_maskz_cvtepi32_epi8(kAll16, k1), 1);  // code i in byte i
+  if constexpr (B == 8) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(words), b8);
+  } else if constexpr (B == 4) {
+    const __m256i pairs = _mm256_maddubs_epi16(b8, _mm256_set1_epi16(0x1001));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(words), _mm256_maskz_cvtepi16_epi8(0xffff, pairs));
+  } else {
+    const __m256i pairs = _mm256_maddubs_epi16(b8, _mm256_set1_epi16(0x0401));
+    const __m256i quads = _mm256_madd_epi16(pairs, _mm256_set1_epi32(0x00100001));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(words), _mm256_maskz_cvtepi32_epi8(0xff, quads));
+  }
+}
+
+template <int B>
+inline void pack16(__m512i k, uint32_t* words) {
+  const __m128i b8 = _mm512_maskz_cvtepi32_epi8(kAll16, k);  // code i in byte i
+  if constexpr (B == 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(words), b8);
+  } else if constexpr (B == 4) {  // byte j = c[2j] + 16 c[2j+1]
+    const __m128i pairs = _mm_maddubs_epi16(b8, _mm_set1_epi16(0x1001));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(words), _mm_packus_epi16(pairs, pairs));
+  } else {  // B == 2: byte j = c[4j] + 4 c[4j+1] + 16 c[4j+2] + 64 c[4j+3]
+    const __m128i pairs = _mm_maddubs_epi16(b8, _mm_set1_epi16(0x0401));
+    const __m128i quads = _mm_madd_epi16(pairs, _mm_set1_epi32(0x00100001));
+    const __m128i w16 = _mm_packus_epi32(quads, quads);
+    words[0] = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm_packus_epi16(w16, w16)));
+  }
+}
+
+// row8 with 16 groups per parameter computation, each group 16 channels a step (groups whose
+// length is a multiple of 16, up to 256; the others through the reference). B = 2, 4, 8.
+// NV > 0: the row's groups are NV * 16 long (the loops unroll; a shorter last group goes through
+// the reference); NV = 0: any multiple of 16, counted at run time.
+template <int B, bool S, int NV>
+void row16(const float* x, int64_t dim, int group, uint32_t* words, uint16_t* scales,
+           uint16_t* mins) {
+  const int64_t wpg = words_for(group, B);
+  const int64_t groups = (dim + group - 1) / group;
+  for (int64_t cg0 = 0; cg0 < groups; cg0 += 16) {
+    const int nb = static_cast<int>(std::min<int64_t>(16, groups - cg0));
+    // The batch after next, into L1 ahead of its fold: the hardware prefetchers alone leave the
+    // first loads of each group waiting on memory at this rate.
+    if (cg0 + 48 <= groups) {
+      const char* next = reinterpret_cast<const char*>(x + (cg0 + 32) * group);
+      for (int64_t off = 0; off < 16 * group * static_cast<int64_t>(sizeof(float)); off += 64)
+        _mm_prefetch(next + off, _MM_HINT_T0);
+    }
+    __m512 mnv[16], mxv[16];
+    __mmask16 fast = 0, bad = 0;
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      mnv[j] = mxv[j] = _mm512_setzero_ps();  // lanes of absent or slow groups go unused
+      if (j >= nb) continue;
+      const int64_t c0 = (cg0 + j) * group;
+      const int len = static_cast<int>(dim - c0 < group ? dim - c0 : group);
+      if (NV ? len != 16 * NV : len % 16 != 0 || len > 256) continue;
+      fast |= static_cast<__mmask16>(1u << j);
+      const float* g = x + c0;
+      __m512 mn = _mm512_loadu_ps(g), mx = mn;
+      __mmask16 na = _mm512_cmp_ps_mask(mn, mn, _CMP_UNORD_Q);
+      for (int v = 1; v < (NV ? NV : len / 16); ++v) {
+        const __m512 y = _mm512_loadu_ps(g + 16 * v);
+        mn = _mm512_maskz_min_ps(kAll16, y, mn);
+        mx = _mm512_maskz_max_ps(kAll16, y, mx);
+        na |= _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+      }
+      mnv[j] = mn;
+      mxv[j] = mx;
+      if (na) bad |= static_cast<__mmask16>(1u << j);
+    }
+    // Min / max of finite values do not depend on the order; NaN / inf make the group bad.
+    const __m512 mn =
+        lanes16x16(mnv, [](__m512 a, __m512 b) { return _mm512_maskz_min_ps(kAll16, a, b); });
+    const __m512 mx =
+        lanes16x16(mxv, [](__m512 a, __m512 b) { return _mm512_maskz_max_ps(kAll16, a, b); });
+    const Params16 pb = params16<B, S>(mn, mx, bad | inf_or_nan16(mn) | inf_or_nan16(mx));
+    // The fast groups' parameters in one store (a group redone by the reference below writes
+    // the same bits again).
+    const __mmask16 stored = fast & pb.valid & static_cast<__mmask16>((1u << nb) - 1);
+    _mm256_mask_storeu_epi16(scales + cg0, stored, pb.scale_h);
+    if (!S) _mm256_mask_storeu_epi16(mins + cg0, stored, pb.min_h);
+#pragma GCC unroll 16
+    for (int j = 0; j < nb; ++j) {
+      const int64_t cg = cg0 + j, c0 = cg * group;
+      const int len = static_cast<int>(dim - c0 < group ? dim - c0 : group);
+      const float* g = x + c0;
+      uint32_t* wout = words + cg * wpg;
+      // Slow: a length the steps do not cover, or a zero-code group (scale not > 0).
+      if (!((fast & pb.valid) >> j & 1)) {
+        reference_group<B, S>(g, 1, len, wout, scales, mins, cg);
+        continue;
+      }
+      const __m512i lane = _mm512_set1_epi32(j);
+      Params16 p;
+      p.z = _mm512_maskz_permutexvar_ps(kAll16, lane, pb.z);
+      p.inv = _mm512_maskz_permutexvar_ps(kAll16, lane, pb.inv);
+      p.valid = kAll16;
+      __mmask16 near = 0, tie = 0;
+      const int nv = NV ? NV : len / 16;
+      __m512 r[NV ? NV : 16];
+      __m512i k[NV ? NV : 16];
+      for (int v = 0; v < nv; ++v) r[v] = estimate16<B, S>(_mm512_loadu_ps(g + 16 * v), p, near);
+      if (!near) [[likely]] {
+        for (int v = 0; v < nv; ++v) k[v] = code_of16<B, S>(r[v]);
+      } else {
+        p.s = _mm512_maskz_permutexvar_ps(kAll16, lane, pb.s);
+        for (int v = 0; v < nv; ++v)
+          k[v] = codes16_exact<B, S>(_mm512_loadu_ps(g + 16 * v), p, tie);
+        if (tie) {
+          reference_group<B, S>(g, 1, len, wout, scales, mins, cg);
+          continue;
+        }
+      }
+      int v = 0;
+      for (; v + 2 <= nv; v += 2) pack32<B>(k[v], k[v + 1], wout + v * (16 * B / 32));
+      if (v < nv) pack16<B>(k[v], wout + v * (16 * B / 32));
+    }
+  }
+}
+#endif  // KVQ_CPU_AVX512
+
+template <int B, bool S>
+void columns_t(const float* x, int64_t cols, int n, uint32_t* words, uint16_t* scales,
+               uint16_t* mins) {
+#if KVQ_CPU_AVX512
+  columns16<B, S>(x, cols, n, words, scales, mins);
+#else
+  columns8<B, S>(x, cols, n, words, scales, mins);
+#endif
+}
+
+template <int B, bool S>
+void row_t(const float* x, int64_t dim, int group, uint32_t* words, uint16_t* scales,
+           uint16_t* mins) {
+#if KVQ_CPU_AVX512
+  if constexpr (B != 3) {  // 3-bit codes straddle words: row8 packs them through kivi::pack
+    switch (group % 16 == 0 ? group / 16 : 0) {
+      case 1:
+        return row16<B, S, 1>(x, dim, group, words, scales, mins);
+      case 2:
+        return row16<B, S, 2>(x, dim, group, words, scales, mins);
+      case 4:
+        return row16<B, S, 4>(x, dim, group, words, scales, mins);
+      case 8:
+        return row16<B, S, 8>(x, dim, group, words, scales, mins);
+      default:
+        return row16<B, S, 0>(x, dim, group, words, scales, mins);
+    }
+  }
+#endif
+  row8<B, S>(x, dim, group, words, scales, mins);
 }
 #else
 template <int B, bool S>

@@ -24,6 +24,7 @@
 #include "core/half.h"
 #include "kernels/cpu/isa.h"
 #include "kivi/cache.h"
+#include "kivi/minmax.h"
 #include "tests/kivi/naive.h"
 
 namespace kvq::cpu {
@@ -84,11 +85,38 @@ TEST(cpuKiviF16cFull, all2Pow32Patterns_equalsFloatToHalfBits) {
 
 // ---- whole tensors against kivi::SideCache ----------------------------------------------------
 
-enum class Data { Outliers, Specials, TieHeavy };
+enum class Data { Outliers, Specials, TieHeavy, NearTies };
 
-Tensor3 make_input(Shape3 s, Data kind, int bits, uint64_t seed) {
+// NearTies: every group holds its two extremes, so that its fp16 scale is exactly sh (a fp16
+// value that is not a power of two, for which x * (1 / sh) and x / sh round apart) and its zero
+// point 0; every other value sits 1 to 3 ulps either side of a tie (k + 1/2) * sh, or on it.
+// The group's first two elements (in its own order: tokens on the channel axis, channels on the
+// token axis) are the extremes.
+float near_tie_value(int bits, bool sym, int64_t pos_in_group, std::mt19937_64& rng) {
+  const float sh = 0.0999755859375f;  // fp16 0x2E66, the nearest to 0.1
+  const int lo = sym ? -kivi::sym_qmax(bits) : 0;
+  const int hi = sym ? kivi::sym_qmax(bits) : kivi::max_code(bits);
+  if (pos_in_group == 0) return static_cast<float>(lo) * sh;
+  if (pos_in_group == 1) return static_cast<float>(hi) * sh;
+  const int k = lo + static_cast<int>(rng() % static_cast<uint64_t>(hi - lo));
+  float v = (static_cast<float>(k) + 0.5f) * sh;  // exact: 9 bits times 11 bits
+  const int ulps = static_cast<int>(rng() % 7) - 3;
+  for (int u = 0; u < std::abs(ulps); ++u)
+    v = std::nextafter(v, ulps > 0 ? std::numeric_limits<float>::infinity()
+                                   : -std::numeric_limits<float>::infinity());
+  return v;
+}
+
+Tensor3 make_input(Shape3 s, Data kind, int bits, uint64_t seed, bool sym = false,
+                   Axis axis = Axis::Token, int group = 1) {
   Tensor3 x = kivi::naive::random_kv(s.tokens, s.heads, s.dim, seed);
   std::mt19937_64 rng(seed + 1);
+  if (kind == Data::NearTies)
+    for (int64_t t = 0; t < s.tokens; ++t)
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t d = 0; d < s.dim; ++d)
+          x.at(t, h, d) =
+              near_tie_value(bits, sym, axis == Axis::Channel ? t % group : d % group, rng);
   if (kind == Data::TieHeavy) {  // half-integers on a grid whose groups mostly have scale 1
     const int n = (1 << bits) - 1;
     for (float& v : x.data) v = 0.5f * static_cast<float>(rng() % static_cast<uint64_t>(2 * n + 1));
@@ -120,7 +148,7 @@ struct Case {
 
 std::string name_of(const ::testing::TestParamInfo<Case>& i) {
   const Case& c = i.param;
-  const char* data[] = {"outliers", "specials", "ties"};
+  const char* data[] = {"outliers", "specials", "ties", "nearTies"};
   return "b" + std::to_string(c.bits) + (c.sym ? "sym" : "") +
          (c.axis == Axis::Channel ? "_channel" : "_token") + "_g" + std::to_string(c.group) + "_T" +
          std::to_string(c.shape.tokens) + "_H" + std::to_string(c.shape.heads) + "_D" +
@@ -137,7 +165,7 @@ TEST_P(cpuKiviQuantize, wordsScalesMins_bitExactWithSideCache) {
   spec.key_axis = c.axis;
   spec.group = c.group;
   spec.residual = 0;
-  const Tensor3 x = make_input(c.shape, c.data, c.bits, 17);
+  const Tensor3 x = make_input(c.shape, c.data, c.bits, 17, c.sym, c.axis, c.group);
   kivi::SideCache ref(spec, Role::Key, c.shape.heads, c.shape.dim);
   ref.append(x.data.data(), c.shape.tokens);
   KiviPacked got;
@@ -160,7 +188,7 @@ std::vector<Case> grid() {
   std::vector<Case> v;
   for (int bits : {2, 3, 4, 8})
     for (bool sym : {false, true})
-      for (Data data : {Data::Outliers, Data::Specials, Data::TieHeavy}) {
+      for (Data data : {Data::Outliers, Data::Specials, Data::TieHeavy, Data::NearTies}) {
         v.push_back({bits, sym, Axis::Channel, {100, 3, 72}, 32, data});  // 100 = 3 groups + 4
         v.push_back({bits, sym, Axis::Token, {37, 3, 72}, 32, data});     // 72 = 32 + 32 + 8
         v.push_back({bits, sym, Axis::Token, {9, 2, 13}, 8, data});       // 13 = 8 + 5
