@@ -1,5 +1,6 @@
 #include "kernels/cpu/fp8.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -147,9 +148,7 @@ bool amax_row(const float* x, int64_t n, float& a) {
     m1 = _mm256_max_ps(m1, v1);
     bad = _mm256_or_ps(bad, _mm256_cmp_ps(v0, v1, _CMP_UNORD_Q));
   }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
-  for (float l : lanes) a = l > a ? l : a;
+  a = _mm256_cvtss_f32(lanes_max(_mm256_max_ps(m0, m1)));  // a was in every lane of m0
   nan = _mm256_movemask_ps(bad) != 0;
 #endif
   for (; i < n; ++i) {
@@ -197,13 +196,18 @@ std::vector<float> fp8_compute_scales(const Fp8Spec& spec, Role role, const Tens
   const Shape3 s = x.shape;
   std::vector<float> amax(static_cast<size_t>(fp8::scale_count(spec.gran, s)), 0.0f);
   bool nan = false;
-  for (int64_t t = 0; t < s.tokens; ++t)
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const float* xr = x.data.data() + (t * s.heads + h) * s.dim;
-      const int64_t i = fp8::scale_index(spec.gran, t, h, 0, s.heads, s.dim);
-      nan |= spec.gran == Granularity::Channel ? amax_elementwise(xr, s.dim, amax.data() + i)
-                                               : amax_row(xr, s.dim, amax[static_cast<size_t>(i)]);
-    }
+  if (spec.gran == Granularity::Tensor) {  // one reduction over the whole tensor
+    nan = amax_row(x.data.data(), static_cast<int64_t>(x.data.size()), amax[0]);
+  } else {
+    for (int64_t t = 0; t < s.tokens; ++t)
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const float* xr = x.data.data() + (t * s.heads + h) * s.dim;
+        const int64_t i = fp8::scale_index(spec.gran, t, h, 0, s.heads, s.dim);
+        nan |= spec.gran == Granularity::Channel
+                   ? amax_elementwise(xr, s.dim, amax.data() + i)
+                   : amax_row(xr, s.dim, amax[static_cast<size_t>(i)]);
+      }
+  }
   // A NaN reaches its scale with its own payload: which NaN is the reference's business.
   if (nan) return fp8::compute_scales(spec, role, x, layer);
   for (float& a : amax) a = fp8::scale_from_amax(a, spec.format);
@@ -239,17 +243,24 @@ void fp8_quantize_dynamic(const Fp8Spec& spec, Role role, const Tensor3& x,
   const Shape3 s = x.shape;
   scales.resize(static_cast<size_t>(s.tokens * s.heads));
   codes.resize(x.data.size());
-  for (int64_t r = 0; r < s.tokens * s.heads; ++r) {
-    const float* xr = x.data.data() + r * s.dim;
-    float a = 0.0f;
-    if (amax_row(xr, s.dim, a)) {  // a NaN: its payload is the reference's business
-      scales = fp8::compute_scales(spec, role, x, layer);
-      fp8_quantize(spec, scales, x, codes);
-      return;
+  // Rows in blocks: the scales of a block first, then its codes, so that one row's chain (amax,
+  // lane reduction, scale) overlaps the others' instead of waiting in front of its own encode.
+  constexpr int64_t kBlock = 16;
+  const int64_t rows = s.tokens * s.heads;
+  for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+    const int64_t r1 = std::min(rows, r0 + kBlock);
+    for (int64_t r = r0; r < r1; ++r) {
+      float a = 0.0f;
+      if (amax_row(x.data.data() + r * s.dim, s.dim, a)) {  // a NaN: the reference's business
+        scales = fp8::compute_scales(spec, role, x, layer);
+        fp8_quantize(spec, scales, x, codes);
+        return;
+      }
+      scales[static_cast<size_t>(r)] = fp8::scale_from_amax(a, spec.format);
     }
-    scales[static_cast<size_t>(r)] = fp8::scale_from_amax(a, spec.format);
-    fp8_quantize_row(spec.format, xr, s.dim, scales[static_cast<size_t>(r)],
-                     codes.data() + r * s.dim);
+    for (int64_t r = r0; r < r1; ++r)
+      fp8_quantize_row(spec.format, x.data.data() + r * s.dim, s.dim,
+                       scales[static_cast<size_t>(r)], codes.data() + r * s.dim);
   }
 }
 

@@ -66,6 +66,20 @@ inline __m256i dpbusd_avx2(__m256i acc, __m256i u8, __m256i s8) {
   return _mm256_add_epi32(acc,
                           _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1)));
 }
+/// \brief Min / max of the 8 lanes, in every lane (the compare-selects of vminps / vmaxps, so
+/// the result for lanes holding NaN or signed zeros depends on the order: callers reduce finite
+/// values of one sign of zero or treat NaN apart).
+inline __m256 lanes_min(__m256 m) {
+  m = _mm256_min_ps(m, _mm256_permute2f128_ps(m, m, 1));
+  m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, 0x4E));
+  return _mm256_min_ps(m, _mm256_shuffle_ps(m, m, 0xB1));
+}
+inline __m256 lanes_max(__m256 m) {
+  m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+  m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4E));
+  return _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xB1));
+}
+
 /// \brief The same sums with vpdpbusd where compiled in (one instruction, never saturates).
 inline __m256i dpbusd(__m256i acc, __m256i u8, __m256i s8) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)

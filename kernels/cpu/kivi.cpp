@@ -234,18 +234,8 @@ void columns8(const float* x, int64_t cols, int n, uint32_t* words, uint16_t* sc
     reference_group<B, S>(x + c, cols, n, words + c * wpg, scales, mins, c);
 }
 
-// Lane reductions (the result in every lane). Min / max of finite values do not depend on the
-// order; a group with NaN/inf takes nan_params whatever they give.
-inline __m256 lanes_min(__m256 m) {
-  m = _mm256_min_ps(m, _mm256_permute2f128_ps(m, m, 1));
-  m = _mm256_min_ps(m, _mm256_shuffle_ps(m, m, 0x4E));
-  return _mm256_min_ps(m, _mm256_shuffle_ps(m, m, 0xB1));
-}
-inline __m256 lanes_max(__m256 m) {
-  m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
-  m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4E));
-  return _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xB1));
-}
+// (lanes_min / lanes_max, kernels/cpu/isa.h: min / max of finite values do not depend on the
+// order; a group with NaN/inf takes nan_params whatever they give.)
 
 // Sums of the 8 lanes of a, b, c, d -> out[0..3]. Packing: codes shifted into disjoint bit
 // fields, so the sum of a word's lanes is their OR.
@@ -648,20 +638,6 @@ inline __m512 lanes16x16(__m512* v, Op op) {
   // m's lane 4 q + r holds group 4 r + q: group g sits in lane 4 (g % 4) + g / 4.
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_maskz_permutexvar_ps(kAll16, order, m);
-}
-
-// Lane reductions on 16 lanes (the result in every lane), as lanes_min / lanes_max.
-inline __m512 lanes_min16(__m512 m) {
-  m = _mm512_maskz_min_ps(kAll16, m, _mm512_maskz_shuffle_f32x4(kAll16, m, m, 0x4E));
-  m = _mm512_maskz_min_ps(kAll16, m, _mm512_maskz_shuffle_f32x4(kAll16, m, m, 0xB1));
-  m = _mm512_maskz_min_ps(kAll16, m, _mm512_maskz_permute_ps(kAll16, m, 0x4E));
-  return _mm512_maskz_min_ps(kAll16, m, _mm512_maskz_permute_ps(kAll16, m, 0xB1));
-}
-inline __m512 lanes_max16(__m512 m) {
-  m = _mm512_maskz_max_ps(kAll16, m, _mm512_maskz_shuffle_f32x4(kAll16, m, m, 0x4E));
-  m = _mm512_maskz_max_ps(kAll16, m, _mm512_maskz_shuffle_f32x4(kAll16, m, m, 0xB1));
-  m = _mm512_maskz_max_ps(kAll16, m, _mm512_maskz_permute_ps(kAll16, m, 0x4E));
-  return _mm512_maskz_max_ps(kAll16, m, _mm512_maskz_permute_ps(kAll16, m, 0xB1));
 }
 
 // pack16 on 32 codes (two vectors, codes 0-15 and 16-31): 32 * B / 32 words.
