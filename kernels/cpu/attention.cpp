@@ -869,27 +869,33 @@ struct FVec<16> {
 
 /// o_i[d] += sum_j w[i * ldw + j - j0] * code_j[d] for rows [j0, j1) and d in [d0, d1), CW vectors
 /// of W channels at a time (ld(j, d): W floats). Per element the same fma chain in row order
-/// whatever W and CW.
-template <int NQ, int CW, int W = 8, class L>
+/// whatever W and CW. VPG < CW: the CW vectors span CW / VPG channel groups of VPG vectors each,
+/// group g weighted by w + g * gstride, and [d0, d1) is a whole number of such spans (more
+/// independent accumulators per row than one group's vectors give).
+template <int NQ, int CW, int W = 8, int VPG = CW, class L>
 void acc_span(const float* w, int64_t ldw, int64_t j0, int64_t j1, const L& ld, float* o, int64_t D,
-              int64_t d0, int64_t d1) {
+              int64_t d0, int64_t d1, int64_t gstride = 0) {
   using V = FVec<W>;
-  for (; d0 + W * CW <= d1; d0 += W * CW) {
+  static_assert(CW % VPG == 0);
+  constexpr int NG = CW / VPG;
+  for (; d0 + W * CW <= d1; d0 += W * CW, w += NG * gstride) {
     typename V::T a[NQ * CW];
     for (int i = 0; i < NQ; ++i)
       for (int c = 0; c < CW; ++c) a[i * CW + c] = V::load(o + i * D + d0 + W * c);
     for (int64_t j = j0; j < j1; ++j) {
       typename V::T vv[CW];
       for (int c = 0; c < CW; ++c) vv[c] = ld(j, d0 + W * c);
-      for (int i = 0; i < NQ; ++i) {
-        const auto pw = V::bcast(w + i * ldw + (j - j0));
-        for (int c = 0; c < CW; ++c) a[i * CW + c] = V::fma(pw, vv[c], a[i * CW + c]);
-      }
+      for (int i = 0; i < NQ; ++i)
+        for (int g = 0; g < NG; ++g) {
+          const auto pw = V::bcast(w + g * gstride + i * ldw + (j - j0));
+          for (int c = g * VPG; c < (g + 1) * VPG; ++c)
+            a[i * CW + c] = V::fma(pw, vv[c], a[i * CW + c]);
+        }
     }
     for (int i = 0; i < NQ; ++i)
       for (int c = 0; c < CW; ++c) V::store(o + i * D + d0 + W * c, a[i * CW + c]);
   }
-  if constexpr (CW > 1) {
+  if constexpr (CW > 1 && NG == 1) {
     if (d0 < d1) acc_span<NQ, 1, W>(w, ldw, j0, j1, ld, o, D, d0, d1);
   }
 }
@@ -1198,6 +1204,22 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
       }
       const int64_t d1 = std::min(D, (c + 1) * G);
 #if KVQ_CPU_AVX512
+      // Groups of 16 or 32 channels give one head 1 or 2 accumulators, too few to keep the fma
+      // pipes busy: 4 vectors span 4 or 2 whole groups (their codes are contiguous, G * B being
+      // a multiple of 32), each group with its own weights.
+      if constexpr (NQ <= 4) {
+        const int64_t vpg = G / 16, ng = vpg >= 1 && vpg <= 2 && G % 16 == 0 ? 4 / vpg : 0;
+        if (ng > 0 && (c + ng) * G <= D) {
+          const auto lz = [&ld, c, G](int64_t j, int64_t d) { return ld.codez(j, c, d - c * G); };
+          const int64_t gs = NQ * kSubRows, e1 = (c + ng) * G;
+          if (vpg == 1)
+            acc_span<NQ, 4, 16, 1>(w, kSubRows, j0, j1, lz, o, D, c * G, e1, gs);
+          else
+            acc_span<NQ, 4, 16, 2>(w, kSubRows, j0, j1, lz, o, D, c * G, e1, gs);
+          c += ng - 1;
+          continue;
+        }
+      }
       if (G % 16 == 0 && d1 - c * G == G) {
         const auto lz = [&ld, c, G](int64_t j, int64_t d) { return ld.codez(j, c, d - c * G); };
         constexpr int kCw = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;
