@@ -1160,10 +1160,43 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
           static_cast<int16_t>(x[4 * pstride]), static_cast<int16_t>(x[5 * pstride]),
           static_cast<int16_t>(x[6 * pstride]), static_cast<int16_t>(x[7 * pstride])));
     };
+    int64_t x0 = 0;  // tokens whose parameters are already in sct / mnt
+#if KVQ_CPU_AVX512
+    if (ncg == 4) {  // 8 tokens' four groups (one 64-bit load each), converted, then transposed
+      const __m512i lo =
+          _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+      const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(2));
+      auto four = [&](const uint16_t* par, float* out, int64_t x) {
+        uint64_t t[8];
+        for (int k = 0; k < 8; ++k) std::memcpy(&t[k], par + (j0 + x + k) * pstride, 8);
+        const __m512 a = _mm512_maskz_cvtph_ps(
+            kAll16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t)));  // tokens 0-3
+        const __m512 b = _mm512_maskz_cvtph_ps(
+            kAll16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + 4)));  // 4-7
+        const __m512 g01 = _mm512_maskz_permutex2var_ps(kAll16, a, lo, b);         // groups 0, 1
+        const __m512 g23 = _mm512_maskz_permutex2var_ps(kAll16, a, hi, b);         // groups 2, 3
+        _mm256_storeu_ps(out + x, _mm512_maskz_extractf32x8_ps(0xff, g01, 0));
+        _mm256_storeu_ps(out + kSubRows + x, _mm512_maskz_extractf32x8_ps(0xff, g01, 1));
+        _mm256_storeu_ps(out + 2 * kSubRows + x, _mm512_maskz_extractf32x8_ps(0xff, g23, 0));
+        _mm256_storeu_ps(out + 3 * kSubRows + x, _mm512_maskz_extractf32x8_ps(0xff, g23, 1));
+      };
+      for (; x0 < m8; x0 += 8) {
+        four(scales, sct, x0);
+        if (mins) {
+          four(mins, mnt, x0);
+        } else {
+          for (int64_t c = 0; c < 4; ++c)
+            _mm256_storeu_ps(
+                mnt + c * kSubRows + x0,
+                _mm256_mul_ps(_mm256_set1_ps(sym_min), _mm256_loadu_ps(sct + c * kSubRows + x0)));
+        }
+      }
+    }
+#endif
     for (int64_t c = 0; c < ncg; ++c) {
       float* sc = sct + c * kSubRows;
       float* mn = mnt + c * kSubRows;
-      int64_t x = 0;
+      int64_t x = x0;
       for (; x < m8; x += 8) {
         const __m256 v = eight(scales + (j0 + x) * pstride + c);
         _mm256_storeu_ps(sc + x, v);
