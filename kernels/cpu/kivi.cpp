@@ -443,12 +443,14 @@ inline __m512i codes16_exact(__m512 x, const Params16& p, __mmask16& tie) {
 // plus the offset. (|q| < 2^31 in a valid group: |x - z| is at most fp16's rounding of the
 // group's min, 2^-11 |z| <= 32, over a scale of at least 2^-24.)
 template <int B, bool S>
-inline __m512i code_of16(__m512 q) {
+inline __m512i code_of16(__m512 q, bool clamp = true) {
   __m512i k = _mm512_maskz_cvt_roundps_epi32(kAll16, q, kRne);
-  k = _mm512_maskz_max_epi32(kAll16, k,
-                             _mm512_set1_epi32(static_cast<int>(kivi::quotient_lo(B, S))));
-  k = _mm512_maskz_min_epi32(kAll16, k,
-                             _mm512_set1_epi32(static_cast<int>(kivi::quotient_hi(B, S))));
+  if (clamp) {
+    k = _mm512_maskz_max_epi32(kAll16, k,
+                               _mm512_set1_epi32(static_cast<int>(kivi::quotient_lo(B, S))));
+    k = _mm512_maskz_min_epi32(kAll16, k,
+                               _mm512_set1_epi32(static_cast<int>(kivi::quotient_hi(B, S))));
+  }
   if constexpr (!S) return k;
   return _mm512_add_epi32(k, _mm512_set1_epi32(kivi::sym_offset(B)));
 }
@@ -726,6 +728,14 @@ void row16(const float* x, int64_t dim, int group, uint32_t* words, uint16_t* sc
     const __mmask16 stored = fast & pb.valid & static_cast<__mmask16>((1u << nb) - 1);
     _mm256_mask_storeu_epi16(scales + cg0, stored, pb.scale_h);
     if (!S) _mm256_mask_storeu_epi16(mins + cg0, stored, pb.min_h);
+    // Groups whose every estimate rounds inside [lo, hi] need no clamp: the estimate is monotone
+    // in x, so the estimates of the min and max bound the group's (ties at lo - 1/2 or hi + 1/2
+    // take the division).
+    const __mmask16 inside =
+        _mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_sub_ps(mn, pb.z), pb.inv),
+                           _mm512_set1_ps(kivi::quotient_lo(B, S) - 0.5f), _CMP_GT_OQ) &
+        _mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_sub_ps(mx, pb.z), pb.inv),
+                           _mm512_set1_ps(kivi::quotient_hi(B, S) + 0.5f), _CMP_LT_OQ);
 #pragma GCC unroll 16
     for (int j = 0; j < nb; ++j) {
       const int64_t cg = cg0 + j, c0 = cg * group;
@@ -748,7 +758,8 @@ void row16(const float* x, int64_t dim, int group, uint32_t* words, uint16_t* sc
       __m512i k[NV ? NV : 16];
       for (int v = 0; v < nv; ++v) r[v] = estimate16<B, S>(_mm512_loadu_ps(g + 16 * v), p, near);
       if (!near) [[likely]] {
-        for (int v = 0; v < nv; ++v) k[v] = code_of16<B, S>(r[v]);
+        const bool clamp = !(inside >> j & 1);
+        for (int v = 0; v < nv; ++v) k[v] = code_of16<B, S>(r[v], clamp);
       } else {
         p.s = _mm512_maskz_permutexvar_ps(kAll16, lane, pb.s);
         for (int v = 0; v < nv; ++v)

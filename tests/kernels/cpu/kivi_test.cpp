@@ -2,7 +2,10 @@
 // (kivi::SideCache with r=0 after one append, which stores through kivi/minmax.h, kivi/pack.h and
 // kivi/layout.h): words, fp16 scales and minima bit for bit, both axes, 2/3/4/8 bits, asym and
 // sym, ragged shapes (T not a multiple of G, head_dim 72 and 13 with short last channel groups),
-// groups holding NaN, +-inf, subnormals, constants, values beyond fp16, and tie-heavy data.
+// groups holding NaN, +-inf, subnormals, constants, values beyond fp16, tie-heavy data, values
+// one to three ulps from a tie (where the kernels' multiply-by-reciprocal estimate and the IEEE
+// quotient can round apart: the kernels must fall back to the division), and groups far from zero
+// with a tiny range (quotients far outside [lo, hi]: the clamp).
 // A per-token tensor whose G divides D is quantized as one row of groups, 8 groups per parameter
 // computation: those shapes run every data kind, with a last batch of fewer than 8 groups.
 //
@@ -85,7 +88,7 @@ TEST(cpuKiviF16cFull, all2Pow32Patterns_equalsFloatToHalfBits) {
 
 // ---- whole tensors against kivi::SideCache ----------------------------------------------------
 
-enum class Data { Outliers, Specials, TieHeavy, NearTies };
+enum class Data { Outliers, Specials, TieHeavy, NearTies, Offset };
 
 // NearTies: every group holds its two extremes, so that its fp16 scale is exactly sh (a fp16
 // value that is not a power of two, for which x * (1 / sh) and x / sh round apart) and its zero
@@ -111,6 +114,8 @@ Tensor3 make_input(Shape3 s, Data kind, int bits, uint64_t seed, bool sym = fals
                    Axis axis = Axis::Token, int group = 1) {
   Tensor3 x = kivi::naive::random_kv(s.tokens, s.heads, s.dim, seed);
   std::mt19937_64 rng(seed + 1);
+  if (kind == Data::Offset)  // a range far below fp16's spacing at the values: fp16(min) lands
+    for (float& v : x.data) v = 1000.0f + 0.01f * v;  // outside it, quotients far outside [lo, hi]
   if (kind == Data::NearTies)
     for (int64_t t = 0; t < s.tokens; ++t)
       for (int64_t h = 0; h < s.heads; ++h)
@@ -148,7 +153,7 @@ struct Case {
 
 std::string name_of(const ::testing::TestParamInfo<Case>& i) {
   const Case& c = i.param;
-  const char* data[] = {"outliers", "specials", "ties", "nearTies"};
+  const char* data[] = {"outliers", "specials", "ties", "nearTies", "offset"};
   return "b" + std::to_string(c.bits) + (c.sym ? "sym" : "") +
          (c.axis == Axis::Channel ? "_channel" : "_token") + "_g" + std::to_string(c.group) + "_T" +
          std::to_string(c.shape.tokens) + "_H" + std::to_string(c.shape.heads) + "_D" +
@@ -188,7 +193,8 @@ std::vector<Case> grid() {
   std::vector<Case> v;
   for (int bits : {2, 3, 4, 8})
     for (bool sym : {false, true})
-      for (Data data : {Data::Outliers, Data::Specials, Data::TieHeavy, Data::NearTies}) {
+      for (Data data :
+           {Data::Outliers, Data::Specials, Data::TieHeavy, Data::NearTies, Data::Offset}) {
         v.push_back({bits, sym, Axis::Channel, {100, 3, 72}, 32, data});  // 100 = 3 groups + 4
         v.push_back({bits, sym, Axis::Token, {37, 3, 72}, 32, data});     // 72 = 32 + 32 + 8
         v.push_back({bits, sym, Axis::Token, {9, 2, 13}, 8, data});       // 13 = 8 + 5
