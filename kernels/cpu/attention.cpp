@@ -209,12 +209,7 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-inline float hmax8(__m256 v) {
-  v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
-  v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0x4E));
-  v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0xB1));
-  return _mm256_cvtss_f32(v);
-}
+inline float hmax8(__m256 v) { return _mm256_cvtss_f32(lanes_max(v)); }
 
 /// Lane sums of four vectors: {sum a, sum b, sum c, sum d}.
 inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {

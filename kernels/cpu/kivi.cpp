@@ -39,7 +39,8 @@ inline __m256i inf_or_nan(__m256 v) {
   return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), e), e);
 }
 
-// mn, mx: running min / max per lane; nf: 0 where every value was finite (sum of x * 0).
+// mn, mx: running min / max per lane; nf: 0 where every value was finite, else a NaN or any
+// nonzero pattern (row8 passes the sum of x * 0, columns8 a NaN-lane mask with the inf lanes).
 template <int B, bool S>
 inline Params8 params8(__m256 mn, __m256 mx, __m256 nf) {
   const __m256 zero = _mm256_setzero_ps();
@@ -80,13 +81,14 @@ inline Params8 params8(__m256 mn, __m256 mx, __m256 nf) {
 // kivi::encode's arithmetic on 8 values: the clamped IEEE quotient rounded to nearest even.
 // Lanes whose quotient sits on a tie k + 1/2 are flagged in `tie` (they need resolve_tie).
 //
-// The quotient is first estimated (estimate8) as (x - z) * (1 / s): two roundings off the IEEE
-// quotient, a relative error below 2^-23 + 2^-48, so under 2^-15 where it matters (|q| <= 256 after
-// the clamp, which is monotone and moves no value further). Rounding the estimate can differ from
+// The quotient is first estimated (estimate8) as (x - z) * (1 / s): it shares fl(x - z) with the
+// IEEE quotient and is then two roundings off (x - z) / s where the quotient is one, so the two
+// differ by less than 1.5 * 2^-23 relative: 1.5 * 2^-15 where it matters (|q| <= 256 after the
+// clamp, which is monotone and moves no value further). Rounding the estimate can differ from
 // rounding the quotient only if a half-integer lies between them, so only when the estimate is
 // within that error of some k + 1/2; when any lane is within kNearTie of one (kNearTie = 2^-12,
-// 8x the bound), the values take the IEEE division instead (codes8_exact). kivi_test's nearTies
-// cases place values one ulp either side of every tie.
+// over 5x the bound), the values take the IEEE division instead (codes8_exact). kivi_test's
+// nearTies cases place values 0 to 3 ulps either side of ties.
 constexpr float kNearTie = 1.0f / 4096.0f;
 
 template <int B, bool S>
@@ -201,9 +203,10 @@ void columns8(const float* x, int64_t cols, int n, uint32_t* words, uint16_t* sc
         r[j] = estimate8<B, S>(_mm256_loadu_ps(xr + j * cols + 8 * blk), p, near);
       __m256i word = ap[blk * wpg + w].v;
       if (!_mm256_movemask_ps(near)) [[likely]] {
-        for (int j = 0; j < rows; ++j)
-          word = _mm256_or_si256(word,
-                                 _mm256_slli_epi32(code_of<B, S>(r[j]), kivi::shift_of(i + j, B)));
+        for (int j = 0; j < rows; ++j) {
+          const __m256i k = code_of<B, S>(r[j]);  // (see columns16: no template commas in macros)
+          word = _mm256_or_si256(word, _mm256_slli_epi32(k, kivi::shift_of(i + j, B)));
+        }
       } else {
         for (int j = 0; j < rows; ++j) {
           const __m256i k = codes8_exact<B, S>(_mm256_loadu_ps(xr + j * cols + 8 * blk), p, tie);
@@ -411,9 +414,9 @@ inline Params16 params16(__m512 mn, __m512 mx, __mmask16 not_finite) {
 
 // estimate8 on 16 lanes, returning the unclamped estimate (code_of16 rounds it and clamps the
 // integer: rounding is monotone and the bounds are integers, so that equals rounding the clamped
-// quotient). The near test then sees the unclamped estimate: within 2^-12 of the quotient while
-// |q| <= 2^11, and beyond that both lie far outside [lo, hi] and clamp alike; a flagged value
-// outside [lo, hi] only costs the division. vreduceps gives q - round(q) exactly.
+// quotient). The near test then sees the unclamped estimate: within kNearTie of the quotient
+// while |q| <= 2^10, and beyond that both lie far outside [lo, hi] (hi <= 255) and clamp alike; a
+// flagged value outside [lo, hi] only costs the division. vreduceps gives q - round(q) exactly.
 template <int B, bool S>
 inline __m512 estimate16(__m512 x, const Params16& p, __mmask16& near) {
   const __m512 q = _mm512_mul_ps(_mm512_sub_ps(x, p.z), p.inv);
@@ -565,9 +568,13 @@ void columns16(const float* x, int64_t cols, int n, uint32_t* words, uint16_t* s
         r[j] = estimate16<B, S>(_mm512_loadu_ps(xr + j * cols + 16 * b), p, near);
       __m512i word = ap[b * wpg + w].v;
       if (!near) [[likely]] {
-        for (int j = 0; j < rows; ++j)
-          word = _mm512_or_si512(word, _mm512_maskz_slli_epi32(kAll16, code_of16<B, S>(r[j]),
-                                                               kivi::shift_of(i + j, B)));
+        for (int j = 0; j < rows; ++j) {
+          // (The code in a variable: without optimization GCC's shift intrinsics are macros, and
+          // a template argument list's comma would split their arguments.)
+          const __m512i k = code_of16<B, S>(r[j]);
+          word =
+              _mm512_or_si512(word, _mm512_maskz_slli_epi32(kAll16, k, kivi::shift_of(i + j, B)));
+        }
       } else {
         for (int j = 0; j < rows; ++j) {
           const __m512i k = codes16_exact<B, S>(_mm512_loadu_ps(xr + j * cols + 16 * b), p, tie);
@@ -617,8 +624,6 @@ void columns16(const float* x, int64_t cols, int n, uint32_t* words, uint16_t* s
     reference_group<B, S>(x + c, cols, n, words + c * wpg, scales, mins, c);
 }
 
-// Packs 16 codes (int32 lanes, each < 2^B) into 16 * B / 32 words as kivi::pack does (B = 2, 4,
-// 8): the codes as bytes, then pairs and quads of those merged by byte multiply-adds.
 // Reduces each of v[0..15] over its 16 lanes with op (min or max): lane g of the result is
 // op over v[g]. A transposing tree, each level pairing two vectors into one: their 256-bit,
 // then 128-bit, 64-bit and 32-bit halves (45 ops, not 16 horizontal reductions of 8 each),
@@ -642,7 +647,7 @@ inline __m512 lanes16x16(__m512* v, Op op) {
   return _mm512_maskz_permutexvar_ps(kAll16, order, m);
 }
 
-// pack16 on 32 codes (two vectors, codes 0-15 and 16-31): 32 * B / 32 words.
+// pack16 (below) on 32 codes (two vectors, codes 0-15 and 16-31): 32 * B / 32 words.
 template <int B>
 inline void pack32(__m512i k0, __m512i k1, uint32_t* words) {
   const __m256i b8 =
@@ -660,6 +665,8 @@ inline void pack32(__m512i k0, __m512i k1, uint32_t* words) {
   }
 }
 
+// Packs 16 codes (int32 lanes, each < 2^B) into 16 * B / 32 words as kivi::pack does (B = 2, 4,
+// 8): the codes as bytes, then pairs and quads of those merged by byte multiply-adds.
 template <int B>
 inline void pack16(__m512i k, uint32_t* words) {
   const __m128i b8 = _mm512_maskz_cvtepi32_epi8(kAll16, k);  // code i in byte i
@@ -791,18 +798,22 @@ template <int B, bool S>
 void row_t(const float* x, int64_t dim, int group, uint32_t* words, uint16_t* scales,
            uint16_t* mins) {
 #if KVQ_CPU_AVX512
-  if constexpr (B != 3) {  // 3-bit codes straddle words: row8 packs them through kivi::pack
-    switch (group % 16 == 0 ? group / 16 : 0) {
-      case 1:
-        return row16<B, S, 1>(x, dim, group, words, scales, mins);
-      case 2:
-        return row16<B, S, 2>(x, dim, group, words, scales, mins);
-      case 4:
-        return row16<B, S, 4>(x, dim, group, words, scales, mins);
-      case 8:
-        return row16<B, S, 8>(x, dim, group, words, scales, mins);
-      default:
-        return row16<B, S, 0>(x, dim, group, words, scales, mins);
+  // 16-lane groups where the group is a multiple of 16 channels and a word holds 16, 8 or 4
+  // codes (3-bit words hold 10: row8 packs those through kivi::pack); row8 otherwise.
+  if constexpr (B != 3) {
+    if (group % 16 == 0) {
+      switch (group / 16) {
+        case 1:
+          return row16<B, S, 1>(x, dim, group, words, scales, mins);
+        case 2:
+          return row16<B, S, 2>(x, dim, group, words, scales, mins);
+        case 4:
+          return row16<B, S, 4>(x, dim, group, words, scales, mins);
+        case 8:
+          return row16<B, S, 8>(x, dim, group, words, scales, mins);
+        default:
+          return row16<B, S, 0>(x, dim, group, words, scales, mins);
+      }
     }
   }
 #endif

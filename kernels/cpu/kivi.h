@@ -1,11 +1,14 @@
 // Backend `cpu`: KIVI integer quantize + pack, bit-identical to the reference (kivi/minmax.h for
 // the formula, kivi/pack.h for the bits, kivi/layout.h for where they go; kivi::SideCache stores
-// the same bytes). Min / max run on 8 lanes with the reference's compare-selects (vminps/vmaxps
-// are x < m ? x : m exactly), fp16 parameters go through F16C vcvtps2ph (equal to
-// float_to_half_bits on every non-NaN float: tests/kernels/cpu/kivi_test.cpp checks all 2^32 in
-// the full tier; the NaN inputs never reach it, a group holding NaN/inf takes nan_params), codes
-// are the same IEEE quotient, clamp and nearest-even rounding, and any group in which a quotient
-// lands exactly on a tie k + 1/2 is redone by kivi::quantize_group (the reference routine).
+// the same bytes). Min / max run on 8 or 16 lanes with the reference's compare-selects
+// (vminps/vmaxps are x < m ? x : m exactly; for finite values the order does not matter), fp16
+// parameters go through F16C vcvtps2ph (equal to float_to_half_bits on every non-NaN float:
+// tests/kernels/cpu/kivi_test.cpp checks all 2^32 in the full tier; the NaN inputs never reach
+// it, a group holding NaN/inf takes nan_params). Codes are the reference's clamped, nearest-even
+// rounded IEEE quotient: estimated as (x - z) * (1 / s), which can only round differently next to
+// a tie, so values whose estimate is within 2^-12 of a tie take the division (kivi.cpp states the
+// bound). Any group in which a quotient lands exactly on a tie k + 1/2 is redone by
+// kivi::quantize_group (the reference routine). With AVX-512, 16 columns or 16 groups at a time.
 #pragma once
 
 #include <cstdint>

@@ -140,17 +140,11 @@ TEST_P(cpuCausalAttention, chunked_withinTolOfReference_andBitIdenticalToDecode)
 
 std::vector<Case> grid() {
   std::vector<Case> v;
-  const char* specs[] = {"fp32",
-                         "bf16",
-                         "fp16",
-                         "fp8_e4m3:gran=token",
-                         "fp8_e4m3:gran=channel",
-                         "fp8_e5m2:gran=head,first=64",
-                         "kivi2",
-                         "kivi4:g=64,r=128",
+  const char* specs[] = {"fp32", "bf16", "fp16", "fp8_e4m3:gran=token", "fp8_e4m3:gran=channel",
+                         "fp8_e5m2:gran=head,first=64", "kivi2", "kivi4:g=64,r=128",
                          "int8:k=channel,v=token,g=32,r=64",
-                         "int3:k=channel,v=token,g=32,r=32",   // 3-bit values: portable path
-                         "int4:k=token,v=channel,g=32,r=32",   // mirror axes: portable path
+                         "int3:k=channel,v=token,g=32,r=32",  // 3-bit values: portable path
+                         "int4:k=token,v=channel,g=32,r=32",  // mirror axes: portable path
                          // per-token keys (llama.cpp / HF layout): the fast path
                          "int4:k=token,v=token,g=32,r=32", "int2:k=token,v=token,g=32,r=128",
                          "int8:k=token,v=token,g=32,sym", "int4:k=token,v=token,g=dim,r=16"};
@@ -176,16 +170,17 @@ std::vector<Case> grid() {
   v.push_back({"kivi2:sink=4", 2, 64, 3, {300, 1, 250, 77}});
   v.push_back({"kivi2:rot=hadamard:7", 2, 64, 3, {300, 1, 250, 77}});
   v.push_back({"fp8_e4m3:gran=tensor,first=64,sink=16,rot=hadamard", 2, 128, 2, {10, 1, 5, 300}});
-  v.push_back({"k=kivi4:sink=8;v=fp8_e4m3:gran=token,sink=8,rot=hadamard:2", 3, 64, 4,
-               {5, 1, 4, 200}});
+  v.push_back(
+      {"k=kivi4:sink=8;v=fp8_e4m3:gran=token,sink=8,rot=hadamard:2", 3, 64, 4, {5, 1, 4, 200}});
   v.push_back({"int4:k=token,v=channel,g=32,r=32,sink=5", 2, 64, 2, {3, 40, 100}});
-  v.push_back({"bf16:sink=3", 2, 20, 2, {2, 40, 9}});  // ragged head_dim: portable path
+  v.push_back({"bf16:sink=3", 2, 20, 2, {2, 40, 9}});        // ragged head_dim: portable path
   v.push_back({"fp32:rot=hadamard:1", 1, 96, 8, {600, 1}});  // three blocks of 32
   // One side rotated: quantized keys only (exact tails on both sides), per-token keys only.
   v.push_back({"k=kivi2:rot=hadamard;v=kivi2", 2, 64, 3, {300, 1, 250, 77}});
   v.push_back({"k=int4:k=token,v=token,g=32,r=16,rot=hadamard:2;v=fp16", 2, 64, 4, {40, 1, 90}});
   v.push_back({"kivi4:g=32,r=32,sink=600", 2, 64, 2, {300, 400}});  // sinks past a segment
-  v.push_back({"fp8_e4m3:gran=channel,first=16,sink=5", 2, 64, 3, {3, 40, 300}});  // scales at the end
+  v.push_back(
+      {"fp8_e4m3:gran=channel,first=16,sink=5", 2, 64, 3, {3, 40, 300}});  // scales at the end
   return v;
 }
 

@@ -3,11 +3,13 @@
 // kivi/layout.h): words, fp16 scales and minima bit for bit, both axes, 2/3/4/8 bits, asym and
 // sym, ragged shapes (T not a multiple of G, head_dim 72 and 13 with short last channel groups),
 // groups holding NaN, +-inf, subnormals, constants, values beyond fp16, tie-heavy data, values
-// one to three ulps from a tie (where the kernels' multiply-by-reciprocal estimate and the IEEE
-// quotient can round apart: the kernels must fall back to the division), and groups far from zero
-// with a tiny range (quotients far outside [lo, hi]: the clamp).
-// A per-token tensor whose G divides D is quantized as one row of groups, 8 groups per parameter
-// computation: those shapes run every data kind, with a last batch of fewer than 8 groups.
+// on or one to three ulps from a tie (where the kernels' multiply-by-reciprocal estimate and the
+// IEEE quotient can round apart: the kernels must fall back to the division), and groups far from
+// zero with a tiny range (quotients far outside [lo, hi]: the clamp). A per-token tensor whose G
+// divides D is quantized as one row of groups, 8 (AVX2) or 16 (AVX-512) groups per parameter
+// computation: those shapes run every data kind, with a short last batch, and groups of 1, 2, 3 and
+// 4 vectors of 16; per-channel groups of 6 and 64 rows (words written per column through the
+// generic and the zip paths, rows not a multiple of the kernel's 4).
 //
 // The F16C conversion the kernels use for fp16 parameters (vcvtps2ph, nearest even) must equal
 // core/half.h's float_to_half_bits on every float that can reach it (all but NaN, which takes
@@ -199,8 +201,13 @@ std::vector<Case> grid() {
         v.push_back({bits, sym, Axis::Token, {37, 3, 72}, 32, data});     // 72 = 32 + 32 + 8
         v.push_back({bits, sym, Axis::Token, {9, 2, 13}, 8, data});       // 13 = 8 + 5
         v.push_back({bits, sym, Axis::Channel, {9, 2, 13}, 4, data});     // 13 columns * 2 heads
-        // G divides D: the whole tensor is one row of 60 groups (7 batches of 8, then 4)
+        // G divides D: the whole tensor is one row of 60 groups (batches of 8 or 16, then 4 or 12)
         v.push_back({bits, sym, Axis::Token, {10, 3, 64}, 32, data});
+        v.push_back({bits, sym, Axis::Token, {10, 3, 64}, 16, data});  // one vector a group
+        v.push_back({bits, sym, Axis::Token, {6, 2, 128}, 64, data});  // four vectors a group
+        v.push_back({bits, sym, Axis::Token, {5, 2, 96}, 48, data});  // three (counted at run time)
+        v.push_back({bits, sym, Axis::Channel, {13, 3, 40}, 6, data});  // 6 rows; 120 = 7 x 16 + 8
+        v.push_back({bits, sym, Axis::Channel, {130, 2, 64}, 64, data});  // 64-row groups
       }
   v.push_back({2, false, Axis::Token, {8, 1, 512}, 512, Data::Specials});  // groups over 256
   v.push_back({3, true, Axis::Token, {5, 3, 48}, 16, Data::TieHeavy});     // 45 groups of 16
