@@ -336,6 +336,35 @@ template <class L>
 concept Wide = false;
 #endif
 
+/// Float vectors of W lanes (8: AVX2, 16: AVX-512) for kernels written once for both widths.
+template <int W>
+struct FVec {
+  using T = __m256;
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  static T bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  /// W floats of a row loader's row r from channel d (its 8-float form).
+  template <class L>
+  static T row(const L& ld, int64_t r, int64_t d) {
+    return ld(r, d);
+  }
+};
+#if KVQ_CPU_AVX512
+template <>
+struct FVec<16> {
+  using T = __m512;
+  static T load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static T bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  template <class L>
+  static T row(const L& ld, int64_t r, int64_t d) {  // the 16-float form (Wide<L>)
+    return ld.z(r, d);
+  }
+};
+#endif
+
 /// Per-channel int keys of one token group, its words transposed to wt[w * D + d]: token jj0 + j
 /// of the group is code (jj0 + j) % cpw of word (jj0 + j) / cpw.
 template <int B>
@@ -487,68 +516,32 @@ void dot_heads(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, flo
   while (t < n) step.template operator()<1>();
 }
 
-#if KVQ_CPU_AVX512
-/// Tokens per step of acc_heads16.
-constexpr int kValueTokens = 2;
-/// acc_heads and acc_heads_stream with 16-float rows: kValueTokens tokens of one head per load and
-/// store of o (the stores of o, not the rows, bound a one-token step), heads in address order,
-/// each element the same fma chain in token order as the 8-lane forms. kPrefetch (a stream read
-/// once): the next step's rows, up to `valid` rows from the base, are prefetched.
-template <int NQ, bool kPrefetch, class L>
-void acc_heads16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
+/// Values of every kv head, tokens in address order: o_h,i += p[h * hs + i * ldp + t] * row (t, h),
+/// two tokens of a head per load and store of o (the stores of o, not the rows, bound a one-token
+/// step), both tokens' fmas applied in token order, W channels a vector (16 where the loader has
+/// its 16-float form and D is a multiple of 16). Per element the same fma chain in token order as
+/// acc_rows, so the same bits at either width. kPrefetch (a stream read once): the next step's
+/// rows, up to `valid` rows from the base, are prefetched.
+template <int NQ, int W, bool kPrefetch, class L>
+void acc_heads_w(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
                  const L& ld, float* o, int64_t valid) {
+  using V = FVec<W>;
   int64_t t = 0;
   auto step = [&]<int U>() {
     if constexpr (kPrefetch && Prefetchable<L>)
       for (int64_t r = (t + U) * H; r < std::min(valid, (t + 2 * U) * H); ++r) ld.prefetch(r, D);
     for (int64_t h = 0; h < H; ++h) {
       float* oh = o + h * NQ * D;
-      __m512 pz[NQ * U];
+      typename V::T pw[NQ * U];
       for (int i = 0; i < NQ; ++i)
-        for (int u = 0; u < U; ++u) pz[i * U + u] = _mm512_set1_ps(p[h * hs + i * ldp + t + u]);
-      for (int64_t d = 0; d < D; d += 16) {
-        __m512 v[U];
-        for (int u = 0; u < U; ++u) v[u] = ld.z((t + u) * H + h, d);
+        for (int u = 0; u < U; ++u) pw[i * U + u] = V::bcast(p + h * hs + i * ldp + t + u);
+      for (int64_t d = 0; d < D; d += W) {
+        typename V::T v[U];
+        for (int u = 0; u < U; ++u) v[u] = V::row(ld, (t + u) * H + h, d);
         for (int i = 0; i < NQ; ++i) {
-          __m512 x = _mm512_loadu_ps(oh + i * D + d);
-          for (int u = 0; u < U; ++u) x = _mm512_fmadd_ps(pz[i * U + u], v[u], x);
-          _mm512_storeu_ps(oh + i * D + d, x);
-        }
-      }
-    }
-    t += U;
-  };
-  while (t + kValueTokens <= n) step.template operator()<kValueTokens>();
-  while (t < n) step.template operator()<1>();
-}
-#endif
-
-/// Values of every kv head, tokens in address order: o_h,i += p[h * hs + i * ldp + t] * row (t, h),
-/// two tokens at a time, each head's o ([H, NQ, D]) loaded once per step, both tokens' fmas
-/// applied in token order, stored. Per element the same fma chain in token order as acc_rows, so
-/// the same bits.
-template <int NQ, class L>
-void acc_heads(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
-               const L& ld, float* o) {
-#if KVQ_CPU_AVX512
-  if constexpr (Wide<L>) {
-    if (D % 16 == 0) return acc_heads16<NQ, false>(p, hs, ldp, H, D, n, ld, o, 0);
-  }
-#endif
-  int64_t t = 0;
-  auto step = [&]<int U>() {
-    for (int64_t h = 0; h < H; ++h) {
-      float* oh = o + h * NQ * D;
-      __m256 pw[NQ * U];
-      for (int i = 0; i < NQ; ++i)
-        for (int u = 0; u < U; ++u) pw[i * U + u] = _mm256_set1_ps(p[h * hs + i * ldp + t + u]);
-      for (int64_t d = 0; d < D; d += 8) {
-        __m256 v[U];
-        for (int u = 0; u < U; ++u) v[u] = ld((t + u) * H + h, d);
-        for (int i = 0; i < NQ; ++i) {
-          __m256 x = _mm256_loadu_ps(oh + i * D + d);
-          for (int u = 0; u < U; ++u) x = _mm256_fmadd_ps(pw[i * U + u], v[u], x);
-          _mm256_storeu_ps(oh + i * D + d, x);
+          typename V::T x = V::load(oh + i * D + d);
+          for (int u = 0; u < U; ++u) x = V::fma(pw[i * U + u], v[u], x);
+          V::store(oh + i * D + d, x);
         }
       }
     }
@@ -556,6 +549,17 @@ void acc_heads(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, in
   };
   while (t + 2 <= n) step.template operator()<2>();
   while (t < n) step.template operator()<1>();
+}
+
+template <int NQ, class L>
+void acc_heads(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
+               const L& ld, float* o) {
+#if KVQ_CPU_AVX512
+  if constexpr (Wide<L>) {
+    if (D % 16 == 0) return acc_heads_w<NQ, 16, false>(p, hs, ldp, H, D, n, ld, o, 0);
+  }
+#endif
+  acc_heads_w<NQ, 8, false>(p, hs, ldp, H, D, n, ld, o, 0);
 }
 
 /// Rows a stream kernel prefetches ahead of the one it reads (4 KB of 256-byte rows; measured
@@ -598,7 +602,7 @@ void acc_heads_stream(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_
                       const L& ld, float* o, int64_t valid) {
 #if KVQ_CPU_AVX512
   if constexpr (Wide<L>) {
-    if (D % 16 == 0) return acc_heads16<NQ, true>(p, hs, ldp, H, D, n, ld, o, valid);
+    if (D % 16 == 0) return acc_heads_w<NQ, 16, true>(p, hs, ldp, H, D, n, ld, o, valid);
   }
 #endif
   int64_t r = 0;
@@ -841,26 +845,6 @@ struct TokenKeyRows {
                          _mm256_set1_ps(_cvtsh_ss(mins[j * pstride + c])));
   }
 };
-
-/// Float vectors of W lanes (8: AVX2, 16: AVX-512) for kernels written once for both widths.
-template <int W>
-struct FVec {
-  using T = __m256;
-  static T load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, T v) { _mm256_storeu_ps(p, v); }
-  static T bcast(const float* p) { return _mm256_broadcast_ss(p); }
-  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
-};
-#if KVQ_CPU_AVX512
-template <>
-struct FVec<16> {
-  using T = __m512;
-  static T load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, T v) { _mm512_storeu_ps(p, v); }
-  static T bcast(const float* p) { return _mm512_set1_ps(*p); }
-  static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
-};
-#endif
 
 /// o_i[d] += sum_j w[i * ldw + j - j0] * code_j[d] for rows [j0, j1) and d in [d0, d1), CW vectors
 /// of W channels at a time (ld(j, d): W floats). Per element the same fma chain in row order
