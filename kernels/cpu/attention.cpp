@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,14 @@
 #include "kivi/group.h"
 #include "kivi/layout.h"
 #include "kivi/minmax.h"
+
+// Int8 mode's 512-bit forms: byte dot products (VNNI) on codes brought into their lanes by byte
+// permutes (VBMI).
+#if KVQ_CPU_AVX512 && defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+#define KVQ_INT8_512 1
+#else
+#define KVQ_INT8_512 0
+#endif
 
 namespace kvq::cpu {
 
@@ -67,6 +76,8 @@ struct Scratch {
   std::vector<int8_t> q8;       // int8 mode: the quantized query [NQ, D]
   std::vector<float> pw, msum;  // int values: weights per channel group, sums of p * min
   std::vector<float> sct, mnt;  // int values: a sub-block's scales and minima per channel group
+  std::vector<uint8_t> wb;      // int8 values: weight_bytes per channel group
+  std::vector<float> fac;       // and their factors
 };
 
 bool is_dense(SchemeKind k) {
@@ -210,6 +221,18 @@ inline __m256 exp8(__m256 x) {
 }
 
 inline float hmax8(__m256 v) { return _mm256_cvtss_f32(lanes_max(v)); }
+
+/// Unaligned 32- and 64-bit reads of packed bytes.
+inline uint32_t load_u32(const void* p) {
+  uint32_t x;
+  std::memcpy(&x, p, 4);
+  return x;
+}
+inline uint64_t load_u64(const void* p) {
+  uint64_t x;
+  std::memcpy(&x, p, 8);
+  return x;
+}
 
 /// Lane sums of four vectors: {sum a, sum b, sum c, sum d}.
 inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -995,9 +1018,12 @@ void dot_int8_group(const uint32_t* words, int64_t D, int64_t wpg, const int8_t*
 template <int B>
 inline void key_tokens(const uint32_t* w, int64_t wpg, __m512i* c) {
   constexpr __mmask64 kAll64 = ~__mmask64{0};
-  __m512i x;  // channel r's slice word k at dword B * r + k
-  if (wpg == B) {
-    x = _mm512_maskz_loadu_epi32(B == 4 ? 0xffff : 0x00ff, w);
+  __m512i x;       // channel r's slice word k at dword B * r + k
+  if (wpg == B) {  // (a masked load here was several times slower)
+    if constexpr (B == 4)
+      x = _mm512_loadu_si512(w);
+    else
+      x = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
   } else {
     alignas(64) uint32_t t[16] = {};
     for (int r = 0; r < 4; ++r)
@@ -1049,18 +1075,12 @@ struct Int8Keys512 {
 };
 #endif
 
-/// Int8 mode, per-token values of channel group c (G a multiple of 32) over rows [j0, j0 + m),
-/// m <= kSubRows, w = p * scale as acc_token_values computes it ([NQ][kSubRows]): per query head,
-///   wmax = max_j w_j,  u_j = rne(w_j * float(255 / wmax)) in 0..255,
-///   o[d] += float(wmax / 255) * sum_j u_j * code_jd      (exact integer sums, four tokens per
-/// byte dot product; the weights' bytes are the unsigned operand, the codes the signed one: pair
-/// sums <= 2 * 255 * 15, so the vpmaddubsw fallback never saturates).
-template <int NQ, int B>
-void acc_int8_group(const float* w, int64_t m, const TokenCodes<B>& ld, int64_t j0, int64_t c,
-                    float* o, int64_t D) {
-  const int64_t G = ld.group, quads = (m + 3) / 4;
-  alignas(32) uint8_t wb[NQ * kSubRows];
-  float fac[NQ];
+/// Int8 mode: the weights w ([NQ][kSubRows], rows 0 .. m - 1) of one channel group as unsigned
+/// bytes per query head, wmax = max_j w_j, wb_j = rne(w_j * float(255 / wmax)) in 0..255, and
+/// fac = wmax / 255; bytes m .. 4 * ceil(m / 4) - 1 are zero (a last quad's missing tokens).
+template <int NQ>
+void weight_bytes(const float* w, int64_t m, uint8_t* wb, float* fac) {
+  const int64_t quads = (m + 3) / 4;
   for (int i = 0; i < NQ; ++i) {
     const float* wi = w + i * kSubRows;
     uint8_t* bi = wb + i * kSubRows;
@@ -1080,6 +1100,21 @@ void acc_int8_group(const float* w, int64_t m, const TokenCodes<B>& ld, int64_t 
     for (; x < m; ++x) bi[x] = static_cast<uint8_t>(std::lrint(wi[x] * inv));
     for (; x < quads * 4; ++x) bi[x] = 0;
   }
+}
+
+/// Int8 mode, per-token values of channel group c (G a multiple of 32) over rows [j0, j0 + m),
+/// m <= kSubRows, w = p * scale as acc_token_values computes it ([NQ][kSubRows]): per query head,
+/// with weight_bytes' u_j and fac = wmax / 255,
+///   o[d] += fac * sum_j u_j * code_jd      (exact integer sums, four tokens per
+/// byte dot product; the weights' bytes are the unsigned operand, the codes the signed one: pair
+/// sums <= 2 * 255 * 15, so the vpmaddubsw fallback never saturates).
+template <int NQ, int B>
+void acc_int8_group(const float* w, int64_t m, const TokenCodes<B>& ld, int64_t j0, int64_t c,
+                    float* o, int64_t D) {
+  const int64_t G = ld.group, quads = (m + 3) / 4;
+  alignas(32) uint8_t wb[NQ * kSubRows];
+  float fac[NQ];
+  weight_bytes<NQ>(w, m, wb, fac);
   const auto* base = reinterpret_cast<const uint8_t*>(ld.words + j0 * ld.wstride + c * ld.wpg);
   const int64_t tstride = ld.wstride * 4;  // bytes per token
   // Heads in blocks of up to 4 (16 accumulators); a block rebuilds the interleaved codes.
@@ -1117,6 +1152,132 @@ void acc_int8_group(const float* w, int64_t m, const TokenCodes<B>& ld, int64_t 
     head_blocks<NQ>([&]<int NH>(int i0) { heads.template operator()<NH>(i0, k); });
 }
 
+#if KVQ_INT8_512
+/// Int8 mode, 512-bit: four tokens' packed bytes of NS 32-channel slices (TB = 4 * NS * B bytes a
+/// token, rows r[0..3]) as x0 = [r0 r1 ...] and, where they do not fit one register, x1 = [r2 r3].
+template <int B, int NS>
+inline void quad_rows(const uint8_t* const* r, __m512i& x0, __m512i& x1) {
+  constexpr int TB = 4 * NS * B;
+  if constexpr (TB == 8) {
+    auto q = [&](int t) { return static_cast<long long>(load_u64(r[t])); };
+    x0 = _mm512_castsi256_si512(_mm256_setr_epi64x(q(0), q(1), q(2), q(3)));
+  } else if constexpr (TB == 16) {
+    auto l = [&](int t) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(r[t])); };
+    x0 = _mm512_castsi128_si512(l(0));
+    x0 = _mm512_maskz_inserti32x4(kAll16, x0, l(1), 1);
+    x0 = _mm512_maskz_inserti32x4(kAll16, x0, l(2), 2);
+    x0 = _mm512_maskz_inserti32x4(kAll16, x0, l(3), 3);
+  } else {
+    static_assert(TB == 32);
+    auto l = [&](int t) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r[t])); };
+    x0 = _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(l(0)), l(1), 1);
+    x1 = _mm512_maskz_inserti64x4(0xff, _mm512_castsi256_si512(l(2)), l(3), 1);
+  }
+}
+
+/// quad_rows' byte permutes: for 16 channels z of the pass (index z), byte 4L + t of the result is
+/// token t's byte that holds channel 16z + L (index 64 on: x1).
+template <int B, int NS>
+inline constexpr auto kQuadIndex = [] {
+  std::array<uint8_t, 128 * NS> a{};
+  for (int z = 0; z < 2 * NS; ++z)
+    for (int L = 0; L < 16; ++L)
+      for (int t = 0; t < 4; ++t) a[64 * z + 4 * L + t] = t * 4 * NS * B + (16 * z + L) * B / 8;
+  return a;
+}();
+
+/// Int8 mode, 512-bit, a whole sub-block (kSubRows tokens) of channel group c, straight from the
+/// softmax weights p ([NQ] rows ldp apart) and the group's scales sc and minima mn: weight_bytes'
+/// bytes (wb, [NQ][kSubRows]) and factors (fac) of w = p * scale, the same values, and
+/// sum_j p_j * min_j added to msum[i * ncg] (in its own order).
+template <int NQ>
+void weights_sub(const float* p, int64_t ldp, const float* sc, const float* mn, uint8_t* wb,
+                 float* fac, float* msum, int64_t ncg) {
+  static_assert(kSubRows == 32);
+  const __m512 s0 = _mm512_loadu_ps(sc), s1 = _mm512_loadu_ps(sc + 16);
+  const __m512 n0 = _mm512_loadu_ps(mn), n1 = _mm512_loadu_ps(mn + 16);
+  for (int i = 0; i < NQ; ++i) {
+    const __m512 p0 = _mm512_loadu_ps(p + i * ldp), p1 = _mm512_loadu_ps(p + i * ldp + 16);
+    const __m512 w0 = _mm512_mul_ps(p0, s0), w1 = _mm512_mul_ps(p1, s1);
+    const __m512 ms = _mm512_fmadd_ps(p1, n1, _mm512_mul_ps(p0, n0));
+    const __m512 mx = _mm512_maskz_max_ps(kAll16, w0, w1);
+    msum[i * ncg] += hsum8(_mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, ms, 0),
+                                         _mm512_maskz_extractf32x8_ps(0xff, ms, 1)));
+    const float wmax = hmax8(_mm256_max_ps(_mm512_maskz_extractf32x8_ps(0xff, mx, 0),
+                                           _mm512_maskz_extractf32x8_ps(0xff, mx, 1)));
+    const __m512 inv = _mm512_set1_ps(wmax > 0 ? 255.0f / wmax : 0.0f);
+    fac[i] = wmax / 255.0f;
+    // rne, then clamped below at 0 and saturated at 255 as weight_bytes' packs do
+    auto bytes = [&](__m512 x) {
+      return _mm512_maskz_cvtusepi32_epi8(
+          kAll16,
+          _mm512_maskz_max_epi32(kAll16, _mm512_maskz_cvtps_epi32(kAll16, _mm512_mul_ps(x, inv)),
+                                 _mm512_setzero_si512()));
+    };
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(wb + i * kSubRows), bytes(w0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(wb + i * kSubRows + 16), bytes(w1));
+  }
+}
+
+/// Int8 mode, 512-bit (AVX-512 VBMI + VNNI): acc_int8_group's sums for every channel group of rows
+/// [j0, j0 + m) (m <= kSubRows) at once, wb / fac: weight_bytes of group c at c * NQ * kSubRows /
+/// c * NQ. Passes of NS = 2 32-channel slices (one where head_dim ends), per four tokens: one byte
+/// permute per 16 channels puts the four tokens' bytes of channel d in lane d, a shift per lane and
+/// a mask leave the codes, and one vpdpbusd per query head takes the four tokens' weights of the
+/// channels' group. The same integer sums and the same final fma per channel as acc_int8_group.
+template <int NQ, int B>
+void acc_int8_rows(const uint8_t* wb, const float* fac, int64_t m, const TokenCodes<B>& ld,
+                   int64_t j0, float* o, int64_t D) {
+  static_assert(B == 2 || B == 4);
+  alignas(64) static constexpr uint8_t kZero[64] = {};
+  const int64_t G = ld.group, quads = (m + 3) / 4, tstride = ld.wstride * 4;
+  const auto* base = reinterpret_cast<const uint8_t*>(ld.words + j0 * ld.wstride);
+  const __m512i sh = B == 2 ? _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)
+                            : _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>(kivi::code_mask(B)));
+  auto pass = [&]<int NS>(int64_t d0) {
+    constexpr int Z = 2 * NS;  // 16-channel vectors in the pass
+    const uint8_t* col = base + d0 * B / 8;
+    int64_t g[NS];
+    for (int s = 0; s < NS; ++s) g[s] = (d0 + 32 * s) / G;
+    auto heads = [&]<int NH>(int i0) {
+      __m512i acc[NH * Z];
+      for (auto& x : acc) x = _mm512_setzero_si512();
+      for (int64_t q = 0; q < quads; ++q) {
+        const uint8_t* r[4];
+        for (int t = 0; t < 4; ++t) r[t] = 4 * q + t < m ? col + (4 * q + t) * tstride : kZero;
+        __m512i x0, x1 = _mm512_setzero_si512();
+        quad_rows<B, NS>(r, x0, x1);
+        __m512i code[Z];
+        for (int z = 0; z < Z; ++z) {
+          const __m512i idx = _mm512_load_si512(kQuadIndex<B, NS>.data() + 64 * z);
+          code[z] = _mm512_and_si512(
+              _mm512_maskz_srlv_epi32(kAll16, _mm512_permutex2var_epi8(x0, idx, x1), sh), mask);
+        }
+        for (int i = 0; i < NH; ++i)
+          for (int s = 0; s < NS; ++s) {
+            const __m512i wv = _mm512_set1_epi32(
+                static_cast<int>(load_u32(wb + (g[s] * NQ + i0 + i) * kSubRows + 4 * q)));
+            for (int z = 2 * s; z < 2 * s + 2; ++z)
+              acc[i * Z + z] = _mm512_dpbusd_epi32(acc[i * Z + z], wv, code[z]);
+          }
+      }
+      for (int i = 0; i < NH; ++i)
+        for (int z = 0; z < Z; ++z) {
+          float* oz = o + (i0 + i) * D + d0 + 16 * z;
+          _mm512_storeu_ps(oz, _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, acc[i * Z + z]),
+                                               _mm512_set1_ps(fac[g[z / 2] * NQ + i0 + i]),
+                                               _mm512_loadu_ps(oz)));
+        }
+    };
+    head_blocks<NQ>(heads);
+  };
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) pass.template operator()<2>(d0);
+  if (d0 < D) pass.template operator()<1>(d0);
+}
+#endif
+
 /// Per-token int values over rows [0, n), folded as the reference folds them: each code is
 /// weighted by p_ij * scale_jc (one multiply per token and channel group), and
 /// sum_j p_ij * min_jc is added to the group's channels once. pw: NQ * kSubRows * D / G floats,
@@ -1124,8 +1285,9 @@ void acc_int8_group(const float* w, int64_t m, const TokenCodes<B>& ld, int64_t 
 template <int NQ, int B>
 void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B>& ld,
                       const uint16_t* scales, const uint16_t* mins, int64_t pstride, float* o,
-                      int64_t D, float* pw, float* msum, float* sct, float* mnt, bool int8) {
+                      int64_t D, Scratch& scr, bool int8) {
   const int64_t G = ld.group, ncg = (D + G - 1) / G;  // the last group may be shorter
+  float *pw = scr.pw.data(), *msum = scr.msum.data(), *sct = scr.sct.data(), *mnt = scr.mnt.data();
   const float sym_min = -static_cast<float>(kivi::sym_offset(B));
   std::fill(msum, msum + NQ * ncg, 0.0f);
   for (int64_t j0 = 0; j0 < n; j0 += kSubRows) {
@@ -1187,6 +1349,32 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
         mn[x] = mins ? _cvtsh_ss(mins[(j0 + x) * pstride + c]) : sym_min * sc[x];
       }
     }
+#if KVQ_INT8_512
+    if constexpr (B == 2 || B == 4) {
+      if (int8) {  // the weights' bytes from p and the parameters, then every group's sums at once
+        uint8_t* wb = scr.wb.data();
+        float* fac = scr.fac.data();
+        for (int64_t c = 0; c < ncg; ++c) {
+          if (m == kSubRows) {
+            weights_sub<NQ>(p + j0, ldp, sct + c * kSubRows, mnt + c * kSubRows,
+                            wb + c * NQ * kSubRows, fac + c * NQ, msum + c, ncg);
+            continue;
+          }
+          for (int i = 0; i < NQ; ++i) {
+            const float* pi = p + i * ldp + j0;
+            float* wi = pw + i * kSubRows;
+            for (int64_t x = 0; x < m; ++x) {
+              wi[x] = pi[x] * sct[c * kSubRows + x];
+              msum[i * ncg + c] += pi[x] * mnt[c * kSubRows + x];
+            }
+          }
+          weight_bytes<NQ>(pw, m, wb + c * NQ * kSubRows, fac + c * NQ);
+        }
+        acc_int8_rows<NQ, B>(wb, fac, m, ld, j0, o, D);
+        continue;
+      }
+    }
+#endif
     for (int64_t c = 0; c < ncg; ++c)
       for (int i = 0; i < NQ; ++i) {
         const float* pi = p + i * ldp + j0;
@@ -1484,8 +1672,7 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
         const auto ld = TokenCodes<B>::at(v, L, t0, h);
         acc_token_values<NQ, B>(p, ldp, te - t0, ld, v.scales + L.param_index(t0, h, 0),
                                 v.sym ? nullptr : v.mins + L.param_index(t0, h, 0),
-                                H * L.channel_groups(), o, D, w.pw.data(), w.msum.data(),
-                                w.sct.data(), w.mnt.data(), int8_values(c.mode, v));
+                                H * L.channel_groups(), o, D, w, int8_values(c.mode, v));
       }
     };
     kivi::dispatch_bits(v.bits, run);
@@ -1513,6 +1700,8 @@ void prepare(Scratch& w, const Call& c) {
     grow(w.msum, c.nq * groups);
     grow(w.sct, kSubRows * groups);
     grow(w.mnt, kSubRows * groups);
+    grow(w.wb, c.nq * kSubRows * groups);
+    grow(w.fac, c.nq * groups);
   }
 }
 
