@@ -78,6 +78,7 @@ struct Scratch {
   std::vector<float> sct, mnt;  // int values: a sub-block's scales and minima per channel group
   std::vector<uint8_t> wb;      // int8 values: weight_bytes per channel group
   std::vector<float> fac;       // and their factors
+  std::vector<float> mv;        // and 16-lane sums of p * min
 };
 
 bool is_dense(SchemeKind k) {
@@ -690,6 +691,17 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)));
 }
 
+#if KVQ_CPU_AVX512
+inline float hsum16(__m512 v) {
+  return hsum8(_mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0),
+                             _mm512_maskz_extractf32x8_ps(0xff, v, 1)));
+}
+inline float hmax16(__m512 v) {
+  return hmax8(_mm256_max_ps(_mm512_maskz_extractf32x8_ps(0xff, v, 0),
+                             _mm512_maskz_extractf32x8_ps(0xff, v, 1)));
+}
+#endif
+
 /// Int8 mode: f.template operator()<NH>(i0) for the query heads in blocks of up to 4 (i0 = 0, 4,
 /// ...; 16 accumulators a block).
 template <int NQ, class F>
@@ -1186,25 +1198,69 @@ inline constexpr auto kQuadIndex = [] {
   return a;
 }();
 
+/// Int8 mode, 512-bit: NH query heads' sums over m rows (tstride bytes apart from col) of NS
+/// 32-channel slices, slice s of head i weighted by the bytes wr[i * NS + s] (four tokens a
+/// vpdpbusd) and added to orow[i][0 .. 32 NS) times fr[i * NS + s].
+template <int B, int NS, int NH>
+inline void int8_block(const uint8_t* col, int64_t tstride, int64_t m, const uint8_t* const* wr,
+                       const float* fr, float* const* orow) {
+  constexpr int Z = 2 * NS;  // 16-channel vectors
+  alignas(64) static constexpr uint8_t kZero[64] = {};
+  const __m512i sh = B == 2 ? _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)
+                            : _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>(kivi::code_mask(B)));
+  __m512i acc[NH * Z];
+  for (auto& x : acc) x = _mm512_setzero_si512();
+  auto quad = [&](const uint8_t* const* r, int64_t x) {  // rows x .. x + 3
+    __m512i x0, x1 = _mm512_setzero_si512();
+    quad_rows<B, NS>(r, x0, x1);
+    __m512i code[Z];
+    for (int z = 0; z < Z; ++z) {
+      const __m512i idx = _mm512_load_si512(kQuadIndex<B, NS>.data() + 64 * z);
+      code[z] = _mm512_and_si512(
+          _mm512_maskz_srlv_epi32(kAll16, _mm512_permutex2var_epi8(x0, idx, x1), sh), mask);
+    }
+    for (int i = 0; i < NH; ++i)
+      for (int s = 0; s < NS; ++s) {
+        const __m512i wv = _mm512_set1_epi32(static_cast<int>(load_u32(wr[i * NS + s] + x)));
+        for (int z = 2 * s; z < 2 * s + 2; ++z)
+          acc[i * Z + z] = _mm512_dpbusd_epi32(acc[i * Z + z], wv, code[z]);
+      }
+  };
+  int64_t x = 0;
+  for (const uint8_t* p = col; x + 4 <= m; x += 4, p += 4 * tstride) {
+    const uint8_t* r[4] = {p, p + tstride, p + 2 * tstride, p + 3 * tstride};
+    quad(r, x);
+  }
+  if (x < m) {  // a last quad of fewer than four rows: the missing ones read zeros (weights 0)
+    const uint8_t* r[4];
+    for (int t = 0; t < 4; ++t) r[t] = x + t < m ? col + (x + t) * tstride : kZero;
+    quad(r, x);
+  }
+  for (int i = 0; i < NH; ++i)
+    for (int z = 0; z < Z; ++z) {
+      float* oz = orow[i] + 16 * z;
+      _mm512_storeu_ps(oz, _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, acc[i * Z + z]),
+                                           _mm512_set1_ps(fr[i * NS + z / 2]), _mm512_loadu_ps(oz)));
+    }
+}
+
 /// Int8 mode, 512-bit, a whole sub-block (kSubRows tokens) of channel group c, straight from the
 /// softmax weights p ([NQ] rows ldp apart) and the group's scales sc and minima mn: weight_bytes'
-/// bytes (wb, [NQ][kSubRows]) and factors (fac) of w = p * scale, the same values, and
-/// sum_j p_j * min_j added to msum[i * ncg] (in its own order).
+/// bytes (wb, [NQ][kSubRows]) and factors (fac) of w = p * scale, the same values, and p_j * min_j
+/// added to the 16-lane sums mv[i * mstride ..] (reduced once, after the last sub-block).
 template <int NQ>
 void weights_sub(const float* p, int64_t ldp, const float* sc, const float* mn, uint8_t* wb,
-                 float* fac, float* msum, int64_t ncg) {
+                 float* fac, float* mv, int64_t mstride) {
   static_assert(kSubRows == 32);
   const __m512 s0 = _mm512_loadu_ps(sc), s1 = _mm512_loadu_ps(sc + 16);
   const __m512 n0 = _mm512_loadu_ps(mn), n1 = _mm512_loadu_ps(mn + 16);
   for (int i = 0; i < NQ; ++i) {
     const __m512 p0 = _mm512_loadu_ps(p + i * ldp), p1 = _mm512_loadu_ps(p + i * ldp + 16);
     const __m512 w0 = _mm512_mul_ps(p0, s0), w1 = _mm512_mul_ps(p1, s1);
-    const __m512 ms = _mm512_fmadd_ps(p1, n1, _mm512_mul_ps(p0, n0));
-    const __m512 mx = _mm512_maskz_max_ps(kAll16, w0, w1);
-    msum[i * ncg] += hsum8(_mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, ms, 0),
-                                         _mm512_maskz_extractf32x8_ps(0xff, ms, 1)));
-    const float wmax = hmax8(_mm256_max_ps(_mm512_maskz_extractf32x8_ps(0xff, mx, 0),
-                                           _mm512_maskz_extractf32x8_ps(0xff, mx, 1)));
+    float* mi = mv + i * mstride;
+    _mm512_storeu_ps(mi, _mm512_fmadd_ps(p1, n1, _mm512_fmadd_ps(p0, n0, _mm512_loadu_ps(mi))));
+    const float wmax = hmax16(_mm512_maskz_max_ps(kAll16, w0, w1));
     const __m512 inv = _mm512_set1_ps(wmax > 0 ? 255.0f / wmax : 0.0f);
     fac[i] = wmax / 255.0f;
     // rne, then clamped below at 0 and saturated at 255 as weight_bytes' packs do
@@ -1229,46 +1285,24 @@ template <int NQ, int B>
 void acc_int8_rows(const uint8_t* wb, const float* fac, int64_t m, const TokenCodes<B>& ld,
                    int64_t j0, float* o, int64_t D) {
   static_assert(B == 2 || B == 4);
-  alignas(64) static constexpr uint8_t kZero[64] = {};
-  const int64_t G = ld.group, quads = (m + 3) / 4, tstride = ld.wstride * 4;
+  const int64_t G = ld.group, tstride = ld.wstride * 4;
   const auto* base = reinterpret_cast<const uint8_t*>(ld.words + j0 * ld.wstride);
-  const __m512i sh = B == 2 ? _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)
-                            : _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
-  const __m512i mask = _mm512_set1_epi8(static_cast<char>(kivi::code_mask(B)));
   auto pass = [&]<int NS>(int64_t d0) {
-    constexpr int Z = 2 * NS;  // 16-channel vectors in the pass
     const uint8_t* col = base + d0 * B / 8;
     int64_t g[NS];
     for (int s = 0; s < NS; ++s) g[s] = (d0 + 32 * s) / G;
     auto heads = [&]<int NH>(int i0) {
-      __m512i acc[NH * Z];
-      for (auto& x : acc) x = _mm512_setzero_si512();
-      for (int64_t q = 0; q < quads; ++q) {
-        const uint8_t* r[4];
-        for (int t = 0; t < 4; ++t) r[t] = 4 * q + t < m ? col + (4 * q + t) * tstride : kZero;
-        __m512i x0, x1 = _mm512_setzero_si512();
-        quad_rows<B, NS>(r, x0, x1);
-        __m512i code[Z];
-        for (int z = 0; z < Z; ++z) {
-          const __m512i idx = _mm512_load_si512(kQuadIndex<B, NS>.data() + 64 * z);
-          code[z] = _mm512_and_si512(
-              _mm512_maskz_srlv_epi32(kAll16, _mm512_permutex2var_epi8(x0, idx, x1), sh), mask);
+      const uint8_t* wr[NH * NS];
+      float fr[NH * NS];
+      float* orow[NH];
+      for (int i = 0; i < NH; ++i) {
+        orow[i] = o + (i0 + i) * D + d0;
+        for (int s = 0; s < NS; ++s) {
+          wr[i * NS + s] = wb + (g[s] * NQ + i0 + i) * kSubRows;
+          fr[i * NS + s] = fac[g[s] * NQ + i0 + i];
         }
-        for (int i = 0; i < NH; ++i)
-          for (int s = 0; s < NS; ++s) {
-            const __m512i wv = _mm512_set1_epi32(
-                static_cast<int>(load_u32(wb + (g[s] * NQ + i0 + i) * kSubRows + 4 * q)));
-            for (int z = 2 * s; z < 2 * s + 2; ++z)
-              acc[i * Z + z] = _mm512_dpbusd_epi32(acc[i * Z + z], wv, code[z]);
-          }
       }
-      for (int i = 0; i < NH; ++i)
-        for (int z = 0; z < Z; ++z) {
-          float* oz = o + (i0 + i) * D + d0 + 16 * z;
-          _mm512_storeu_ps(oz, _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, acc[i * Z + z]),
-                                               _mm512_set1_ps(fac[g[z / 2] * NQ + i0 + i]),
-                                               _mm512_loadu_ps(oz)));
-        }
+      int8_block<B, NS, NH>(col, tstride, m, wr, fr, orow);
     };
     head_blocks<NQ>(heads);
   };
@@ -1290,6 +1324,10 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
   float *pw = scr.pw.data(), *msum = scr.msum.data(), *sct = scr.sct.data(), *mnt = scr.mnt.data();
   const float sym_min = -static_cast<float>(kivi::sym_offset(B));
   std::fill(msum, msum + NQ * ncg, 0.0f);
+#if KVQ_INT8_512
+  float* mv = scr.mv.data();  // int8 mode: 16-lane sums of p * min per query head and group
+  if (int8) std::fill(mv, mv + 16 * NQ * ncg, 0.0f);
+#endif
   for (int64_t j0 = 0; j0 < n; j0 += kSubRows) {
     const int64_t j1 = std::min(n, j0 + kSubRows), m = j1 - j0, m8 = m / 8 * 8;
     prefetch_rows(ld, j0 + kSubRows, n, D);
@@ -1357,7 +1395,7 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
         for (int64_t c = 0; c < ncg; ++c) {
           if (m == kSubRows) {
             weights_sub<NQ>(p + j0, ldp, sct + c * kSubRows, mnt + c * kSubRows,
-                            wb + c * NQ * kSubRows, fac + c * NQ, msum + c, ncg);
+                            wb + c * NQ * kSubRows, fac + c * NQ, mv + 16 * c, 16 * ncg);
             continue;
           }
           for (int i = 0; i < NQ; ++i) {
@@ -1437,6 +1475,10 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
         acc_span<NQ, 1>(w, kSubRows, j0, j1, lc, o, D, c * G, d1);
     }
   }
+#if KVQ_INT8_512
+  if (int8)
+    for (int64_t k = 0; k < NQ * ncg; ++k) msum[k] += hsum16(_mm512_loadu_ps(mv + 16 * k));
+#endif
   for (int i = 0; i < NQ; ++i)
     for (int64_t c = 0; c < ncg; ++c) {
       const float add = msum[i * ncg + c];
@@ -1702,6 +1744,7 @@ void prepare(Scratch& w, const Call& c) {
     grow(w.mnt, kSubRows * groups);
     grow(w.wb, c.nq * kSubRows * groups);
     grow(w.fac, c.nq * groups);
+    grow(w.mv, 16 * c.nq * groups);
   }
 }
 
