@@ -735,6 +735,48 @@ void quantize_q8(const float* qs, int64_t D, int8_t* q8, float* qscale) {
   }
 }
 
+#if KVQ_INT8_512
+/// Int8 mode, 512-bit: a key group's folded query for NQ heads (q: [NQ, D], D a multiple of 16)
+/// from its fp16 scales and minima (mins null: symmetric, min = -sym_off * scale), in two passes
+/// over the channels: base_i = sum_d q_id * min_d, and quantize_q8's q8 / qscale of qs = q *
+/// scale, the same bytes (qs recomputed, not stored).
+template <int NQ>
+void int8_query(const float* q, int64_t D, const uint16_t* scales, const uint16_t* mins,
+                float sym_off, int8_t* q8, float* qscale, float* base) {
+  auto half16 = [](const uint16_t* x) {
+    return _mm512_maskz_cvtph_ps(kAll16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+  };
+  const __m512i abs = _mm512_set1_epi32(0x7fffffff);
+  __m512 bacc[NQ], amax[NQ], inv[NQ];
+  for (int i = 0; i < NQ; ++i) bacc[i] = amax[i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 16) {
+    const __m512 sc = half16(scales + d);
+    const __m512 mn = mins ? half16(mins + d) : _mm512_mul_ps(_mm512_set1_ps(-sym_off), sc);
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 qv = _mm512_loadu_ps(q + i * D + d);
+      bacc[i] = _mm512_fmadd_ps(qv, mn, bacc[i]);
+      const __m512i qs = _mm512_castps_si512(_mm512_mul_ps(qv, sc));
+      amax[i] = _mm512_maskz_max_ps(kAll16, amax[i], _mm512_castsi512_ps(_mm512_and_si512(qs, abs)));
+    }
+  }
+  for (int i = 0; i < NQ; ++i) {
+    base[i] = hsum16(bacc[i]);
+    const float am = hmax16(amax[i]);
+    qscale[i] = am / 127.0f;
+    inv[i] = _mm512_set1_ps(am > 0 ? 127.0f / am : 0.0f);
+  }
+  for (int64_t d = 0; d < D; d += 16) {
+    const __m512 sc = half16(scales + d);
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 qs = _mm512_mul_ps(_mm512_loadu_ps(q + i * D + d), sc);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q8 + i * D + d),
+                       _mm512_maskz_cvtsepi32_epi8(
+                           kAll16, _mm512_maskz_cvtps_epi32(kAll16, _mm512_mul_ps(qs, inv[i]))));
+    }
+  }
+}
+#endif
+
 /// Int8 mode: interleaved code bytes split by bit position into one code per byte. Bits 2: n[r] =
 /// the field at bits 2r of every byte of x0 (x1 unused); bits 4: n[0], n[1] = the low and high
 /// nibbles of x0, n[2], n[3] those of x1.
@@ -1635,6 +1677,23 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
   for (int64_t g = t0 / G; g * G < te; ++g) {
     const int64_t a = std::max(t0, g * G), b = std::min(te, (g + 1) * G);
     const int64_t p0 = L.param_index(g, h, 0);
+    const uint32_t* words = k.words + L.word_index(g, h, 0);
+    float* sg = s + (a - t0);
+    const int jj0 = static_cast<int>(a - g * G);
+#if KVQ_INT8_512
+    if (int8_keys(c.mode, k)) {
+      float base[NQ], qscale[NQ];
+      int8_query<NQ>(q, D, k.scales + p0, k.sym ? nullptr : k.mins + p0,
+                     static_cast<float>(kivi::sym_offset(k.bits)), w.q8.data(), qscale, base);
+      if (k.bits == 2)
+        dot_int8_group<NQ, Int8Keys512<2>>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a,
+                                           sg, lds);
+      else
+        dot_int8_group<NQ, Int8Keys512<4>>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a,
+                                           sg, lds);
+      continue;
+    }
+#endif
     // q * scale per channel (scales folded into q once per group) and sum_d q_d * min_d.
     __m256 bacc[NQ];
     for (auto& x : bacc) x = _mm256_setzero_ps();
@@ -1654,9 +1713,6 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
     }
     float base[NQ];
     for (int i = 0; i < NQ; ++i) base[i] = hsum8(bacc[i]);
-    const uint32_t* words = k.words + L.word_index(g, h, 0);
-    float* sg = s + (a - t0);
-    const int jj0 = static_cast<int>(a - g * G);
     auto run = [&]<int B>() {
       if constexpr (B == 2 || B == 4) {
         if (int8_keys(c.mode, k)) {
