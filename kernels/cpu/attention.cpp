@@ -756,7 +756,8 @@ void int8_query(const float* q, int64_t D, const uint16_t* scales, const uint16_
       const __m512 qv = _mm512_loadu_ps(q + i * D + d);
       bacc[i] = _mm512_fmadd_ps(qv, mn, bacc[i]);
       const __m512i qs = _mm512_castps_si512(_mm512_mul_ps(qv, sc));
-      amax[i] = _mm512_maskz_max_ps(kAll16, amax[i], _mm512_castsi512_ps(_mm512_and_si512(qs, abs)));
+      amax[i] =
+          _mm512_maskz_max_ps(kAll16, amax[i], _mm512_castsi512_ps(_mm512_and_si512(qs, abs)));
     }
   }
   for (int i = 0; i < NQ; ++i) {
@@ -1069,9 +1070,21 @@ void dot_int8_group(const uint32_t* words, int64_t D, int64_t wpg, const int8_t*
 /// channels of 16 tokens). A dword permute brings each 128-bit lane the four words that hold its
 /// four tokens, a byte shuffle puts each token's byte of every channel in its lane, and a shift
 /// per lane and a mask leave the codes.
+#if KVQ_INT8_512
+/// key_tokens' byte permutes (u = 0, 1): byte 4t + r of part u is the byte of channel r's slice
+/// words (channel r at dword B * r) that holds token 16u + t.
+template <int B>
+inline constexpr auto kKeyIndex = [] {
+  std::array<uint8_t, 128> a{};
+  for (int u = 0; u < 2; ++u)
+    for (int t = 0; t < 16; ++t)
+      for (int r = 0; r < 4; ++r) a[64 * u + 4 * t + r] = 4 * B * r + (16 * u + t) * B / 8;
+  return a;
+}();
+#endif
+
 template <int B>
 inline void key_tokens(const uint32_t* w, int64_t wpg, __m512i* c) {
-  constexpr __mmask64 kAll64 = ~__mmask64{0};
   __m512i x;       // channel r's slice word k at dword B * r + k
   if (wpg == B) {  // (a masked load here was several times slower)
     if constexpr (B == 4)
@@ -1084,6 +1097,17 @@ inline void key_tokens(const uint32_t* w, int64_t wpg, __m512i* c) {
       for (int k = 0; k < B; ++k) t[B * r + k] = w[r * wpg + k];
     x = _mm512_load_si512(t);
   }
+#if KVQ_INT8_512
+  // One byte permute: byte r of lane t gets channel r's byte that holds token 16u + t.
+  for (int u = 0; u < 2; ++u) {
+    const __m512i sh = B == 2 ? _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)
+                              : _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+    const __m512i y =
+        _mm512_maskz_permutexvar_epi8(kAll64, _mm512_load_si512(kKeyIndex<B>.data() + 64 * u), x);
+    c[u] = _mm512_and_si512(_mm512_maskz_srlv_epi32(kAll16, y, sh),
+                            _mm512_set1_epi8(static_cast<char>(kivi::code_mask(B))));
+  }
+#else
   for (int u = 0; u < 2; ++u) {
     __m512i idx, ctl, sh;
     if constexpr (B == 2) {  // token t of the slice: word t / 16, bits 2 (t % 16); lane L: byte L
@@ -1109,6 +1133,7 @@ inline void key_tokens(const uint32_t* w, int64_t wpg, __m512i* c) {
     c[u] = _mm512_and_si512(_mm512_maskz_srlv_epi32(kAll16, y, sh),
                             _mm512_set1_epi8(static_cast<char>(kivi::code_mask(B))));
   }
+#endif
 }
 
 /// Int8 mode, 512-bit key codes with the tokens in the lanes (key_tokens): scores in token order.
@@ -1282,8 +1307,9 @@ inline void int8_block(const uint8_t* col, int64_t tstride, int64_t m, const uin
   for (int i = 0; i < NH; ++i)
     for (int z = 0; z < Z; ++z) {
       float* oz = orow[i] + 16 * z;
-      _mm512_storeu_ps(oz, _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, acc[i * Z + z]),
-                                           _mm512_set1_ps(fr[i * NS + z / 2]), _mm512_loadu_ps(oz)));
+      _mm512_storeu_ps(oz,
+                       _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, acc[i * Z + z]),
+                                       _mm512_set1_ps(fr[i * NS + z / 2]), _mm512_loadu_ps(oz)));
     }
 }
 
@@ -1686,11 +1712,11 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
       int8_query<NQ>(q, D, k.scales + p0, k.sym ? nullptr : k.mins + p0,
                      static_cast<float>(kivi::sym_offset(k.bits)), w.q8.data(), qscale, base);
       if (k.bits == 2)
-        dot_int8_group<NQ, Int8Keys512<2>>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a,
-                                           sg, lds);
+        dot_int8_group<NQ, Int8Keys512<2>>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a, sg,
+                                           lds);
       else
-        dot_int8_group<NQ, Int8Keys512<4>>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a,
-                                           sg, lds);
+        dot_int8_group<NQ, Int8Keys512<4>>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a, sg,
+                                           lds);
       continue;
     }
 #endif

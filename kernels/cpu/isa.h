@@ -46,6 +46,8 @@ inline constexpr bool kVnni = KVQ_CPU_VNNI != 0;
 /// intrinsics with it: the same instructions as the unmasked ones, which GCC 12 builds on
 /// _mm512_undefined_* and which trip -Wmaybe-uninitialized.
 constexpr __mmask16 kAll16 = 0xffff;
+/// \brief Every byte of a 64-byte mask (the byte forms' zero-masking, as kAll16).
+constexpr __mmask64 kAll64 = ~__mmask64{0};
 #endif
 
 /// \brief True when the float row kernels also have their 512-bit form.
