@@ -1712,6 +1712,7 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
         const int64_t pn = L.param_index(g + 1, h, 0);
         prefetch_row(k.scales + pn, D * 2);
         if (!k.sym) prefetch_row(k.mins + pn, D * 2);
+        prefetch_row(k.words + L.word_index(g + 1, h, 0), D * wpg * 4);
       }
       float base[NQ], qscale[NQ];
       int8_query<NQ>(q, D, k.scales + p0, k.sym ? nullptr : k.mins + p0,
