@@ -1706,14 +1706,14 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
     const uint32_t* words = k.words + L.word_index(g, h, 0);
     float* sg = s + (a - t0);
     const int jj0 = static_cast<int>(a - g * G);
+    if ((g + 1) * G < qt) {  // the next group's parameters and codes (this head's next call)
+      const int64_t pn = L.param_index(g + 1, h, 0);
+      prefetch_row(k.scales + pn, D * 2);
+      if (!k.sym) prefetch_row(k.mins + pn, D * 2);
+      prefetch_row(k.words + L.word_index(g + 1, h, 0), D * wpg * 4);
+    }
 #if KVQ_INT8_512
     if (int8_keys(c.mode, k)) {
-      if ((g + 1) * G < qt) {  // the next group's parameters (this head's next call)
-        const int64_t pn = L.param_index(g + 1, h, 0);
-        prefetch_row(k.scales + pn, D * 2);
-        if (!k.sym) prefetch_row(k.mins + pn, D * 2);
-        prefetch_row(k.words + L.word_index(g + 1, h, 0), D * wpg * 4);
-      }
       float base[NQ], qscale[NQ];
       int8_query<NQ>(q, D, k.scales + p0, k.sym ? nullptr : k.mins + p0,
                      static_cast<float>(kivi::sym_offset(k.bits)), w.q8.data(), qscale, base);
