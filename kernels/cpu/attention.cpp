@@ -1399,6 +1399,10 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
   for (int64_t j0 = 0; j0 < n; j0 += kSubRows) {
     const int64_t j1 = std::min(n, j0 + kSubRows), m = j1 - j0, m8 = m / 8 * 8;
     prefetch_rows(ld, j0 + kSubRows, n, D);
+    for (int64_t j = j0 + kSubRows; j < std::min(n, j0 + 2 * kSubRows); ++j) {
+      _mm_prefetch(reinterpret_cast<const char*>(scales + j * pstride), _MM_HINT_T0);
+      if (mins) _mm_prefetch(reinterpret_cast<const char*>(mins + j * pstride), _MM_HINT_T0);
+    }
     // This sub-block's scales and minima as floats, [c][j - j0], 8 tokens per conversion.
     auto eight = [pstride](const uint16_t* x) {  // x[0], x[pstride], ... x[7 * pstride]
       return _mm256_cvtph_ps(_mm_setr_epi16(
