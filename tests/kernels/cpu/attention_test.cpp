@@ -264,7 +264,11 @@ INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionInt8,
                                            // one value group of the whole head, no window
                                            Case{"kivi4:g=128,r=0", 600, 2, 128, 4, 2, true},
                                            // fewer tokens than one sub-block; GQA 5
-                                           Case{"kivi2:g=32,r=0", 21, 1, 64, 5, 1, true}),
+                                           Case{"kivi2:g=32,r=0", 21, 1, 64, 5, 1, true},
+                                           // head_dim 96: 512-bit values end on one 32-channel
+                                           // slice; quantized tokens not a multiple of 4
+                                           Case{"kivi2:g=32,r=32", 333, 2, 96, 8, 1, true},
+                                           Case{"kivi4:g=32,r=32", 333, 2, 96, 3, 2, true}),
                          name_of);
 
 #if KVQ_CPU_AVX2
