@@ -201,25 +201,44 @@ float fp8_token_factor(const StoredSide& s, int64_t t, int64_t h) {
 
 // ---- AVX2 path ---------------------------------------------------------------------------------
 
-/// e^x on 8 lanes (Cephes expf: range reduction by ln 2 in two parts, degree-6 polynomial); x
-/// clamped to [-87, 88] (e^-87 ~ 1.6e-38 is zero next to the block's largest weight, 1).
+// e^x (Cephes expf: range reduction by ln 2 in two parts, degree-6 polynomial); x clamped to
+// [-87, 88] (e^-87 ~ 1.6e-38 is zero next to the block's largest weight, 1). The same steps on 8
+// lanes (exp8) and 16 (exp16), so the same values.
+constexpr float kExpLo = -87.0f, kExpHi = 88.0f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                            4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
 inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpLo)), _mm256_set1_ps(kExpHi));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), x);
+  __m256 y = _mm256_set1_ps(kExpP[0]);
+  for (int k = 1; k < 6; ++k) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(kExpP[k]));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   const __m256i e =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
+
+#if KVQ_CPU_AVX512
+inline __m512 exp16(__m512 x) {
+  x = _mm512_maskz_min_ps(kAll16, _mm512_maskz_max_ps(kAll16, x, _mm512_set1_ps(kExpLo)),
+                          _mm512_set1_ps(kExpHi));
+  const __m512 n = _mm512_maskz_roundscale_ps(kAll16, _mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), x);
+  __m512 y = _mm512_set1_ps(kExpP[0]);
+  for (int k = 1; k < 6; ++k) y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(kExpP[k]));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_maskz_slli_epi32(
+      kAll16, _mm512_add_epi32(_mm512_maskz_cvtps_epi32(kAll16, n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+#endif
 
 inline float hmax8(__m256 v) { return _mm256_cvtss_f32(lanes_max(v)); }
 
@@ -246,6 +265,16 @@ void softmax_step(float* s, int64_t n, float scale, float& m, float& l, float* o
   const __m256 sc = _mm256_set1_ps(scale);
   __m256 mx = _mm256_set1_ps(-INFINITY);
   int64_t t = 0;
+#if KVQ_CPU_AVX512
+  __m512 mx16 = _mm512_set1_ps(-INFINITY);
+  for (; t + 16 <= n; t += 16) {
+    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(s + t), _mm512_set1_ps(scale));
+    _mm512_storeu_ps(s + t, v);
+    mx16 = _mm512_maskz_max_ps(kAll16, mx16, v);
+  }
+  mx = _mm256_max_ps(_mm512_maskz_extractf32x8_ps(0xff, mx16, 0),
+                     _mm512_maskz_extractf32x8_ps(0xff, mx16, 1));
+#endif
   for (; t + 8 <= n; t += 8) {
     const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(s + t), sc);
     _mm256_storeu_ps(s + t, v);
@@ -257,7 +286,18 @@ void softmax_step(float* s, int64_t n, float scale, float& m, float& l, float* o
   const float alpha = m == -INFINITY ? 0.0f : std::exp(m - mn);
   const __m256 mv = _mm256_set1_ps(mn);
   __m256 sum = _mm256_setzero_ps();
-  for (t = 0; t + 8 <= n; t += 8) {
+  t = 0;
+#if KVQ_CPU_AVX512
+  __m512 sum16 = _mm512_setzero_ps();
+  for (; t + 16 <= n; t += 16) {
+    const __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), _mm512_set1_ps(mn)));
+    _mm512_storeu_ps(s + t, p);
+    sum16 = _mm512_add_ps(sum16, p);
+  }
+  sum = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, sum16, 0),
+                      _mm512_maskz_extractf32x8_ps(0xff, sum16, 1));
+#endif
+  for (; t + 8 <= n; t += 8) {
     const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
     _mm256_storeu_ps(s + t, p);
     sum = _mm256_add_ps(sum, p);
