@@ -1422,12 +1422,12 @@ void acc_int8_rows(const uint8_t* wb, const float* fac, int64_t m, const TokenCo
 
 /// Per-token int values over rows [0, n), folded as the reference folds them: each code is
 /// weighted by p_ij * scale_jc (one multiply per token and channel group), and
-/// sum_j p_ij * min_jc is added to the group's channels once. pw: NQ * kSubRows * D / G floats,
-/// msum: NQ * D / G floats of scratch.
+/// sum_j p_ij * min_jc is added to the group's channels once (scratch: scr's pw, msum, sct, mnt,
+/// and for the int8 mode wb, fac, mv). Rows [n, nmax) exist and are prefetched, not read.
 template <int NQ, int B>
 void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B>& ld,
                       const uint16_t* scales, const uint16_t* mins, int64_t pstride, float* o,
-                      int64_t D, Scratch& scr, bool int8) {
+                      int64_t D, Scratch& scr, bool int8, int64_t nmax) {
   const int64_t G = ld.group, ncg = (D + G - 1) / G;  // the last group may be shorter
   float *pw = scr.pw.data(), *msum = scr.msum.data(), *sct = scr.sct.data(), *mnt = scr.mnt.data();
   const float sym_min = -static_cast<float>(kivi::sym_offset(B));
@@ -1438,8 +1438,10 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
 #endif
   for (int64_t j0 = 0; j0 < n; j0 += kSubRows) {
     const int64_t j1 = std::min(n, j0 + kSubRows), m = j1 - j0, m8 = m / 8 * 8;
-    prefetch_rows(ld, j0 + kSubRows, n, D);
-    for (int64_t j = j0 + kSubRows; j < std::min(n, j0 + 2 * kSubRows); ++j) {
+    // A block ahead (rows up to nmax exist): the codes of one head's row are a line or less, kBlock
+    // rows apart from the next block's, whose lines the hardware prefetchers do not bring in time.
+    prefetch_rows(ld, j0 + kBlock, nmax, D);
+    for (int64_t j = j0 + kBlock; j < std::min(nmax, j0 + kBlock + kSubRows); ++j) {
       _mm_prefetch(reinterpret_cast<const char*>(scales + j * pstride), _MM_HINT_T0);
       if (mins) _mm_prefetch(reinterpret_cast<const char*>(mins + j * pstride), _MM_HINT_T0);
     }
@@ -1846,7 +1848,7 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
         const auto ld = TokenCodes<B>::at(v, L, t0, h);
         acc_token_values<NQ, B>(p, ldp, te - t0, ld, v.scales + L.param_index(t0, h, 0),
                                 v.sym ? nullptr : v.mins + L.param_index(t0, h, 0),
-                                H * L.channel_groups(), o, D, w, int8_values(c.mode, v));
+                                H * L.channel_groups(), o, D, w, int8_values(c.mode, v), qt - t0);
       }
     };
     kivi::dispatch_bits(v.bits, run);
