@@ -1143,7 +1143,7 @@ inline void key_tokens(const uint32_t* w, int64_t wpg, __m512i* c) {
     const __m512i sh = B == 2 ? _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)
                               : _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
     const __m512i y =
-        _mm512_maskz_permutexvar_epi8(kAll64, _mm512_load_si512(kKeyIndex<B>.data() + 64 * u), x);
+        _mm512_maskz_permutexvar_epi8(kAll64, _mm512_loadu_si512(kKeyIndex<B>.data() + 64 * u), x);
     c[u] = _mm512_and_si512(_mm512_maskz_srlv_epi32(kAll16, y, sh),
                             _mm512_set1_epi8(static_cast<char>(kivi::code_mask(B))));
   }
@@ -1323,7 +1323,7 @@ inline void int8_block(const uint8_t* col, int64_t tstride, int64_t m, const uin
     quad_rows<B, NS>(r, x0, x1);
     __m512i code[Z];
     for (int z = 0; z < Z; ++z) {
-      const __m512i idx = _mm512_load_si512(kQuadIndex<B, NS>.data() + 64 * z);
+      const __m512i idx = _mm512_loadu_si512(kQuadIndex<B, NS>.data() + 64 * z);
       code[z] = _mm512_and_si512(
           _mm512_maskz_srlv_epi32(kAll16, _mm512_permutex2var_epi8(x0, idx, x1), sh), mask);
     }
