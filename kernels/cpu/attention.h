@@ -41,7 +41,10 @@
 //                      against their maximum, outputs as byte dots of four tokens' weights and
 //                      codes, the minima folded exactly (vpdpbusd with VNNI, else vpmaddubsw +
 //                      vpmaddwd: the same integers; with AVX-512 VNNI the keys take 16 tokens
-//                      in the lanes of one vpdpbusd: the same integer sums, the same scores)
+//                      in the lanes of one vpdpbusd, and with VBMI too the values take 16
+//                      channels of four tokens, every channel group at once, both brought into
+//                      their lanes by byte permutes: the same integer sums, the same scores, the
+//                      same weights' bytes)
 //
 // Tolerances against the reference (tests/kernels/cpu/attention_test.cpp): Exact mode is float
 // arithmetic in another order (and a polynomial exp), max |o - o_ref| <= 2e-5 * max |V| (outputs
