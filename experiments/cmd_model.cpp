@@ -86,7 +86,16 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
                 "products on 2/4-bit codes: int8 queries on keys, 8-bit weights on values) or ref (the "
                 "scalar reference); all read the same stored codes, and each keeps chunked prefill == "
                 "token-by-token decode bit-identical")
-      ->check(CLI::IsMember({"cpu", "cpu-int8", "ref"}))
+      ->check(
+          [](const std::string& s) {
+            try {
+              parse_backend(s);  // the model's one list of backend names
+              return std::string();
+            } catch (const Error& e) {
+              return std::string(e.what());
+            }
+          },
+          "")
       ->capture_default_str();
   c->add_option("--json", o.json, "also write the result as JSON to this file (atomically)");
 }

@@ -34,6 +34,7 @@
 #include "experiments/report.h"
 #include "experiments/synthetic.h"
 #include "experiments/throughput.h"
+#include "kernels/cpu/attention.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/metrics.h"
 #include "reference_cpu/quantize.h"
@@ -727,9 +728,10 @@ ThroughputPlan plan_throughput(const toml::table& tt, const Where& w) {
   p.opt.threads = static_cast<int>(threads);
   p.opt.repeats = static_cast<int>(repeats);
   p.int_mode = get_or<std::string>(tt, w, "int_mode", "exact");
-  KVQ_CHECK(p.int_mode == "exact" || p.int_mode == "int8", "{}: {} \"{}\" is not one of: exact, int8", w.file,
-            w.key("int_mode"), p.int_mode);
-  p.opt.int_mode = p.int_mode == "int8" ? cpu::IntMode::Int8 : cpu::IntMode::Exact;
+  const auto mode = cpu::parse_int_mode(p.int_mode);
+  KVQ_CHECK(mode.has_value(), "{}: {} \"{}\" is not one of: {}", w.file, w.key("int_mode"), p.int_mode,
+            cpu::kIntModeNames);
+  p.opt.int_mode = *mode;
   // The largest context's float32 K and V are held while its caches are built.
   const int64_t biggest = *std::max_element(p.contexts.begin(), p.contexts.end());
   KVQ_CHECK(biggest * p.shape.heads * p.shape.head_dim <= (int64_t{1} << 30),

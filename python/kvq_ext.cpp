@@ -196,10 +196,9 @@ class Cache {
           "are reached from C++ (kvq::cuda) and bench_attention_cuda");
     else if (backend != "ref")
       fail("backend '{}' is not known; use 'cpu' (SIMD kernels) or 'ref' (the reference)", backend);
-    if (int_mode == "int8")
-      mode_ = cpu::IntMode::Int8;
-    else if (int_mode != "exact")
-      fail("int_mode '{}' is not known; use 'exact' or 'int8'", int_mode);
+    const auto mode = cpu::parse_int_mode(int_mode);
+    if (!mode) fail("int_mode '{}' is not known; use one of: {}", int_mode, cpu::kIntModeNames);
+    mode_ = *mode;
     KVQ_CHECK(cpu_ || mode_ == cpu::IntMode::Exact,
               "int_mode='int8' is a backend cpu path; use backend='cpu'");
     // backend cpu's quantizers store the reference's bytes, bit for bit

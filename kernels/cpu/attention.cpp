@@ -260,7 +260,7 @@ inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
-/// softmax_step_scalar on 8 lanes; s has room for n rounded up to 8.
+/// softmax_step_scalar on 16 lanes (AVX-512) or 8; s has room for n rounded up to 8.
 void softmax_step(float* s, int64_t n, float scale, float& m, float& l, float* o, int64_t D) {
   const __m256 sc = _mm256_set1_ps(scale);
   __m256 mx = _mm256_set1_ps(-INFINITY);
@@ -1070,8 +1070,8 @@ struct Int8Keys256 {
 /// channel-major, word x of channel d at words[d * wpg + x]) for its tokens [j0, j0 + n): 32-token
 /// slices, four channels at a time, s = qscale_i * sum_d q8_id * code_td + base_i - exact integer
 /// sums (dpbusd: codes unsigned, q signed, pair sums <= 2 * 15 * 127) on the rounded query. K: the
-/// vector form (Int8Keys256, or Int8Keys512 with AVX-512 VNNI): the same integer sums and the same
-/// final fma, so the same scores.
+/// vector form (Int8Keys256, or Int8Keys512 with AVX-512 VNNI and VBMI): the same integer sums and
+/// the same final fma on them.
 template <int NQ, class K>
 void dot_int8_group(const uint32_t* words, int64_t D, int64_t wpg, const int8_t* q8,
                     const float* qscale, const float* base, int64_t j0, int64_t n, float* s,
@@ -1103,13 +1103,6 @@ void dot_int8_group(const uint32_t* words, int64_t D, int64_t wpg, const int8_t*
   }
 }
 
-#if KVQ_CPU_AVX512 && defined(__AVX512VNNI__)
-/// Int8 mode, 512-bit: the codes of channels d .. d + 3 (w: channel d's first word of a 32-token
-/// slice, channels wpg words apart) for the slice's tokens 16u .. 16u + 15 in c[u], tokens in the
-/// lanes: byte r of lane t is channel d + r's code of token 16u + t (one vpdpbusd then takes four
-/// channels of 16 tokens). A dword permute brings each 128-bit lane the four words that hold its
-/// four tokens, a byte shuffle puts each token's byte of every channel in its lane, and a shift
-/// per lane and a mask leave the codes.
 #if KVQ_INT8_512
 /// key_tokens' byte permutes (u = 0, 1): byte 4t + r of part u is the byte of channel r's slice
 /// words (channel r at dword B * r) that holds token 16u + t.
@@ -1121,11 +1114,15 @@ inline constexpr auto kKeyIndex = [] {
       for (int r = 0; r < 4; ++r) a[64 * u + 4 * t + r] = 4 * B * r + (16 * u + t) * B / 8;
   return a;
 }();
-#endif
 
+/// Int8 mode, 512-bit: the codes of channels d .. d + 3 (w: channel d's first word of a 32-token
+/// slice, channels wpg words apart) for the slice's tokens 16u .. 16u + 15 in c[u], tokens in the
+/// lanes: byte r of lane t is channel d + r's code of token 16u + t (one vpdpbusd then takes four
+/// channels of 16 tokens). One byte permute (kKeyIndex) puts each token's byte of every channel in
+/// its lane, a shift per lane and a mask leave the codes.
 template <int B>
 inline void key_tokens(const uint32_t* w, int64_t wpg, __m512i* c) {
-  __m512i x;       // channel r's slice word k at dword B * r + k
+  __m512i x;       // channel r's slice word k at dword B * r + k (B == 2: the upper half unread)
   if (wpg == B) {  // (a masked load here was several times slower)
     if constexpr (B == 4)
       x = _mm512_loadu_si512(w);
@@ -1137,43 +1134,14 @@ inline void key_tokens(const uint32_t* w, int64_t wpg, __m512i* c) {
       for (int k = 0; k < B; ++k) t[B * r + k] = w[r * wpg + k];
     x = _mm512_load_si512(t);
   }
-#if KVQ_INT8_512
-  // One byte permute: byte r of lane t gets channel r's byte that holds token 16u + t.
+  const __m512i sh = B == 2 ? _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)
+                            : _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
   for (int u = 0; u < 2; ++u) {
-    const __m512i sh = B == 2 ? _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)
-                              : _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
     const __m512i y =
         _mm512_maskz_permutexvar_epi8(kAll64, _mm512_loadu_si512(kKeyIndex<B>.data() + 64 * u), x);
     c[u] = _mm512_and_si512(_mm512_maskz_srlv_epi32(kAll16, y, sh),
                             _mm512_set1_epi8(static_cast<char>(kivi::code_mask(B))));
   }
-#else
-  for (int u = 0; u < 2; ++u) {
-    __m512i idx, ctl, sh;
-    if constexpr (B == 2) {  // token t of the slice: word t / 16, bits 2 (t % 16); lane L: byte L
-      idx = _mm512_setr_epi32(u, 2 + u, 4 + u, 6 + u, u, 2 + u, 4 + u, 6 + u, u, 2 + u, 4 + u,
-                              6 + u, u, 2 + u, 4 + u, 6 + u);
-      ctl = _mm512_set_epi8(15, 11, 7, 3, 15, 11, 7, 3, 15, 11, 7, 3, 15, 11, 7, 3,  //
-                            14, 10, 6, 2, 14, 10, 6, 2, 14, 10, 6, 2, 14, 10, 6, 2,  //
-                            13, 9, 5, 1, 13, 9, 5, 1, 13, 9, 5, 1, 13, 9, 5, 1,      //
-                            12, 8, 4, 0, 12, 8, 4, 0, 12, 8, 4, 0, 12, 8, 4, 0);
-      sh = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
-    } else {  // word t / 8, bits 4 (t % 8): lane L holds word 2u + L / 2, bytes 2 (L % 2) + k / 2
-      idx = _mm512_setr_epi32(2 * u, 4 + 2 * u, 8 + 2 * u, 12 + 2 * u, 2 * u, 4 + 2 * u, 8 + 2 * u,
-                              12 + 2 * u, 2 * u + 1, 5 + 2 * u, 9 + 2 * u, 13 + 2 * u, 2 * u + 1,
-                              5 + 2 * u, 9 + 2 * u, 13 + 2 * u);
-      ctl = _mm512_set_epi8(15, 11, 7, 3, 15, 11, 7, 3, 14, 10, 6, 2, 14, 10, 6, 2,  //
-                            13, 9, 5, 1, 13, 9, 5, 1, 12, 8, 4, 0, 12, 8, 4, 0,      //
-                            15, 11, 7, 3, 15, 11, 7, 3, 14, 10, 6, 2, 14, 10, 6, 2,  //
-                            13, 9, 5, 1, 13, 9, 5, 1, 12, 8, 4, 0, 12, 8, 4, 0);
-      sh = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
-    }
-    const __m512i y =
-        _mm512_maskz_shuffle_epi8(kAll64, _mm512_maskz_permutexvar_epi32(kAll16, idx, x), ctl);
-    c[u] = _mm512_and_si512(_mm512_maskz_srlv_epi32(kAll16, y, sh),
-                            _mm512_set1_epi8(static_cast<char>(kivi::code_mask(B))));
-  }
-#endif
 }
 
 /// Int8 mode, 512-bit key codes with the tokens in the lanes (key_tokens): scores in token order.
@@ -1371,7 +1339,8 @@ void weights_sub(const float* p, int64_t ldp, const float* sc, const float* mn, 
     const float wmax = hmax16(_mm512_maskz_max_ps(kAll16, w0, w1));
     const __m512 inv = _mm512_set1_ps(wmax > 0 ? 255.0f / wmax : 0.0f);
     fac[i] = wmax / 255.0f;
-    // rne, then clamped below at 0 and saturated at 255 as weight_bytes' packs do
+    // rne, clamped below at 0 and saturated at 255: weight_bytes' packs give the same bytes for
+    // every value up to 32767, and w <= wmax keeps these at 255 or less
     auto bytes = [&](__m512 x) {
       return _mm512_maskz_cvtusepi32_epi8(
           kAll16,
@@ -1423,11 +1392,12 @@ void acc_int8_rows(const uint8_t* wb, const float* fac, int64_t m, const TokenCo
 /// Per-token int values over rows [0, n), folded as the reference folds them: each code is
 /// weighted by p_ij * scale_jc (one multiply per token and channel group), and
 /// sum_j p_ij * min_jc is added to the group's channels once (scratch: scr's pw, msum, sct, mnt,
-/// and for the int8 mode wb, fac, mv). Rows [n, nmax) exist and are prefetched, not read.
+/// and for the int8 mode wb, fac, mv). Rows [n, nmax) exist: those a block (ahead rows) past the
+/// sub-block being read are prefetched, not read.
 template <int NQ, int B>
 void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B>& ld,
                       const uint16_t* scales, const uint16_t* mins, int64_t pstride, float* o,
-                      int64_t D, Scratch& scr, bool int8, int64_t nmax) {
+                      int64_t D, Scratch& scr, bool int8, int64_t nmax, int64_t ahead) {
   const int64_t G = ld.group, ncg = (D + G - 1) / G;  // the last group may be shorter
   float *pw = scr.pw.data(), *msum = scr.msum.data(), *sct = scr.sct.data(), *mnt = scr.mnt.data();
   const float sym_min = -static_cast<float>(kivi::sym_offset(B));
@@ -1438,10 +1408,10 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
 #endif
   for (int64_t j0 = 0; j0 < n; j0 += kSubRows) {
     const int64_t j1 = std::min(n, j0 + kSubRows), m = j1 - j0, m8 = m / 8 * 8;
-    // A block ahead (rows up to nmax exist): the codes of one head's row are a line or less, kBlock
-    // rows apart from the next block's, whose lines the hardware prefetchers do not bring in time.
-    prefetch_rows(ld, j0 + kBlock, nmax, D);
-    for (int64_t j = j0 + kBlock; j < std::min(nmax, j0 + kBlock + kSubRows); ++j) {
+    // A block ahead (rows up to nmax exist): the codes of one head's row are a line or less, a
+    // block of rows apart from the next block's, whose lines the hardware prefetchers miss.
+    prefetch_rows(ld, j0 + ahead, nmax, D);
+    for (int64_t j = j0 + ahead; j < std::min(nmax, j0 + ahead + kSubRows); ++j) {
       _mm_prefetch(reinterpret_cast<const char*>(scales + j * pstride), _MM_HINT_T0);
       if (mins) _mm_prefetch(reinterpret_cast<const char*>(mins + j * pstride), _MM_HINT_T0);
     }
@@ -1795,13 +1765,9 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
       if constexpr (B == 2 || B == 4) {
         if (int8_keys(c.mode, k)) {
           float qscale[NQ];
-          quantize_q8<NQ>(w.qs.data(), D, w.q8.data(), qscale);
-#if KVQ_CPU_AVX512 && defined(__AVX512VNNI__)
-          using Keys = Int8Keys512<B>;
-#else
-          using Keys = Int8Keys256<B>;
-#endif
-          dot_int8_group<NQ, Keys>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a, sg, lds);
+          quantize_q8<NQ>(w.qs.data(), D, w.q8.data(), qscale);  // (512-bit: above, with VBMI)
+          dot_int8_group<NQ, Int8Keys256<B>>(words, D, wpg, w.q8.data(), qscale, base, jj0, b - a,
+                                             sg, lds);
           return;
         }
       }
@@ -1825,7 +1791,8 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
     dot<NQ>(q, D, t1 - r0, F32Rows{k.residual + (r0 - qt) * row + h * D, row}, s + (r0 - t0), lds);
 }
 
-/// Whether per-token int values take the int8 mode's byte dot products (acc_int8_group).
+/// Whether per-token int values take the int8 mode's byte dot products (acc_int8_rows with VBMI,
+/// else acc_int8_group).
 bool int8_values(IntMode mode, const StoredSide& v) {
   return mode == IntMode::Int8 && (v.bits == 2 || v.bits == 4) && v.group % 32 == 0 &&
          v.dim % v.group == 0;
@@ -1848,7 +1815,8 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
         const auto ld = TokenCodes<B>::at(v, L, t0, h);
         acc_token_values<NQ, B>(p, ldp, te - t0, ld, v.scales + L.param_index(t0, h, 0),
                                 v.sym ? nullptr : v.mins + L.param_index(t0, h, 0),
-                                H * L.channel_groups(), o, D, w, int8_values(c.mode, v), qt - t0);
+                                H * L.channel_groups(), o, D, w, int8_values(c.mode, v), qt - t0,
+                                c.block);
       }
     };
     kivi::dispatch_bits(v.bits, run);
@@ -2445,6 +2413,12 @@ void causal_attention(const CausalInput& in, float* out, int threads) {
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < a.merges(); ++p) a.merge(p, out);
   }
+}
+
+std::optional<IntMode> parse_int_mode(std::string_view name) {
+  if (name == "exact") return IntMode::Exact;
+  if (name == "int8") return IntMode::Int8;
+  return std::nullopt;
 }
 
 bool has_fast_path(const StoredSide& k, const StoredSide& v, int64_t q_heads) {

@@ -40,11 +40,11 @@
 //                      channel group and query head, the weights p * scale quantized to 0..255
 //                      against their maximum, outputs as byte dots of four tokens' weights and
 //                      codes, the minima folded exactly (vpdpbusd with VNNI, else vpmaddubsw +
-//                      vpmaddwd: the same integers; with AVX-512 VNNI the keys take 16 tokens
-//                      in the lanes of one vpdpbusd, and with VBMI too the values take 16
-//                      channels of four tokens, every channel group at once, both brought into
-//                      their lanes by byte permutes: the same integer sums, the same scores, the
-//                      same weights' bytes)
+//                      vpmaddwd: the same integers; with AVX-512 VNNI and VBMI the keys take 16
+//                      tokens and the values 16 channels of four tokens in the lanes of one
+//                      vpdpbusd, brought there by byte permutes: the same integer sums and
+//                      bytes of q and weights for the same inputs, the float sums around them
+//                      in another order)
 //
 // Tolerances against the reference (tests/kernels/cpu/attention_test.cpp): Exact mode is float
 // arithmetic in another order (and a polynomial exp), max |o - o_ref| <= 2e-5 * max |V| (outputs
@@ -55,7 +55,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "core/stored_side.h"
@@ -65,6 +67,11 @@ namespace kvq::cpu {
 /// \brief How int codes are read: exact float products, or integer dot products (int8 query x key
 /// codes, 8-bit weights x value codes).
 enum class IntMode { Exact, Int8 };
+
+/// \brief The mode named "exact" or "int8" (the names configs, the CLI and Python take), or nullopt
+/// for any other name; kIntModeNames lists them for error messages.
+std::optional<IntMode> parse_int_mode(std::string_view name);
+inline constexpr const char* kIntModeNames = "exact, int8";
 
 struct DecodeOptions {
   int threads = 1;  ///< 0: all cores

@@ -139,6 +139,14 @@ INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttention, ::testing::ValuesIn(grid()), 
 // 255.
 constexpr double kTie = 2e-4;
 
+// The mode names configs, the CLI and Python take (kernels/cpu/attention.h): exactly these two.
+TEST(cpuIntMode, parse_namesExactAndInt8Only) {
+  EXPECT_EQ(cpu::parse_int_mode("exact"), IntMode::Exact);
+  EXPECT_EQ(cpu::parse_int_mode("int8"), IntMode::Int8);
+  for (const char* bad : {"", "Int8", "int4", "exact ", "both"})
+    EXPECT_FALSE(cpu::parse_int_mode(bad).has_value()) << bad;
+}
+
 class cpuDecodeAttentionInt8 : public ::testing::TestWithParam<Case> {};
 
 TEST_P(cpuDecodeAttentionInt8, int8Mode_equalsItsDefinition) {
@@ -268,7 +276,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionInt8,
                                            // head_dim 96: 512-bit values end on one 32-channel
                                            // slice; quantized tokens not a multiple of 4
                                            Case{"kivi2:g=32,r=32", 333, 2, 96, 8, 1, true},
-                                           Case{"kivi4:g=32,r=32", 333, 2, 96, 3, 2, true}),
+                                           Case{"kivi4:g=32,r=32", 333, 2, 96, 3, 2, true},
+                                           Case{"kivi4:g=32,r=32", 334, 2, 96, 3, 1, true}),
                          name_of);
 
 #if KVQ_CPU_AVX2
