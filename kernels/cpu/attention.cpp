@@ -1104,6 +1104,14 @@ void dot_int8_group(const uint32_t* words, int64_t D, int64_t wpg, const int8_t*
 }
 
 #if KVQ_INT8_512
+/// Int8 mode, 512-bit: the shift of 32-bit lane L that brings code (L * B) % 8 of each of its bytes
+/// to bit 0 (lane L's bytes, placed by a byte permute, hold its code at that position).
+template <int B>
+inline __m512i lane_shift() {
+  if constexpr (B == 2) return _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
+  return _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+}
+
 /// key_tokens' byte permutes (u = 0, 1): byte 4t + r of part u is the byte of channel r's slice
 /// words (channel r at dword B * r) that holds token 16u + t.
 template <int B>
@@ -1134,8 +1142,7 @@ inline void key_tokens(const uint32_t* w, int64_t wpg, __m512i* c) {
       for (int k = 0; k < B; ++k) t[B * r + k] = w[r * wpg + k];
     x = _mm512_load_si512(t);
   }
-  const __m512i sh = B == 2 ? _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)
-                            : _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+  const __m512i sh = lane_shift<B>();
   for (int u = 0; u < 2; ++u) {
     const __m512i y =
         _mm512_maskz_permutexvar_epi8(kAll64, _mm512_loadu_si512(kKeyIndex<B>.data() + 64 * u), x);
@@ -1281,8 +1288,7 @@ inline void int8_block(const uint8_t* col, int64_t tstride, int64_t m, const uin
                        const float* fr, float* const* orow) {
   constexpr int Z = 2 * NS;  // 16-channel vectors
   alignas(64) static constexpr uint8_t kZero[64] = {};
-  const __m512i sh = B == 2 ? _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)
-                            : _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+  const __m512i sh = lane_shift<B>();
   const __m512i mask = _mm512_set1_epi8(static_cast<char>(kivi::code_mask(B)));
   __m512i acc[NH * Z];
   for (auto& x : acc) x = _mm512_setzero_si512();
@@ -1472,26 +1478,13 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
       }
     }
 #if KVQ_INT8_512
+    uint8_t* wb = scr.wb.data();
+    float* fac = scr.fac.data();
     if constexpr (B == 2 || B == 4) {
-      if (int8) {  // the weights' bytes from p and the parameters, then every group's sums at once
-        uint8_t* wb = scr.wb.data();
-        float* fac = scr.fac.data();
-        for (int64_t c = 0; c < ncg; ++c) {
-          if (m == kSubRows) {
-            weights_sub<NQ>(p + j0, ldp, sct + c * kSubRows, mnt + c * kSubRows,
-                            wb + c * NQ * kSubRows, fac + c * NQ, mv + 16 * c, 16 * ncg);
-            continue;
-          }
-          for (int i = 0; i < NQ; ++i) {
-            const float* pi = p + i * ldp + j0;
-            float* wi = pw + i * kSubRows;
-            for (int64_t x = 0; x < m; ++x) {
-              wi[x] = pi[x] * sct[c * kSubRows + x];
-              msum[i * ncg + c] += pi[x] * mnt[c * kSubRows + x];
-            }
-          }
-          weight_bytes<NQ>(pw, m, wb + c * NQ * kSubRows, fac + c * NQ);
-        }
+      if (int8 && m == kSubRows) {  // the weights' bytes straight from p and the parameters
+        for (int64_t c = 0; c < ncg; ++c)
+          weights_sub<NQ>(p + j0, ldp, sct + c * kSubRows, mnt + c * kSubRows,
+                          wb + c * NQ * kSubRows, fac + c * NQ, mv + 16 * c, 16 * ncg);
         acc_int8_rows<NQ, B>(wb, fac, m, ld, j0, o, D);
         continue;
       }
@@ -1516,6 +1509,16 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
         }
         msum[i * ncg + c] += hsum8(macc) + tail;
       }
+#if KVQ_INT8_512
+    if constexpr (B == 2 || B == 4) {
+      if (int8) {  // a last, shorter sub-block: the weights' bytes from pw
+        for (int64_t c = 0; c < ncg; ++c)
+          weight_bytes<NQ>(pw + c * NQ * kSubRows, m, wb + c * NQ * kSubRows, fac + c * NQ);
+        acc_int8_rows<NQ, B>(wb, fac, m, ld, j0, o, D);
+        continue;
+      }
+    }
+#endif
     for (int64_t c = 0; c < ncg; ++c) {
       const float* w = pw + c * NQ * kSubRows;
       if constexpr (B == 2 || B == 4) {
