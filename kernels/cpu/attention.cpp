@@ -27,6 +27,15 @@
 #define KVQ_INT8_512 0
 #endif
 
+// FP8 in the int8 mode (KVQ_CPU_BF16DOT, isa.h; fp8_dot_bf16 / fp8_acc_bf16): a code's sign, exponent and mantissa bits placed in a bf16 (bias 127, 7 mantissa bits) give its
+// value times 2^(kBias - 127), normals alike; the subnormal codes (exponent field 0) become bf16
+// subnormals, which vdpbf16ps reads as zero. q * (per-channel scale) and the weights p * (token
+// factor) are rounded to bf16 (nearest-even) with powers of two that keep every product a normal
+// float (kFp8QShift, kFp8OShift), and vdpbf16ps sums two products per lane in float: keys pair
+// adjacent channels, values pair adjacent tokens. The powers of two come back exactly: scores are
+// multiplied by 2^(127 - kBias - kFp8QShift) with the token factor, and outputs carry
+// 2^(-kFp8OShift) to the end (CausalAttention::finish).
+
 namespace kvq::cpu {
 
 /// One thread's partial result: running max m, sum l and unnormalized output, per query head.
@@ -79,6 +88,8 @@ struct Scratch {
   std::vector<uint8_t> wb;      // int8 values: weight_bytes per channel group
   std::vector<float> fac;       // and their factors
   std::vector<float> mv;        // and 16-lane sums of p * min
+  std::vector<uint16_t> qb;     // fp8 in the int8 mode: q as bf16 [H, NQ, D]
+  std::vector<uint32_t> wp;     // and the weights as bf16 pairs
 };
 
 bool is_dense(SchemeKind k) {
@@ -190,6 +201,17 @@ void portable_range(const Call& c, int64_t a, int64_t b, Partial& P, Scratch& w)
     }
   }
 }
+
+constexpr int kFp8QShift = 64;  // q * 2^64: products are q * k * 2^(64 - 127 + bias)
+constexpr int kFp8OShift = 32;  // outputs accumulate o * 2^-32
+
+/// Whether an fp8 side takes the int8 mode's bf16 dot products.
+bool fp8_bf16(IntMode mode, const StoredSide& s) {
+  return KVQ_CPU_BF16DOT && mode == IntMode::Int8 && s.kind == SchemeKind::Fp8 && s.dim % 32 == 0;
+}
+
+/// 2^e as a float (e in the normal range).
+inline float pow2f(int e) { return bits_float(static_cast<uint32_t>(127 + e) << 23); }
 
 #if KVQ_CPU_AVX2
 
@@ -1678,6 +1700,185 @@ void with_fp8_rows(const StoredSide& s, const uint8_t* base, int64_t stride, F&&
   }
 }
 
+#if KVQ_CPU_BF16DOT
+/// The left shift that puts a code's exponent and mantissa under bf16's (7 - mantissa bits), and
+/// the mask of the bf16's sign, exponent and mantissa bits those land on.
+template <Fp8Format F>
+constexpr int kBf16Shift = 7 - fp8::Traits<F>::kMantBits;
+template <Fp8Format F>
+constexpr int16_t kBf16Mask = static_cast<int16_t>(0x8000 | (0x7f << kBf16Shift<F>));
+
+using Bh = __m512bh;
+inline Bh as_bh(__m512i x) { return reinterpret_cast<Bh&>(x); }
+constexpr __mmask32 kAll32 = ~__mmask32{0};
+
+/// 32 codes (channels d .. d + 31 of one row) as bf16, value * 2^(kBias - 127).
+template <Fp8Format F>
+inline __m512i fp8_bf16x32(const uint8_t* p) {
+  const __m512i x = _mm512_maskz_cvtepi8_epi16(
+      kAll32, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));  // sign in bits 7 .. 15
+  return _mm512_and_si512(_mm512_maskz_slli_epi16(kAll32, x, kBf16Shift<F>),
+                          _mm512_set1_epi16(kBf16Mask<F>));
+}
+
+/// The 16 float sums of 16 vectors: lane m of the result is the sum of v[m]'s lanes, by the same
+/// tree for every vector (within each 128-bit lane (l0 + l2) + (l1 + l3), then (L0 + L1) +
+/// (L2 + L3) over the four), so a sum does not depend on the vectors beside it.
+inline __m512 sum16x16(const __m512* v) {
+  __m512 w[8], x[4], y[2];
+  for (int i = 0; i < 8; ++i)
+    w[i] = _mm512_add_ps(_mm512_maskz_unpacklo_ps(kAll16, v[2 * i], v[2 * i + 1]),
+                         _mm512_maskz_unpackhi_ps(kAll16, v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)
+    x[i] = _mm512_add_ps(_mm512_maskz_shuffle_ps(kAll16, w[2 * i], w[2 * i + 1], 0x44),
+                         _mm512_maskz_shuffle_ps(kAll16, w[2 * i], w[2 * i + 1], 0xee));
+  for (int i = 0; i < 2; ++i)
+    y[i] = _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll16, x[2 * i], x[2 * i + 1], 0x88),
+                         _mm512_maskz_shuffle_f32x4(kAll16, x[2 * i], x[2 * i + 1], 0xdd));
+  return _mm512_add_ps(_mm512_maskz_shuffle_f32x4(kAll16, y[0], y[1], 0x88),
+                       _mm512_maskz_shuffle_f32x4(kAll16, y[0], y[1], 0xdd));
+}
+
+/// Rows per step of the fp8 key kernel: as many as fit 16 accumulators.
+template <int NQ>
+constexpr int kFp8Rows = NQ == 1 ? 16 : NQ == 2 ? 8 : 16 / NQ < 2 ? 2 : 16 / NQ;
+
+/// FP8 keys, rows in address order (row r is token r / H, head r % H; D bytes each from base):
+/// s[h * hs + i * lds + t] = sum over channel pairs of qb * code-as-bf16 (unscaled), qb the
+/// [H, NQ, D] bf16 query. `valid`: rows that exist from base (prefetched ahead when kPrefetch).
+template <int NQ, Fp8Format F, bool kPrefetch>
+void fp8_dot_bf16(const uint16_t* qb, int64_t H, int64_t D, int64_t n, const uint8_t* base,
+                  float* s, int64_t hs, int64_t lds, int64_t valid) {
+  const int64_t rows = n * H;
+  auto step = [&]<int U>(int64_t r) {
+    if constexpr (kPrefetch)
+      for (int u = 0; u < U; ++u)
+        if (r + u + 2 * kStreamAhead < valid)
+          prefetch_row(base + (r + u + 2 * kStreamAhead) * D, D);
+    __m512 acc[16];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    const uint16_t* qh[U];
+    for (int u = 0; u < U; ++u) qh[u] = qb + ((r + u) % H) * NQ * D;
+    for (int64_t d = 0; d < D; d += 32)
+      for (int u = 0; u < U; ++u) {
+        const Bh k = as_bh(fp8_bf16x32<F>(base + (r + u) * D + d));
+        for (int i = 0; i < NQ; ++i)
+          acc[u * NQ + i] = _mm512_dpbf16_ps(
+              acc[u * NQ + i], k,
+              as_bh(_mm512_loadu_si512(reinterpret_cast<const __m512i*>(qh[u] + i * D + d))));
+      }
+    alignas(64) float res[16];
+    _mm512_store_ps(res, sum16x16(acc));
+    for (int u = 0; u < U; ++u) {
+      const int64_t t = (r + u) / H, h = (r + u) % H;
+      for (int i = 0; i < NQ; ++i) s[h * hs + i * lds + t] = res[u * NQ + i];
+    }
+  };
+  constexpr int U = kFp8Rows<NQ>;
+  int64_t r = 0;
+  for (; r + U <= rows; r += U) step.template operator()<U>(r);
+  for (; r < rows; ++r) step.template operator()<1>(r);
+}
+
+/// The byte permute of fp8_acc_bf16: dword j of slice k holds channel 16k + j of the first token
+/// in byte 1 and of the second token in byte 3 (bytes 0 and 2 zeroed by the mask).
+inline __m512i pair_index(int k) {
+  alignas(64) uint8_t a[64] = {};
+  for (int j = 0; j < 16; ++j) {
+    a[4 * j + 1] = static_cast<uint8_t>(16 * k + j);
+    a[4 * j + 3] = static_cast<uint8_t>(64 + 16 * k + j);
+  }
+  return _mm512_load_si512(a);
+}
+constexpr __mmask64 kOddBytes = 0xaaaaaaaaaaaaaaaaull;
+
+/// FP8 values: o_h,i += sum_t w[t] * row (t, h), w the weights of tokens [0, n) as bf16 pairs
+/// wp[(h * NQ + i) * np + k] = (token 2k, token 2k + 1) (np = (n + 1) / 2; an odd n's last pair
+/// has weight 0 for a token it reads again), rows as in fp8_dot_bf16. Per head, slices of 64
+/// channels (32 where head_dim ends or NQ > 4) with every pair of the range applied in token
+/// order to accumulators in registers.
+template <int NQ, Fp8Format F, bool kPrefetch>
+void fp8_acc_bf16(const uint32_t* wp, int64_t H, int64_t D, int64_t n, const uint8_t* base,
+                  float* o, int64_t valid) {
+  constexpr int64_t kSlice = NQ <= 4 ? 64 : 32;
+  constexpr int kVec = static_cast<int>(kSlice / 16);
+  const int64_t np = (n + 1) / 2;
+  const __m512i idx[4] = {pair_index(0), pair_index(1), pair_index(2), pair_index(3)};
+  const __m512i mask = _mm512_set1_epi16(kBf16Mask<F>);
+  for (int64_t h = 0; h < H; ++h) {
+    if constexpr (kPrefetch)
+      for (int64_t t = n; t < 2 * n; ++t)
+        if (t * H + h < valid) prefetch_row(base + (t * H + h) * D, D);
+    const uint32_t* wh = wp + h * NQ * np;
+    float* oh = o + h * NQ * D;
+    for (int64_t d0 = 0; d0 < D; d0 += kSlice) {
+      const int nv = D - d0 >= kSlice ? kVec : static_cast<int>(D - d0) / 16;
+      const __mmask64 lm = nv * 16 >= 64 ? ~__mmask64{0} : (__mmask64{1} << (nv * 16)) - 1;
+      __m512 acc[NQ * kVec];
+      for (int i = 0; i < NQ; ++i)
+        for (int k = 0; k < kVec; ++k)
+          acc[i * kVec + k] = k < nv ? _mm512_loadu_ps(oh + i * D + d0 + 16 * k)
+                                     : _mm512_setzero_ps();
+      for (int64_t k2 = 0; k2 < np; ++k2) {
+        const int64_t t = 2 * k2, t1 = t + 1 < n ? t + 1 : t;
+        const __m512i a = _mm512_maskz_loadu_epi8(lm, base + (t * H + h) * D + d0);
+        const __m512i b = _mm512_maskz_loadu_epi8(lm, base + (t1 * H + h) * D + d0);
+        for (int k = 0; k < kVec; ++k) {
+          if (k >= nv) break;
+          const __m512i x = _mm512_maskz_permutex2var_epi8(kOddBytes, a, idx[k], b);
+          const Bh v = as_bh(
+              _mm512_and_si512(_mm512_maskz_srai_epi16(kAll32, x, 8 - kBf16Shift<F>), mask));
+          for (int i = 0; i < NQ; ++i)
+            acc[i * kVec + k] = _mm512_dpbf16_ps(
+                acc[i * kVec + k], v,
+                as_bh(_mm512_set1_epi32(static_cast<int>(wh[i * np + k2]))));
+        }
+      }
+      for (int i = 0; i < NQ; ++i)
+        for (int k = 0; k < nv; ++k) _mm512_storeu_ps(oh + i * D + d0 + 16 * k, acc[i * kVec + k]);
+    }
+  }
+}
+
+/// The weights of fp8_acc_bf16 from p[h * hs + i * ldp + t] (t < n) times `mul`, rounded to bf16.
+template <int NQ>
+void fp8_weights_bf16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t n, float mul,
+                      uint32_t* wp) {
+  const int64_t np = (n + 1) / 2;
+  const __m512 m = _mm512_set1_ps(mul);
+  for (int64_t h = 0; h < H; ++h)
+    for (int i = 0; i < NQ; ++i) {
+      const float* pi = p + h * hs + i * ldp;
+      uint32_t* w = wp + (h * NQ + i) * np;
+      for (int64_t t = 0; t < n; t += 32) {
+        const int64_t r = std::min<int64_t>(32, n - t);
+        const __mmask16 m0 = r >= 16 ? kAll16 : static_cast<__mmask16>((1u << r) - 1);
+        const __mmask16 m1 = r >= 32 ? kAll16 : r > 16 ? static_cast<__mmask16>((1u << (r - 16)) - 1) : 0;
+        const __m512 lo = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, pi + t), m);
+        const __m512 hi = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, pi + t + 16), m);
+        const __m512bh b = _mm512_maskz_cvtne2ps_pbh(kAll32, hi, lo);  // tokens t .. t + 31 in order
+        const int64_t pairs = (r + 1) / 2;
+        _mm512_mask_storeu_epi32(w + t / 2,
+                                 pairs >= 16 ? kAll16 : static_cast<__mmask16>((1u << pairs) - 1),
+                                 reinterpret_cast<const __m512i&>(b));
+      }
+    }
+}
+
+/// Runs f.template operator()<F>() with the side's format.
+template <class Fn>
+void with_fp8_format(Fp8Format fmt, Fn&& f) {
+  switch (fmt) {
+    case Fp8Format::E4M3:
+      return f.template operator()<Fp8Format::E4M3>();
+    case Fp8Format::E4M3FNUZ:
+      return f.template operator()<Fp8Format::E4M3FNUZ>();
+    case Fp8Format::E5M2:
+      return f.template operator()<Fp8Format::E5M2>();
+  }
+}
+#endif
+
 /// Whether per-channel int keys take the int8 mode's byte dot products (dot_int8_group).
 bool int8_keys(IntMode mode, const StoredSide& k) {
   return mode == IntMode::Int8 && (k.bits == 2 || k.bits == 4) && k.group % 32 == 0 &&
@@ -1841,6 +2042,8 @@ void prepare(Scratch& w, const Call& c) {
     grow(w.wt, D * kivi::words_for(c.k.group, c.k.bits));
     grow(w.q8, c.nq * D);
   }
+  if (fp8_bf16(c.mode, c.k)) grow(w.qb, c.q_heads * D);
+  if (fp8_bf16(c.mode, c.v)) grow(w.wp, c.q_heads * kSubRows / 2);
   if (c.v.kind == SchemeKind::Int) {
     const int64_t groups = D / c.v.group + 1;
     grow(w.pw, c.nq * kSubRows * groups);
@@ -1877,6 +2080,36 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
                                      s + (r0 - t0), hs, lds, (k.tokens - r0) * H);
     return;
   }
+#if KVQ_CPU_BF16DOT
+  if (fp8_bf16(c.mode, k)) {  // q (times the per-channel scales) * 2^kFp8QShift as bf16
+    const __m512 mul = _mm512_set1_ps(pow2f(kFp8QShift));
+    const bool ch = k.gran == Granularity::Channel;
+    for (int64_t j = 0; j < H * NQ; ++j)
+      for (int64_t d = 0; d < D; d += 32) {
+        const float* qj = c.q + j * D + d;
+        __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(qj), mul);
+        __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(qj + 16), mul);
+        if (ch) {
+          const float* sc = k.fp8_scales + (j / NQ) * D + d;
+          lo = _mm512_mul_ps(lo, _mm512_loadu_ps(sc));
+          hi = _mm512_mul_ps(hi, _mm512_loadu_ps(sc + 16));
+        }
+        const __m512bh b = _mm512_maskz_cvtne2ps_pbh(kAll32, hi, lo);
+        _mm512_storeu_si512(w.qb.data() + j * D + d, reinterpret_cast<const __m512i&>(b));
+      }
+    with_fp8_format(k.format, [&]<Fp8Format F>() {
+      fp8_dot_bf16<NQ, F, kStream>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row, s, hs, lds,
+                                   (k.tokens - t0) * H);
+      const float back = pow2f(127 - fp8::Traits<F>::kBias - kFp8QShift);
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          const float f = (ch ? 1.0f : fp8_token_factor(k, t, h)) * back;
+          for (int i = 0; i < NQ; ++i) s[h * hs + i * lds + (t - t0)] *= f;
+        }
+    });
+    return;
+  }
+#endif
   const float* qq = c.q;
   if (k.gran == Granularity::Channel) {  // fold the per-channel scales into q
     for (int64_t h = 0; h < H; ++h)
@@ -1901,7 +2134,7 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
 /// and fp8 values; o is [H, NQ, D].
 template <int NQ, bool kStream>
 void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, int64_t ldp,
-                 float* o) {
+                 float* o, Scratch& w) {
   const StoredSide& v = c.v;
   const int64_t H = c.H, D = c.D, row = H * D;
   if (is_dense(v.kind)) {
@@ -1924,6 +2157,20 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
         const float f = fp8_token_factor(v, t, h);
         for (int i = 0; i < NQ; ++i) p[h * hs + i * ldp + (t - t0)] *= f;
       }
+#if KVQ_CPU_BF16DOT
+  if (fp8_bf16(c.mode, v)) {  // outputs carry 2^-kFp8OShift (CausalAttention::finish)
+    KVQ_CHECK(t1 - t0 <= kSubRows, "cpu attention: fp8 values of {} tokens at once", t1 - t0);
+    with_fp8_format(v.format, [&]<Fp8Format F>() {
+      fp8_weights_bf16<NQ>(p, hs, ldp, H, t1 - t0,
+                           pow2f(127 - fp8::Traits<F>::kBias - kFp8OShift), w.wp.data());
+      fp8_acc_bf16<NQ, F, kStream>(w.wp.data(), H, D, t1 - t0, v.codes + t0 * row, o,
+                                   (v.tokens - t0) * H);
+    });
+    return;
+  }
+#else
+  (void)w;
+#endif
   with_fp8_rows(v, v.codes + t0 * row, D, [&](const auto& ld) {
     acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, ld, o, (v.tokens - t0) * H);
   });
@@ -1978,9 +2225,9 @@ void simd_tile_block(std::span<const TileSlot> slots, Scratch& w) {
       if (a >= b) continue;
       if (row_kind(x.c->v.kind)) {
         if (stream)
-          values_rows<NQ, true>(*x.c, a, b, x.s + u, hs, lds, x.P->o.data());
+          values_rows<NQ, true>(*x.c, a, b, x.s + u, hs, lds, x.P->o.data(), w);
         else
-          values_rows<NQ, false>(*x.c, a, b, x.s + u, hs, lds, x.P->o.data());
+          values_rows<NQ, false>(*x.c, a, b, x.s + u, hs, lds, x.P->o.data(), w);
       } else {
         for (int64_t h = 0; h < H; ++h)
           values<NQ>(*x.c, h, a, b, x.s + h * hs + u, lds, x.P->o.data() + h * NQ * D, w);
@@ -2316,15 +2563,19 @@ void CausalAttention::finish(const Position& pos, int64_t p, const Partial& acc,
   const int64_t D = in_.k.dim, nq = in_.q_heads / in_.k.heads;
   // The fast path leaves per-channel fp8 value scales for the end (the portable path applied them).
   bool cf_left = pos.v.kind == SchemeKind::Fp8 && pos.v.gran == Granularity::Channel && pos.fast;
+  // fp8 values in the int8 mode's bf16 dot products carry 2^-kFp8OShift.
+  float of = pos.fast && fp8_bf16(in_.int_mode, pos.v) ? pow2f(kFp8OShift) : 1.0f;
   const Partial* a = &acc;
   Partial all;
   if (sinks_ > 0) {  // the sinks come first: fold the rest (its channel scales applied) after them
     Partial rest = acc;
-    if (cf_left)
+    if (cf_left || of != 1.0f)
       for (int64_t j = 0; j < in_.q_heads; ++j)
         for (int64_t d = 0; d < D; ++d)
-          rest.o[static_cast<size_t>(j * D + d)] *= pos.v.fp8_scales[(j / nq) * D + d];
+          rest.o[static_cast<size_t>(j * D + d)] *=
+              (cf_left ? pos.v.fp8_scales[(j / nq) * D + d] : 1.0f) * of;
     cf_left = false;
+    of = 1.0f;
     all = sink_partial(sink_only_ + p);
     fold(all, rest, false, D);
     a = &all;
@@ -2334,7 +2585,7 @@ void CausalAttention::finish(const Position& pos, int64_t p, const Partial& acc,
     const float inv = 1.0f / a->l[static_cast<size_t>(j)];
     const float* cf = cf_left ? pos.v.fp8_scales + (j / nq) * D : nullptr;
     for (int64_t d = 0; d < D; ++d)
-      o[j * D + d] = a->o[static_cast<size_t>(j * D + d)] * (inv * (cf ? cf[d] : 1.0f));
+      o[j * D + d] = a->o[static_cast<size_t>(j * D + d)] * (inv * (cf ? cf[d] : 1.0f) * of);
   }
 }
 

@@ -33,6 +33,15 @@
 #define KVQ_CPU_AVX512 0
 #endif
 
+// bf16 dot products (vdpbf16ps; fp8 sides in the int8 mode, kernels/cpu/attention.h): AVX-512
+// BF16 beside the int8 mode's 512-bit forms (VNNI and VBMI).
+#if KVQ_CPU_AVX512 && defined(__AVX512BF16__) && defined(__AVX512VNNI__) && \
+    defined(__AVX512VBMI__)
+#define KVQ_CPU_BF16DOT 1
+#else
+#define KVQ_CPU_BF16DOT 0
+#endif
+
 namespace kvq::cpu {
 
 /// \brief True when the AVX2+FMA+F16C kernels are compiled in.
@@ -49,6 +58,9 @@ constexpr __mmask16 kAll16 = 0xffff;
 /// \brief Every byte of a 64-byte mask (the byte forms' zero-masking, as kAll16).
 constexpr __mmask64 kAll64 = ~__mmask64{0};
 #endif
+
+/// \brief True when fp8 sides in the int8 mode take bf16 dot products.
+inline constexpr bool kBf16Dot = KVQ_CPU_BF16DOT != 0;
 
 /// \brief True when the float row kernels also have their 512-bit form.
 inline constexpr bool kAvx512 = KVQ_CPU_AVX512 != 0;

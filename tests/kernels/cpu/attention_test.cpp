@@ -21,6 +21,8 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "experiments/synthetic.h"
+#include "fp8/format.h"
+#include "fp8/scale.h"
 #include "kernels/cpu/isa.h"
 #include "kivi/layout.h"
 #include "reference_cpu/attention.h"
@@ -279,6 +281,122 @@ INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionInt8,
                                            Case{"kivi4:g=32,r=32", 333, 2, 96, 3, 2, true},
                                            Case{"kivi4:g=32,r=32", 334, 2, 96, 3, 1, true}),
                          name_of);
+
+// Int8 mode on fp8 sides (kernels/cpu/attention.h; compiled where kBf16Dot): the definition,
+// computed here in double from the stored bytes. With b(x) the float x rounded to bf16
+// (nearest-even, core/half.h's round_to_bf16), val(c) = fp8::decode(c) but 0 for the subnormal
+// codes (exponent field 0), g_hd the per-channel scale (gran=channel, else 1) and f_th the
+// per-(token, head) scale (else 1):
+//   s_t = f_th * sum_d b(float(q_jd * g_hd)) * val(k_thd)
+//   o_d = g_hd * sum_t b(float(p_t * f_th)) * val(v_thd) / sum_t p_t,
+// where p_t = e^(s_t / sqrt(D) - M) with M the running max the kernel's online softmax holds at
+// t's block: the max of the scores from t's segment start (segments of 2 blocks of 256 tokens,
+// counted from token 0) to the end of t's block, then rescaled to the global max. The weights
+// p_t * f_th whose mantissa lies within kTie of a bf16 rounding tie may round apart from the
+// kernel's float ones: their outputs get one bf16 step of the weight times |val| of allowance.
+class cpuDecodeAttentionFp8Bf16 : public ::testing::TestWithParam<Case> {};
+
+TEST_P(cpuDecodeAttentionFp8Bf16, int8Mode_equalsItsDefinition) {
+  if (!kBf16Dot)
+    GTEST_SKIP() << "fp8 bf16 dot products need AVX-512 BF16, VNNI and VBMI; fp8 reads exactly";
+  const Case c = GetParam();
+  const SchemeSpec spec = parse_spec(c.spec);
+  const Tensor3 kx = synthetic_kv({{c.tokens, c.heads, c.dim}, 2, 12.0f, 1});
+  const Tensor3 vx = synthetic_kv({{c.tokens, c.heads, c.dim}, 0, 1.0f, 2});
+  const auto k = make_side(spec, Role::Key, kx), v = make_side(spec, Role::Value, vx);
+  const StoredSide ks = k->stored(), vs = v->stored();
+  ASSERT_EQ(ks.kind, SchemeKind::Fp8);
+  const int64_t qh = c.heads * c.gqa, D = c.dim, T = c.tokens, H = c.heads;
+  const auto q = random_q(qh * D, 3);
+  if (D % 32 != 0) {  // head_dim not a multiple of 32: the exact path, as in exact mode
+    std::vector<float> got(static_cast<size_t>(qh * D)), want(got.size());
+    cpu::decode_attention(q.data(), qh, ks, vs, got.data(), {c.threads, IntMode::Int8});
+    cpu::decode_attention(q.data(), qh, ks, vs, want.data(), {c.threads, IntMode::Exact});
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << i;
+    return;
+  }
+  auto val = [](const StoredSide& x, uint8_t code) {
+    const int mant = x.format == Fp8Format::E5M2 ? 2 : 3;
+    return (code & 0x7f) >> mant == 0 ? 0.0 : static_cast<double>(fp8::decode(x.format, code));
+  };
+  auto g = [](const StoredSide& x, int64_t t, int64_t h, int64_t d) {
+    return x.gran == Granularity::Channel
+               ? x.fp8_scales[fp8::scale_index(x.gran, t, h, d, x.heads, x.dim)]
+               : 1.0f;
+  };
+  auto f = [](const StoredSide& x, int64_t t, int64_t h) {
+    return x.gran == Granularity::Channel
+               ? 1.0f
+               : x.fp8_scales[fp8::scale_index(x.gran, t, h, 0, x.heads, x.dim)];
+  };
+  std::vector<double> want(static_cast<size_t>(qh * D), 0.0), ties(want.size(), 0.0);
+  int64_t subnormal = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < H * D; ++i) subnormal += val(ks, ks.codes[t * H * D + i]) == 0.0;
+  for (int64_t j = 0; j < qh; ++j) {
+    const int64_t h = j / c.gqa;
+    std::vector<double> sc(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      double a = 0;
+      for (int64_t d = 0; d < D; ++d)
+        a += static_cast<double>(round_to_bf16(q[static_cast<size_t>(j * D + d)] * g(ks, t, h, d))) *
+             val(ks, ks.codes[(t * H + h) * D + d]);
+      sc[static_cast<size_t>(t)] = a * f(ks, t, h) / std::sqrt(static_cast<double>(D));
+    }
+    double gmax = -INFINITY, z = 0;
+    for (double x : sc) gmax = std::max(gmax, x);
+    for (double x : sc) z += std::exp(x - gmax);
+    double* wj = want.data() + j * D;
+    for (int64_t seg = 0; seg < T; seg += 512) {
+      double run = -INFINITY;
+      for (int64_t b0 = seg; b0 < std::min(T, seg + 512); b0 += 256) {
+        const int64_t b1 = std::min(T, b0 + 256);
+        for (int64_t t = b0; t < b1; ++t) run = std::max(run, sc[static_cast<size_t>(t)]);
+        for (int64_t t = b0; t < b1; ++t) {
+          const double w = std::exp(sc[static_cast<size_t>(t)] - run) * f(vs, t, h);
+          const float wf = static_cast<float>(w);
+          const double wb = round_to_bf16(wf);
+          // one bf16 step (2^-7 of the leading power of two) where w lies near a tie
+          const double lead = std::exp2(std::floor(std::log2(w > 0 ? w : 1e-300)));
+          const double r = w / lead * 128.0;
+          const bool tie = w > 0 && std::fabs(r - std::floor(r) - 0.5) < kTie;
+          const double back = std::exp(run - gmax) / z;
+          for (int64_t d = 0; d < D; ++d) {
+            const double x = val(vs, vs.codes[(t * H + h) * D + d]) * g(vs, t, h, d);
+            wj[d] += wb * x * back;
+            if (tie) ties[static_cast<size_t>(j * D + d)] += lead / 128.0 * std::fabs(x) * back;
+          }
+        }
+      }
+    }
+  }
+  std::vector<float> got(want.size()), exact(want.size());
+  cpu::decode_attention(q.data(), qh, ks, vs, got.data(), {c.threads, IntMode::Int8});
+  decode_attention(q.data(), qh, *k, *v, exact.data());
+  double max_v = 0, err = 0, err_exact = 0;
+  for (float x : v->dequantize().data) max_v = std::max(max_v, std::fabs(static_cast<double>(x)));
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::fabs(got[i] - want[i]) - ties[i]);
+    err_exact = std::max(err_exact, std::fabs(static_cast<double>(got[i]) - exact[i]));
+  }
+  RecordProperty("err_vs_exact_over_max_v", std::to_string(err_exact / max_v));
+  RecordProperty("subnormal_key_codes", std::to_string(subnormal));
+  EXPECT_GT(err_exact, 0.0);  // the bf16 path really ran
+  EXPECT_LE(err, kExactTol * max_v) << "vs exact reference: " << err_exact / max_v;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, cpuDecodeAttentionFp8Bf16,
+    ::testing::Values(Case{"fp8_e4m3:gran=token", 1000, 2, 128, 4, 1, true},
+                      Case{"fp8_e4m3:gran=tensor", 1300, 2, 128, 4, 3, true},
+                      Case{"fp8_e5m2:gran=channel", 555, 3, 64, 8, 1, true},
+                      Case{"fp8_e4m3fnuz:gran=head", 333, 2, 96, 3, 2, true},
+                      Case{"fp8_e4m3:gran=token", 161, 1, 64, 1, 1, true},
+                      Case{"fp8_e5m2:gran=token", 77, 2, 128, 2, 1, true},
+                      Case{"fp8_e4m3:gran=channel", 700, 1, 256, 5, 2, true},
+                      Case{"fp8_e4m3:gran=token", 1, 2, 64, 8, 1, true},
+                      Case{"fp8_e4m3:gran=token", 300, 2, 72, 4, 1, true}),  // exact: D % 32
+    name_of);
 
 #if KVQ_CPU_AVX2
 // The byte dot product's two forms (kernels/cpu/isa.h): vpdpbusd where compiled in, else
