@@ -1709,7 +1709,8 @@ template <Fp8Format F>
 constexpr int16_t kBf16Mask = static_cast<int16_t>(0x8000 | (0x7f << kBf16Shift<F>));
 
 using Bh = __m512bh;
-inline Bh as_bh(__m512i x) { return reinterpret_cast<Bh&>(x); }
+inline Bh as_bh(__m512i x) { return (Bh)x; }  // NOLINT: a vector cast (same bits)
+inline __m512i from_bh(Bh x) { return (__m512i)x; }  // NOLINT
 constexpr __mmask32 kAll32 = ~__mmask32{0};
 
 /// 32 codes (channels d .. d + 31 of one row) as bf16, value * 2^(kBias - 127).
@@ -1780,16 +1781,18 @@ void fp8_dot_bf16(const uint16_t* qb, int64_t H, int64_t D, int64_t n, const uin
   for (; r < rows; ++r) step.template operator()<1>(r);
 }
 
-/// The byte permute of fp8_acc_bf16: dword j of slice k holds channel 16k + j of the first token
-/// in byte 1 and of the second token in byte 3 (bytes 0 and 2 zeroed by the mask).
-inline __m512i pair_index(int k) {
-  alignas(64) uint8_t a[64] = {};
-  for (int j = 0; j < 16; ++j) {
-    a[4 * j + 1] = static_cast<uint8_t>(16 * k + j);
-    a[4 * j + 3] = static_cast<uint8_t>(64 + 16 * k + j);
-  }
-  return _mm512_load_si512(a);
-}
+/// The byte permutes of fp8_acc_bf16, 64 bytes per 16-channel slice k: dword j holds channel
+/// 16k + j of the first token in byte 1 and of the second token in byte 3 (bytes 0 and 2 are
+/// zeroed by the mask kOddBytes).
+constexpr std::array<uint8_t, 256> kPairIndex = [] {
+  std::array<uint8_t, 256> a{};
+  for (int k = 0; k < 4; ++k)
+    for (int j = 0; j < 16; ++j) {
+      a[64 * k + 4 * j + 1] = static_cast<uint8_t>(16 * k + j);
+      a[64 * k + 4 * j + 3] = static_cast<uint8_t>(64 + 16 * k + j);
+    }
+  return a;
+}();
 constexpr __mmask64 kOddBytes = 0xaaaaaaaaaaaaaaaaull;
 
 /// FP8 values: o_h,i += sum_t w[t] * row (t, h), w the weights of tokens [0, n) as bf16 pairs
@@ -1797,46 +1800,59 @@ constexpr __mmask64 kOddBytes = 0xaaaaaaaaaaaaaaaaull;
 /// has weight 0 for a token it reads again), rows as in fp8_dot_bf16. Per head, slices of 64
 /// channels (32 where head_dim ends or NQ > 4) with every pair of the range applied in token
 /// order to accumulators in registers.
+/// fp8_acc_bf16's work on NV vectors of 16 channels of one head: rows from r (one token's row
+/// to the next's: ts bytes), weights wh[i * np + pair], outputs oh[i * D + ..], the accumulators in
+/// registers over every pair.
+template <int NQ, int NV, Fp8Format F>
+  requires(NV == 2 || NV == 4)
+void fp8_acc_slice(const uint32_t* wh, int64_t np, int64_t n, const uint8_t* r, int64_t ts,
+                   float* oh, int64_t D) {
+  // Plain loads: GCC 12 keeps the accumulators' stack copies in step, a store per vdpbf16ps,
+  // when the loop holds a masked-load builtin.
+  auto load = [](const uint8_t* p) {
+    if constexpr (NV == 4)
+      return _mm512_loadu_si512(p);
+    else
+      return _mm512_maskz_inserti64x4(
+          0xff, _mm512_setzero_si512(), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), 0);
+  };
+  const __m512i mask = _mm512_set1_epi16(kBf16Mask<F>);
+  __m512i idx[NV];
+  for (int k = 0; k < NV; ++k) idx[k] = _mm512_loadu_si512(kPairIndex.data() + 64 * k);
+  __m512 acc[NQ * NV];
+  for (int i = 0; i < NQ; ++i)
+    for (int k = 0; k < NV; ++k) acc[i * NV + k] = _mm512_loadu_ps(oh + i * D + 16 * k);
+  for (int64_t k2 = 0; k2 < np; ++k2, r += 2 * ts) {
+    const __m512i a = load(r), b = load(2 * k2 + 1 < n ? r + ts : r);
+    __m512i wv[NQ];
+    for (int i = 0; i < NQ; ++i) wv[i] = _mm512_set1_epi32(static_cast<int>(wh[i * np + k2]));
+    for (int k = 0; k < NV; ++k) {
+      const __m512i x = _mm512_maskz_permutex2var_epi8(kOddBytes, a, idx[k], b);
+      const Bh v =
+          as_bh(_mm512_and_si512(_mm512_maskz_srai_epi16(kAll32, x, 8 - kBf16Shift<F>), mask));
+      for (int i = 0; i < NQ; ++i)
+        acc[i * NV + k] = _mm512_dpbf16_ps(acc[i * NV + k], v, as_bh(wv[i]));
+    }
+  }
+  for (int i = 0; i < NQ; ++i)
+    for (int k = 0; k < NV; ++k) _mm512_storeu_ps(oh + i * D + 16 * k, acc[i * NV + k]);
+}
+
 template <int NQ, Fp8Format F, bool kPrefetch>
 void fp8_acc_bf16(const uint32_t* wp, int64_t H, int64_t D, int64_t n, const uint8_t* base,
                   float* o, int64_t valid) {
-  constexpr int64_t kSlice = NQ <= 4 ? 64 : 32;
-  constexpr int kVec = static_cast<int>(kSlice / 16);
+  constexpr int kVec = NQ <= 4 ? 4 : 2;  // 16-channel vectors per slice
   const int64_t np = (n + 1) / 2;
-  const __m512i idx[4] = {pair_index(0), pair_index(1), pair_index(2), pair_index(3)};
-  const __m512i mask = _mm512_set1_epi16(kBf16Mask<F>);
   for (int64_t h = 0; h < H; ++h) {
     if constexpr (kPrefetch)
       for (int64_t t = n; t < 2 * n; ++t)
         if (t * H + h < valid) prefetch_row(base + (t * H + h) * D, D);
     const uint32_t* wh = wp + h * NQ * np;
-    float* oh = o + h * NQ * D;
-    for (int64_t d0 = 0; d0 < D; d0 += kSlice) {
-      const int nv = D - d0 >= kSlice ? kVec : static_cast<int>(D - d0) / 16;
-      const __mmask64 lm = nv * 16 >= 64 ? ~__mmask64{0} : (__mmask64{1} << (nv * 16)) - 1;
-      __m512 acc[NQ * kVec];
-      for (int i = 0; i < NQ; ++i)
-        for (int k = 0; k < kVec; ++k)
-          acc[i * kVec + k] = k < nv ? _mm512_loadu_ps(oh + i * D + d0 + 16 * k)
-                                     : _mm512_setzero_ps();
-      for (int64_t k2 = 0; k2 < np; ++k2) {
-        const int64_t t = 2 * k2, t1 = t + 1 < n ? t + 1 : t;
-        const __m512i a = _mm512_maskz_loadu_epi8(lm, base + (t * H + h) * D + d0);
-        const __m512i b = _mm512_maskz_loadu_epi8(lm, base + (t1 * H + h) * D + d0);
-        for (int k = 0; k < kVec; ++k) {
-          if (k >= nv) break;
-          const __m512i x = _mm512_maskz_permutex2var_epi8(kOddBytes, a, idx[k], b);
-          const Bh v = as_bh(
-              _mm512_and_si512(_mm512_maskz_srai_epi16(kAll32, x, 8 - kBf16Shift<F>), mask));
-          for (int i = 0; i < NQ; ++i)
-            acc[i * kVec + k] = _mm512_dpbf16_ps(
-                acc[i * kVec + k], v,
-                as_bh(_mm512_set1_epi32(static_cast<int>(wh[i * np + k2]))));
-        }
-      }
-      for (int i = 0; i < NQ; ++i)
-        for (int k = 0; k < nv; ++k) _mm512_storeu_ps(oh + i * D + d0 + 16 * k, acc[i * kVec + k]);
-    }
+    int64_t d0 = 0;
+    for (; d0 + 16 * kVec <= D; d0 += 16 * kVec)
+      fp8_acc_slice<NQ, kVec, F>(wh, np, n, base + h * D + d0, H * D, o + h * NQ * D + d0, D);
+    if (d0 < D)  // head_dim a multiple of 32
+      fp8_acc_slice<NQ, 2, F>(wh, np, n, base + h * D + d0, H * D, o + h * NQ * D + d0, D);
   }
 }
 
@@ -1860,7 +1876,7 @@ void fp8_weights_bf16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_
         const int64_t pairs = (r + 1) / 2;
         _mm512_mask_storeu_epi32(w + t / 2,
                                  pairs >= 16 ? kAll16 : static_cast<__mmask16>((1u << pairs) - 1),
-                                 reinterpret_cast<const __m512i&>(b));
+                                 from_bh(b));
       }
     }
 }
@@ -2095,7 +2111,7 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
           hi = _mm512_mul_ps(hi, _mm512_loadu_ps(sc + 16));
         }
         const __m512bh b = _mm512_maskz_cvtne2ps_pbh(kAll32, hi, lo);
-        _mm512_storeu_si512(w.qb.data() + j * D + d, reinterpret_cast<const __m512i&>(b));
+        _mm512_storeu_si512(w.qb.data() + j * D + d, from_bh(b));
       }
     with_fp8_format(k.format, [&]<Fp8Format F>() {
       fp8_dot_bf16<NQ, F, kStream>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row, s, hs, lds,
