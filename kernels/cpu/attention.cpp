@@ -89,6 +89,8 @@ struct Scratch {
   std::vector<float> fac;       // and their factors
   std::vector<float> mv;        // and 16-lane sums of p * min
   std::vector<uint16_t> qb;     // fp8 in the int8 mode: q as bf16 [H, NQ, D]
+  const float* qb_of = nullptr;  // the q that qb holds (reset at each block)
+  std::vector<float> rowf;      // the factor of each row's scores
   std::vector<uint32_t> wp;     // and the weights as bf16 pairs
 };
 
@@ -1745,12 +1747,17 @@ template <int NQ>
 constexpr int kFp8Rows = NQ == 1 ? 16 : NQ == 2 ? 8 : 16 / NQ < 2 ? 2 : 16 / NQ;
 
 /// FP8 keys, rows in address order (row r is token r / H, head r % H; D bytes each from base):
-/// s[h * hs + i * lds + t] = sum over channel pairs of qb * code-as-bf16 (unscaled), qb the
-/// [H, NQ, D] bf16 query. `valid`: rows that exist from base (prefetched ahead when kPrefetch).
+/// s[h * hs + i * lds + t] = (sum over channel pairs of qb * code-as-bf16) * rowf[r], qb the
+/// [H, NQ, D] bf16 query, rowf padded by 16 floats. `valid`: rows that exist from base (prefetched ahead when kPrefetch).
 template <int NQ, Fp8Format F, bool kPrefetch>
 void fp8_dot_bf16(const uint16_t* qb, int64_t H, int64_t D, int64_t n, const uint8_t* base,
-                  float* s, int64_t hs, int64_t lds, int64_t valid) {
+                  const float* rowf, float* s, int64_t hs, int64_t lds, int64_t valid) {
   const int64_t rows = n * H;
+  const __m512i lane_row = [] {  // lane u * NQ + i reads row u's factor
+    alignas(64) int32_t a[16];
+    for (int l = 0; l < 16; ++l) a[l] = l / NQ < 16 ? l / NQ : 15;
+    return _mm512_load_si512(a);
+  }();
   auto step = [&]<int U>(int64_t r) {
     if constexpr (kPrefetch)
       for (int u = 0; u < U; ++u)
@@ -1769,7 +1776,8 @@ void fp8_dot_bf16(const uint16_t* qb, int64_t H, int64_t D, int64_t n, const uin
               as_bh(_mm512_loadu_si512(reinterpret_cast<const __m512i*>(qh[u] + i * D + d))));
       }
     alignas(64) float res[16];
-    _mm512_store_ps(res, sum16x16(acc));
+    const __m512 f = _mm512_maskz_permutexvar_ps(kAll16, lane_row, _mm512_loadu_ps(rowf + r));
+    _mm512_store_ps(res, _mm512_mul_ps(sum16x16(acc), f));
     for (int u = 0; u < U; ++u) {
       const int64_t t = (r + u) / H, h = (r + u) % H;
       for (int i = 0; i < NQ; ++i) s[h * hs + i * lds + t] = res[u * NQ + i];
@@ -2058,7 +2066,10 @@ void prepare(Scratch& w, const Call& c) {
     grow(w.wt, D * kivi::words_for(c.k.group, c.k.bits));
     grow(w.q8, c.nq * D);
   }
-  if (fp8_bf16(c.mode, c.k)) grow(w.qb, c.q_heads * D);
+  if (fp8_bf16(c.mode, c.k)) {
+    grow(w.qb, c.q_heads * D);
+    grow(w.rowf, kSubRows * c.H + 16);
+  }
   if (fp8_bf16(c.mode, c.v)) grow(w.wp, c.q_heads * kSubRows / 2);
   if (c.v.kind == SchemeKind::Int) {
     const int64_t groups = D / c.v.group + 1;
@@ -2100,7 +2111,7 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
   if (fp8_bf16(c.mode, k)) {  // q (times the per-channel scales) * 2^kFp8QShift as bf16
     const __m512 mul = _mm512_set1_ps(pow2f(kFp8QShift));
     const bool ch = k.gran == Granularity::Channel;
-    for (int64_t j = 0; j < H * NQ; ++j)
+    for (int64_t j = 0; j < H * NQ && w.qb_of != c.q; ++j)
       for (int64_t d = 0; d < D; d += 32) {
         const float* qj = c.q + j * D + d;
         __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(qj), mul);
@@ -2113,15 +2124,15 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
         const __m512bh b = _mm512_maskz_cvtne2ps_pbh(kAll32, hi, lo);
         _mm512_storeu_si512(w.qb.data() + j * D + d, from_bh(b));
       }
+    w.qb_of = c.q;
     with_fp8_format(k.format, [&]<Fp8Format F>() {
-      fp8_dot_bf16<NQ, F, kStream>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row, s, hs, lds,
-                                   (k.tokens - t0) * H);
       const float back = pow2f(127 - fp8::Traits<F>::kBias - kFp8QShift);
+      float* rf = w.rowf.data();
       for (int64_t t = t0; t < t1; ++t)
-        for (int64_t h = 0; h < H; ++h) {
-          const float f = (ch ? 1.0f : fp8_token_factor(k, t, h)) * back;
-          for (int i = 0; i < NQ; ++i) s[h * hs + i * lds + (t - t0)] *= f;
-        }
+        for (int64_t h = 0; h < H; ++h)
+          *rf++ = (ch ? 1.0f : fp8_token_factor(k, t, h)) * back;
+      fp8_dot_bf16<NQ, F, kStream>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row, w.rowf.data(),
+                                   s, hs, lds, (k.tokens - t0) * H);
     });
     return;
   }
@@ -2209,6 +2220,7 @@ void simd_tile_block(std::span<const TileSlot> slots, Scratch& w) {
   // One position streams its rows from memory once; several reuse them from cache.
   const bool stream = slots.size() == 1;
   int64_t longest = 0;
+  w.qb_of = nullptr;  // a new block: a call's q may have changed since (kvq model reuses it)
   for (const TileSlot& x : slots) {
     prepare(w, *x.c);
     longest = std::max(longest, x.t1 - x.t0);
