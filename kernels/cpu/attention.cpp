@@ -1864,22 +1864,25 @@ void fp8_acc_bf16(const uint32_t* wp, int64_t H, int64_t D, int64_t n, const uin
   }
 }
 
-/// The weights of fp8_acc_bf16 from p[h * hs + i * ldp + t] (t < n) times `mul`, rounded to bf16.
+/// The weights of fp8_acc_bf16 from p[h * hs + i * ldp + t] (t < n) times f[h * n + t], rounded
+/// to bf16.
 template <int NQ>
-void fp8_weights_bf16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t n, float mul,
-                      uint32_t* wp) {
+void fp8_weights_bf16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t n,
+                      const float* f, uint32_t* wp) {
   const int64_t np = (n + 1) / 2;
-  const __m512 m = _mm512_set1_ps(mul);
   for (int64_t h = 0; h < H; ++h)
     for (int i = 0; i < NQ; ++i) {
       const float* pi = p + h * hs + i * ldp;
+      const float* fh = f + h * n;
       uint32_t* w = wp + (h * NQ + i) * np;
       for (int64_t t = 0; t < n; t += 32) {
         const int64_t r = std::min<int64_t>(32, n - t);
         const __mmask16 m0 = r >= 16 ? kAll16 : static_cast<__mmask16>((1u << r) - 1);
         const __mmask16 m1 = r >= 32 ? kAll16 : r > 16 ? static_cast<__mmask16>((1u << (r - 16)) - 1) : 0;
-        const __m512 lo = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, pi + t), m);
-        const __m512 hi = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, pi + t + 16), m);
+        const __m512 lo =
+            _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, pi + t), _mm512_maskz_loadu_ps(m0, fh + t));
+        const __m512 hi = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, pi + t + 16),
+                                        _mm512_maskz_loadu_ps(m1, fh + t + 16));
         const __m512bh b = _mm512_maskz_cvtne2ps_pbh(kAll32, hi, lo);  // tokens t .. t + 31 in order
         const int64_t pairs = (r + 1) / 2;
         _mm512_mask_storeu_epi32(w + t / 2,
@@ -2070,7 +2073,10 @@ void prepare(Scratch& w, const Call& c) {
     grow(w.qb, c.q_heads * D);
     grow(w.rowf, kSubRows * c.H + 16);
   }
-  if (fp8_bf16(c.mode, c.v)) grow(w.wp, c.q_heads * kSubRows / 2);
+  if (fp8_bf16(c.mode, c.v)) {
+    grow(w.wp, c.q_heads * kSubRows / 2);
+    grow(w.rowf, kSubRows * c.H + 16);
+  }
   if (c.v.kind == SchemeKind::Int) {
     const int64_t groups = D / c.v.group + 1;
     grow(w.pw, c.nq * kSubRows * groups);
@@ -2178,18 +2184,19 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
                                  (v.tokens - r0) * H);
     return;
   }
-  if (v.gran != Granularity::Channel)  // per-channel scales multiply the final output
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        const float f = fp8_token_factor(v, t, h);
-        for (int i = 0; i < NQ; ++i) p[h * hs + i * ldp + (t - t0)] *= f;
-      }
 #if KVQ_CPU_BF16DOT
   if (fp8_bf16(c.mode, v)) {  // outputs carry 2^-kFp8OShift (CausalAttention::finish)
     KVQ_CHECK(t1 - t0 <= kSubRows, "cpu attention: fp8 values of {} tokens at once", t1 - t0);
     with_fp8_format(v.format, [&]<Fp8Format F>() {
-      fp8_weights_bf16<NQ>(p, hs, ldp, H, t1 - t0,
-                           pow2f(127 - fp8::Traits<F>::kBias - kFp8OShift), w.wp.data());
+      // each row's factor (its token factor; per-channel scales multiply the final output)
+      // times 2^(127 - kBias - kFp8OShift), per head: f[h * n + t - t0]
+      const float mul = pow2f(127 - fp8::Traits<F>::kBias - kFp8OShift);
+      const bool ch = v.gran == Granularity::Channel;
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t h = 0; h < H; ++h)
+          w.rowf[static_cast<size_t>(h * (t1 - t0) + t - t0)] =
+              (ch ? 1.0f : fp8_token_factor(v, t, h)) * mul;
+      fp8_weights_bf16<NQ>(p, hs, ldp, H, t1 - t0, w.rowf.data(), w.wp.data());
       fp8_acc_bf16<NQ, F, kStream>(w.wp.data(), H, D, t1 - t0, v.codes + t0 * row, o,
                                    (v.tokens - t0) * H);
     });
@@ -2198,6 +2205,12 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
 #else
   (void)w;
 #endif
+  if (v.gran != Granularity::Channel)  // per-channel scales multiply the final output
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const float f = fp8_token_factor(v, t, h);
+        for (int i = 0; i < NQ; ++i) p[h * hs + i * ldp + (t - t0)] *= f;
+      }
   with_fp8_rows(v, v.codes + t0 * row, D, [&](const auto& ld) {
     acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, ld, o, (v.tokens - t0) * H);
   });
