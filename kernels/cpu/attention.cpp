@@ -1753,6 +1753,9 @@ template <int NQ, Fp8Format F, bool kPrefetch>
 void fp8_dot_bf16(const uint16_t* qb, int64_t H, int64_t D, int64_t n, const uint8_t* base,
                   const float* rowf, float* s, int64_t hs, int64_t lds, int64_t valid) {
   const int64_t rows = n * H;
+  int64_t t = 0, h = 0;  // the next row's token and head, its query and scores
+  const uint16_t* qrow = qb;
+  float* srow = s;
   const __m512i lane_row = [] {  // lane u * NQ + i reads row u's factor
     alignas(64) int32_t a[16];
     for (int l = 0; l < 16; ++l) a[l] = l / NQ < 16 ? l / NQ : 15;
@@ -1766,7 +1769,12 @@ void fp8_dot_bf16(const uint16_t* qb, int64_t H, int64_t D, int64_t n, const uin
     __m512 acc[16];
     for (auto& a : acc) a = _mm512_setzero_ps();
     const uint16_t* qh[U];
-    for (int u = 0; u < U; ++u) qh[u] = qb + ((r + u) % H) * NQ * D;
+    float* so[U];  // row u's scores, s + h * hs + t
+    for (int u = 0; u < U; ++u) {
+      qh[u] = qrow, so[u] = srow;
+      qrow += NQ * D, srow += hs;
+      if (++h == H) h = 0, ++t, qrow = qb, srow = s + t;
+    }
     for (int64_t d = 0; d < D; d += 32)
       for (int u = 0; u < U; ++u) {
         const Bh k = as_bh(fp8_bf16x32<F>(base + (r + u) * D + d));
@@ -1778,10 +1786,8 @@ void fp8_dot_bf16(const uint16_t* qb, int64_t H, int64_t D, int64_t n, const uin
     alignas(64) float res[16];
     const __m512 f = _mm512_maskz_permutexvar_ps(kAll16, lane_row, _mm512_loadu_ps(rowf + r));
     _mm512_store_ps(res, _mm512_mul_ps(sum16x16(acc), f));
-    for (int u = 0; u < U; ++u) {
-      const int64_t t = (r + u) / H, h = (r + u) % H;
-      for (int i = 0; i < NQ; ++i) s[h * hs + i * lds + t] = res[u * NQ + i];
-    }
+    for (int u = 0; u < U; ++u)
+      for (int i = 0; i < NQ; ++i) so[u][i * lds] = res[u * NQ + i];
   };
   constexpr int U = kFp8Rows<NQ>;
   int64_t r = 0;
