@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -397,6 +398,40 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"fp8_e4m3:gran=token", 1, 2, 64, 8, 1, true},
                       Case{"fp8_e4m3:gran=token", 300, 2, 72, 4, 1, true}),  // exact: D % 32
     name_of);
+
+// A thread's workspace outlives a call (the model keeps one per thread) and the int8 mode's fp8
+// keys hold q as bf16 in it: a second call with the same q buffer, rewritten, must read the new q
+// (the same bits as a fresh workspace).
+TEST(cpuDecodeAttentionFp8Bf16Reuse, keptWorkspace_rewrittenQ_sameAsFresh) {
+  const SchemeSpec spec = parse_spec("fp8_e4m3:gran=token");
+  const int64_t T = 600, H = 2, D = 128, qh = 8;
+  const Tensor3 kx = synthetic_kv({{T, H, D}, 2, 12.0f, 1});
+  const Tensor3 vx = synthetic_kv({{T, H, D}, 0, 1.0f, 2});
+  const auto k = make_side(spec, Role::Key, kx), v = make_side(spec, Role::Value, vx);
+  const auto q1 = random_q(qh * D, 3), q2 = random_q(qh * D, 4);
+  std::vector<float> buf = q1;
+  CausalInput in;
+  in.q = buf.data();
+  in.n = 1;
+  in.q_heads = qh;
+  in.t_begin = T - 1;
+  in.k = k->stored();
+  in.v = v->stored();
+  in.int_mode = IntMode::Int8;
+  auto run = [&](CausalAttention::Workspace& w, float* out) {
+    CausalAttention a(in, 1);
+    for (int64_t i = 0; i < a.items(); ++i) a.run(i, out, w);
+    for (int64_t p = 0; p < a.merges(); ++p) a.merge(p, out);
+  };
+  std::vector<float> o1(static_cast<size_t>(qh * D)), o2(o1.size()), o3(o1.size());
+  CausalAttention::Workspace kept, fresh;
+  run(kept, o1.data());
+  buf = q2;
+  run(kept, o2.data());
+  run(fresh, o3.data());
+  EXPECT_NE(std::memcmp(o1.data(), o2.data(), o1.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(o2.data(), o3.data(), o2.size() * 4), 0);
+}
 
 #if KVQ_CPU_AVX2
 // The byte dot product's two forms (kernels/cpu/isa.h): vpdpbusd where compiled in, else

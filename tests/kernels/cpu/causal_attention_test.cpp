@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "experiments/synthetic.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/isa.h"
 #include "model/llama.h"
 #include "reference_cpu/attention.h"
 #include "tests/support/names.h"
@@ -67,7 +68,7 @@ struct Stream {
 
   // Appends rows [t0, t0 + n) of kx / vx and attends with q rows [t0, t0 + n).
   void step(const Tensor3& kx, const Tensor3& vx, const std::vector<float>& q, int64_t t0,
-            int64_t n, int threads, float* out, float* ref_out) {
+            int64_t n, int threads, float* out, float* ref_out, IntMode mode = IntMode::Exact) {
     const int64_t row = H * D;
     // The tails each backend reads: as stored for cpu (rot= sides rotated), un-rotated for ref.
     std::vector<float> kt, vt, kr, vr;
@@ -82,6 +83,7 @@ struct Stream {
     CpuCausalBuffers buf;
     CausalInput in = cpu_causal_input(q.data() + t0 * qh * D, n, qh, t0, *k, *v,
                                       {kt.data(), ke.begin}, {vt.data(), ve.begin}, buf);
+    in.int_mode = mode;
     causal_attention(in, out, threads);
     unrotate_output(*v, out, n * qh);
     if (ref_out)  // the sides' own reads (rot= undone inside them), the exact tails as given
@@ -137,6 +139,49 @@ TEST_P(cpuCausalAttention, chunked_withinTolOfReference_andBitIdenticalToDecode)
   unrotate_output(*b.v, last.data(), qh);
   EXPECT_EQ(std::memcmp(last.data(), decoded.data() + (T - 1) * qh * D, last.size() * 4), 0);
 }
+
+// The int8 mode keeps the streaming property too (its roundings are per key group, per 32-token
+// run from the block's start and per position, never per call): chunked == token by token, bit
+// for bit, for kivi (byte dots) and fp8 (bf16 dots, where compiled) sides.
+class cpuCausalAttentionInt8 : public ::testing::TestWithParam<Case> {};
+
+TEST_P(cpuCausalAttentionInt8, chunkedBitIdenticalToDecode) {
+  const Case c = GetParam();
+  const SchemeSpec spec = parse_spec(c.spec);
+  const int64_t T = total(c), qh = c.heads * c.gqa, D = c.dim;
+  const Tensor3 kx = synthetic_kv({{T, c.heads, D}, 2, 12.0f, 1});
+  const Tensor3 vx = synthetic_kv({{T, c.heads, D}, 0, 1.0f, 2});
+  const auto q = random_q(T * qh * D, 3);
+  std::vector<float> chunked(static_cast<size_t>(T * qh * D)), decoded(chunked.size()),
+      exact(chunked.size());
+  Stream a(spec, c.heads, D, qh), e(spec, c.heads, D, qh);
+  int64_t t0 = 0;
+  for (int64_t n : c.chunks) {
+    a.step(kx, vx, q, t0, n, 2, chunked.data() + t0 * qh * D, nullptr, IntMode::Int8);
+    e.step(kx, vx, q, t0, n, 2, exact.data() + t0 * qh * D, nullptr, IntMode::Exact);
+    t0 += n;
+  }
+  Stream b(spec, c.heads, D, qh);
+  for (int64_t t = 0; t < T; ++t)
+    b.step(kx, vx, q, t, 1, t % 2 ? 3 : 1, decoded.data() + t * qh * D, nullptr, IntMode::Int8);
+  int64_t first_diff = -1;
+  for (size_t i = 0; i < chunked.size() && first_diff < 0; ++i)
+    if (std::memcmp(&chunked[i], &decoded[i], sizeof(float)) != 0)
+      first_diff = static_cast<int64_t>(i);
+  EXPECT_EQ(first_diff, -1) << "position " << first_diff / (qh * D);
+  if (kAvx512) {  // the int8 path really ran
+    EXPECT_NE(std::memcmp(chunked.data(), exact.data(), chunked.size() * 4), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, cpuCausalAttentionInt8,
+    ::testing::Values(Case{"fp8_e4m3:gran=token", 2, 128, 4, {300, 1, 250, 77}},
+                      Case{"fp8_e5m2:gran=channel", 2, 64, 8, {520, 3}},
+                      Case{"fp8_e4m3:gran=tensor,first=64", 3, 96, 3, {40, 1, 300}},
+                      Case{"kivi2", 2, 128, 4, {300, 1, 250, 77}},
+                      Case{"k=kivi4;v=fp8_e4m3:gran=token", 2, 64, 2, {200, 3, 60}}),
+    name_of);
 
 std::vector<Case> grid() {
   std::vector<Case> v;
