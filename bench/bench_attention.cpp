@@ -5,14 +5,15 @@
 // at the same context and thread count, cpu's speedup over ref, and the effective bandwidth
 // (stored bytes read / time) as a fraction of a plain memcpy and of a read stream measured in the
 // same run, and the multiply-adds per second as a fraction of one core's measured peak (fp32 FMA
-// lanes; byte products for the int8 mode) times the threads.
+// lanes; byte products for the int8 mode's kivi cases, bf16 products for its fp8 cases) times the
+// threads.
 //
 // One-thread cases are timed in process CPU time (robust on a shared machine), two-thread cases
 // in real time. Interleave repetitions and take medians:
 //   build/bench/bench_attention --benchmark_repetitions=3
 //   --benchmark_enable_random_interleaving=true
 // Flags of this program (before the benchmark ones): --backend=ref|cpu|both (default both),
-// --int-mode=exact|int8|both (backend cpu's int keys; default both), --contexts=1024,4096,...,
+// --int-mode=exact|int8|both (backend cpu's kivi and fp8 codes; default both), --contexts=1024,4096,...,
 // --shape=H,D,GQA (default 8,128,4; SmolLM2-135M's is 3,64,3)
 #include <benchmark/benchmark.h>
 #include <omp.h>
@@ -194,6 +195,18 @@ void BM_DpbusdPeak(benchmark::State& st) {
 #endif
 #endif
 
+#if KVQ_CPU_BF16DOT
+// vdpbf16ps: 2 bf16 products per 32-bit lane (the int8 mode's fp8 kernels).
+void BM_Bf16DotPeak(benchmark::State& st) {
+  for (auto _ : st) {
+    int64_t n = kPeakSteps;
+    asm volatile(KVQ_PEAK_LOOP("vdpbf16ps") : [n] "+r"(n) : : KVQ_PEAK_CLOBBERS);
+  }
+  st.counters["bf16_products"] = benchmark::Counter(
+      12.0 * 2 * kPeakLanes * kPeakSteps * st.iterations(), benchmark::Counter::kIsRate);
+}
+#endif
+
 std::string case_name(const std::string& backend, const std::string& s, int64_t T, int threads) {
   return "BM_Decode/" + backend + "/" + s + "/T" + std::to_string(T) +
          "/threads:" + std::to_string(threads);
@@ -216,7 +229,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
                         ? r.GetAdjustedRealTime()
                         : r.GetAdjustedCPUTime();
       if (r.counters.count("bytes_per_second")) bw_[key] = r.counters.at("bytes_per_second");
-      for (const char* c : {"lane_fma", "products"})
+      for (const char* c : {"lane_fma", "products", "bf16_products"})
         if (r.counters.count(c)) peak_[c] = r.counters.at(c);
       (void)n;
     }
@@ -232,7 +245,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
     std::printf(
         "of_read = (stored bytes / time) / the read stream on as many threads; of_peak = the "
         "case's multiply-adds (2 T H D GQA: keys and values) / time over the threads' peak: "
-        "fp32 FMA lanes (ref, cpu), byte products of vpdpbusd (cpu-int8)\n");
+        "fp32 FMA lanes (ref, cpu), byte products of vpdpbusd (cpu-int8 kivi), bf16 products of "
+        "vdpbf16ps (cpu-int8 fp8)\n");
     std::printf("%-9s %-22s %7s %3s %10s %8s %8s %8s %7s %7s %7s\n", "backend", "scheme", "context",
                 "thr", "us/query", "speedup", "cpu/ref", "GB/s", "of_copy", "of_read", "of_peak");
     for (int threads : {1, 2})
@@ -248,7 +262,10 @@ class RatioReporter : public benchmark::ConsoleReporter {
             const double vs_ref = times_.count(ref) ? times_[ref] / times_[n] : 0;
             const std::string rs = "BM_ReadStream/threads:" + std::to_string(threads);
             const double read_bw = bw_.count(rs) ? bw_[rs] : 0;
-            const auto pk = peak_.find(b == "cpu-int8" ? "products" : "lane_fma");
+            const bool fp8 = s.rfind("fp8", 0) == 0;
+            const auto pk = peak_.find(b != "cpu-int8" ? "lane_fma"
+                                       : fp8       ? "bf16_products"
+                                                   : "products");
             const double peak = pk == peak_.end() ? 0.0 : pk->second * threads;
             const double macs = 2.0 * static_cast<double>(T) * kHeads * kDim * kGqa;
             std::printf("%-9s %-22s %7ld %3d %10.1f %7.2fx %7.2fx %8.2f %6.0f%% %6.0f%% %6.0f%%\n",
@@ -266,6 +283,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
       std::printf("fp32 FMA peak, one core: %.1f G lanes/s\n", peak_.at("lane_fma") / 1e9);
     if (peak_.count("products"))
       std::printf("vpdpbusd peak, one core: %.1f G byte products/s\n", peak_.at("products") / 1e9);
+    if (peak_.count("bf16_products"))
+      std::printf("vdpbf16ps peak, one core: %.1f G bf16 products/s\n",
+                  peak_.at("bf16_products") / 1e9);
   }
 
  private:
@@ -333,6 +353,11 @@ int main(int argc, char** argv) {
       ->MeasureProcessCPUTime();
 #if KVQ_CPU_VNNI
   benchmark::RegisterBenchmark("BM_DpbusdPeak", BM_DpbusdPeak)
+      ->Unit(benchmark::kMicrosecond)
+      ->MeasureProcessCPUTime();
+#endif
+#if KVQ_CPU_BF16DOT
+  benchmark::RegisterBenchmark("BM_Bf16DotPeak", BM_Bf16DotPeak)
       ->Unit(benchmark::kMicrosecond)
       ->MeasureProcessCPUTime();
 #endif
