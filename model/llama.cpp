@@ -88,7 +88,7 @@ AttentionBackend parse_backend(const std::string& s) {
   if (s == "cpu-int8") return AttentionBackend::kCpuInt8;
   fail(
       "unknown backend '{}' (choices: ref, the scalar reference; cpu, the SIMD kernels; cpu-int8, "
-      "the SIMD kernels' integer dot products on 2/4-bit codes)",
+      "the SIMD kernels' reduced-precision dot products on 2/4-bit and FP8 codes)",
       s);
 }
 

@@ -93,7 +93,8 @@ enum class AttentionBackend {
   kRef,  ///< reference_cpu/attention.h: the scalar definition
   kCpu,  ///< kernels/cpu/attention.h: SIMD kernels, threads over positions and context segments
   /// The same kernels in their int8 mode (cpu::IntMode::Int8: integer dot products on 2/4-bit
-  /// codes, with the rounding error kernels/cpu/attention.h states); other caches as kCpu.
+  /// codes, bf16 dot products on FP8 codes, with the rounding error kernels/cpu/attention.h
+  /// states); other caches as kCpu.
   kCpuInt8,
 };
 /// \brief "ref" / "cpu" / "cpu-int8"; parse_backend throws kvq::Error naming the choices.

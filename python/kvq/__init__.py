@@ -176,7 +176,8 @@ class Cache:
 
     ``backend`` is "cpu" (SIMD kernels, the default) or "ref" (the scalar reference); both store
     the same bytes. ``int_mode="int8"`` (backend cpu) uses integer dot products on 2/4-bit codes:
-    per-channel keys against int8 queries, per-token values against 8-bit softmax weights.
+    per-channel keys against int8 queries, per-token values against 8-bit softmax weights; and bf16
+    dot products on FP8 codes (CPUs with AVX-512 BF16).
     ``threads`` 0 uses every core.
 
     Example::
@@ -400,8 +401,9 @@ class Model:
         ``text`` is a string (or token ids); windows of ``ctx`` tokens, ``stride`` apart
         (0: ctx), over the first ``max_tokens`` tokens (0: all; default 2,048, as the CLI). Returns a dict (one spec) or a
         list of dicts (kv, ppl, ppl_fp32, kld, kld_p99, top1, windows, scored, seconds).
-        ``backend``: attention on "cpu" (SIMD kernels), "cpu-int8" (their integer dot products on
-        2/4-bit codes) or "ref" (the scalar reference), as ``kvq model --backend``.
+        ``backend``: attention on "cpu" (SIMD kernels), "cpu-int8" (their reduced-precision dot
+        products on 2/4-bit and FP8 codes) or "ref" (the scalar reference), as ``kvq model
+        --backend``.
         Ctrl-C stops it between chunks.
 
         Example::
