@@ -27,14 +27,15 @@
 #define KVQ_INT8_512 0
 #endif
 
-// FP8 in the int8 mode (KVQ_CPU_BF16DOT, isa.h; fp8_dot_bf16 / fp8_acc_bf16): a code's sign, exponent and mantissa bits placed in a bf16 (bias 127, 7 mantissa bits) give its
-// value times 2^(kBias - 127), normals alike; the subnormal codes (exponent field 0) become bf16
-// subnormals, which vdpbf16ps reads as zero. q * (per-channel scale) and the weights p * (token
-// factor) are rounded to bf16 (nearest-even) with powers of two that keep every product a normal
-// float (kFp8QShift, kFp8OShift), and vdpbf16ps sums two products per lane in float: keys pair
-// adjacent channels, values pair adjacent tokens. The powers of two come back exactly: scores are
-// multiplied by 2^(127 - kBias - kFp8QShift) with the token factor, and outputs carry
-// 2^(-kFp8OShift) to the end (CausalAttention::finish).
+// FP8 in the int8 mode (KVQ_CPU_BF16DOT, isa.h; fp8_dot_bf16 / fp8_acc_bf16): a code's sign,
+// exponent and mantissa bits placed in a bf16 (bias 127, 7 mantissa bits) give its value times
+// 2^(kBias - 127), normals alike; the subnormal codes (exponent field 0) become bf16 subnormals,
+// which vdpbf16ps reads as zero. q * (per-channel scale) and the weights p * (token factor) are
+// rounded to bf16 (nearest-even) with powers of two that keep every product a normal float
+// (kFp8QShift, kFp8OShift), and vdpbf16ps sums two products per lane in float: keys pair adjacent
+// channels, values pair adjacent tokens. The powers of two come back exactly: scores are multiplied
+// by 2^(127 - kBias - kFp8QShift) with the token factor, and outputs carry 2^(-kFp8OShift) to the
+// end (CausalAttention::finish).
 
 namespace kvq::cpu {
 
@@ -82,16 +83,16 @@ struct Scratch {
   std::vector<float> s, qs;  // s: the portable path's scores
   std::vector<TileSlot> slots;
   std::vector<uint32_t> wt;
-  std::vector<int8_t> q8;       // int8 mode: the quantized query [NQ, D]
-  std::vector<float> pw, msum;  // int values: weights per channel group, sums of p * min
-  std::vector<float> sct, mnt;  // int values: a sub-block's scales and minima per channel group
-  std::vector<uint8_t> wb;      // int8 values: weight_bytes per channel group
-  std::vector<float> fac;       // and their factors
-  std::vector<float> mv;        // and 16-lane sums of p * min
-  std::vector<uint16_t> qb;     // fp8 in the int8 mode: q as bf16 [H, NQ, D]
+  std::vector<int8_t> q8;        // int8 mode: the quantized query [NQ, D]
+  std::vector<float> pw, msum;   // int values: weights per channel group, sums of p * min
+  std::vector<float> sct, mnt;   // int values: a sub-block's scales and minima per channel group
+  std::vector<uint8_t> wb;       // int8 values: weight_bytes per channel group
+  std::vector<float> fac;        // and their factors
+  std::vector<float> mv;         // and 16-lane sums of p * min
+  std::vector<uint16_t> qb;      // fp8 in the int8 mode: q as bf16 [H, NQ, D]
   const float* qb_of = nullptr;  // the q that qb holds (reset at each block)
-  std::vector<float> rowf;      // the factor of each row's scores
-  std::vector<uint32_t> wp;     // and the weights as bf16 pairs
+  std::vector<float> rowf;       // the factor of each row's scores
+  std::vector<uint32_t> wp;      // and the weights as bf16 pairs
 };
 
 bool is_dense(SchemeKind k) {
@@ -1711,7 +1712,7 @@ template <Fp8Format F>
 constexpr int16_t kBf16Mask = static_cast<int16_t>(0x8000 | (0x7f << kBf16Shift<F>));
 
 using Bh = __m512bh;
-inline Bh as_bh(__m512i x) { return (Bh)x; }  // NOLINT: a vector cast (same bits)
+inline Bh as_bh(__m512i x) { return (Bh)x; }         // NOLINT: a vector cast (same bits)
 inline __m512i from_bh(Bh x) { return (__m512i)x; }  // NOLINT
 constexpr __mmask32 kAll32 = ~__mmask32{0};
 
@@ -1742,13 +1743,14 @@ inline __m512 sum16x16(const __m512* v) {
                        _mm512_maskz_shuffle_f32x4(kAll16, y[0], y[1], 0xdd));
 }
 
-/// Rows per step of the fp8 key kernel: as many as fit 16 accumulators.
+/// Rows per step of the fp8 key kernel: as many as fit 16 accumulators (NQ <= 8).
 template <int NQ>
-constexpr int kFp8Rows = NQ == 1 ? 16 : NQ == 2 ? 8 : 16 / NQ < 2 ? 2 : 16 / NQ;
+constexpr int kFp8Rows = 16 / NQ;
 
 /// FP8 keys, rows in address order (row r is token r / H, head r % H; D bytes each from base):
 /// s[h * hs + i * lds + t] = (sum over channel pairs of qb * code-as-bf16) * rowf[r], qb the
-/// [H, NQ, D] bf16 query, rowf padded by 16 floats. `valid`: rows that exist from base (prefetched ahead when kPrefetch).
+/// [H, NQ, D] bf16 query, rowf padded by 16 floats. `valid`: rows that exist from base (prefetched
+/// ahead when kPrefetch).
 template <int NQ, Fp8Format F, bool kPrefetch>
 void fp8_dot_bf16(const uint16_t* qb, int64_t H, int64_t D, int64_t n, const uint8_t* base,
                   const float* rowf, float* s, int64_t hs, int64_t lds, int64_t valid) {
@@ -1818,17 +1820,17 @@ constexpr __mmask64 kOddBytes = 0xaaaaaaaaaaaaaaaaull;
 /// to the next's: ts bytes), weights wh[i * np + pair], outputs oh[i * D + ..], the accumulators in
 /// registers over every pair.
 template <int NQ, int NV, Fp8Format F>
-  requires(NV == 2 || NV == 4)
-void fp8_acc_slice(const uint32_t* wh, int64_t np, int64_t n, const uint8_t* r, int64_t ts,
-                   float* oh, int64_t D) {
+requires(NV == 2 || NV == 4) void fp8_acc_slice(const uint32_t* wh, int64_t np, int64_t n,
+                                                const uint8_t* r, int64_t ts, float* oh,
+                                                int64_t D) {
   // Plain loads: GCC 12 keeps the accumulators' stack copies in step, a store per vdpbf16ps,
   // when the loop holds a masked-load builtin.
   auto load = [](const uint8_t* p) {
     if constexpr (NV == 4)
       return _mm512_loadu_si512(p);
     else
-      return _mm512_maskz_inserti64x4(
-          0xff, _mm512_setzero_si512(), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), 0);
+      return _mm512_maskz_inserti64x4(0xff, _mm512_setzero_si512(),
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), 0);
   };
   const __m512i mask = _mm512_set1_epi16(kBf16Mask<F>);
   __m512i idx[NV];
@@ -1873,8 +1875,8 @@ void fp8_acc_bf16(const uint32_t* wp, int64_t H, int64_t D, int64_t n, const uin
 /// The weights of fp8_acc_bf16 from p[h * hs + i * ldp + t] (t < n) times f[h * n + t], rounded
 /// to bf16.
 template <int NQ>
-void fp8_weights_bf16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t n,
-                      const float* f, uint32_t* wp) {
+void fp8_weights_bf16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t n, const float* f,
+                      uint32_t* wp) {
   const int64_t np = (n + 1) / 2;
   for (int64_t h = 0; h < H; ++h)
     for (int i = 0; i < NQ; ++i) {
@@ -1884,12 +1886,15 @@ void fp8_weights_bf16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_
       for (int64_t t = 0; t < n; t += 32) {
         const int64_t r = std::min<int64_t>(32, n - t);
         const __mmask16 m0 = r >= 16 ? kAll16 : static_cast<__mmask16>((1u << r) - 1);
-        const __mmask16 m1 = r >= 32 ? kAll16 : r > 16 ? static_cast<__mmask16>((1u << (r - 16)) - 1) : 0;
+        const __mmask16 m1 = r >= 32  ? kAll16
+                             : r > 16 ? static_cast<__mmask16>((1u << (r - 16)) - 1)
+                                      : 0;
         const __m512 lo =
             _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, pi + t), _mm512_maskz_loadu_ps(m0, fh + t));
         const __m512 hi = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, pi + t + 16),
                                         _mm512_maskz_loadu_ps(m1, fh + t + 16));
-        const __m512bh b = _mm512_maskz_cvtne2ps_pbh(kAll32, hi, lo);  // tokens t .. t + 31 in order
+        const __m512bh b =
+            _mm512_maskz_cvtne2ps_pbh(kAll32, hi, lo);  // tokens t .. t + 31 in order
         const int64_t pairs = (r + 1) / 2;
         _mm512_mask_storeu_epi32(w + t / 2,
                                  pairs >= 16 ? kAll16 : static_cast<__mmask16>((1u << pairs) - 1),
@@ -2141,10 +2146,9 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
       const float back = pow2f(127 - fp8::Traits<F>::kBias - kFp8QShift);
       float* rf = w.rowf.data();
       for (int64_t t = t0; t < t1; ++t)
-        for (int64_t h = 0; h < H; ++h)
-          *rf++ = (ch ? 1.0f : fp8_token_factor(k, t, h)) * back;
-      fp8_dot_bf16<NQ, F, kStream>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row, w.rowf.data(),
-                                   s, hs, lds, (k.tokens - t0) * H);
+        for (int64_t h = 0; h < H; ++h) *rf++ = (ch ? 1.0f : fp8_token_factor(k, t, h)) * back;
+      fp8_dot_bf16<NQ, F, kStream>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row, w.rowf.data(), s,
+                                   hs, lds, (k.tokens - t0) * H);
     });
     return;
   }
@@ -2172,8 +2176,8 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
 /// Values of every kv head at once in address order (acc_heads, or acc_heads_stream), for dense
 /// and fp8 values; o is [H, NQ, D].
 template <int NQ, bool kStream>
-void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, int64_t ldp,
-                 float* o, Scratch& w) {
+void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, int64_t ldp, float* o,
+                 Scratch& w) {
   const StoredSide& v = c.v;
   const int64_t H = c.H, D = c.D, row = H * D;
   if (is_dense(v.kind)) {

@@ -35,8 +35,7 @@
 
 // bf16 dot products (vdpbf16ps; fp8 sides in the int8 mode, kernels/cpu/attention.h): AVX-512
 // BF16 beside the int8 mode's 512-bit forms (VNNI and VBMI).
-#if KVQ_CPU_AVX512 && defined(__AVX512BF16__) && defined(__AVX512VNNI__) && \
-    defined(__AVX512VBMI__)
+#if KVQ_CPU_AVX512 && defined(__AVX512BF16__) && defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
 #define KVQ_CPU_BF16DOT 1
 #else
 #define KVQ_CPU_BF16DOT 0

@@ -3,8 +3,8 @@
 // FlashInfer kernels read quantized caches. Every function is __host__ __device__ (core/hostdev.h)
 // and uses only 32-bit integer ops (one LOP3 each on the device), so the CPU tests
 // (tests/kernels/cuda/unpack_test.cpp) check them on every input against the reference decoders.
-// Not yet called by the kernels in attention_kernels.cu: a GPU run must compare the new kernels with
-// the current ones first (issue 12).
+// Not yet called by the kernels in attention_kernels.cu: a GPU run must compare the new kernels
+// with the current ones first (issue 12).
 //
 // Int codes (kivi/layout.h): a 32-bit word holds 32 / B codes, code j in bits [B j, B j + B). The
 // magic-number trick ORs two codes 16 bits apart into the mantissas of two binary16 1024.0s:

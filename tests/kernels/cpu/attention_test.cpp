@@ -340,8 +340,9 @@ TEST_P(cpuDecodeAttentionFp8Bf16, int8Mode_equalsItsDefinition) {
     for (int64_t t = 0; t < T; ++t) {
       double a = 0;
       for (int64_t d = 0; d < D; ++d)
-        a += static_cast<double>(round_to_bf16(q[static_cast<size_t>(j * D + d)] * g(ks, t, h, d))) *
-             val(ks, ks.codes[(t * H + h) * D + d]);
+        a +=
+            static_cast<double>(round_to_bf16(q[static_cast<size_t>(j * D + d)] * g(ks, t, h, d))) *
+            val(ks, ks.codes[(t * H + h) * D + d]);
       sc[static_cast<size_t>(t)] = a * f(ks, t, h) / std::sqrt(static_cast<double>(D));
     }
     double gmax = -INFINITY, z = 0;
@@ -386,18 +387,18 @@ TEST_P(cpuDecodeAttentionFp8Bf16, int8Mode_equalsItsDefinition) {
   EXPECT_LE(err, kExactTol * max_v) << "vs exact reference: " << err_exact / max_v;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Grid, cpuDecodeAttentionFp8Bf16,
-    ::testing::Values(Case{"fp8_e4m3:gran=token", 1000, 2, 128, 4, 1, true},
-                      Case{"fp8_e4m3:gran=tensor", 1300, 2, 128, 4, 3, true},
-                      Case{"fp8_e5m2:gran=channel", 555, 3, 64, 8, 1, true},
-                      Case{"fp8_e4m3fnuz:gran=head", 333, 2, 96, 3, 2, true},
-                      Case{"fp8_e4m3:gran=token", 161, 1, 64, 1, 1, true},
-                      Case{"fp8_e5m2:gran=token", 77, 2, 128, 2, 1, true},
-                      Case{"fp8_e4m3:gran=channel", 700, 1, 256, 5, 2, true},
-                      Case{"fp8_e4m3:gran=token", 1, 2, 64, 8, 1, true},
-                      Case{"fp8_e4m3:gran=token", 300, 2, 72, 4, 1, true}),  // exact: D % 32
-    name_of);
+INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionFp8Bf16,
+                         ::testing::Values(Case{"fp8_e4m3:gran=token", 1000, 2, 128, 4, 1, true},
+                                           Case{"fp8_e4m3:gran=tensor", 1300, 2, 128, 4, 3, true},
+                                           Case{"fp8_e5m2:gran=channel", 555, 3, 64, 8, 1, true},
+                                           Case{"fp8_e4m3fnuz:gran=head", 333, 2, 96, 3, 2, true},
+                                           Case{"fp8_e4m3:gran=token", 161, 1, 64, 1, 1, true},
+                                           Case{"fp8_e5m2:gran=token", 77, 2, 128, 2, 1, true},
+                                           Case{"fp8_e4m3:gran=channel", 700, 1, 256, 5, 2, true},
+                                           Case{"fp8_e4m3:gran=token", 1, 2, 64, 8, 1, true},
+                                           Case{"fp8_e4m3:gran=token", 300, 2, 72, 4, 1,
+                                                true}),  // exact: D % 32
+                         name_of);
 
 // A thread's workspace outlives a call (the model keeps one per thread) and the int8 mode's fp8
 // keys hold q as bf16 in it: a second call with the same q buffer, rewritten, must read the new q
