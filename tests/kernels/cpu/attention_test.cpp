@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -52,15 +53,24 @@ std::string name_of(const ::testing::TestParamInfo<Case>& i) {
          "_thr" + std::to_string(c.threads);
 }
 
+// A case's cache: synthetic keys with x12 outlier channels and plain values (experiments/
+// synthetic.h), [tokens, heads, dim], stored by the case's scheme.
+struct Sides {
+  std::unique_ptr<SideStore> k, v;
+};
+Sides case_sides(const std::string& spec, int64_t tokens, int64_t heads, int64_t dim) {
+  const SchemeSpec s = parse_spec(spec);
+  return {make_side(s, Role::Key, synthetic_kv({{tokens, heads, dim}, 2, 12.0f, 1})),
+          make_side(s, Role::Value, synthetic_kv({{tokens, heads, dim}, 0, 1.0f, 2}))};
+}
+Sides case_sides(const Case& c) { return case_sides(c.spec, c.tokens, c.heads, c.dim); }
+
 struct Result {
   double max_err = 0, max_v = 0, out_norm = 0;
 };
 
 Result run(const Case& c, IntMode mode) {
-  const SchemeSpec spec = parse_spec(c.spec);
-  const Tensor3 kx = synthetic_kv({{c.tokens, c.heads, c.dim}, 2, 12.0f, 1});
-  const Tensor3 vx = synthetic_kv({{c.tokens, c.heads, c.dim}, 0, 1.0f, 2});
-  const auto k = make_side(spec, Role::Key, kx), v = make_side(spec, Role::Value, vx);
+  const auto [k, v] = case_sides(c);
   const int64_t qh = c.heads * c.gqa;
   const auto q = random_q(qh * c.dim, 3);
   std::vector<float> want(static_cast<size_t>(qh * c.dim)), got(want.size() + 1, 7.0f);
@@ -156,10 +166,7 @@ TEST_P(cpuDecodeAttentionInt8, int8Mode_equalsItsDefinition) {
   if (!kAvx2)
     GTEST_SKIP() << "the int8 mode is an AVX2 path; the portable build reads codes exactly";
   const Case c = GetParam();
-  const SchemeSpec spec = parse_spec(c.spec);
-  const Tensor3 kx = synthetic_kv({{c.tokens, c.heads, c.dim}, 2, 12.0f, 1});
-  const Tensor3 vx = synthetic_kv({{c.tokens, c.heads, c.dim}, 0, 1.0f, 2});
-  const auto k = make_side(spec, Role::Key, kx), v = make_side(spec, Role::Value, vx);
+  const auto [k, v] = case_sides(c);
   const StoredSide ks = k->stored();
   const Tensor3 vv = v->dequantize();
   const int64_t qh = c.heads * c.gqa, D = c.dim, T = c.tokens, H = c.heads;
@@ -301,10 +308,7 @@ TEST_P(cpuDecodeAttentionFp8Bf16, int8Mode_equalsItsDefinition) {
   if (!kBf16Dot)
     GTEST_SKIP() << "fp8 bf16 dot products need AVX-512 BF16, VNNI and VBMI; fp8 reads exactly";
   const Case c = GetParam();
-  const SchemeSpec spec = parse_spec(c.spec);
-  const Tensor3 kx = synthetic_kv({{c.tokens, c.heads, c.dim}, 2, 12.0f, 1});
-  const Tensor3 vx = synthetic_kv({{c.tokens, c.heads, c.dim}, 0, 1.0f, 2});
-  const auto k = make_side(spec, Role::Key, kx), v = make_side(spec, Role::Value, vx);
+  const auto [k, v] = case_sides(c);
   const StoredSide ks = k->stored(), vs = v->stored();
   ASSERT_EQ(ks.kind, SchemeKind::Fp8);
   const int64_t qh = c.heads * c.gqa, D = c.dim, T = c.tokens, H = c.heads;
@@ -404,11 +408,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionFp8Bf16,
 // keys hold q as bf16 in it: a second call with the same q buffer, rewritten, must read the new q
 // (the same bits as a fresh workspace).
 TEST(cpuDecodeAttentionFp8Bf16Reuse, keptWorkspace_rewrittenQ_sameAsFresh) {
-  const SchemeSpec spec = parse_spec("fp8_e4m3:gran=token");
   const int64_t T = 600, H = 2, D = 128, qh = 8;
-  const Tensor3 kx = synthetic_kv({{T, H, D}, 2, 12.0f, 1});
-  const Tensor3 vx = synthetic_kv({{T, H, D}, 0, 1.0f, 2});
-  const auto k = make_side(spec, Role::Key, kx), v = make_side(spec, Role::Value, vx);
+  const auto [k, v] = case_sides("fp8_e4m3:gran=token", T, H, D);
   const auto q1 = random_q(qh * D, 3), q2 = random_q(qh * D, 4);
   std::vector<float> buf = q1;
   CausalInput in;

@@ -54,6 +54,18 @@ int64_t total(const Case& c) {
   return t;
 }
 
+// A case's inputs: synthetic keys with x12 outlier channels, plain values and random queries for
+// every position.
+struct Inputs {
+  Tensor3 kx, vx;
+  std::vector<float> q;
+};
+Inputs inputs(const Case& c) {
+  const int64_t T = total(c), qh = c.heads * c.gqa, D = c.dim;
+  return {synthetic_kv({{T, c.heads, D}, 2, 12.0f, 1}), synthetic_kv({{T, c.heads, D}, 0, 1.0f, 2}),
+          random_q(T * qh * D, 3)};
+}
+
 // A K and a V side fed chunk by chunk; each step returns the positions' outputs from backend
 // cpu (and from the reference when asked).
 struct Stream {
@@ -98,9 +110,7 @@ TEST_P(cpuCausalAttention, chunked_withinTolOfReference_andBitIdenticalToDecode)
   const Case c = GetParam();
   const SchemeSpec spec = parse_spec(c.spec);
   const int64_t T = total(c), qh = c.heads * c.gqa, D = c.dim;
-  const Tensor3 kx = synthetic_kv({{T, c.heads, D}, 2, 12.0f, 1});
-  const Tensor3 vx = synthetic_kv({{T, c.heads, D}, 0, 1.0f, 2});
-  const auto q = random_q(T * qh * D, 3);
+  const auto [kx, vx, q] = inputs(c);
   double max_v = 0;
   for (float x : vx.data) max_v = std::max(max_v, std::fabs(static_cast<double>(x)));
 
@@ -149,9 +159,7 @@ TEST_P(cpuCausalAttentionInt8, chunkedBitIdenticalToDecode) {
   const Case c = GetParam();
   const SchemeSpec spec = parse_spec(c.spec);
   const int64_t T = total(c), qh = c.heads * c.gqa, D = c.dim;
-  const Tensor3 kx = synthetic_kv({{T, c.heads, D}, 2, 12.0f, 1});
-  const Tensor3 vx = synthetic_kv({{T, c.heads, D}, 0, 1.0f, 2});
-  const auto q = random_q(T * qh * D, 3);
+  const auto [kx, vx, q] = inputs(c);
   std::vector<float> chunked(static_cast<size_t>(T * qh * D)), decoded(chunked.size()),
       exact(chunked.size());
   Stream a(spec, c.heads, D, qh), e(spec, c.heads, D, qh);
