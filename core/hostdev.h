@@ -34,6 +34,9 @@ KVQ_HD float bits_float(uint32_t u) {
 #endif
 }
 
+/// \brief 2^e as a float, for e in the normal range [-126, 127] (its exponent field, exact).
+KVQ_HD float pow2(int e) { return bits_float(static_cast<uint32_t>(127 + e) << 23); }
+
 /// \brief Round to nearest integer, ties to even (the default FP rounding mode; CUDA rintf).
 KVQ_HD float round_half_even(float x) {
 #if defined(__CUDA_ARCH__)

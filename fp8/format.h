@@ -58,8 +58,8 @@ KVQ_HD uint8_t encode(float x) {
   int e = static_cast<int>(float_bits(a) >> 23) - 127;
   e = e < kMinExp ? kMinExp : e;  // subnormal range: fixed quantum
   // quantum = 2^(e - mant_bits); a / quantum is exact (power-of-two scaling, no underflow).
-  const float inv_quantum = bits_float(static_cast<uint32_t>(127 - (e - T::kMantBits)) << 23);
-  const float quantum = bits_float(static_cast<uint32_t>(127 + (e - T::kMantBits)) << 23);
+  const float inv_quantum = pow2(-(e - T::kMantBits));
+  const float quantum = pow2(e - T::kMantBits);
   float r = round_half_even(a * inv_quantum) * quantum;
   r = r > T::kMax ? T::kMax : r;
   // r is on the format's grid: its code is the float's exponent and top mantissa bits, or for a
@@ -69,7 +69,7 @@ KVQ_HD uint8_t encode(float x) {
   const uint32_t normal = (static_cast<uint32_t>(re + T::kBias) << T::kMantBits) |
                           ((rb & 0x7fffffu) >> (23 - T::kMantBits));
   const uint32_t sub = static_cast<uint32_t>(
-      r * bits_float(static_cast<uint32_t>(127 - (kMinExp - T::kMantBits)) << 23));
+      r * pow2(-(kMinExp - T::kMantBits)));
   const uint32_t mag = re < kMinExp ? sub : normal;  // r == 0 lands here with sub == 0
   // fnuz has no -0 (0x80 is its NaN).
   const uint32_t code = (T::kFnuz && mag == 0) ? 0u : ((sign << 7) | mag);
@@ -89,7 +89,7 @@ KVQ_HD float decode(uint8_t c) {
   // Normal: rebias the exponent; subnormal: m * 2^(1 - bias - mant_bits), exact in float.
   const float normal = bits_float(sign | ((e + (127 - T::kBias)) << 23) | (m << (23 - T::kMantBits)));
   const float sub = bits_float(sign | float_bits(static_cast<float>(m) *
-                                                 bits_float(static_cast<uint32_t>(127 + 1 - T::kBias - T::kMantBits) << 23)));
+                                                 pow2(1 - T::kBias - T::kMantBits)));
   float v = e == 0 ? sub : normal;
   const float qnan = bits_float(0x7fc00000u);
   if constexpr (T::kFnuz) {

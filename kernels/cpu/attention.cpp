@@ -31,11 +31,12 @@
 // exponent and mantissa bits placed in a bf16 (bias 127, 7 mantissa bits) give its value times
 // 2^(kBias - 127), normals alike; the subnormal codes (exponent field 0) become bf16 subnormals,
 // which vdpbf16ps reads as zero. q * (per-channel scale) and the weights p * (token factor) are
-// rounded to bf16 (nearest-even) with powers of two that keep every product a normal float
-// (kFp8QShift, kFp8OShift), and vdpbf16ps sums two products per lane in float: keys pair adjacent
-// channels, values pair adjacent tokens. The powers of two come back exactly: scores are multiplied
-// by 2^(127 - kBias - kFp8QShift) with the token factor, and outputs carry 2^(-kFp8OShift) to the
-// end (CausalAttention::finish).
+// rounded to bf16 (nearest-even) with powers of two (kFp8QShift, kFp8OShift) that keep products
+// of real K/V normal floats: vdpbf16ps flushes results below 2^-126, here e4m3 key products
+// |q k| < 2^-70 and value products |p f v| < 2^-94. It sums two products per lane in float: keys
+// pair adjacent channels, values pair adjacent tokens. The powers of two come back exactly: scores
+// are multiplied by 2^(127 - kBias - kFp8QShift) with the token factor, and outputs carry
+// 2^(-kFp8OShift) to the end (CausalAttention::finish).
 
 namespace kvq::cpu {
 
@@ -212,9 +213,6 @@ constexpr int kFp8OShift = 32;  // outputs accumulate o * 2^-32
 bool fp8_bf16(IntMode mode, const StoredSide& s) {
   return KVQ_CPU_BF16DOT && mode == IntMode::Int8 && s.kind == SchemeKind::Fp8 && s.dim % 32 == 0;
 }
-
-/// 2^e as a float (e in the normal range).
-inline float pow2f(int e) { return bits_float(static_cast<uint32_t>(127 + e) << 23); }
 
 #if KVQ_CPU_AVX2
 
@@ -1690,40 +1688,30 @@ void with_dense_rows(const StoredSide& s, int64_t offset, int64_t stride, F&& f)
   return f(Fp16Rows{s.half16 + offset, stride});
 }
 
+/// Runs f.template operator()<F>() with the format.
+template <class Fn>
+void with_fp8_format(Fp8Format fmt, Fn&& f) {
+  switch (fmt) {
+    case Fp8Format::E4M3:
+      return f.template operator()<Fp8Format::E4M3>();
+    case Fp8Format::E4M3FNUZ:
+      return f.template operator()<Fp8Format::E4M3FNUZ>();
+    case Fp8Format::E5M2:
+      return f.template operator()<Fp8Format::E5M2>();
+  }
+  fail("cpu attention: unknown fp8 format {}", static_cast<int>(fmt));
+}
+
 /// Runs f(loader) with the fp8 loader of the side's format.
 template <class F>
 void with_fp8_rows(const StoredSide& s, const uint8_t* base, int64_t stride, F&& f) {
-  switch (s.format) {
-    case Fp8Format::E4M3:
-      return f(Fp8Rows<Fp8Format::E4M3>{base, stride});
-    case Fp8Format::E4M3FNUZ:
-      return f(Fp8Rows<Fp8Format::E4M3FNUZ>{base, stride});
-    case Fp8Format::E5M2:
-      return f(Fp8Rows<Fp8Format::E5M2>{base, stride});
-  }
+  with_fp8_format(s.format, [&]<Fp8Format T>() { f(Fp8Rows<T>{base, stride}); });
 }
 
 #if KVQ_CPU_BF16DOT
-/// The left shift that puts a code's exponent and mantissa under bf16's (7 - mantissa bits), and
-/// the mask of the bf16's sign, exponent and mantissa bits those land on.
-template <Fp8Format F>
-constexpr int kBf16Shift = 7 - fp8::Traits<F>::kMantBits;
-template <Fp8Format F>
-constexpr int16_t kBf16Mask = static_cast<int16_t>(0x8000 | (0x7f << kBf16Shift<F>));
-
 using Bh = __m512bh;
 inline Bh as_bh(__m512i x) { return (Bh)x; }         // NOLINT: a vector cast (same bits)
 inline __m512i from_bh(Bh x) { return (__m512i)x; }  // NOLINT
-constexpr __mmask32 kAll32 = ~__mmask32{0};
-
-/// 32 codes (channels d .. d + 31 of one row) as bf16, value * 2^(kBias - 127).
-template <Fp8Format F>
-inline __m512i fp8_bf16x32(const uint8_t* p) {
-  const __m512i x = _mm512_maskz_cvtepi8_epi16(
-      kAll32, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));  // sign in bits 7 .. 15
-  return _mm512_and_si512(_mm512_maskz_slli_epi16(kAll32, x, kBf16Shift<F>),
-                          _mm512_set1_epi16(kBf16Mask<F>));
-}
 
 /// The 16 float sums of 16 vectors: lane m of the result is the sum of v[m]'s lanes, by the same
 /// tree for every vector (within each 128-bit lane (l0 + l2) + (l1 + l3), then (L0 + L1) +
@@ -1760,7 +1748,7 @@ void fp8_dot_bf16(const uint16_t* qb, int64_t H, int64_t D, int64_t n, const uin
   float* srow = s;
   const __m512i lane_row = [] {  // lane u * NQ + i reads row u's factor
     alignas(64) int32_t a[16];
-    for (int l = 0; l < 16; ++l) a[l] = l / NQ < 16 ? l / NQ : 15;
+    for (int l = 0; l < 16; ++l) a[l] = l / NQ;
     return _mm512_load_si512(a);
   }();
   auto step = [&]<int U>(int64_t r) {
@@ -1811,11 +1799,6 @@ constexpr std::array<uint8_t, 256> kPairIndex = [] {
 }();
 constexpr __mmask64 kOddBytes = 0xaaaaaaaaaaaaaaaaull;
 
-/// FP8 values: o_h,i += sum_t w[t] * row (t, h), w the weights of tokens [0, n) as bf16 pairs
-/// wp[(h * NQ + i) * np + k] = (token 2k, token 2k + 1) (np = (n + 1) / 2; an odd n's last pair
-/// has weight 0 for a token it reads again), rows as in fp8_dot_bf16. Per head, slices of 64
-/// channels (32 where head_dim ends or NQ > 4) with every pair of the range applied in token
-/// order to accumulators in registers.
 /// fp8_acc_bf16's work on NV vectors of 16 channels of one head: rows from r (one token's row
 /// to the next's: ts bytes), weights wh[i * np + pair], outputs oh[i * D + ..], the accumulators in
 /// registers over every pair.
@@ -1854,6 +1837,11 @@ requires(NV == 2 || NV == 4) void fp8_acc_slice(const uint32_t* wh, int64_t np, 
     for (int k = 0; k < NV; ++k) _mm512_storeu_ps(oh + i * D + 16 * k, acc[i * NV + k]);
 }
 
+/// FP8 values: o_h,i += sum_t w[t] * row (t, h), w the weights of tokens [0, n) as bf16 pairs
+/// wp[(h * NQ + i) * np + k] = (token 2k, token 2k + 1) (np = (n + 1) / 2; an odd n's last pair
+/// has weight 0 for a token it reads again), rows as in fp8_dot_bf16. Per head, slices of 64
+/// channels (32 where head_dim ends or NQ > 4) with every pair of the range applied in token
+/// order to accumulators in registers.
 template <int NQ, Fp8Format F, bool kPrefetch>
 void fp8_acc_bf16(const uint32_t* wp, int64_t H, int64_t D, int64_t n, const uint8_t* base,
                   float* o, int64_t valid) {
@@ -1903,18 +1891,6 @@ void fp8_weights_bf16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_
     }
 }
 
-/// Runs f.template operator()<F>() with the side's format.
-template <class Fn>
-void with_fp8_format(Fp8Format fmt, Fn&& f) {
-  switch (fmt) {
-    case Fp8Format::E4M3:
-      return f.template operator()<Fp8Format::E4M3>();
-    case Fp8Format::E4M3FNUZ:
-      return f.template operator()<Fp8Format::E4M3FNUZ>();
-    case Fp8Format::E5M2:
-      return f.template operator()<Fp8Format::E5M2>();
-  }
-}
 #endif
 
 /// Whether per-channel int keys take the int8 mode's byte dot products (dot_int8_group).
@@ -2126,7 +2102,7 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
   }
 #if KVQ_CPU_BF16DOT
   if (fp8_bf16(c.mode, k)) {  // q (times the per-channel scales) * 2^kFp8QShift as bf16
-    const __m512 mul = _mm512_set1_ps(pow2f(kFp8QShift));
+    const __m512 mul = _mm512_set1_ps(pow2(kFp8QShift));
     const bool ch = k.gran == Granularity::Channel;
     for (int64_t j = 0; j < H * NQ && w.qb_of != c.q; ++j)
       for (int64_t d = 0; d < D; d += 32) {
@@ -2143,7 +2119,7 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
       }
     w.qb_of = c.q;
     with_fp8_format(k.format, [&]<Fp8Format F>() {
-      const float back = pow2f(127 - fp8::Traits<F>::kBias - kFp8QShift);
+      const float back = pow2(127 - fp8::Traits<F>::kBias - kFp8QShift);
       float* rf = w.rowf.data();
       for (int64_t t = t0; t < t1; ++t)
         for (int64_t h = 0; h < H; ++h) *rf++ = (ch ? 1.0f : fp8_token_factor(k, t, h)) * back;
@@ -2200,7 +2176,7 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
     with_fp8_format(v.format, [&]<Fp8Format F>() {
       // each row's factor (its token factor; per-channel scales multiply the final output)
       // times 2^(127 - kBias - kFp8OShift), per head: f[h * n + t - t0]
-      const float mul = pow2f(127 - fp8::Traits<F>::kBias - kFp8OShift);
+      const float mul = pow2(127 - fp8::Traits<F>::kBias - kFp8OShift);
       const bool ch = v.gran == Granularity::Channel;
       for (int64_t t = t0; t < t1; ++t)
         for (int64_t h = 0; h < H; ++h)
@@ -2615,7 +2591,7 @@ void CausalAttention::finish(const Position& pos, int64_t p, const Partial& acc,
   // The fast path leaves per-channel fp8 value scales for the end (the portable path applied them).
   bool cf_left = pos.v.kind == SchemeKind::Fp8 && pos.v.gran == Granularity::Channel && pos.fast;
   // fp8 values in the int8 mode's bf16 dot products carry 2^-kFp8OShift.
-  float of = pos.fast && fp8_bf16(in_.int_mode, pos.v) ? pow2f(kFp8OShift) : 1.0f;
+  float of = pos.fast && fp8_bf16(in_.int_mode, pos.v) ? pow2(kFp8OShift) : 1.0f;
   const Partial* a = &acc;
   Partial all;
   if (sinks_ > 0) {  // the sinks come first: fold the rest (its channel scales applied) after them

@@ -35,7 +35,7 @@ inline __m256i encode8(__m256 x) {
                        _mm256_and_si256(_mm256_srli_epi32(a, kShift), _mm256_set1_epi32(1)));
   const __m256i normal = _mm256_srli_epi32(_mm256_add_epi32(rebiased, half), kShift);
   const __m256 magic =
-      _mm256_set1_ps(bits_float(static_cast<uint32_t>(127 + kMinExp - T::kMantBits + 23) << 23));
+      _mm256_set1_ps(pow2(kMinExp - T::kMantBits + 23));
   const __m256i sub =
       _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), magic)),
                        _mm256_castps_si256(magic));
@@ -70,7 +70,7 @@ inline __m128i encode16(__m512 x) {
   const __m512i normal =
       _mm512_maskz_srli_epi32(kAll16, _mm512_maskz_add_epi32(kAll16, rebiased, half), kShift);
   const __m512 magic =
-      _mm512_set1_ps(bits_float(static_cast<uint32_t>(127 + kMinExp - T::kMantBits + 23) << 23));
+      _mm512_set1_ps(pow2(kMinExp - T::kMantBits + 23));
   const __m512i sub = _mm512_maskz_sub_epi32(
       kAll16, _mm512_castps_si512(_mm512_maskz_add_ps(kAll16, _mm512_castsi512_ps(a), magic)),
       _mm512_castps_si512(magic));

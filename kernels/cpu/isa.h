@@ -34,8 +34,8 @@
 #endif
 
 // bf16 dot products (vdpbf16ps; fp8 sides in the int8 mode, kernels/cpu/attention.h): AVX-512
-// BF16 beside the int8 mode's 512-bit forms (VNNI and VBMI).
-#if KVQ_CPU_AVX512 && defined(__AVX512BF16__) && defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
+// BF16, and VBMI for the values' byte permute.
+#if KVQ_CPU_AVX512 && defined(__AVX512BF16__) && defined(__AVX512VBMI__)
 #define KVQ_CPU_BF16DOT 1
 #else
 #define KVQ_CPU_BF16DOT 0
@@ -54,6 +54,8 @@ inline constexpr bool kVnni = KVQ_CPU_VNNI != 0;
 /// intrinsics with it: the same instructions as the unmasked ones, which GCC 12 builds on
 /// _mm512_undefined_* and which trip -Wmaybe-uninitialized.
 constexpr __mmask16 kAll16 = 0xffff;
+/// \brief Every 16-bit lane of a 32-lane mask (the word forms' zero-masking, as kAll16).
+constexpr __mmask32 kAll32 = ~__mmask32{0};
 /// \brief Every byte of a 64-byte mask (the byte forms' zero-masking, as kAll16).
 constexpr __mmask64 kAll64 = ~__mmask64{0};
 #endif

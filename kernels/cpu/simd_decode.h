@@ -42,8 +42,8 @@ inline __m256 fp8_decode8(const uint8_t* p) {
                  : _mm_cmpeq_epi16(_mm_and_si128(c, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
     h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan);
   }
-  const float pow2 = bits_float(static_cast<uint32_t>(127 + 15 - T::kBias) << 23);
-  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(pow2));
+  const float p2 = pow2(15 - T::kBias);
+  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(p2));
 }
 /// bf16 bits -> float32 on 8 lanes (the 16 bits on top of a float32's).
 inline __m256 bf16_to_f32x8(__m128i h) {
@@ -65,8 +65,27 @@ inline __m512 fp8_decode16(const uint8_t* p) {
                                            _mm256_set1_epi16(0x7f));
     h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00));
   }
-  const float pow2 = bits_float(static_cast<uint32_t>(127 + 15 - T::kBias) << 23);
-  return _mm512_mul_ps(cvtph16(h), _mm512_set1_ps(pow2));
+  const float p2 = pow2(15 - T::kBias);
+  return _mm512_mul_ps(cvtph16(h), _mm512_set1_ps(p2));
+}
+
+/// The left shift that puts an fp8 code's exponent and mantissa under bf16's (7 - its mantissa
+/// bits), and the mask of the bf16's sign, exponent and mantissa bits those land on.
+template <Fp8Format F>
+constexpr int kBf16Shift = 7 - fp8::Traits<F>::kMantBits;
+template <Fp8Format F>
+constexpr int16_t kBf16Mask = static_cast<int16_t>(0x8000 | (0x7f << kBf16Shift<F>));
+
+/// 32 fp8 codes as bf16 bits: each code's sign at bf16's and its exponent and mantissa bits under
+/// bf16's (sign-extend, shift, mask) give its value times 2^(kBias - 127), exact for every finite
+/// code (subnormal codes as bf16 subnormals); the NaN / inf codes become finite numbers. The int8
+/// mode's bf16 dot products read fp8 keys this way (kernels/cpu/attention.cpp).
+template <Fp8Format F>
+inline __m512i fp8_bf16x32(const uint8_t* p) {
+  const __m512i x = _mm512_maskz_cvtepi8_epi16(
+      kAll32, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));  // sign in bits 7 .. 15
+  return _mm512_and_si512(_mm512_maskz_slli_epi16(kAll32, x, kBf16Shift<F>),
+                          _mm512_set1_epi16(kBf16Mask<F>));
 }
 #endif
 

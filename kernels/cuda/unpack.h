@@ -1,25 +1,27 @@
 // Unpack math for the reworked CUDA decode kernels (issue 12): packed codes to binary16 pairs
-// (half2 bits) with two-bit-field logic ops and no per-code shift/convert, the way Marlin-style and
-// FlashInfer kernels read quantized caches. Every function is __host__ __device__ (core/hostdev.h)
-// and uses only 32-bit integer ops (one LOP3 each on the device), so the CPU tests
-// (tests/kernels/cuda/unpack_test.cpp) check them on every input against the reference decoders.
+// (half2 bits) two codes at a time with 32-bit integer ops and no per-code shift/convert, the way
+// Marlin-style and FlashInfer kernels read quantized caches (int codes: a shift and one LOP3 per
+// pair; fp8: a few ops per pair). Every function is __host__ __device__ (core/hostdev.h), so the
+// CPU tests (tests/kernels/cuda/unpack_test.cpp) check them against the reference decoders: every
+// pair of fp8 codes, every pair of int codes under four patterns of the word's other bits.
 // Not yet called by the kernels in attention_kernels.cu: a GPU run must compare the new kernels
 // with the current ones first (issue 12).
 //
 // Int codes (kivi/layout.h): a 32-bit word holds 32 / B codes, code j in bits [B j, B j + B). The
 // magic-number trick ORs two codes 16 bits apart into the mantissas of two binary16 1024.0s:
 // binary16 0x6400 is 1024 and its 10 mantissa bits count units, so 0x6400 | c is 1024 + c exactly
-// (c < 1024); one half2 subtract of (1024, 1024) leaves the codes, or one half2 fma with
-// (scale, scale) and (min - 1024 scale, ...) dequantizes them. Pair k of a word holds codes
+// (c < 1024); one half2 subtract of (1024, 1024) leaves the codes exactly, which a multiply by the
+// scale and an add of the minimum then dequantize (folding the subtract into one fma with
+// min - 1024 scale would round that constant in binary16). Pair k of a word holds codes
 // (k, k + 16 / B): for B = 4, pairs (0, 4), (1, 5), (2, 6), (3, 7); for B = 2, (0, 8) .. (7, 15).
 //
 // FP8 codes: a code's sign bit placed at binary16's sign and its exponent and mantissa bits under
 // binary16's (fp8_pair_half2) give its value times 2^(kBias - 15) for e4m3 / e4m3fnuz, subnormals
 // included (binary16 has 5 exponent bits and 10 mantissa bits, e4m3 4 and 3), and the value itself
-// for e5m2 (the top byte of a binary16). The power of two folds into the scale. On sm_89+
-// the device form is one cvt.rn.f16x2.e4m3x2 / e5m2x2 (which gives NaN for NaN codes; this
-// integer form gives a finite number for e4m3's NaN codes, which the saturating encoder never
-// writes).
+// for e5m2 (the top byte of a binary16). The power of two folds into the scale. sm_89+ has
+// cvt.rn.f16x2.e4m3x2 / e5m2x2, which gives the value itself (no power of two), NaN for NaN codes
+// and has no e4m3fnuz form; this integer form serves every format and gives a finite number for
+// e4m3's NaN codes, which the saturating encoder never writes.
 #pragma once
 
 #include <cstdint>
@@ -42,8 +44,8 @@ KVQ_HD uint32_t int_pair_magic(uint32_t w, int k) {
   return ((w >> (B * k)) & kMask) | kMagic1024x2;
 }
 
-/// \brief 2^(kBias - 15) for the 4-bit-exponent formats, 1 for e5m2: the factor fp8_pair_half2's
-/// halves carry (value = half * 2^(15 - kBias)).
+/// \brief The exponent 15 - kBias (0 for e5m2): fp8_pair_half2's halves times 2^kHalfExpShift are
+/// the values.
 template <Fp8Format F>
 inline constexpr int kHalfExpShift = 15 - fp8::Traits<F>::kBias;
 

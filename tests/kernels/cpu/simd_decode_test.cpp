@@ -59,6 +59,42 @@ TEST(cpuSimdDecode, fp8_every256Codes_everyFormat_equalsFp8Decode) {
   check_fp8_every_code<Fp8Format::E5M2>();
 }
 
+#if KVQ_CPU_AVX512
+// fp8_bf16x32 (the int8 mode's fp8 keys): the bf16 bits times 2^(127 - kBias) equal fp8::decode
+// bit for bit on every finite code (subnormal codes included: bf16 subnormals, exact); the
+// non-finite codes must come out finite (the mode reads them as numbers, kernels/cpu/attention.h).
+template <Fp8Format F>
+void check_bf16_every_code() {
+  std::vector<uint8_t> codes(256);
+  for (int c = 0; c < 256; ++c) codes[c] = static_cast<uint8_t>(c);
+  std::vector<uint16_t> bits(256);
+  for (int i = 0; i < 256; i += 32)
+    _mm512_storeu_si512(bits.data() + i, fp8_bf16x32<F>(codes.data() + i));
+  const float back = std::ldexp(1.0f, 127 - fp8::Traits<F>::kBias);  // exact power of two
+  std::vector<float> want, got;
+  int64_t non_finite = 0;
+  for (int c = 0; c < 256; ++c) {
+    const float w = fp8::decode<F>(static_cast<uint8_t>(c));
+    const float g = bits_float(static_cast<uint32_t>(bits[c]) << 16) * back;
+    if (!std::isfinite(w)) {
+      ++non_finite;
+      EXPECT_TRUE(std::isfinite(g)) << "code " << c;
+      continue;
+    }
+    want.push_back(w), got.push_back(g);
+  }
+  std::string why;
+  EXPECT_EQ(mismatches(want, got, why), 0) << "fp8_bf16x32, format " << static_cast<int>(F) << why;
+  EXPECT_GT(non_finite, 0);
+}
+
+TEST(cpuSimdDecode, fp8Bf16x32_every256Codes_everyFormat_equalsFp8Decode) {
+  check_bf16_every_code<Fp8Format::E4M3>();
+  check_bf16_every_code<Fp8Format::E4M3FNUZ>();
+  check_bf16_every_code<Fp8Format::E5M2>();
+}
+#endif
+
 TEST(cpuSimdDecode, bf16x8_every65536Patterns_equalsTheDefinition) {
   std::vector<uint16_t> bits(65536);
   std::vector<float> want(65536), got(65536);

@@ -1,5 +1,6 @@
-// Tests for kernels/cuda/unpack.h on the host: every input of each unpack function against the
-// reference decoders. Codes: kivi/layout.h's definition (code j of a word in bits [B j, B j + B)),
+// Tests for kernels/cuda/unpack.h on the host, against the reference decoders. Int codes: every
+// pair of codes of every pair position, under four patterns of the word's other bits, against
+// kivi/layout.h's definition (code j of a word in bits [B j, B j + B)),
 // read back from the binary16 halves by core/half.h's exact conversion. FP8: fp8::decode on all
 // 65,536 pairs of codes of each format (the halves times 2^(15 - kBias), a power of two, exact),
 // bit-exact as floats; NaN codes apart (decode gives NaN; the integer form a finite number).
