@@ -72,7 +72,7 @@ Fixture& fixture(const std::string& scheme, int64_t T) {
   return f;
 }
 
-// backend: "ref", "cpu" (exact int keys) or "cpu-int8".
+// backend: "ref", "cpu" (the exact mode) or "cpu-int8" (the int8 mode: kivi and fp8 codes).
 void BM_Decode(benchmark::State& st, const std::string& backend, const std::string& scheme,
                int64_t T, int threads) {
   Fixture& f = fixture(scheme, T);
@@ -105,8 +105,9 @@ void BM_Copy(benchmark::State& st) {
 
 // The machine's limits, measured in the same run (the fractions the table prints):
 // BM_ReadStream/threads:N reads the bf16 cache's bytes at 32k once with vector loads on N
-// threads; BM_FmaPeak and BM_DpbusdPeak run 12 independent chains of vfmadd231ps (fp32 lanes) or
-// vpdpbusd (4 byte products per 32-bit lane), 512-bit where the kernels are, on one core.
+// threads; BM_FmaPeak, BM_DpbusdPeak and BM_Bf16DotPeak run 12 independent chains of vfmadd231ps
+// (fp32 lanes), vpdpbusd (4 byte products per 32-bit lane) or vdpbf16ps (2 bf16 products per
+// lane), 512-bit where the kernels are, on one core.
 void BM_ReadStream(benchmark::State& st, int threads) {
   const size_t n = static_cast<size_t>(32768 * kHeads * kDim * 2 * 2) / 64 * 64;
   static std::vector<uint64_t> buf;

@@ -84,9 +84,9 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
   c->add_option("--backend", o.backend,
                 "attention backend: cpu (SIMD kernels), cpu-int8 (the same kernels with reduced-precision "
                 "dot products: on 2/4-bit kivi codes int8 queries on keys and 8-bit weights on values, "
-                "on FP8 codes bf16 queries and weights where the CPU has AVX-512 BF16) or ref (the "
-                "scalar reference); all read the same stored codes, and each keeps chunked prefill == "
-                "token-by-token decode bit-identical")
+                "on FP8 codes bf16 queries and weights in builds for AVX-512 BF16 and VBMI, head_dim a "
+                "multiple of 32) or ref (the scalar reference); all read the same stored codes, and "
+                "each keeps chunked prefill == token-by-token decode bit-identical")
       ->check(
           [](const std::string& s) {
             try {

@@ -21,8 +21,9 @@
 // where the compiler also targets AVX-512 F/BW/VL, 512-bit forms as marked):
 //   fp32 / bf16 / fp16   rows widened in registers, several tokens x query heads of accumulators
 //                        (512-bit: 16 channels a step where head_dim is a multiple of 16)
-//   fp8 (all formats, every granularity)   codes decoded arithmetically (exact: fp8::decode;
-//                        512-bit: through binary16, kernels/cpu/simd_decode.h)
+//   fp8 (all formats, every granularity)   exact mode: codes decoded arithmetically (exact:
+//                        fp8::decode; 512-bit: through binary16, kernels/cpu/simd_decode.h);
+//                        int8 mode: bf16 dot products (below)
 //   int: keys per-channel (2/3/4/8 bits) or per-token (2/4/8 bits, G a multiple of 8: llama.cpp's
 //     and HF QuantizedCache's layout), values per-token (2/4/8 bits, G a multiple of 8), the exact
 //     residual window as fp32; head_dim a multiple of 8 and GQA 1-8 throughout (per-channel
@@ -31,7 +32,8 @@
 //                      per-token key rows dequantized in registers (scale * code + min)
 //                      (512-bit: per-channel keys of 2/4/8 bits with tokens in the lanes, one
 //                      fma per channel and 16 tokens; per-token values 16 channels a step)
-//     IntMode::Int8    integer dot products on the codes where they apply, exact elsewhere:
+//     IntMode::Int8    reduced-precision dot products on the codes where they apply (integer for
+//                      int codes, bf16 for fp8), exact elsewhere:
 //                      keys per-channel of 2 and 4 bits, G and head_dim multiples of 32: q * scale
 //                      quantized to int8 per (key group, query head), scores as byte dots of four
 //                      channels' q and codes; values per-token of 2 and 4 bits, G a multiple

@@ -177,7 +177,8 @@ class Cache:
     ``backend`` is "cpu" (SIMD kernels, the default) or "ref" (the scalar reference); both store
     the same bytes. ``int_mode="int8"`` (backend cpu) uses integer dot products on 2/4-bit codes:
     per-channel keys against int8 queries, per-token values against 8-bit softmax weights; and bf16
-    dot products on FP8 codes (CPUs with AVX-512 BF16).
+    dot products on FP8 codes (builds for CPUs with AVX-512 BF16 and VBMI, head_dim a multiple of
+    32).
     ``threads`` 0 uses every core.
 
     Example::
