@@ -2104,20 +2104,22 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
   if (fp8_bf16(c.mode, k)) {  // q (times the per-channel scales) * 2^kFp8QShift as bf16
     const __m512 mul = _mm512_set1_ps(pow2(kFp8QShift));
     const bool ch = k.gran == Granularity::Channel;
-    for (int64_t j = 0; j < H * NQ && w.qb_of != c.q; ++j)
-      for (int64_t d = 0; d < D; d += 32) {
-        const float* qj = c.q + j * D + d;
-        __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(qj), mul);
-        __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(qj + 16), mul);
-        if (ch) {
-          const float* sc = k.fp8_scales + (j / NQ) * D + d;
-          lo = _mm512_mul_ps(lo, _mm512_loadu_ps(sc));
-          hi = _mm512_mul_ps(hi, _mm512_loadu_ps(sc + 16));
+    if (w.qb_of != c.q) {  // not yet converted in this block
+      for (int64_t j = 0; j < H * NQ; ++j)
+        for (int64_t d = 0; d < D; d += 32) {
+          const float* qj = c.q + j * D + d;
+          __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(qj), mul);
+          __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(qj + 16), mul);
+          if (ch) {
+            const float* sc = k.fp8_scales + (j / NQ) * D + d;
+            lo = _mm512_mul_ps(lo, _mm512_loadu_ps(sc));
+            hi = _mm512_mul_ps(hi, _mm512_loadu_ps(sc + 16));
+          }
+          const __m512bh b = _mm512_maskz_cvtne2ps_pbh(kAll32, hi, lo);
+          _mm512_storeu_si512(w.qb.data() + j * D + d, from_bh(b));
         }
-        const __m512bh b = _mm512_maskz_cvtne2ps_pbh(kAll32, hi, lo);
-        _mm512_storeu_si512(w.qb.data() + j * D + d, from_bh(b));
-      }
-    w.qb_of = c.q;
+      w.qb_of = c.q;
+    }
     with_fp8_format(k.format, [&]<Fp8Format F>() {
       const float back = pow2(127 - fp8::Traits<F>::kBias - kFp8QShift);
       float* rf = w.rowf.data();

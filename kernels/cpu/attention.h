@@ -47,7 +47,7 @@
 //                      vpdpbusd, brought there by byte permutes: the same integer sums and
 //                      bytes of q and weights for the same inputs, the float sums around them
 //                      in another order); fp8 sides of every format and granularity, head_dim a
-//                      multiple of 32, where the compiler targets AVX-512 BF16 with VNNI and VBMI
+//                      multiple of 32, where the compiler targets AVX-512 BF16 and VBMI
 //                      (isa.h's kBf16Dot): bf16 dot products (vdpbf16ps), each code's bits
 //                      shifted into a bf16 (its value times a power of two; subnormal codes
 //                      read as 0, as vdpbf16ps reads bf16 subnormals), q * (per-channel scale)
