@@ -1,5 +1,6 @@
 // Decode attention on the GPU (kernels/cuda/attention_kernels.cu): time, bytes read, effective GB/s,
-// fraction of peak bandwidth and speedup over the bf16 cache at the same (context, batch).
+// fraction of peak bandwidth and speedup over the bf16 cache at the same (context, batch, kernel),
+// for each split kernel (DecodeKernel: baseline, tiled; both by default).
 //
 // A plain program (no Google Benchmark, so it builds with nvcc alone:
 //   nvcc -std=c++20 -O3 -arch=native -I. kernels/cuda/attention_kernels.cu bench/bench_attention_cuda.cu
@@ -48,6 +49,7 @@ struct Options {
   std::vector<int64_t> contexts{1024, 4096, 16384, 32768, 65536, 131072};
   std::vector<int> batches{1, 16, 64};
   std::vector<std::string> kinds{"bf16", "fp8_e4m3_token", "fp8_e4m3_tensor", "kivi4", "kivi2"};
+  std::vector<DecodeKernel> kernels{DecodeKernel::Baseline, DecodeKernel::Tiled};
   int reps = 10;
   int warmup = 2;
   std::optional<double> peak_gbps;
@@ -80,8 +82,11 @@ void usage() {
       "bench_attention_cuda [--json PATH] [--peak-gbps X] [--reps N] [--warmup N]\n"
       "                     [--contexts 1024,4096,...] [--batches 1,16,64]\n"
       "                     [--kinds bf16,fp8_e4m3_token,fp8_e4m3_tensor,kivi4,kivi2]\n"
-      "Decode attention (8 kv heads, head_dim 128, GQA 4) per cache kind; bf16 always runs\n"
-      "first at each (context, batch) as the baseline of the speedup column.\n");
+      "                     [--kernels baseline,tiled]\n"
+      "Decode attention (8 kv heads, head_dim 128, GQA 4) per cache kind and split kernel\n"
+      "(kernels/cuda/attention_kernels.cuh, DecodeKernel); bf16 always runs first at each\n"
+      "(context, batch, kernel) as the baseline of the speedup column. The goals read the\n"
+      "tiled kernel's rows.\n");
 }
 
 Options parse_args(int argc, char** argv) {
@@ -114,6 +119,16 @@ Options parse_args(int argc, char** argv) {
       o.batches = parse_list<int>(value(), "--batches");
     } else if (a == "--kinds") {
       o.kinds = parse_list<std::string>(value(), "--kinds");
+    } else if (a == "--kernels") {
+      o.kernels.clear();
+      for (const std::string& k : parse_list<std::string>(value(), "--kernels")) {
+        if (k == "baseline")
+          o.kernels.push_back(DecodeKernel::Baseline);
+        else if (k == "tiled")
+          o.kernels.push_back(DecodeKernel::Tiled);
+        else
+          throw Error("--kernels: unknown kernel '" + k + "' (baseline, tiled)");
+      }
     } else {
       throw Error("unknown argument '" + a + "' (see --help)");
     }
@@ -175,8 +190,11 @@ constexpr uint32_t kHalfScale = 0x2a662a66u, kHalfMin = 0xb800b800u;   // 0.05, 
 
 // ---- one case -------------------------------------------------------------------------------------
 
+const char* kernel_name(DecodeKernel k) { return k == DecodeKernel::Tiled ? "tiled" : "baseline"; }
+
 struct Result {
   std::string kind;
+  std::string kernel;
   int64_t ctx = 0;
   int batch = 0;
   double time_us = 0, bytes = 0, gbps = 0, pct_peak = 0, speedup = 0;
@@ -186,6 +204,7 @@ struct Result {
 
 struct Skip {
   std::string kind;
+  std::string kernel;
   int64_t ctx;
   int batch;
   std::string reason;
@@ -261,7 +280,7 @@ double case_bytes(const std::string& kind, int64_t T, int batch) {
 
 /// Allocates and fills one case's cache, runs it; nullopt (with `why`) when it does not fit.
 std::optional<Result> run_case(const Env& env, const Options& o, const std::string& kind, int64_t T,
-                               int batch, std::string& why) {
+                               int batch, DecodeKernel kernel, std::string& why) {
   const DecodeShape shape{batch, kKvHeads, kKvHeads * kGqa, kHeadDim};
   const double bytes = case_bytes(kind, T, batch);
   size_t free_b = 0, total_b = 0;
@@ -294,6 +313,7 @@ std::optional<Result> run_case(const Env& env, const Options& o, const std::stri
 
   Result r;
   r.kind = kind;
+  r.kernel = kernel_name(kernel);
   r.ctx = T;
   r.batch = batch;
   r.bytes = bytes;
@@ -311,7 +331,8 @@ std::optional<Result> run_case(const Env& env, const Options& o, const std::stri
     ws.emplace(plan.workspace_bytes);
     call = [=, &ws, &q, &out] {
       return decode_attention(shape, std::span<const Bf16SideView>(k), std::span<const Bf16SideView>(v),
-                              q.as<float>(), out.as<float>(), ws->as<void>(), plan.workspace_bytes);
+                              q.as<float>(), out.as<float>(), ws->as<void>(), plan.workspace_bytes,
+                              nullptr, kernel);
     };
   } else if (kind.rfind("fp8", 0) == 0) {
     const bool token = kind == "fp8_e4m3_token";
@@ -329,7 +350,8 @@ std::optional<Result> run_case(const Env& env, const Options& o, const std::stri
     ws.emplace(plan.workspace_bytes);
     call = [=, &ws, &q, &out] {
       return decode_attention(shape, std::span<const Fp8SideView>(k), std::span<const Fp8SideView>(v),
-                              q.as<float>(), out.as<float>(), ws->as<void>(), plan.workspace_bytes);
+                              q.as<float>(), out.as<float>(), ws->as<void>(), plan.workspace_bytes,
+                              nullptr, kernel);
     };
   } else {
     const int bits = kind.back() - '0';
@@ -359,7 +381,8 @@ std::optional<Result> run_case(const Env& env, const Options& o, const std::stri
     ws.emplace(plan.workspace_bytes);
     call = [=, &ws, &q, &out] {
       return decode_attention(shape, std::span<const IntSideView>(k), std::span<const IntSideView>(v),
-                              q.as<float>(), out.as<float>(), ws->as<void>(), plan.workspace_bytes);
+                              q.as<float>(), out.as<float>(), ws->as<void>(), plan.workspace_bytes,
+                              nullptr, kernel);
     };
   }
   KVQ_CUDA_CHECK(cudaDeviceSynchronize());
@@ -380,26 +403,32 @@ struct Goal {
   std::optional<double> value;
 };
 
-const Result* find(const std::vector<Result>& rs, const std::string& kind, int64_t ctx, int batch) {
+const Result* find(const std::vector<Result>& rs, const std::string& kind, int64_t ctx, int batch,
+                   const char* kernel) {
   for (const Result& r : rs)
-    if (r.kind == kind && r.ctx == ctx && r.batch == batch) return &r;
+    if (r.kind == kind && r.ctx == ctx && r.batch == batch && r.kernel == kernel) return &r;
   return nullptr;
 }
 
+/// Issue 12's goals, on the tiled kernel's rows (the baseline's are in the table for comparison).
 std::vector<Goal> goals(const std::vector<Result>& rs) {
-  auto speedup = [&](const char* kind) -> std::optional<double> {
-    const Result* r = find(rs, kind, 32768, 16);
+  const char* k = kernel_name(DecodeKernel::Tiled);
+  auto speedup = [&](const char* kind, int batch) -> std::optional<double> {
+    const Result* r = find(rs, kind, 32768, batch, k);
     return r ? std::optional<double>(r->speedup) : std::nullopt;
   };
-  const Result* bf = find(rs, "bf16", 32768, 16);
-  return {
-      {"kivi2 >= 3x bf16 (ctx 32k, batch 16)", "speedup", 3.0, speedup("kivi2")},
-      {"kivi4 >= 2x bf16 (ctx 32k, batch 16)", "speedup", 2.0, speedup("kivi4")},
-      {"fp8_e4m3 token scales >= 1.7x bf16 (ctx 32k, batch 16)", "speedup", 1.7, speedup("fp8_e4m3_token")},
-      {"fp8_e4m3 tensor scale >= 1.7x bf16 (ctx 32k, batch 16)", "speedup", 1.7, speedup("fp8_e4m3_tensor")},
-      {"bf16 kernel >= 70% of peak (ctx 32k, batch 16)", "pct_peak", 70.0,
-       bf ? std::optional<double>(bf->pct_peak) : std::nullopt},
-  };
+  std::vector<Goal> g;
+  for (int batch : {1, 16}) {
+    const std::string at = " (tiled, ctx 32k, batch " + std::to_string(batch) + ")";
+    g.push_back({"kivi2 >= 3x bf16" + at, "speedup", 3.0, speedup("kivi2", batch)});
+    g.push_back({"kivi4 >= 2x bf16" + at, "speedup", 2.0, speedup("kivi4", batch)});
+    g.push_back({"fp8_e4m3 token scales >= 1.7x bf16" + at, "speedup", 1.7, speedup("fp8_e4m3_token", batch)});
+    g.push_back({"fp8_e4m3 tensor scale >= 1.7x bf16" + at, "speedup", 1.7, speedup("fp8_e4m3_tensor", batch)});
+  }
+  const Result* bf = find(rs, "bf16", 32768, 16, k);
+  g.push_back({"bf16 kernel >= 75% of peak (tiled, ctx 32k, batch 16)", "pct_peak", 75.0,
+               bf ? std::optional<double>(bf->pct_peak) : std::nullopt});
+  return g;
 }
 
 std::string json_escape(const std::string& s) {
@@ -425,17 +454,17 @@ void write_json(const std::string& path, const std::string& device, const Env& e
   for (size_t i = 0; i < rs.size(); ++i) {
     const Result& r = rs[i];
     std::fprintf(f,
-                 "    {\"kind\": \"%s\", \"ctx\": %lld, \"batch\": %d, \"time_us\": %.3f, \"bytes\": %.0f, "
-                 "\"gbps\": %.3f, \"pct_peak\": %.3f, \"speedup_vs_bf16\": %.4f, \"split_tokens\": %lld, "
-                 "\"splits\": %d}%s\n",
-                 r.kind.c_str(), static_cast<long long>(r.ctx), r.batch, r.time_us, r.bytes, r.gbps,
+                 "    {\"kind\": \"%s\", \"kernel\": \"%s\", \"ctx\": %lld, \"batch\": %d, \"time_us\": %.3f, "
+                 "\"bytes\": %.0f, \"gbps\": %.3f, \"pct_peak\": %.3f, \"speedup_vs_bf16\": %.4f, "
+                 "\"split_tokens\": %lld, \"splits\": %d}%s\n",
+                 r.kind.c_str(), r.kernel.c_str(), static_cast<long long>(r.ctx), r.batch, r.time_us, r.bytes, r.gbps,
                  r.pct_peak, r.speedup, static_cast<long long>(r.split_tokens), r.splits,
                  i + 1 < rs.size() ? "," : "");
   }
   std::fprintf(f, "  ],\n  \"skipped\": [\n");
   for (size_t i = 0; i < skips.size(); ++i)
-    std::fprintf(f, "    {\"kind\": \"%s\", \"ctx\": %lld, \"batch\": %d, \"reason\": \"%s\"}%s\n",
-                 skips[i].kind.c_str(), static_cast<long long>(skips[i].ctx), skips[i].batch,
+    std::fprintf(f, "    {\"kind\": \"%s\", \"kernel\": \"%s\", \"ctx\": %lld, \"batch\": %d, \"reason\": \"%s\"}%s\n",
+                 skips[i].kind.c_str(), skips[i].kernel.c_str(), static_cast<long long>(skips[i].ctx), skips[i].batch,
                  json_escape(skips[i].reason).c_str(), i + 1 < skips.size() ? "," : "");
   std::fprintf(f, "  ],\n  \"goals\": [\n");
   const std::vector<Goal> gs = goals(rs);
@@ -486,33 +515,35 @@ int run(int argc, char** argv) {
               kKvHeads, kHeadDim, kGqa, kGroup, kResidual);
   std::printf("Median of %d runs after %d warm-up, L2 flushed (%zu MB write) before each run.\n\n", o.reps,
               o.warmup, env.flush_bytes >> 20);
-  std::printf("| ctx | batch | kind | time (us) | MB read | GB/s | %% of peak | speedup vs bf16 | splits |\n");
-  std::printf("|---:|---:|---|---:|---:|---:|---:|---:|---:|\n");
+  std::printf("| ctx | batch | kernel | kind | time (us) | MB read | GB/s | %% of peak | speedup vs bf16 | splits |\n");
+  std::printf("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
 
   std::vector<Result> results;
   std::vector<Skip> skips;
   for (int64_t T : o.contexts)
-    for (int batch : o.batches) {
-      double bf16_us = 0;
-      for (const std::string& kind : o.kinds) {
-        std::string why;
-        std::optional<Result> r = run_case(env, o, kind, T, batch, why);
-        if (!r) {
-          skips.push_back({kind, T, batch, why});
-          std::printf("| %lld | %d | %s | skipped: %s | | | | | |\n", static_cast<long long>(T), batch,
-                      kind.c_str(), why.c_str());
-          continue;
+    for (int batch : o.batches)
+      for (DecodeKernel kernel : o.kernels) {
+        double bf16_us = 0;
+        const char* kn = kernel_name(kernel);
+        for (const std::string& kind : o.kinds) {
+          std::string why;
+          std::optional<Result> r = run_case(env, o, kind, T, batch, kernel, why);
+          if (!r) {
+            skips.push_back({kind, kn, T, batch, why});
+            std::printf("| %lld | %d | %s | %s | skipped: %s | | | | | |\n", static_cast<long long>(T), batch,
+                        kn, kind.c_str(), why.c_str());
+            continue;
+          }
+          if (kind == "bf16") bf16_us = r->time_us;
+          r->speedup = bf16_us > 0 ? bf16_us / r->time_us : 0.0;
+          std::printf("| %lld | %d | %s | %s | %.1f | %.1f | %.0f | %.1f | %.2f | %d x %lld |\n",
+                      static_cast<long long>(T), batch, kn, kind.c_str(), r->time_us, r->bytes / 1e6, r->gbps,
+                      r->pct_peak, r->speedup, r->splits, static_cast<long long>(r->split_tokens));
+          std::fflush(stdout);
+          results.push_back(*r);
         }
-        if (kind == "bf16") bf16_us = r->time_us;
-        r->speedup = bf16_us > 0 ? bf16_us / r->time_us : 0.0;
-        std::printf("| %lld | %d | %s | %.1f | %.1f | %.0f | %.1f | %.2f | %d x %lld |\n",
-                    static_cast<long long>(T), batch, kind.c_str(), r->time_us, r->bytes / 1e6, r->gbps,
-                    r->pct_peak, r->speedup, r->splits, static_cast<long long>(r->split_tokens));
-        std::fflush(stdout);
-        results.push_back(*r);
       }
-    }
 
   std::printf("\n## Goals\n\n| goal | value | met |\n|---|---:|---|\n");
   for (const Goal& g : goals(results)) {

@@ -252,7 +252,8 @@ BENCH_ORDER=()
 for b in "${BENCH_TARGETS[@]}"; do
   [[ -z "${BENCH_BIN[$b]:-}" ]] && continue
   args=(--json "$OUT/$b.json")
-  [[ "$b" == bench_attention_cuda ]] && args+=(--reps 7 --warmup 2)
+  # both split kernels (baseline, tiled) at the contexts the goals and the docs' tables read
+  [[ "$b" == bench_attention_cuda ]] && args+=(--reps 7 --warmup 2 --contexts 1024,8192,32768,131072)
   t0=$(elapsed)
   timeout "$(cap 200)" "${BENCH_BIN[$b]}" "${args[@]}" >"$OUT/$b.md" 2>"$LOGS/$b.stderr"
   rc=$?
@@ -282,14 +283,16 @@ if os.path.exists(att):
             unit = "%" if g.get("metric") == "pct_peak" else "x"
             rows.append((g["goal"], "not measured" if v is None else f"{v:.2f}{unit}",
                          "-" if v is None else ("met" if g.get("met") else "missed")))
-        bf = [r["pct_peak"] for r in data.get("results", []) if r["kind"] == "bf16"]
-        if bf:
-            rows.append(("(info) bf16 best % of peak over all cases", f"{max(bf):.1f}%", "-"))
+        for kern in ("tiled", "baseline"):
+            bf = [r["pct_peak"] for r in data.get("results", [])
+                  if r["kind"] == "bf16" and r.get("kernel", "baseline") == kern]
+            if bf:
+                rows.append((f"(info) bf16 best % of peak over all cases, {kern} kernel", f"{max(bf):.1f}%", "-"))
     except Exception as e:  # a truncated file from a timed-out run
         rows.append(("attention goals", f"unreadable JSON: {e}", "-"))
 else:
-    for name in ("kivi2 >= 3x bf16", "kivi4 >= 2x bf16", "fp8_e4m3 >= 1.7x bf16", "bf16 kernel >= 70% of peak"):
-        rows.append((name + " (ctx 32k, batch 16)", "not measured (no bench_attention_cuda.json)", "-"))
+    for name in ("kivi2 >= 3x bf16", "kivi4 >= 2x bf16", "fp8_e4m3 >= 1.7x bf16", "bf16 kernel >= 75% of peak"):
+        rows.append((name + " (tiled, ctx 32k, batch 16)", "not measured (no bench_attention_cuda.json)", "-"))
 # Quantize kernels: any other bench JSON; every number under a key that names a fraction of peak,
 # except in records of a baseline (a name with "copy" / "memcpy" / "baseline").
 pct, base = [], []

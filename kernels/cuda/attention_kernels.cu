@@ -34,6 +34,7 @@
 #include "fp8/format.h"
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/unpack.h"
 #include "kivi/layout.h"
 #include "kivi/minmax.h"
 #include "kivi/pack.h"
@@ -54,6 +55,14 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 
 // ---- parameters ------------------------------------------------------------------------------
+
+// SplitParams holds kMaxBatch views per side (about 8 KB for int views): kernel parameters over
+// 4 KB need nvcc and a driver of CUDA 12.1 or newer (checked here and in launch()).
+#if defined(__CUDACC_VER_MAJOR__) && \
+    (__CUDACC_VER_MAJOR__ < 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ < 1))
+#error "kvq's decode-attention kernels take about 8 KB of parameters: CUDA 12.1 or newer is needed"
+#endif
+constexpr int kMinDriver = 12010;  // cudaDriverGetVersion's 12.1
 
 /// Everything a split block reads; per-sequence views travel in the kernel's parameter space
 /// (__grid_constant__: read in place, never copied to local memory).
@@ -600,10 +609,329 @@ struct IntPolicy {
   }
 };
 
+// ---- tiled phases (DecodeKernel::Tiled, issue 12) ---------------------------------------------
+//
+// Token-major rows (bf16, fp8, per-token int values, the float32 residual) are read a warp at a
+// time: a row's D channels are spread over D / 8 lanes (8 channels each: one 16-byte load of bf16,
+// 8 bytes of fp8), so a warp step reads 32 / (D / 8) whole rows, each a contiguous run, and U steps
+// are loaded before any is used (several loads in flight per lane). Scores: each lane dots its 8
+// channels with q held in registers and the row's lanes add by shuffles; values: each lane keeps
+// NQ x 8 sums in registers, added across the warp's rows once at the end. NQ is the GQA group
+// rounded up to 1, 2, 4 or 8 (register arrays sized by it, the rest masked by bk.nq). FP8 codes
+// and 4-bit value codes are unpacked two at a time by kernels/cuda/unpack.h (tested on the host).
+// Per-channel int sides and the layouts these paths do not cover take the baseline phases.
+
+constexpr int kTiledChannels = 8;  // channels per lane of a token-major row
+constexpr int kTiledUnroll = 2;    // warp steps loaded before use
+
+template <int D>
+struct RowTile {
+  static constexpr int kLanes = D / kTiledChannels;  // lanes per row: 8 (D 64) or 16 (D 128)
+  static constexpr int kRows = 32 / kLanes;          // rows per warp step
+  static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row's lanes sit in one warp");
+};
+
+/// Phase 1 over token-major rows [t0, t1): row(t, c0, v) loads channels [c0, c0 + 8) of K[t] as
+/// floats into v and returns the factor the row's dot is multiplied by (fp8: the token factor).
+template <int D, int NQ, class Row>
+__device__ void tiled_scores(const Block& bk, int64_t t0, int64_t t1, Row row) {
+  constexpr int kL = RowTile<D>::kLanes, kR = RowTile<D>::kRows, C = kTiledChannels;
+  constexpr int64_t kStep = static_cast<int64_t>(kWarps) * kR;
+  const int sub = bk.lane % kL, r = bk.lane / kL, c0 = sub * C;
+  float qr[NQ][C];
+#pragma unroll
+  for (int i = 0; i < NQ; ++i)
+#pragma unroll
+    for (int c = 0; c < C; ++c) qr[i][c] = i < bk.nq ? bk.q_s[i * D + c0 + c] : 0.0f;
+  for (int64_t base = t0 + bk.warp * kR + r; base - r < t1; base += kTiledUnroll * kStep) {
+    float v[kTiledUnroll][C], f[kTiledUnroll];
+#pragma unroll
+    for (int u = 0; u < kTiledUnroll; ++u) {
+      const int64_t t = base + u * kStep;
+      if (t < t1) {
+        f[u] = row(t, c0, v[u]);
+      } else {
+        f[u] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; ++c) v[u][c] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kTiledUnroll; ++u) {
+      float acc[NQ];
+#pragma unroll
+      for (int i = 0; i < NQ; ++i) {
+        float x = 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; ++c) x = fmaf(qr[i][c], v[u][c], x);
+        acc[i] = x;
+      }
+      // the row's lanes differ in the bits below kL (every lane takes part: full mask)
+#pragma unroll
+      for (int o = kL / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int i = 0; i < NQ; ++i) acc[i] += __shfl_xor_sync(kFullMask, acc[i], o);
+      const int64_t t = base + u * kStep;
+      if (sub == 0 && t < t1) {
+#pragma unroll
+        for (int i = 0; i < NQ; ++i)
+          if (i < bk.nq) bk.scores[i * bk.ld + (t - bk.s0)] = acc[i] * f[u] * bk.inv_sqrt_d;
+      }
+    }
+  }
+}
+
+/// Phase 3 over token-major rows [t0, t1): o_i += p_i[t] * f * V[t] with row() as in
+/// tiled_scores (f: the factor it returns). Adds this warp's sums into scratch[warp].
+template <int D, int NQ, class Row>
+__device__ void tiled_values(const Block& bk, int64_t t0, int64_t t1, Row row) {
+  constexpr int kL = RowTile<D>::kLanes, kR = RowTile<D>::kRows, C = kTiledChannels;
+  constexpr int64_t kStep = static_cast<int64_t>(kWarps) * kR;
+  const int sub = bk.lane % kL, r = bk.lane / kL, c0 = sub * C;
+  float acc[NQ][C];
+#pragma unroll
+  for (int i = 0; i < NQ; ++i)
+#pragma unroll
+    for (int c = 0; c < C; ++c) acc[i][c] = 0.0f;
+  for (int64_t base = t0 + bk.warp * kR + r; base - r < t1; base += kTiledUnroll * kStep) {
+    float v[kTiledUnroll][C], f[kTiledUnroll];
+#pragma unroll
+    for (int u = 0; u < kTiledUnroll; ++u) {
+      const int64_t t = base + u * kStep;
+      if (t < t1) {
+        f[u] = row(t, c0, v[u]);
+      } else {
+        f[u] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; ++c) v[u][c] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kTiledUnroll; ++u) {
+      const int64_t t = base + u * kStep;
+      const float* p = bk.scores + (t - bk.s0);
+#pragma unroll
+      for (int i = 0; i < NQ; ++i) {
+        const float w = (t < t1 && i < bk.nq) ? p[i * bk.ld] * f[u] : 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[i][c] = fmaf(w, v[u][c], acc[i][c]);
+      }
+    }
+  }
+  // the warp's rows differ in the lane bits at and above kL
+#pragma unroll
+  for (int o = kL; o < 32; o <<= 1)
+#pragma unroll
+    for (int i = 0; i < NQ; ++i)
+#pragma unroll
+      for (int c = 0; c < C; ++c) acc[i][c] += __shfl_xor_sync(kFullMask, acc[i][c], o);
+  if (r == 0) {
+    float* red = bk.scratch + bk.warp * bk.nq * D + c0;
+#pragma unroll
+    for (int i = 0; i < NQ; ++i)
+      if (i < bk.nq)
+#pragma unroll
+        for (int c = 0; c < C; ++c) red[i * D + c] += acc[i][c];
+  }
+  __syncwarp();  // the next phase of this warp may add into the same scratch
+}
+
+/// Row loaders of the tiled phases: channels [c0, c0 + 8) of row (t, h) as floats.
+__device__ __forceinline__ void bf16x8(const uint16_t* row, int c0, float (&v)[kTiledChannels]) {
+  const uint4 w = __ldg(reinterpret_cast<const uint4*>(row + c0));
+  bf16x2(w.x, v[0], v[1]);
+  bf16x2(w.y, v[2], v[3]);
+  bf16x2(w.z, v[4], v[5]);
+  bf16x2(w.w, v[6], v[7]);
+}
+
+__device__ __forceinline__ void half2x2(uint32_t bits, float& a, float& b) {
+  __half2_raw r;
+  r.x = static_cast<unsigned short>(bits & 0xffffu);
+  r.y = static_cast<unsigned short>(bits >> 16);
+  const float2 f = __half22float2(__half2(r));
+  a = f.x;
+  b = f.y;
+}
+
+/// 8 FP8 codes as floats times 2^-kHalfExpShift (unpack.h: two codes a half2); the caller folds
+/// the power of two into the row's factor.
+template <Fp8Format F>
+__device__ __forceinline__ void fp8x8_scaled(const uint8_t* row, int c0, float (&v)[kTiledChannels]) {
+  const uint2 w = __ldg(reinterpret_cast<const uint2*>(row + c0));
+  const uint32_t x[2] = {w.x, w.y};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t two = (x[k / 2] >> (16 * (k % 2))) & 0xffffu;
+    half2x2(unpack::fp8_pair_half2<F>(static_cast<uint16_t>(two)), v[2 * k], v[2 * k + 1]);
+  }
+}
+
+__device__ __forceinline__ void f32x8(const float* row, int c0, float (&v)[kTiledChannels]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(row + c0));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(row + c0 + 4));
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+  v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+/// The float32 residual window's rows [t0, t1) (first: the window's first token).
+template <int D, int NQ>
+__device__ void tiled_scores_residual(const Block& bk, const float* residual, int64_t first,
+                                      int64_t t0, int64_t t1) {
+  tiled_scores<D, NQ>(bk, t0, t1, [&](int64_t t, int c0, float (&v)[kTiledChannels]) {
+    f32x8(residual + ((t - first) * bk.H + bk.h) * D, c0, v);
+    return 1.0f;
+  });
+}
+template <int D, int NQ>
+__device__ void tiled_values_residual(const Block& bk, const float* residual, int64_t first,
+                                      int64_t t0, int64_t t1) {
+  tiled_values<D, NQ>(bk, t0, t1, [&](int64_t t, int c0, float (&v)[kTiledChannels]) {
+    f32x8(residual + ((t - first) * bk.H + bk.h) * D, c0, v);
+    return 1.0f;
+  });
+}
+
+struct Bf16Tiled {
+  using Base = Bf16Policy;
+  template <int D, int NQ>
+  __device__ static void scores(const Block& bk, const Bf16SideView& k) {
+    tiled_scores<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float (&v)[kTiledChannels]) {
+      bf16x8(k.data + (t * bk.H + bk.h) * D, c0, v);
+      return 1.0f;
+    });
+  }
+  template <int D, int NQ>
+  __device__ static void values(const Block& bk, const Bf16SideView& v) {
+    tiled_values<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float (&x)[kTiledChannels]) {
+      bf16x8(v.data + (t * bk.H + bk.h) * D, c0, x);
+      return 1.0f;
+    });
+  }
+};
+
+template <Fp8Format F>
+struct Fp8Tiled {
+  using Base = Fp8Policy<F>;
+  template <int D, int NQ>
+  __device__ static void scores(const Block& bk, const Fp8SideView& k) {
+    const float p2 = pow2(unpack::kHalfExpShift<F>);
+    tiled_scores<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float (&v)[kTiledChannels]) {
+      fp8x8_scaled<F>(k.codes + (t * bk.H + bk.h) * D, c0, v);
+      return fp8_token_factor(k, t, bk.h, bk.H) * p2;
+    });
+  }
+  template <int D, int NQ>
+  __device__ static void values(const Block& bk, const Fp8SideView& v) {
+    const float p2 = pow2(unpack::kHalfExpShift<F>);
+    tiled_values<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float (&x)[kTiledChannels]) {
+      fp8x8_scaled<F>(v.codes + (t * bk.H + bk.h) * D, c0, x);
+      return fp8_token_factor(v, t, bk.h, bk.H) * p2;
+    });
+  }
+};
+
+template <int B>
+struct IntTiled {
+  using Base = IntPolicy<B>;
+  static constexpr int kCpw = kivi::codes_per_word(B);
+
+  /// Whether per-token values take the tiled path: a lane's 8 channels sit in one group and in
+  /// one word (B 2, 4) or two (B 8) of the token's packed run.
+  __device__ static bool tiled_token_values(const IntSideView& v) {
+    return B != 3 && v.axis == Axis::Token && v.group % kTiledChannels == 0 && v.group % kCpw == 0;
+  }
+
+  /// Codes of channels [c0, c0 + 8) of a per-token row (tiled_token_values holds) as floats.
+  __device__ static void codes8(const uint32_t* row, int c0, float (&x)[kTiledChannels]) {
+    if constexpr (B == 4) {  // one word: pairs (k, k + 4) by the magic number (unpack.h)
+      const uint32_t w = __ldg(row + c0 / 8);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float a, b;
+        half2x2(unpack::int_pair_magic<4>(w, k), a, b);
+        x[k] = a - 1024.0f;
+        x[k + 4] = b - 1024.0f;
+      }
+    } else if constexpr (B == 2) {  // half a word
+      const uint32_t w = __ldg(row + c0 / 16) >> ((c0 % 16) * 2);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = code_to_float((w >> (2 * e)) & 3u);
+    } else {  // B == 8: two words (4-byte aligned only: two loads)
+      const uint32_t w0 = __ldg(row + c0 / 4), w1 = __ldg(row + c0 / 4 + 1);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        x[e] = code_to_float((w0 >> (8 * e)) & 0xffu);
+        x[e + 4] = code_to_float((w1 >> (8 * e)) & 0xffu);
+      }
+    }
+  }
+
+  template <int D, int NQ>
+  __device__ static void scores(const Block& bk, const IntSideView& k) {
+    const int64_t qe = min(bk.s1, k.quantized_tokens);
+    if (bk.s0 < qe) {  // the baseline's quantized part (per-channel keys: one warp per group)
+      if (k.axis == Axis::Channel)
+        Base::template scores_channel<D>(bk, k, bk.s0 / k.group, qe / k.group);
+      else
+        Base::template scores_token<D>(bk, k, bk.s0, qe);
+    }
+    const int64_t r0 = max(bk.s0, k.quantized_tokens);
+    if (r0 < bk.s1) tiled_scores_residual<D, NQ>(bk, k.residual, k.quantized_tokens, r0, bk.s1);
+  }
+
+  template <int D, int NQ>
+  __device__ static void values(const Block& bk, const IntSideView& v) {
+    const int64_t qe = min(bk.s1, v.quantized_tokens);
+    if (bk.s0 < qe) {
+      if (tiled_token_values(v)) {
+        const kivi::TokenLayout L{bk.H, D, v.group, B};
+        const int G = v.group;
+        tiled_values<D, NQ>(bk, bk.s0, qe, [&](int64_t t, int c0, float (&x)[kTiledChannels]) {
+          const uint32_t* row = v.words + L.word_index(t, bk.h, 0);
+          const int64_t pi = L.param_index(t, bk.h, c0 / G);
+          const float sc = half_at(v.scales, pi);
+          const float mn = group_min<B>(v, pi, sc);
+          codes8(row, c0, x);
+#pragma unroll
+          for (int e = 0; e < kTiledChannels; ++e) x[e] = fmaf(x[e], sc, mn);
+          return 1.0f;
+        });
+      } else {
+        if (v.axis == Axis::Token)
+          Base::template values_token<D>(bk, v, bk.s0, qe);
+        else
+          Base::template values_channel<D>(bk, v, bk.s0 / v.group, qe / v.group);
+        __syncwarp();
+      }
+    }
+    const int64_t r0 = max(bk.s0, v.quantized_tokens);
+    if (r0 < bk.s1) tiled_values_residual<D, NQ>(bk, v.residual, v.quantized_tokens, r0, bk.s1);
+  }
+};
+
+/// The tiled form of each baseline policy.
+template <class Policy>
+struct TiledOf;
+template <>
+struct TiledOf<Bf16Policy> {
+  using type = Bf16Tiled;
+};
+template <Fp8Format F>
+struct TiledOf<Fp8Policy<F>> {
+  using type = Fp8Tiled<F>;
+};
+template <int B>
+struct TiledOf<IntPolicy<B>> {
+  using type = IntTiled<B>;
+};
+
 // ---- the kernels -------------------------------------------------------------------------------
 
-template <int D, class Policy>
-__global__ void __launch_bounds__(kThreads, Policy::kMinBlocks)
+/// One split block. kTiled: the tiled phases (TiledOf<Policy>, GQA group padded to NQ), else the
+/// baseline's (NQ unused).
+template <int D, class Policy, bool kTiled, int NQ>
+__global__ void __launch_bounds__(kThreads, kTiled ? 1 : Policy::kMinBlocks)
     split_kernel(const __grid_constant__ SplitParams<typename Policy::View> p) {
   const int split = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y),
             b = static_cast<int>(blockIdx.z);
@@ -634,7 +962,10 @@ __global__ void __launch_bounds__(kThreads, Policy::kMinBlocks)
     bk.q_s[x] = __ldg(p.q + qrow * D + x) * Policy::key_channel_factor(kv, static_cast<int64_t>(h) * D + x % D);
   __syncthreads();
 
-  Policy::template scores<D>(bk, kv);
+  if constexpr (kTiled)
+    TiledOf<Policy>::type::template scores<D, NQ>(bk, kv);
+  else
+    Policy::template scores<D>(bk, kv);
   __syncthreads();
 
   // Softmax partial: one warp per query head.
@@ -660,7 +991,10 @@ __global__ void __launch_bounds__(kThreads, Policy::kMinBlocks)
   for (int x = bk.tid; x < kWarps * bk.nq * D; x += kThreads) bk.scratch[x] = 0.0f;
   __syncthreads();
 
-  Policy::template values<D>(bk, vv);
+  if constexpr (kTiled)
+    TiledOf<Policy>::type::template values<D, NQ>(bk, vv);
+  else
+    Policy::template values<D>(bk, vv);
   __syncthreads();
 
   for (int x = bk.tid; x < bk.nq * D; x += kThreads) {
@@ -805,13 +1139,26 @@ template <class Policy, int D>
 cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
                    std::span<const typename Policy::View> k, std::span<const typename Policy::View> v,
                    const float* q, float* out, void* workspace, size_t workspace_bytes,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, DecodeKernel kernel) {
+  if (kernel != DecodeKernel::Baseline && kernel != DecodeKernel::Tiled)
+    bad("unknown DecodeKernel value " + std::to_string(static_cast<int>(kernel)));
   if (q == nullptr) bad("q is null");
   if (out == nullptr) bad("out is null");
   if (workspace == nullptr || workspace_bytes < plan.workspace_bytes)
     bad("workspace of " + std::to_string(workspace_bytes) + " bytes" +
         (workspace == nullptr ? std::string(" (null)") : std::string()) + " but the plan needs " +
         std::to_string(plan.workspace_bytes));
+  static_assert(sizeof(SplitParams<typename Policy::View>) <= 32764, "kernel parameter limit");
+  if (sizeof(SplitParams<typename Policy::View>) > 4096) {
+    static const int driver = [] {
+      int v = 0;
+      return cudaDriverGetVersion(&v) == cudaSuccess ? v : 0;
+    }();
+    if (driver > 0 && driver < kMinDriver)  // (no driver: the launch reports it)
+      bad("the kernels' " + std::to_string(sizeof(SplitParams<typename Policy::View>)) +
+          "-byte parameters need a CUDA 12.1+ driver; this one is " +
+          std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10));
+  }
   const int nq = s.q_heads / s.kv_heads;
   SplitParams<typename Policy::View> sp{};
   MergeParams mp{};
@@ -835,7 +1182,18 @@ cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
       sizeof(float);
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(s.kv_heads),
                   static_cast<unsigned>(s.batch));
-  split_kernel<D, Policy><<<grid, kThreads, smem, stream>>>(sp);
+  if (kernel == DecodeKernel::Baseline) {
+    split_kernel<D, Policy, false, 0><<<grid, kThreads, smem, stream>>>(sp);
+  } else if (nq == 1) {  // tiled: the GQA group padded to 1, 2, 4 or 8 query heads
+    split_kernel<D, Policy, true, 1><<<grid, kThreads, smem, stream>>>(sp);
+  } else if (nq == 2) {
+    split_kernel<D, Policy, true, 2><<<grid, kThreads, smem, stream>>>(sp);
+  } else if (nq <= 4) {
+    split_kernel<D, Policy, true, 4><<<grid, kThreads, smem, stream>>>(sp);
+  } else {
+    static_assert(kMaxGqa == 8, "the tiled kernels pad the GQA group to at most 8");
+    split_kernel<D, Policy, true, 8><<<grid, kThreads, smem, stream>>>(sp);
+  }
   KVQ_CUDA_CALL(cudaGetLastError());
   mp.part_o = part_o;
   mp.part_ml = part_ml;
@@ -905,7 +1263,8 @@ DecodePlan plan_decode(const DecodeShape& shape, std::span<const IntSideView> k,
 
 cudaError_t decode_attention(const DecodeShape& shape, std::span<const Bf16SideView> k,
                              std::span<const Bf16SideView> v, const float* q, float* out,
-                             void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                             DecodeKernel kernel) {
   const DecodePlan plan = plan_decode(shape, k, v);
   for (size_t b = 0; b < k.size(); ++b) {
     check_view(k[b], b, "K");
@@ -913,13 +1272,14 @@ cudaError_t decode_attention(const DecodeShape& shape, std::span<const Bf16SideV
   }
   return dispatch_head_dim(kFn, shape.head_dim, [&](auto dc) {
     return launch<Bf16Policy, decltype(dc)::value>(shape, plan, k, v, q, out, workspace,
-                                                   workspace_bytes, stream);
+                                                   workspace_bytes, stream, kernel);
   });
 }
 
 cudaError_t decode_attention(const DecodeShape& shape, std::span<const Fp8SideView> k,
                              std::span<const Fp8SideView> v, const float* q, float* out,
-                             void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                             DecodeKernel kernel) {
   const DecodePlan plan = plan_decode(shape, k, v);
   for (size_t b = 0; b < k.size(); ++b) {
     check_view(k[b], b, "K");
@@ -928,19 +1288,20 @@ cudaError_t decode_attention(const DecodeShape& shape, std::span<const Fp8SideVi
   return dispatch_fp8_format(kFn, common_format(k, v), [&](auto fc) {
     return dispatch_head_dim(kFn, shape.head_dim, [&](auto dc) {
       return launch<Fp8Policy<decltype(fc)::value>, decltype(dc)::value>(
-          shape, plan, k, v, q, out, workspace, workspace_bytes, stream);
+          shape, plan, k, v, q, out, workspace, workspace_bytes, stream, kernel);
     });
   });
 }
 
 cudaError_t decode_attention(const DecodeShape& shape, std::span<const IntSideView> k,
                              std::span<const IntSideView> v, const float* q, float* out,
-                             void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                             DecodeKernel kernel) {
   const DecodePlan plan = plan_decode(shape, k, v);
   return dispatch_bits(kFn, common_bits(k, v), [&](auto bc) {
     return dispatch_head_dim(kFn, shape.head_dim, [&](auto dc) {
       return launch<IntPolicy<decltype(bc)::value>, decltype(dc)::value>(
-          shape, plan, k, v, q, out, workspace, workspace_bytes, stream);
+          shape, plan, k, v, q, out, workspace, workspace_bytes, stream, kernel);
     });
   });
 }

@@ -120,19 +120,32 @@ DecodePlan plan_decode(const DecodeShape& shape, std::span<const Fp8SideView> k,
 DecodePlan plan_decode(const DecodeShape& shape, std::span<const IntSideView> k,
                        std::span<const IntSideView> v);
 
+/// \brief Which split kernel a launch runs (the plan, the workspace and the merge are the same).
+/// Baseline: one thread per token row for the scores, a quarter warp per value row (the kernels
+/// as first written). Tiled (issue 12): token-major rows read a warp at a time, eight channels
+/// per lane (16-byte bf16 / 8-byte fp8 loads, whole rows per warp step, two steps in flight), q
+/// and the output sums in registers sized by the GQA group (padded to 1, 2, 4 or 8), fp8 and 4-bit
+/// value codes unpacked in pairs (unpack.h); per-channel int sides, per-token int keys, 3-bit
+/// codes and groups that are not whole words take the baseline's phases. Baseline stays the
+/// default until a GPU run has compared the two (docs/benchmarks.md, CUDA).
+enum class DecodeKernel : int { Baseline = 0, Tiled = 1 };
+
 /// \brief out = decode attention of q over each sequence's (k[b], v[b]). `workspace` holds at
 /// least plan_decode(...).workspace_bytes bytes of device memory (contents are scratch).
 /// k and v hold shape.batch views each; every sequence holds >= 1 token and the same number of
 /// tokens on both sides.
 cudaError_t decode_attention(const DecodeShape& shape, std::span<const Bf16SideView> k,
                              std::span<const Bf16SideView> v, const float* q, float* out,
-                             void* workspace, size_t workspace_bytes, cudaStream_t stream = nullptr);
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream = nullptr,
+                             DecodeKernel kernel = DecodeKernel::Baseline);
 cudaError_t decode_attention(const DecodeShape& shape, std::span<const Fp8SideView> k,
                              std::span<const Fp8SideView> v, const float* q, float* out,
-                             void* workspace, size_t workspace_bytes, cudaStream_t stream = nullptr);
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream = nullptr,
+                             DecodeKernel kernel = DecodeKernel::Baseline);
 cudaError_t decode_attention(const DecodeShape& shape, std::span<const IntSideView> k,
                              std::span<const IntSideView> v, const float* q, float* out,
-                             void* workspace, size_t workspace_bytes, cudaStream_t stream = nullptr);
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream = nullptr,
+                             DecodeKernel kernel = DecodeKernel::Baseline);
 
 // ---- register-level helpers (host and device; the host copies are what the tests check) -----
 

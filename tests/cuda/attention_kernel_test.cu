@@ -41,6 +41,7 @@
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dispatch.h"
+#include "kernels/cuda/kivi_cache_device.cuh"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/support/names.h"
 #include "kivi/cache.h"
@@ -182,7 +183,7 @@ struct Comparison {
 
 template <class View>
 void run_batch(const std::string& spec_text, const std::vector<int64_t>& lengths, int64_t heads,
-               int gqa, int dim, const std::string& name) {
+               int gqa, int dim, const std::string& name, DecodeKernel kernel) {
   const SchemeSpec spec = parse_spec(spec_text);
   const bool is_int = spec.kind == SchemeKind::Int;
   const int batch = static_cast<int>(lengths.size());
@@ -216,7 +217,7 @@ void run_batch(const std::string& spec_text, const std::vector<int64_t>& lengths
   void* ws = arena.scratch(plan.workspace_bytes);
   GuardedOutput out(q_all.size());
   KVQ_CUDA_CHECK(decode_attention(shape, std::span<const View>(kv), std::span<const View>(vv), dq,
-                                  out.get(), ws, plan.workspace_bytes));
+                                  out.get(), ws, plan.workspace_bytes, nullptr, kernel));
   KVQ_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got = out.download();
   EXPECT_EQ(out.damaged_guard_bytes(), 0u) << "writes outside the output";
@@ -263,11 +264,14 @@ void run_batch(const std::string& spec_text, const std::vector<int64_t>& lengths
 
 /// Runs `spec` through the view type its kind needs.
 void run_spec(const std::string& spec, const std::vector<int64_t>& lengths, int64_t heads, int gqa,
-              int dim, const std::string& name) {
+              int dim, const std::string& name, DecodeKernel kernel) {
   switch (parse_spec(spec).kind) {
-    case SchemeKind::Bf16: return run_batch<Bf16SideView>(spec, lengths, heads, gqa, dim, name);
-    case SchemeKind::Fp8: return run_batch<Fp8SideView>(spec, lengths, heads, gqa, dim, name);
-    case SchemeKind::Int: return run_batch<IntSideView>(spec, lengths, heads, gqa, dim, name);
+    case SchemeKind::Bf16:
+      return run_batch<Bf16SideView>(spec, lengths, heads, gqa, dim, name, kernel);
+    case SchemeKind::Fp8:
+      return run_batch<Fp8SideView>(spec, lengths, heads, gqa, dim, name, kernel);
+    case SchemeKind::Int:
+      return run_batch<IntSideView>(spec, lengths, heads, gqa, dim, name, kernel);
     default: FAIL() << "no device attention for " << spec;
   }
 }
@@ -294,12 +298,15 @@ std::vector<std::string> all_specs() {
 }
 
 
-using SweepCase = std::tuple<std::string, int64_t, int, int>;  // spec, T, gqa, head_dim
+// spec, T, gqa, head_dim, kernel
+using SweepCase = std::tuple<std::string, int64_t, int, int, DecodeKernel>;
+
+const char* kernel_name(DecodeKernel k) { return k == DecodeKernel::Tiled ? "tiled" : "baseline"; }
 
 std::string sweep_name(const ::testing::TestParamInfo<SweepCase>& p) {
-  const auto& [spec, T, gqa, dim] = p.param;
+  const auto& [spec, T, gqa, dim, kernel] = p.param;
   return kvq::testing::test_name(spec) + "_T" + std::to_string(T) + "_gqa" + std::to_string(gqa) + "_d" +
-         std::to_string(dim);
+         std::to_string(dim) + "_" + kernel_name(kernel);
 }
 
 class DecodeAttention : public ::testing::TestWithParam<SweepCase> {
@@ -308,21 +315,27 @@ class DecodeAttention : public ::testing::TestWithParam<SweepCase> {
 };
 
 // Expected: kvq::decode_attention on the CPU over the same cache (see the file comment).
+// Both split kernels (DecodeKernel), each against the reference; GQA 3 pads the tiled kernel's
+// group of 4 (masked query heads).
 TEST_P(DecodeAttention, MatchesCpuReference) {
-  const auto& [spec, T, gqa, dim] = GetParam();
-  run_spec(spec, {T}, 2, gqa, dim, sweep_name({GetParam(), 0}));
+  const auto& [spec, T, gqa, dim, kernel] = GetParam();
+  run_spec(spec, {T}, 2, gqa, dim, sweep_name({GetParam(), 0}), kernel);
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, DecodeAttention,
                          ::testing::Combine(::testing::ValuesIn(all_specs()),
                                             ::testing::Values<int64_t>(1, 37, 1000, 4099),
-                                            ::testing::Values(1, 4, 8),
-                                            ::testing::ValuesIn(HeadDims::values)),
+                                            ::testing::Values(1, 3, 4, 8),
+                                            ::testing::ValuesIn(HeadDims::values),
+                                            ::testing::Values(DecodeKernel::Baseline,
+                                                              DecodeKernel::Tiled)),
                          sweep_name);
 
 // ---- batches of different lengths -------------------------------------------------------------
 
-class DecodeAttentionBatch : public ::testing::TestWithParam<std::string> {
+using BatchCase = std::tuple<std::string, DecodeKernel>;
+
+class DecodeAttentionBatch : public ::testing::TestWithParam<BatchCase> {
  protected:
   void SetUp() override { KVQ_SKIP_WITHOUT_DEVICE(); }
 };
@@ -330,20 +343,104 @@ class DecodeAttentionBatch : public ::testing::TestWithParam<std::string> {
 // Expected: each sequence equals the CPU reference over its own cache; lengths differ so some
 // blocks of the grid have no tokens (shorter sequences) and the merge counts splits per sequence.
 TEST_P(DecodeAttentionBatch, FiveSequencesOfDifferentLengths) {
-  run_spec(GetParam(), {1000, 37, 4099, 1, 300}, 3, 4, 128, kvq::testing::test_name(GetParam()) + "_batch5");
+  const auto& [spec, kernel] = GetParam();
+  run_spec(spec, {1000, 37, 4099, 1, 300}, 3, 4, 128,
+           kvq::testing::test_name(spec) + "_batch5_" + kernel_name(kernel), kernel);
 }
 
 // Expected: as above at the largest batch the launcher takes (kMaxBatch), short contexts.
 TEST_P(DecodeAttentionBatch, LargestBatch) {
   std::vector<int64_t> lengths;
   for (int b = 0; b < kMaxBatch; ++b) lengths.push_back(1 + (b * 37) % 300);
-  run_spec(GetParam(), lengths, 2, 8, 64, kvq::testing::test_name(GetParam()) + "_batch64");
+  const auto& [spec, kernel] = GetParam();
+  run_spec(spec, lengths, 2, 8, 64, kvq::testing::test_name(spec) + "_batch64_" + kernel_name(kernel),
+           kernel);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, DecodeAttentionBatch,
-                         ::testing::Values("bf16", "fp8_e4m3:gran=token", "fp8_e5m2:gran=channel",
-                                           "kivi2", "kivi4", "int3:k=token,v=channel,g=8,r=0"),
-                         [](const ::testing::TestParamInfo<std::string>& p) { return kvq::testing::test_name(p.param); });
+                         ::testing::Combine(::testing::Values("bf16", "fp8_e4m3:gran=token",
+                                                              "fp8_e5m2:gran=channel", "kivi2",
+                                                              "kivi4",
+                                                              "int3:k=token,v=channel,g=8,r=0"),
+                                            ::testing::Values(DecodeKernel::Baseline,
+                                                              DecodeKernel::Tiled)),
+                         [](const ::testing::TestParamInfo<BatchCase>& p) {
+                           return kvq::testing::test_name(std::get<0>(p.param)) + "_" +
+                                  kernel_name(std::get<1>(p.param));
+                         });
+
+// ---- the device streaming cache feeding the kernels ---------------------------------------------
+
+using StreamCase = std::tuple<std::string, DecodeKernel>;
+
+class DecodeAttentionDeviceCache : public ::testing::TestWithParam<StreamCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_DEVICE(); }
+};
+
+// Expected: the CPU reference over kivi::SideCache caches of the same tensors (make_side: one
+// append). The device caches take the tokens in uneven appends (1, 37, 500, 462: the residual
+// window fills, spills, and groups complete inside one append), which stores the same bytes
+// (cuda_kivi_kernel_test checks that), and the kernels read them through int_side_view.
+TEST_P(DecodeAttentionDeviceCache, AppendedInChunksMatchesCpuReference) {
+  const auto& [spec_text, kernel] = GetParam();
+  const SchemeSpec spec = parse_spec(spec_text);
+  constexpr int64_t kT = 1000, kHeads = 4;
+  constexpr int kGqa = 4, kDim = 128;
+  const Shape3 s{kT, kHeads, kDim};
+  const Tensor3 k = make_kv(s, 4242, true), v = make_kv(s, 4243, false);
+  const std::vector<float> q = make_q(kHeads * kGqa * kDim, 4244);
+  std::vector<float> ref(q.size());
+  kvq::decode_attention(q.data(), kHeads * kGqa, *make_side(spec, Role::Key, k),
+                        *make_side(spec, Role::Value, v), ref.data(), 0);
+  double vmax = 0;
+  for (float x : v.data) vmax = std::max(vmax, static_cast<double>(std::fabs(x)));
+
+  Arena arena;
+  const float* dk = arena.upload(k.data);
+  const float* dv = arena.upload(v.data);
+  KiviSideCache kc(spec.q, Role::Key, kHeads, kDim), vc(spec.q, Role::Value, kHeads, kDim);
+  int64_t t = 0;
+  for (int64_t n : {1, 37, 500, 462}) {
+    KVQ_CUDA_CHECK(kc.append(dk + t * kHeads * kDim, n));
+    KVQ_CUDA_CHECK(vc.append(dv + t * kHeads * kDim, n));
+    t += n;
+  }
+  ASSERT_EQ(t, kT);
+  const IntSideView kv = int_side_view(kc), vv = int_side_view(vc);
+  const DecodeShape shape{1, static_cast<int>(kHeads), static_cast<int>(kHeads) * kGqa, kDim};
+  const DecodePlan plan = plan_decode(shape, std::span<const IntSideView>(&kv, 1),
+                                      std::span<const IntSideView>(&vv, 1));
+  const float* dq = arena.upload(q);
+  void* ws = arena.scratch(plan.workspace_bytes);
+  GuardedOutput out(q.size());
+  KVQ_CUDA_CHECK(decode_attention(shape, std::span<const IntSideView>(&kv, 1),
+                                  std::span<const IntSideView>(&vv, 1), dq, out.get(), ws,
+                                  plan.workspace_bytes, nullptr, kernel));
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got = out.download();
+  EXPECT_EQ(out.damaged_guard_bytes(), 0u) << "writes outside the output";
+  double se = 0, sr = 0, worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "element " << i;
+    se += (got[i] - ref[i]) * static_cast<double>(got[i] - ref[i]);
+    sr += static_cast<double>(ref[i]) * ref[i];
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - ref[i]));
+  }
+  ASSERT_GT(sr, 0.0);
+  EXPECT_LE(se / sr, kNmseInt);
+  EXPECT_LE(worst, kMaxAbsInt * vmax);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, DecodeAttentionDeviceCache,
+                         ::testing::Combine(::testing::Values("kivi2", "kivi4",
+                                                              "int4:k=channel,v=token,g=32,r=64,sym"),
+                                            ::testing::Values(DecodeKernel::Baseline,
+                                                              DecodeKernel::Tiled)),
+                         [](const ::testing::TestParamInfo<StreamCase>& p) {
+                           return kvq::testing::test_name(std::get<0>(p.param)) + "_" +
+                                  kernel_name(std::get<1>(p.param));
+                         });
 
 // ---- host-only: register helpers ---------------------------------------------------------------
 
@@ -463,6 +560,10 @@ TEST(AttentionConfig, BadConfigurationThrowsNamingTheValue) {
   expect_config_error([&] { bf16({1, 2, 4, 64}, std::span<const Bf16SideView>(&null, 1), one); },
                       "sequence 0 K: data is null");
   expect_config_error([&] { bf16({1, 2, 4, 64}, one, one, 16); }, "workspace of 16 bytes");
+  expect_config_error([&] {
+    (void)decode_attention(DecodeShape{1, 2, 4, 64}, one, one, &q, &o, ws, sizeof ws, nullptr,
+                           static_cast<DecodeKernel>(5));
+  }, "unknown DecodeKernel value 5");
 
   const Fp8SideView f8{reinterpret_cast<const uint8_t*>(g_fake16), g_fake32, 10, Fp8Format::E4M3,
                        Granularity::Token};
