@@ -292,7 +292,7 @@ if os.path.exists(att):
         rows.append(("attention goals", f"unreadable JSON: {e}", "-"))
 else:
     for name in ("kivi2 >= 3x bf16", "kivi4 >= 2x bf16", "fp8_e4m3 >= 1.7x bf16", "bf16 kernel >= 75% of peak"):
-        rows.append((name + " (tiled, ctx 32k, batch 16)", "not measured (no bench_attention_cuda.json)", "-"))
+        rows.append((name + " (tiled, ctx 32k, batch 1 and 16)", "not measured (no bench_attention_cuda.json)", "-"))
 # Quantize kernels: any other bench JSON; every number under a key that names a fraction of peak,
 # except in records of a baseline (a name with "copy" / "memcpy" / "baseline").
 pct, base = [], []

@@ -19,6 +19,12 @@
 // p * scale and p * min apart: the same sums, rounded differently (tests/cuda/ says how much).
 // FP8 codes decode with the sm_89+ conversion instruction where it exists (e4m3, e5m2, both
 // exact through fp16), else with fp8::decode<F> (fp8/format.h, the one definition).
+//
+// That is the baseline kernel (DecodeKernel::Baseline). The tiled kernel (DecodeKernel::Tiled,
+// "tiled phases" below) has the same block, plan, softmax and merge, and reads token-major rows
+// a warp at a time (8 channels a lane, q and the output sums in registers) and stages each
+// per-channel key group in shared memory with coalesced loads; its fp8 and 4-bit value codes
+// unpack through unpack.h.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -91,6 +97,13 @@ struct MergeParams {
   int dim;
 };
 
+/// Where the tiled int kernels' staged key words start in shared memory (floats from its start:
+/// after q_s, scratch and scores, rounded up to 16 bytes), and the words each warp stages.
+KVQ_HD int64_t stage_offset(int nq, int D, int64_t ld) {
+  return (static_cast<int64_t>(nq) * D * (1 + kWarps) + nq * ld + 3) / 4 * 4;
+}
+constexpr int kStageWords = 1024;  // 4 KB per warp: a per-channel group's words, D * wpg
+
 /// What one block works on, and its shared memory.
 struct Block {
   int64_t s0 = 0, s1 = 0;  // tokens [s0, s1) of the sequence
@@ -100,6 +113,7 @@ struct Block {
   float* q_s = nullptr;      // [nq, D]: q of the GQA group (key-channel scales folded in)
   float* scratch = nullptr;  // [kWarps, nq, D]: per-warp folded q (phase 1), partial o (phase 3)
   float* scores = nullptr;   // [nq, ld]: scores, then e^(s - m)
+  uint32_t* stage = nullptr;  // tiled int kernels: [kWarps, kStageWords] staged key words
   int tid = 0, lane = 0, warp = 0;
 };
 
@@ -867,11 +881,87 @@ struct IntTiled {
     }
   }
 
+  static constexpr int kStageWords = cuda::kStageWords;
+
+  /// Per-channel keys, token groups [g0, g1), one warp per group as the baseline's scores_channel
+  /// (the same arithmetic), the group's D * wpg words first copied to this warp's shared stage by
+  /// coalesced loads (16 bytes a lane where the words are 16-byte aligned), so the lanes' per-code
+  /// reads (lane = token) hit shared memory instead of issuing a global load per code.
+  template <int D, int NQ>
+  __device__ static void scores_channel_staged(const Block& bk, const IntSideView& k, int64_t g0,
+                                               int64_t g1) {
+    const kivi::ChannelLayout L{bk.H, D, k.group, B};
+    const int G = k.group;
+    const int wpg = static_cast<int>(L.words_per_group()), n = D * wpg;
+    float* qs = bk.scratch + bk.warp * bk.nq * D;  // this warp's q * scale, [nq, D]
+    uint32_t* st = bk.stage + bk.warp * kStageWords;
+    for (int64_t g = g0 + bk.warp; g < g1; g += kWarps) {
+      const uint32_t* gw = k.words + L.word_index(g, bk.h, 0);  // channel d: gw[d * wpg + w]
+      if (reinterpret_cast<uintptr_t>(gw) % 16 == 0 && n % 4 == 0) {
+        for (int x = bk.lane; x < n / 4; x += 32)
+          reinterpret_cast<uint4*>(st)[x] = __ldg(reinterpret_cast<const uint4*>(gw) + x);
+      } else {
+        for (int x = bk.lane; x < n; x += 32) st[x] = __ldg(gw + x);
+      }
+      const int64_t pbase = L.param_index(g, bk.h, 0);
+      float base[NQ];
+#pragma unroll
+      for (int i = 0; i < NQ; ++i) base[i] = 0.0f;
+      for (int d = bk.lane; d < D; d += 32) {
+        const float sc = half_at(k.scales, pbase + d);
+        const float mn = group_min<B>(k, pbase + d, sc);
+#pragma unroll
+        for (int i = 0; i < NQ; ++i) {
+          if (i < bk.nq) {
+            const float qv = bk.q_s[i * D + d];
+            qs[i * D + d] = qv * sc;
+            base[i] = fmaf(qv, mn, base[i]);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NQ; ++i) base[i] = warp_sum(base[i]);
+      __syncwarp();  // the stage and qs are complete
+      for (int j = bk.lane; j < G; j += 32) {
+        const uint32_t* cw = st + j / kCpw;
+        const int sh = (j % kCpw) * B;
+        float acc[NQ];
+#pragma unroll
+        for (int i = 0; i < NQ; ++i) acc[i] = 0.0f;
+#pragma unroll 2
+        for (int d = 0; d < D; d += 4) {
+          float c4[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) c4[e] = code_to_float((cw[(d + e) * wpg] >> sh) & Base::kMask);
+#pragma unroll
+          for (int i = 0; i < NQ; ++i) {
+            if (i < bk.nq) {
+              const float4 a = *reinterpret_cast<const float4*>(qs + i * D + d);
+              float x = acc[i];
+              x = fmaf(a.x, c4[0], x);
+              x = fmaf(a.y, c4[1], x);
+              x = fmaf(a.z, c4[2], x);
+              x = fmaf(a.w, c4[3], x);
+              acc[i] = x;
+            }
+          }
+        }
+        const int64_t t = g * G + j;
+#pragma unroll
+        for (int i = 0; i < NQ; ++i)
+          if (i < bk.nq) bk.scores[i * bk.ld + (t - bk.s0)] = (acc[i] + base[i]) * bk.inv_sqrt_d;
+      }
+      __syncwarp();  // the stage and qs are rewritten for the next group
+    }
+  }
+
   template <int D, int NQ>
   __device__ static void scores(const Block& bk, const IntSideView& k) {
     const int64_t qe = min(bk.s1, k.quantized_tokens);
-    if (bk.s0 < qe) {  // the baseline's quantized part (per-channel keys: one warp per group)
-      if (k.axis == Axis::Channel)
+    if (bk.s0 < qe) {
+      if (k.axis == Axis::Channel && D * kivi::words_for(k.group, B) <= kStageWords)
+        scores_channel_staged<D, NQ>(bk, k, bk.s0 / k.group, qe / k.group);
+      else if (k.axis == Axis::Channel)  // (a group too long to stage)
         Base::template scores_channel<D>(bk, k, bk.s0 / k.group, qe / k.group);
       else
         Base::template scores_token<D>(bk, k, bk.s0, qe);
@@ -880,24 +970,33 @@ struct IntTiled {
     if (r0 < bk.s1) tiled_scores_residual<D, NQ>(bk, k.residual, k.quantized_tokens, r0, bk.s1);
   }
 
+  /// Per-token values [s0, qe) through tiled_values (tiled_token_values holds).
+  template <int D, int NQ>
+  __device__ static void values_token_tiled(const Block& bk, const IntSideView& v, int64_t qe) {
+    const kivi::TokenLayout L{bk.H, D, v.group, B};
+    const int G = v.group;
+    tiled_values<D, NQ>(bk, bk.s0, qe, [&](int64_t t, int c0, float (&x)[kTiledChannels]) {
+      const uint32_t* row = v.words + L.word_index(t, bk.h, 0);
+      const int64_t pi = L.param_index(t, bk.h, c0 / G);
+      const float sc = half_at(v.scales, pi);
+      const float mn = group_min<B>(v, pi, sc);
+      codes8(row, c0, x);
+#pragma unroll
+      for (int e = 0; e < kTiledChannels; ++e) x[e] = fmaf(x[e], sc, mn);
+      return 1.0f;
+    });
+  }
+
   template <int D, int NQ>
   __device__ static void values(const Block& bk, const IntSideView& v) {
     const int64_t qe = min(bk.s1, v.quantized_tokens);
     if (bk.s0 < qe) {
-      if (tiled_token_values(v)) {
-        const kivi::TokenLayout L{bk.H, D, v.group, B};
-        const int G = v.group;
-        tiled_values<D, NQ>(bk, bk.s0, qe, [&](int64_t t, int c0, float (&x)[kTiledChannels]) {
-          const uint32_t* row = v.words + L.word_index(t, bk.h, 0);
-          const int64_t pi = L.param_index(t, bk.h, c0 / G);
-          const float sc = half_at(v.scales, pi);
-          const float mn = group_min<B>(v, pi, sc);
-          codes8(row, c0, x);
-#pragma unroll
-          for (int e = 0; e < kTiledChannels; ++e) x[e] = fmaf(x[e], sc, mn);
-          return 1.0f;
-        });
-      } else {
+      bool tiled = false;
+      if constexpr (B != 3) {
+        tiled = tiled_token_values(v);
+        if (tiled) values_token_tiled<D, NQ>(bk, v, qe);
+      }
+      if (!tiled) {
         if (v.axis == Axis::Token)
           Base::template values_token<D>(bk, v, bk.s0, qe);
         else
@@ -925,6 +1024,15 @@ template <int B>
 struct TiledOf<IntPolicy<B>> {
   using type = IntTiled<B>;
 };
+
+/// Shared words per warp the tiled form of a policy stages (0: none).
+template <class Policy>
+constexpr int kernel_stage_words() {
+  if constexpr (requires { TiledOf<Policy>::type::kStageWords; })
+    return TiledOf<Policy>::type::kStageWords;
+  else
+    return 0;
+}
 
 // ---- the kernels -------------------------------------------------------------------------------
 
@@ -955,6 +1063,7 @@ __global__ void __launch_bounds__(kThreads, kTiled ? 1 : Policy::kMinBlocks)
   bk.q_s = smem;
   bk.scratch = bk.q_s + bk.nq * D;
   bk.scores = bk.scratch + kWarps * bk.nq * D;
+  bk.stage = reinterpret_cast<uint32_t*>(smem + stage_offset(bk.nq, D, bk.ld));
 
   const int q_heads = p.kv_heads * p.nq;
   const int64_t qrow = static_cast<int64_t>(b) * q_heads + static_cast<int64_t>(h) * p.nq;
@@ -1177,23 +1286,35 @@ cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
   sp.kv_heads = s.kv_heads;
   sp.nq = nq;
   sp.inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+  constexpr int kStage = kernel_stage_words<Policy>();
   const size_t smem =
-      (static_cast<size_t>(nq) * D * (1 + kWarps) + static_cast<size_t>(nq) * plan.split_tokens) *
-      sizeof(float);
+      kernel == DecodeKernel::Tiled && kStage > 0
+          ? (static_cast<size_t>(stage_offset(nq, D, plan.split_tokens)) + kWarps * kStage) * 4
+          : (static_cast<size_t>(nq) * D * (1 + kWarps) +
+             static_cast<size_t>(nq) * plan.split_tokens) *
+                sizeof(float);
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(s.kv_heads),
                   static_cast<unsigned>(s.batch));
-  if (kernel == DecodeKernel::Baseline) {
-    split_kernel<D, Policy, false, 0><<<grid, kThreads, smem, stream>>>(sp);
-  } else if (nq == 1) {  // tiled: the GQA group padded to 1, 2, 4 or 8 query heads
-    split_kernel<D, Policy, true, 1><<<grid, kThreads, smem, stream>>>(sp);
-  } else if (nq == 2) {
-    split_kernel<D, Policy, true, 2><<<grid, kThreads, smem, stream>>>(sp);
-  } else if (nq <= 4) {
-    split_kernel<D, Policy, true, 4><<<grid, kThreads, smem, stream>>>(sp);
-  } else {
-    static_assert(kMaxGqa == 8, "the tiled kernels pad the GQA group to at most 8");
-    split_kernel<D, Policy, true, 8><<<grid, kThreads, smem, stream>>>(sp);
-  }
+  // Above 48 KB of dynamic shared memory a kernel must opt in (tiled int kernels at GQA 5-8 with
+  // a full split: q, scratch, scores and the stage).
+  auto run = [&](auto kern) -> cudaError_t {
+    if (smem > 48 * 1024)
+      KVQ_CUDA_CALL(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+    kern<<<grid, kThreads, smem, stream>>>(sp);
+    return cudaGetLastError();
+  };
+  static_assert(kMaxGqa == 8, "the tiled kernels pad the GQA group to at most 8");
+  if (kernel == DecodeKernel::Baseline)
+    KVQ_CUDA_CALL(run(split_kernel<D, Policy, false, 0>));
+  else if (nq == 1)  // tiled: the GQA group padded to 1, 2, 4 or 8 query heads
+    KVQ_CUDA_CALL(run(split_kernel<D, Policy, true, 1>));
+  else if (nq == 2)
+    KVQ_CUDA_CALL(run(split_kernel<D, Policy, true, 2>));
+  else if (nq <= 4)
+    KVQ_CUDA_CALL(run(split_kernel<D, Policy, true, 4>));
+  else
+    KVQ_CUDA_CALL(run(split_kernel<D, Policy, true, 8>));
   KVQ_CUDA_CALL(cudaGetLastError());
   mp.part_o = part_o;
   mp.part_ml = part_ml;

@@ -121,12 +121,13 @@ DecodePlan plan_decode(const DecodeShape& shape, std::span<const IntSideView> k,
                        std::span<const IntSideView> v);
 
 /// \brief Which split kernel a launch runs (the plan, the workspace and the merge are the same).
-/// Baseline: one thread per token row for the scores, a quarter warp per value row (the kernels
+/// Baseline: one thread per token row for the scores, D / 4 lanes per value row (the kernels
 /// as first written). Tiled (issue 12): token-major rows read a warp at a time, eight channels
 /// per lane (16-byte bf16 / 8-byte fp8 loads, whole rows per warp step, two steps in flight), q
 /// and the output sums in registers sized by the GQA group (padded to 1, 2, 4 or 8), fp8 and 4-bit
-/// value codes unpacked in pairs (unpack.h); per-channel int sides, per-token int keys, 3-bit
-/// codes and groups that are not whole words take the baseline's phases. Baseline stays the
+/// value codes unpacked in pairs (unpack.h), each per-channel key group staged in shared memory
+/// by coalesced 16-byte loads; per-token int keys, per-channel int values, 3-bit values and
+/// groups that are not whole words take the baseline's phases. Baseline stays the
 /// default until a GPU run has compared the two (docs/benchmarks.md, CUDA).
 enum class DecodeKernel : int { Baseline = 0, Tiled = 1 };
 

@@ -4,8 +4,8 @@
 // pair; fp8: a few ops per pair). Every function is __host__ __device__ (core/hostdev.h), so the
 // CPU tests (tests/kernels/cuda/unpack_test.cpp) check them against the reference decoders: every
 // pair of fp8 codes, every pair of int codes under four patterns of the word's other bits.
-// Not yet called by the kernels in attention_kernels.cu: a GPU run must compare the new kernels
-// with the current ones first (issue 12).
+// Called by attention_kernels.cu's tiled kernel (DecodeKernel::Tiled): fp8 rows and 4-bit
+// per-token value codes.
 //
 // Int codes (kivi/layout.h): a 32-bit word holds 32 / B codes, code j in bits [B j, B j + B). The
 // magic-number trick ORs two codes 16 bits apart into the mantissas of two binary16 1024.0s:

@@ -330,6 +330,16 @@ INSTANTIATE_TEST_SUITE_P(Sweep, DecodeAttention,
                                             ::testing::Values(DecodeKernel::Baseline,
                                                               DecodeKernel::Tiled)),
                          sweep_name);
+// GQA 6 pads the tiled kernel's group of 8 (two masked query heads).
+INSTANTIATE_TEST_SUITE_P(Gqa6, DecodeAttention,
+                         ::testing::Combine(::testing::Values("bf16", "fp8_e4m3:gran=token",
+                                                              "fp8_e5m2:gran=channel", "kivi2",
+                                                              "kivi4"),
+                                            ::testing::Values<int64_t>(37, 1000),
+                                            ::testing::Values(6), ::testing::Values(128),
+                                            ::testing::Values(DecodeKernel::Baseline,
+                                                              DecodeKernel::Tiled)),
+                         sweep_name);
 
 // ---- batches of different lengths -------------------------------------------------------------
 
