@@ -1,9 +1,10 @@
-// Decode attention on the GPU (kernels/cuda/attention_kernels.cu): time, bytes read, effective GB/s,
-// fraction of peak bandwidth and speedup over the bf16 cache at the same (context, batch, kernel),
-// for each split kernel (DecodeKernel: baseline, tiled; both by default).
+// Decode attention on the GPU (kernels/cuda/attention_kernels.cu): time, bytes read, effective
+// GB/s, fraction of peak bandwidth and speedup over the bf16 cache at the same (context, batch,
+// kernel), for each split kernel (DecodeKernel: baseline, tiled; both by default).
 //
 // A plain program (no Google Benchmark, so it builds with nvcc alone:
-//   nvcc -std=c++20 -O3 -arch=native -I. kernels/cuda/attention_kernels.cu bench/bench_attention_cuda.cu
+//   nvcc -std=c++20 -O3 -arch=native -I. kernels/cuda/attention_kernels.cu
+//   bench/bench_attention_cuda.cu
 // ), timing with cudaEvents. Every case: 8 kv heads, head_dim 128, GQA 4 (32 query heads), all
 // sequences of the batch at the full context. Caches hold synthetic codes (finite values; the
 // kernels' work does not depend on them). Before every timed run the L2 is flushed by writing a
@@ -330,9 +331,9 @@ std::optional<Result> run_case(const Env& env, const Options& o, const std::stri
     plan = plan_decode(shape, std::span<const Bf16SideView>(k), std::span<const Bf16SideView>(v));
     ws.emplace(plan.workspace_bytes);
     call = [=, &ws, &q, &out] {
-      return decode_attention(shape, std::span<const Bf16SideView>(k), std::span<const Bf16SideView>(v),
-                              q.as<float>(), out.as<float>(), ws->as<void>(), plan.workspace_bytes,
-                              nullptr, kernel);
+      return decode_attention(shape, std::span<const Bf16SideView>(k),
+                              std::span<const Bf16SideView>(v), q.as<float>(), out.as<float>(),
+                              ws->as<void>(), plan.workspace_bytes, nullptr, kernel);
     };
   } else if (kind.rfind("fp8", 0) == 0) {
     const bool token = kind == "fp8_e4m3_token";
@@ -349,9 +350,9 @@ std::optional<Result> run_case(const Env& env, const Options& o, const std::stri
     plan = plan_decode(shape, std::span<const Fp8SideView>(k), std::span<const Fp8SideView>(v));
     ws.emplace(plan.workspace_bytes);
     call = [=, &ws, &q, &out] {
-      return decode_attention(shape, std::span<const Fp8SideView>(k), std::span<const Fp8SideView>(v),
-                              q.as<float>(), out.as<float>(), ws->as<void>(), plan.workspace_bytes,
-                              nullptr, kernel);
+      return decode_attention(shape, std::span<const Fp8SideView>(k),
+                              std::span<const Fp8SideView>(v), q.as<float>(), out.as<float>(),
+                              ws->as<void>(), plan.workspace_bytes, nullptr, kernel);
     };
   } else {
     const int bits = kind.back() - '0';
@@ -380,9 +381,9 @@ std::optional<Result> run_case(const Env& env, const Options& o, const std::stri
     plan = plan_decode(shape, std::span<const IntSideView>(k), std::span<const IntSideView>(v));
     ws.emplace(plan.workspace_bytes);
     call = [=, &ws, &q, &out] {
-      return decode_attention(shape, std::span<const IntSideView>(k), std::span<const IntSideView>(v),
-                              q.as<float>(), out.as<float>(), ws->as<void>(), plan.workspace_bytes,
-                              nullptr, kernel);
+      return decode_attention(shape, std::span<const IntSideView>(k),
+                              std::span<const IntSideView>(v), q.as<float>(), out.as<float>(),
+                              ws->as<void>(), plan.workspace_bytes, nullptr, kernel);
     };
   }
   KVQ_CUDA_CHECK(cudaDeviceSynchronize());
@@ -422,8 +423,10 @@ std::vector<Goal> goals(const std::vector<Result>& rs) {
     const std::string at = " (tiled, ctx 32k, batch " + std::to_string(batch) + ")";
     g.push_back({"kivi2 >= 3x bf16" + at, "speedup", 3.0, speedup("kivi2", batch)});
     g.push_back({"kivi4 >= 2x bf16" + at, "speedup", 2.0, speedup("kivi4", batch)});
-    g.push_back({"fp8_e4m3 token scales >= 1.7x bf16" + at, "speedup", 1.7, speedup("fp8_e4m3_token", batch)});
-    g.push_back({"fp8_e4m3 tensor scale >= 1.7x bf16" + at, "speedup", 1.7, speedup("fp8_e4m3_tensor", batch)});
+    g.push_back({"fp8_e4m3 token scales >= 1.7x bf16" + at, "speedup", 1.7,
+                 speedup("fp8_e4m3_token", batch)});
+    g.push_back({"fp8_e4m3 tensor scale >= 1.7x bf16" + at, "speedup", 1.7,
+                 speedup("fp8_e4m3_tensor", batch)});
   }
   const Result* bf = find(rs, "bf16", 32768, 16, k);
   g.push_back({"bf16 kernel >= 75% of peak (tiled, ctx 32k, batch 16)", "pct_peak", 75.0,
@@ -454,17 +457,21 @@ void write_json(const std::string& path, const std::string& device, const Env& e
   for (size_t i = 0; i < rs.size(); ++i) {
     const Result& r = rs[i];
     std::fprintf(f,
-                 "    {\"kind\": \"%s\", \"kernel\": \"%s\", \"ctx\": %lld, \"batch\": %d, \"time_us\": %.3f, "
+                 "    {\"kind\": \"%s\", \"kernel\": \"%s\", \"ctx\": %lld, \"batch\": %d, "
+                 "\"time_us\": %.3f, "
                  "\"bytes\": %.0f, \"gbps\": %.3f, \"pct_peak\": %.3f, \"speedup_vs_bf16\": %.4f, "
                  "\"split_tokens\": %lld, \"splits\": %d}%s\n",
-                 r.kind.c_str(), r.kernel.c_str(), static_cast<long long>(r.ctx), r.batch, r.time_us, r.bytes, r.gbps,
-                 r.pct_peak, r.speedup, static_cast<long long>(r.split_tokens), r.splits,
-                 i + 1 < rs.size() ? "," : "");
+                 r.kind.c_str(), r.kernel.c_str(), static_cast<long long>(r.ctx), r.batch,
+                 r.time_us, r.bytes, r.gbps, r.pct_peak, r.speedup,
+                 static_cast<long long>(r.split_tokens), r.splits, i + 1 < rs.size() ? "," : "");
   }
   std::fprintf(f, "  ],\n  \"skipped\": [\n");
   for (size_t i = 0; i < skips.size(); ++i)
-    std::fprintf(f, "    {\"kind\": \"%s\", \"kernel\": \"%s\", \"ctx\": %lld, \"batch\": %d, \"reason\": \"%s\"}%s\n",
-                 skips[i].kind.c_str(), skips[i].kernel.c_str(), static_cast<long long>(skips[i].ctx), skips[i].batch,
+    std::fprintf(f,
+                 "    {\"kind\": \"%s\", \"kernel\": \"%s\", \"ctx\": %lld, \"batch\": %d, "
+                 "\"reason\": \"%s\"}%s\n",
+                 skips[i].kind.c_str(), skips[i].kernel.c_str(),
+                 static_cast<long long>(skips[i].ctx), skips[i].batch,
                  json_escape(skips[i].reason).c_str(), i + 1 < skips.size() ? "," : "");
   std::fprintf(f, "  ],\n  \"goals\": [\n");
   const std::vector<Goal> gs = goals(rs);
@@ -515,7 +522,9 @@ int run(int argc, char** argv) {
               kKvHeads, kHeadDim, kGqa, kGroup, kResidual);
   std::printf("Median of %d runs after %d warm-up, L2 flushed (%zu MB write) before each run.\n\n", o.reps,
               o.warmup, env.flush_bytes >> 20);
-  std::printf("| ctx | batch | kernel | kind | time (us) | MB read | GB/s | %% of peak | speedup vs bf16 | splits |\n");
+  std::printf(
+      "| ctx | batch | kernel | kind | time (us) | MB read | GB/s | %% of peak | speedup vs bf16 | "
+      "splits |\n");
   std::printf("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
 
@@ -531,15 +540,16 @@ int run(int argc, char** argv) {
           std::optional<Result> r = run_case(env, o, kind, T, batch, kernel, why);
           if (!r) {
             skips.push_back({kind, kn, T, batch, why});
-            std::printf("| %lld | %d | %s | %s | skipped: %s | | | | | |\n", static_cast<long long>(T), batch,
-                        kn, kind.c_str(), why.c_str());
+            std::printf("| %lld | %d | %s | %s | skipped: %s | | | | | |\n",
+                        static_cast<long long>(T), batch, kn, kind.c_str(), why.c_str());
             continue;
           }
           if (kind == "bf16") bf16_us = r->time_us;
           r->speedup = bf16_us > 0 ? bf16_us / r->time_us : 0.0;
           std::printf("| %lld | %d | %s | %s | %.1f | %.1f | %.0f | %.1f | %.2f | %d x %lld |\n",
-                      static_cast<long long>(T), batch, kn, kind.c_str(), r->time_us, r->bytes / 1e6, r->gbps,
-                      r->pct_peak, r->speedup, r->splits, static_cast<long long>(r->split_tokens));
+                      static_cast<long long>(T), batch, kn, kind.c_str(), r->time_us,
+                      r->bytes / 1e6, r->gbps, r->pct_peak, r->speedup, r->splits,
+                      static_cast<long long>(r->split_tokens));
           std::fflush(stdout);
           results.push_back(*r);
         }

@@ -771,7 +771,8 @@ __device__ __forceinline__ void half2x2(uint32_t bits, float& a, float& b) {
 /// 8 FP8 codes as floats times 2^-kHalfExpShift (unpack.h: two codes a half2); the caller folds
 /// the power of two into the row's factor.
 template <Fp8Format F>
-__device__ __forceinline__ void fp8x8_scaled(const uint8_t* row, int c0, float (&v)[kTiledChannels]) {
+__device__ __forceinline__ void fp8x8_scaled(const uint8_t* row, int c0,
+                                             float (&v)[kTiledChannels]) {
   const uint2 w = __ldg(reinterpret_cast<const uint2*>(row + c0));
   const uint32_t x[2] = {w.x, w.y};
 #pragma unroll
@@ -792,7 +793,7 @@ __device__ __forceinline__ void f32x8(const float* row, int c0, float (&v)[kTile
 template <int D, int NQ>
 __device__ void tiled_scores_residual(const Block& bk, const float* residual, int64_t first,
                                       int64_t t0, int64_t t1) {
-  tiled_scores<D, NQ>(bk, t0, t1, [&](int64_t t, int c0, float (&v)[kTiledChannels]) {
+  tiled_scores<D, NQ>(bk, t0, t1, [&](int64_t t, int c0, float(&v)[kTiledChannels]) {
     f32x8(residual + ((t - first) * bk.H + bk.h) * D, c0, v);
     return 1.0f;
   });
@@ -800,7 +801,7 @@ __device__ void tiled_scores_residual(const Block& bk, const float* residual, in
 template <int D, int NQ>
 __device__ void tiled_values_residual(const Block& bk, const float* residual, int64_t first,
                                       int64_t t0, int64_t t1) {
-  tiled_values<D, NQ>(bk, t0, t1, [&](int64_t t, int c0, float (&v)[kTiledChannels]) {
+  tiled_values<D, NQ>(bk, t0, t1, [&](int64_t t, int c0, float(&v)[kTiledChannels]) {
     f32x8(residual + ((t - first) * bk.H + bk.h) * D, c0, v);
     return 1.0f;
   });
@@ -810,14 +811,14 @@ struct Bf16Tiled {
   using Base = Bf16Policy;
   template <int D, int NQ>
   __device__ static void scores(const Block& bk, const Bf16SideView& k) {
-    tiled_scores<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float (&v)[kTiledChannels]) {
+    tiled_scores<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float(&v)[kTiledChannels]) {
       bf16x8(k.data + (t * bk.H + bk.h) * D, c0, v);
       return 1.0f;
     });
   }
   template <int D, int NQ>
   __device__ static void values(const Block& bk, const Bf16SideView& v) {
-    tiled_values<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float (&x)[kTiledChannels]) {
+    tiled_values<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float(&x)[kTiledChannels]) {
       bf16x8(v.data + (t * bk.H + bk.h) * D, c0, x);
       return 1.0f;
     });
@@ -830,7 +831,7 @@ struct Fp8Tiled {
   template <int D, int NQ>
   __device__ static void scores(const Block& bk, const Fp8SideView& k) {
     const float p2 = pow2(unpack::kHalfExpShift<F>);
-    tiled_scores<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float (&v)[kTiledChannels]) {
+    tiled_scores<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float(&v)[kTiledChannels]) {
       fp8x8_scaled<F>(k.codes + (t * bk.H + bk.h) * D, c0, v);
       return fp8_token_factor(k, t, bk.h, bk.H) * p2;
     });
@@ -838,7 +839,7 @@ struct Fp8Tiled {
   template <int D, int NQ>
   __device__ static void values(const Block& bk, const Fp8SideView& v) {
     const float p2 = pow2(unpack::kHalfExpShift<F>);
-    tiled_values<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float (&x)[kTiledChannels]) {
+    tiled_values<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float(&x)[kTiledChannels]) {
       fp8x8_scaled<F>(v.codes + (t * bk.H + bk.h) * D, c0, x);
       return fp8_token_factor(v, t, bk.h, bk.H) * p2;
     });
@@ -932,7 +933,8 @@ struct IntTiled {
         for (int d = 0; d < D; d += 4) {
           float c4[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) c4[e] = code_to_float((cw[(d + e) * wpg] >> sh) & Base::kMask);
+          for (int e = 0; e < 4; ++e)
+            c4[e] = code_to_float((cw[(d + e) * wpg] >> sh) & Base::kMask);
 #pragma unroll
           for (int i = 0; i < NQ; ++i) {
             if (i < bk.nq) {
@@ -975,7 +977,7 @@ struct IntTiled {
   __device__ static void values_token_tiled(const Block& bk, const IntSideView& v, int64_t qe) {
     const kivi::TokenLayout L{bk.H, D, v.group, B};
     const int G = v.group;
-    tiled_values<D, NQ>(bk, bk.s0, qe, [&](int64_t t, int c0, float (&x)[kTiledChannels]) {
+    tiled_values<D, NQ>(bk, bk.s0, qe, [&](int64_t t, int c0, float(&x)[kTiledChannels]) {
       const uint32_t* row = v.words + L.word_index(t, bk.h, 0);
       const int64_t pi = L.param_index(t, bk.h, c0 / G);
       const float sc = half_at(v.scales, pi);
@@ -1246,9 +1248,10 @@ DecodePlan make_plan(const DecodeShape& s, int64_t max_tokens, int64_t align) {
 
 template <class Policy, int D>
 cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
-                   std::span<const typename Policy::View> k, std::span<const typename Policy::View> v,
-                   const float* q, float* out, void* workspace, size_t workspace_bytes,
-                   cudaStream_t stream, DecodeKernel kernel) {
+                   std::span<const typename Policy::View> k,
+                   std::span<const typename Policy::View> v, const float* q, float* out,
+                   void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                   DecodeKernel kernel) {
   if (kernel != DecodeKernel::Baseline && kernel != DecodeKernel::Tiled)
     bad("unknown DecodeKernel value " + std::to_string(static_cast<int>(kernel)));
   if (q == nullptr) bad("q is null");

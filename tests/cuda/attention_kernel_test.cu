@@ -42,11 +42,11 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dispatch.h"
 #include "kernels/cuda/kivi_cache_device.cuh"
-#include "tests/cuda/cuda_test_util.h"
-#include "tests/support/names.h"
 #include "kivi/cache.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/kv_cache.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/support/names.h"
 
 namespace kvq::cuda {
 namespace {
@@ -297,7 +297,6 @@ std::vector<std::string> all_specs() {
   return s;
 }
 
-
 // spec, T, gqa, head_dim, kernel
 using SweepCase = std::tuple<std::string, int64_t, int, int, DecodeKernel>;
 
@@ -305,8 +304,8 @@ const char* kernel_name(DecodeKernel k) { return k == DecodeKernel::Tiled ? "til
 
 std::string sweep_name(const ::testing::TestParamInfo<SweepCase>& p) {
   const auto& [spec, T, gqa, dim, kernel] = p.param;
-  return kvq::testing::test_name(spec) + "_T" + std::to_string(T) + "_gqa" + std::to_string(gqa) + "_d" +
-         std::to_string(dim) + "_" + kernel_name(kernel);
+  return kvq::testing::test_name(spec) + "_T" + std::to_string(T) + "_gqa" + std::to_string(gqa) +
+         "_d" + std::to_string(dim) + "_" + kernel_name(kernel);
 }
 
 class DecodeAttention : public ::testing::TestWithParam<SweepCase> {
@@ -322,24 +321,22 @@ TEST_P(DecodeAttention, MatchesCpuReference) {
   run_spec(spec, {T}, 2, gqa, dim, sweep_name({GetParam(), 0}), kernel);
 }
 
-INSTANTIATE_TEST_SUITE_P(Sweep, DecodeAttention,
-                         ::testing::Combine(::testing::ValuesIn(all_specs()),
-                                            ::testing::Values<int64_t>(1, 37, 1000, 4099),
-                                            ::testing::Values(1, 3, 4, 8),
-                                            ::testing::ValuesIn(HeadDims::values),
-                                            ::testing::Values(DecodeKernel::Baseline,
-                                                              DecodeKernel::Tiled)),
-                         sweep_name);
+INSTANTIATE_TEST_SUITE_P(
+    Sweep, DecodeAttention,
+    ::testing::Combine(::testing::ValuesIn(all_specs()),
+                       ::testing::Values<int64_t>(1, 37, 1000, 4099), ::testing::Values(1, 3, 4, 8),
+                       ::testing::ValuesIn(HeadDims::values),
+                       ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled)),
+    sweep_name);
 // GQA 6 pads the tiled kernel's group of 8 (two masked query heads).
-INSTANTIATE_TEST_SUITE_P(Gqa6, DecodeAttention,
-                         ::testing::Combine(::testing::Values("bf16", "fp8_e4m3:gran=token",
-                                                              "fp8_e5m2:gran=channel", "kivi2",
-                                                              "kivi4"),
-                                            ::testing::Values<int64_t>(37, 1000),
-                                            ::testing::Values(6), ::testing::Values(128),
-                                            ::testing::Values(DecodeKernel::Baseline,
-                                                              DecodeKernel::Tiled)),
-                         sweep_name);
+INSTANTIATE_TEST_SUITE_P(
+    Gqa6, DecodeAttention,
+    ::testing::Combine(::testing::Values("bf16", "fp8_e4m3:gran=token", "fp8_e5m2:gran=channel",
+                                         "kivi2", "kivi4"),
+                       ::testing::Values<int64_t>(37, 1000), ::testing::Values(6),
+                       ::testing::Values(128),
+                       ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled)),
+    sweep_name);
 
 // ---- batches of different lengths -------------------------------------------------------------
 
@@ -363,21 +360,19 @@ TEST_P(DecodeAttentionBatch, LargestBatch) {
   std::vector<int64_t> lengths;
   for (int b = 0; b < kMaxBatch; ++b) lengths.push_back(1 + (b * 37) % 300);
   const auto& [spec, kernel] = GetParam();
-  run_spec(spec, lengths, 2, 8, 64, kvq::testing::test_name(spec) + "_batch64_" + kernel_name(kernel),
-           kernel);
+  run_spec(spec, lengths, 2, 8, 64,
+           kvq::testing::test_name(spec) + "_batch64_" + kernel_name(kernel), kernel);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, DecodeAttentionBatch,
-                         ::testing::Combine(::testing::Values("bf16", "fp8_e4m3:gran=token",
-                                                              "fp8_e5m2:gran=channel", "kivi2",
-                                                              "kivi4",
-                                                              "int3:k=token,v=channel,g=8,r=0"),
-                                            ::testing::Values(DecodeKernel::Baseline,
-                                                              DecodeKernel::Tiled)),
-                         [](const ::testing::TestParamInfo<BatchCase>& p) {
-                           return kvq::testing::test_name(std::get<0>(p.param)) + "_" +
-                                  kernel_name(std::get<1>(p.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, DecodeAttentionBatch,
+    ::testing::Combine(::testing::Values("bf16", "fp8_e4m3:gran=token", "fp8_e5m2:gran=channel",
+                                         "kivi2", "kivi4", "int3:k=token,v=channel,g=8,r=0"),
+                       ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled)),
+    [](const ::testing::TestParamInfo<BatchCase>& p) {
+      return kvq::testing::test_name(std::get<0>(p.param)) + "_" +
+             kernel_name(std::get<1>(p.param));
+    });
 
 // ---- the device streaming cache feeding the kernels ---------------------------------------------
 
@@ -442,15 +437,14 @@ TEST_P(DecodeAttentionDeviceCache, AppendedInChunksMatchesCpuReference) {
   EXPECT_LE(worst, kMaxAbsInt * vmax);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, DecodeAttentionDeviceCache,
-                         ::testing::Combine(::testing::Values("kivi2", "kivi4",
-                                                              "int4:k=channel,v=token,g=32,r=64,sym"),
-                                            ::testing::Values(DecodeKernel::Baseline,
-                                                              DecodeKernel::Tiled)),
-                         [](const ::testing::TestParamInfo<StreamCase>& p) {
-                           return kvq::testing::test_name(std::get<0>(p.param)) + "_" +
-                                  kernel_name(std::get<1>(p.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, DecodeAttentionDeviceCache,
+    ::testing::Combine(::testing::Values("kivi2", "kivi4", "int4:k=channel,v=token,g=32,r=64,sym"),
+                       ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled)),
+    [](const ::testing::TestParamInfo<StreamCase>& p) {
+      return kvq::testing::test_name(std::get<0>(p.param)) + "_" +
+             kernel_name(std::get<1>(p.param));
+    });
 
 // ---- host-only: register helpers ---------------------------------------------------------------
 
@@ -570,10 +564,12 @@ TEST(AttentionConfig, BadConfigurationThrowsNamingTheValue) {
   expect_config_error([&] { bf16({1, 2, 4, 64}, std::span<const Bf16SideView>(&null, 1), one); },
                       "sequence 0 K: data is null");
   expect_config_error([&] { bf16({1, 2, 4, 64}, one, one, 16); }, "workspace of 16 bytes");
-  expect_config_error([&] {
-    (void)decode_attention(DecodeShape{1, 2, 4, 64}, one, one, &q, &o, ws, sizeof ws, nullptr,
-                           static_cast<DecodeKernel>(5));
-  }, "unknown DecodeKernel value 5");
+  expect_config_error(
+      [&] {
+        (void)decode_attention(DecodeShape{1, 2, 4, 64}, one, one, &q, &o, ws, sizeof ws, nullptr,
+                               static_cast<DecodeKernel>(5));
+      },
+      "unknown DecodeKernel value 5");
 
   const Fp8SideView f8{reinterpret_cast<const uint8_t*>(g_fake16), g_fake32, 10, Fp8Format::E4M3,
                        Granularity::Token};
