@@ -383,58 +383,111 @@ class DecodeAttentionDeviceCache : public ::testing::TestWithParam<StreamCase> {
   void SetUp() override { KVQ_SKIP_WITHOUT_DEVICE(); }
 };
 
-// Expected: the CPU reference over kivi::SideCache caches of the same tensors (make_side: one
-// append). The device caches take the tokens in uneven appends (1, 37, 500, 462: the residual
-// window fills, spills, and groups complete inside one append), which stores the same bytes
-// (cuda_kivi_kernel_test checks that), and the kernels read them through int_side_view.
-TEST_P(DecodeAttentionDeviceCache, AppendedInChunksMatchesCpuReference) {
-  const auto& [spec_text, kernel] = GetParam();
+/// Requests b = 0 .. appends.size() - 1, each with its own device K and V caches filled by the
+/// appends appends[b] (token counts), taken round-robin over the requests (request b's s-th
+/// append right after request b - 1's, as a serving loop appends), then one launch over all of
+/// them; each sequence is compared with the CPU reference over kivi::SideCache caches of the same
+/// tensors (make_side: one append). Appends of any partition store the same bytes
+/// (cuda_kivi_kernel_test checks that); the kernels read them through int_side_view.
+void run_device_caches(const std::string& spec_text,
+                       const std::vector<std::vector<int64_t>>& appends, DecodeKernel kernel) {
   const SchemeSpec spec = parse_spec(spec_text);
-  constexpr int64_t kT = 1000, kHeads = 4;
+  constexpr int64_t kHeads = 4;
   constexpr int kGqa = 4, kDim = 128;
-  const Shape3 s{kT, kHeads, kDim};
-  const Tensor3 k = make_kv(s, 4242, true), v = make_kv(s, 4243, false);
-  const std::vector<float> q = make_q(kHeads * kGqa * kDim, 4244);
-  std::vector<float> ref(q.size());
-  kvq::decode_attention(q.data(), kHeads * kGqa, *make_side(spec, Role::Key, k),
-                        *make_side(spec, Role::Value, v), ref.data(), 0);
-  double vmax = 0;
-  for (float x : v.data) vmax = std::max(vmax, static_cast<double>(std::fabs(x)));
-
+  const int batch = static_cast<int>(appends.size());
+  const size_t per = static_cast<size_t>(kHeads) * kGqa * kDim;
   Arena arena;
-  const float* dk = arena.upload(k.data);
-  const float* dv = arena.upload(v.data);
-  KiviSideCache kc(spec.q, Role::Key, kHeads, kDim), vc(spec.q, Role::Value, kHeads, kDim);
-  int64_t t = 0;
-  for (int64_t n : {1, 37, 500, 462}) {
-    KVQ_CUDA_CHECK(kc.append(dk + t * kHeads * kDim, n));
-    KVQ_CUDA_CHECK(vc.append(dv + t * kHeads * kDim, n));
-    t += n;
+  std::vector<float> q_all;
+  std::vector<std::vector<float>> refs;
+  std::vector<double> vmax;
+  std::vector<const float*> dk, dv;
+  std::vector<KiviSideCache> kc, vc;
+  std::vector<int64_t> filled(appends.size(), 0);
+  for (int b = 0; b < batch; ++b) {
+    int64_t T = 0;
+    for (int64_t n : appends[static_cast<size_t>(b)]) T += n;
+    const Shape3 s{T, kHeads, kDim};
+    const uint32_t seed = 4242 + 10 * static_cast<uint32_t>(b);
+    const Tensor3 k = make_kv(s, seed, true), v = make_kv(s, seed + 1, false);
+    const std::vector<float> q = make_q(static_cast<int64_t>(per), seed + 2);
+    std::vector<float> ref(per);
+    kvq::decode_attention(q.data(), kHeads * kGqa, *make_side(spec, Role::Key, k),
+                          *make_side(spec, Role::Value, v), ref.data(), 0);
+    double m = 0;
+    for (float x : v.data) m = std::max(m, static_cast<double>(std::fabs(x)));
+    vmax.push_back(m);
+    refs.push_back(ref);
+    q_all.insert(q_all.end(), q.begin(), q.end());
+    dk.push_back(arena.upload(k.data));
+    dv.push_back(arena.upload(v.data));
+    kc.emplace_back(spec.q, Role::Key, kHeads, kDim);
+    vc.emplace_back(spec.q, Role::Value, kHeads, kDim);
   }
-  ASSERT_EQ(t, kT);
-  const IntSideView kv = int_side_view(kc), vv = int_side_view(vc);
-  const DecodeShape shape{1, static_cast<int>(kHeads), static_cast<int>(kHeads) * kGqa, kDim};
-  const DecodePlan plan = plan_decode(shape, std::span<const IntSideView>(&kv, 1),
-                                      std::span<const IntSideView>(&vv, 1));
-  const float* dq = arena.upload(q);
+  size_t rounds = 0;
+  for (const auto& a : appends) rounds = std::max(rounds, a.size());
+  for (size_t r = 0; r < rounds; ++r)
+    for (size_t b = 0; b < appends.size(); ++b) {
+      if (r >= appends[b].size()) continue;
+      const int64_t n = appends[b][r], at = filled[b] * kHeads * kDim;
+      KVQ_CUDA_CHECK(kc[b].append(dk[b] + at, n));
+      KVQ_CUDA_CHECK(vc[b].append(dv[b] + at, n));
+      filled[b] += n;
+    }
+  std::vector<IntSideView> kv, vv;
+  for (int b = 0; b < batch; ++b) {
+    kv.push_back(int_side_view(kc[static_cast<size_t>(b)]));
+    vv.push_back(int_side_view(vc[static_cast<size_t>(b)]));
+  }
+  const DecodeShape shape{batch, static_cast<int>(kHeads), static_cast<int>(kHeads) * kGqa, kDim};
+  const DecodePlan plan =
+      plan_decode(shape, std::span<const IntSideView>(kv), std::span<const IntSideView>(vv));
+  const float* dq = arena.upload(q_all);
   void* ws = arena.scratch(plan.workspace_bytes);
-  GuardedOutput out(q.size());
-  KVQ_CUDA_CHECK(decode_attention(shape, std::span<const IntSideView>(&kv, 1),
-                                  std::span<const IntSideView>(&vv, 1), dq, out.get(), ws,
+  GuardedOutput out(q_all.size());
+  KVQ_CUDA_CHECK(decode_attention(shape, std::span<const IntSideView>(kv),
+                                  std::span<const IntSideView>(vv), dq, out.get(), ws,
                                   plan.workspace_bytes, nullptr, kernel));
   KVQ_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got = out.download();
   EXPECT_EQ(out.damaged_guard_bytes(), 0u) << "writes outside the output";
-  double se = 0, sr = 0, worst = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << "element " << i;
-    se += (got[i] - ref[i]) * static_cast<double>(got[i] - ref[i]);
-    sr += static_cast<double>(ref[i]) * ref[i];
-    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - ref[i]));
+  for (int b = 0; b < batch; ++b) {
+    const std::vector<float>& ref = refs[static_cast<size_t>(b)];
+    double se = 0, sr = 0, worst = 0;
+    for (size_t i = 0; i < per; ++i) {
+      const double g = got[b * per + i], r = ref[i];
+      ASSERT_TRUE(std::isfinite(g)) << "sequence " << b << " element " << i;
+      se += (g - r) * (g - r);
+      sr += r * r;
+      worst = std::max(worst, std::fabs(g - r));
+    }
+    ASSERT_GT(sr, 0.0) << "sequence " << b;
+    EXPECT_LE(se / sr, kNmseInt) << "sequence " << b << " (" << filled[static_cast<size_t>(b)]
+                                 << " tokens)";
+    EXPECT_LE(worst, kMaxAbsInt * vmax[static_cast<size_t>(b)]) << "sequence " << b;
   }
-  ASSERT_GT(sr, 0.0);
-  EXPECT_LE(se / sr, kNmseInt);
-  EXPECT_LE(worst, kMaxAbsInt * vmax);
+}
+
+// Expected: the CPU reference (run_device_caches). One request in uneven appends (1, 37, 500,
+// 462): the residual window fills, spills, and groups complete inside one append.
+TEST_P(DecodeAttentionDeviceCache, AppendedInChunksMatchesCpuReference) {
+  const auto& [spec, kernel] = GetParam();
+  run_device_caches(spec, {{1, 37, 500, 462}}, kernel);
+}
+
+// Expected: the CPU reference per sequence (run_device_caches). Five requests as a serving loop
+// builds them: a prefill append each (200, 37, 64, 1 and 1 tokens), then one token per request
+// per step, round-robin, until each has its length (264, 37, 300, 1, 129); one launch reads all.
+TEST_P(DecodeAttentionDeviceCache, ManyRequestsDecodedRoundRobinMatchCpuReference) {
+  const auto& [spec, kernel] = GetParam();
+  std::vector<std::vector<int64_t>> appends;
+  const std::pair<int64_t, int64_t> prefill_total[] = {
+      {200, 264}, {37, 37}, {64, 300}, {1, 1}, {1, 129}};
+  for (const auto& [prefill, total] : prefill_total) {
+    std::vector<int64_t> a{prefill};
+    a.resize(static_cast<size_t>(total - prefill + 1), 1);
+    appends.push_back(a);
+  }
+  run_device_caches(spec, appends, kernel);
 }
 
 INSTANTIATE_TEST_SUITE_P(
