@@ -399,20 +399,43 @@ struct IntPolicy {
   /// sum_d q_d * min_gd (int_side.cpp's dot_channel). One warp per group, one lane per token.
   template <int D>
   __device__ static void scores_channel(const Block& bk, const View& k, int64_t g0, int64_t g1) {
+    scores_channel_as<D, kMaxGqa, false>(bk, k, g0, g1, nullptr);
+  }
+
+  /// scores_channel for query heads [0, NQ) (those below bk.nq). kStaged (the tiled kernel): each
+  /// group's D * wpg words are first copied to this warp's `stage` (shared memory, 16-byte
+  /// aligned, kStageWords) by coalesced loads, 16 bytes a lane where the words are 16-byte
+  /// aligned, and the per-code reads (lane = token) hit shared memory instead of each issuing a
+  /// global load. The same arithmetic either way.
+  template <int D, int NQ, bool kStaged>
+  __device__ static void scores_channel_as(const Block& bk, const View& k, int64_t g0, int64_t g1,
+                                           uint32_t* stage) {
     const kivi::ChannelLayout L{bk.H, D, k.group, B};
     const int G = k.group;
     const int64_t wpg = L.words_per_group();
     float* qs = bk.scratch + bk.warp * bk.nq * D;  // this warp's q * scale, [nq, D]
     for (int64_t g = g0 + bk.warp; g < g1; g += kWarps) {
+      const uint32_t* gw = k.words + L.word_index(g, bk.h, 0);  // channel d: gw[d * wpg + w]
+      const uint32_t* src = gw;
+      if constexpr (kStaged) {
+        const int n = static_cast<int>(D * wpg);
+        if (reinterpret_cast<uintptr_t>(gw) % 16 == 0 && n % 4 == 0) {
+          for (int x = bk.lane; x < n / 4; x += 32)
+            reinterpret_cast<uint4*>(stage)[x] = __ldg(reinterpret_cast<const uint4*>(gw) + x);
+        } else {
+          for (int x = bk.lane; x < n; x += 32) stage[x] = __ldg(gw + x);
+        }
+        src = stage;
+      }
       const int64_t pbase = L.param_index(g, bk.h, 0);
-      float base[kMaxGqa];
+      float base[NQ];
 #pragma unroll
-      for (int i = 0; i < kMaxGqa; ++i) base[i] = 0.0f;
+      for (int i = 0; i < NQ; ++i) base[i] = 0.0f;
       for (int d = bk.lane; d < D; d += 32) {
         const float sc = half_at(k.scales, pbase + d);
         const float mn = group_min<B>(k, pbase + d, sc);
 #pragma unroll
-        for (int i = 0; i < kMaxGqa; ++i) {
+        for (int i = 0; i < NQ; ++i) {
           if (i < bk.nq) {
             const float qv = bk.q_s[i * D + d];
             qs[i * D + d] = qv * sc;
@@ -421,23 +444,29 @@ struct IntPolicy {
         }
       }
 #pragma unroll
-      for (int i = 0; i < kMaxGqa; ++i)
+      for (int i = 0; i < NQ; ++i)
         if (i < bk.nq) base[i] = warp_sum(base[i]);
-      __syncwarp();
-      const uint32_t* gw = k.words + L.word_index(g, bk.h, 0);  // channel d: gw[d * wpg + w]
+      __syncwarp();  // qs (and the stage) complete
       for (int j = bk.lane; j < G; j += 32) {
-        const uint32_t* cw = gw + j / kCpw;
+        const uint32_t* cw = src + j / kCpw;
         const int sh = (j % kCpw) * B;
-        float acc[kMaxGqa];
+        float acc[NQ];
 #pragma unroll
-        for (int i = 0; i < kMaxGqa; ++i) acc[i] = 0.0f;
+        for (int i = 0; i < NQ; ++i) acc[i] = 0.0f;
 #pragma unroll 2
         for (int d = 0; d < D; d += 4) {
           float c4[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) c4[e] = code_to_float((__ldg(cw + (d + e) * wpg) >> sh) & kMask);
+          for (int e = 0; e < 4; ++e) {
+            uint32_t w;
+            if constexpr (kStaged)
+              w = cw[(d + e) * wpg];
+            else
+              w = __ldg(cw + (d + e) * wpg);
+            c4[e] = code_to_float((w >> sh) & kMask);
+          }
 #pragma unroll
-          for (int i = 0; i < kMaxGqa; ++i) {
+          for (int i = 0; i < NQ; ++i) {
             if (i < bk.nq) {
               const float4 a = *reinterpret_cast<const float4*>(qs + i * D + d);
               float s = acc[i];
@@ -451,10 +480,10 @@ struct IntPolicy {
         }
         const int64_t t = g * G + j;
 #pragma unroll
-        for (int i = 0; i < kMaxGqa; ++i)
+        for (int i = 0; i < NQ; ++i)
           if (i < bk.nq) bk.scores[i * bk.ld + (t - bk.s0)] = (acc[i] + base[i]) * bk.inv_sqrt_d;
       }
-      __syncwarp();  // qs is rewritten for the next group
+      __syncwarp();  // qs (and the stage) are rewritten for the next group
     }
   }
 
@@ -645,6 +674,25 @@ struct RowTile {
   static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row's lanes sit in one warp");
 };
 
+/// The rows of kTiledUnroll warp steps, all loaded before any is used: step u's row is
+/// base + u * step; rows at or past t1 read as zeros with factor 0.
+template <class Row>
+__device__ __forceinline__ void tiled_load(int64_t base, int64_t step, int64_t t1, int c0, Row& row,
+                                           float (&v)[kTiledUnroll][kTiledChannels],
+                                           float (&f)[kTiledUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kTiledUnroll; ++u) {
+    const int64_t t = base + u * step;
+    if (t < t1) {
+      f[u] = row(t, c0, v[u]);
+    } else {
+      f[u] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kTiledChannels; ++c) v[u][c] = 0.0f;
+    }
+  }
+}
+
 /// Phase 1 over token-major rows [t0, t1): row(t, c0, v) loads channels [c0, c0 + 8) of K[t] as
 /// floats into v and returns the factor the row's dot is multiplied by (fp8: the token factor).
 template <int D, int NQ, class Row>
@@ -659,17 +707,7 @@ __device__ void tiled_scores(const Block& bk, int64_t t0, int64_t t1, Row row) {
     for (int c = 0; c < C; ++c) qr[i][c] = i < bk.nq ? bk.q_s[i * D + c0 + c] : 0.0f;
   for (int64_t base = t0 + bk.warp * kR + r; base - r < t1; base += kTiledUnroll * kStep) {
     float v[kTiledUnroll][C], f[kTiledUnroll];
-#pragma unroll
-    for (int u = 0; u < kTiledUnroll; ++u) {
-      const int64_t t = base + u * kStep;
-      if (t < t1) {
-        f[u] = row(t, c0, v[u]);
-      } else {
-        f[u] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < C; ++c) v[u][c] = 0.0f;
-      }
-    }
+    tiled_load(base, kStep, t1, c0, row, v, f);
 #pragma unroll
     for (int u = 0; u < kTiledUnroll; ++u) {
       float acc[NQ];
@@ -709,17 +747,7 @@ __device__ void tiled_values(const Block& bk, int64_t t0, int64_t t1, Row row) {
     for (int c = 0; c < C; ++c) acc[i][c] = 0.0f;
   for (int64_t base = t0 + bk.warp * kR + r; base - r < t1; base += kTiledUnroll * kStep) {
     float v[kTiledUnroll][C], f[kTiledUnroll];
-#pragma unroll
-    for (int u = 0; u < kTiledUnroll; ++u) {
-      const int64_t t = base + u * kStep;
-      if (t < t1) {
-        f[u] = row(t, c0, v[u]);
-      } else {
-        f[u] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < C; ++c) v[u][c] = 0.0f;
-      }
-    }
+    tiled_load(base, kStep, t1, c0, row, v, f);
 #pragma unroll
     for (int u = 0; u < kTiledUnroll; ++u) {
       const int64_t t = base + u * kStep;
@@ -849,12 +877,12 @@ struct Fp8Tiled {
 template <int B>
 struct IntTiled {
   using Base = IntPolicy<B>;
-  static constexpr int kCpw = kivi::codes_per_word(B);
 
   /// Whether per-token values take the tiled path: a lane's 8 channels sit in one group and in
   /// one word (B 2, 4) or two (B 8) of the token's packed run.
   __device__ static bool tiled_token_values(const IntSideView& v) {
-    return B != 3 && v.axis == Axis::Token && v.group % kTiledChannels == 0 && v.group % kCpw == 0;
+    return B != 3 && v.axis == Axis::Token && v.group % kTiledChannels == 0 &&
+           v.group % Base::kCpw == 0;
   }
 
   /// Codes of channels [c0, c0 + 8) of a per-token row (tiled_token_values holds) as floats.
@@ -884,85 +912,13 @@ struct IntTiled {
 
   static constexpr int kStageWords = cuda::kStageWords;
 
-  /// Per-channel keys, token groups [g0, g1), one warp per group as the baseline's scores_channel
-  /// (the same arithmetic), the group's D * wpg words first copied to this warp's shared stage by
-  /// coalesced loads (16 bytes a lane where the words are 16-byte aligned), so the lanes' per-code
-  /// reads (lane = token) hit shared memory instead of issuing a global load per code.
-  template <int D, int NQ>
-  __device__ static void scores_channel_staged(const Block& bk, const IntSideView& k, int64_t g0,
-                                               int64_t g1) {
-    const kivi::ChannelLayout L{bk.H, D, k.group, B};
-    const int G = k.group;
-    const int wpg = static_cast<int>(L.words_per_group()), n = D * wpg;
-    float* qs = bk.scratch + bk.warp * bk.nq * D;  // this warp's q * scale, [nq, D]
-    uint32_t* st = bk.stage + bk.warp * kStageWords;
-    for (int64_t g = g0 + bk.warp; g < g1; g += kWarps) {
-      const uint32_t* gw = k.words + L.word_index(g, bk.h, 0);  // channel d: gw[d * wpg + w]
-      if (reinterpret_cast<uintptr_t>(gw) % 16 == 0 && n % 4 == 0) {
-        for (int x = bk.lane; x < n / 4; x += 32)
-          reinterpret_cast<uint4*>(st)[x] = __ldg(reinterpret_cast<const uint4*>(gw) + x);
-      } else {
-        for (int x = bk.lane; x < n; x += 32) st[x] = __ldg(gw + x);
-      }
-      const int64_t pbase = L.param_index(g, bk.h, 0);
-      float base[NQ];
-#pragma unroll
-      for (int i = 0; i < NQ; ++i) base[i] = 0.0f;
-      for (int d = bk.lane; d < D; d += 32) {
-        const float sc = half_at(k.scales, pbase + d);
-        const float mn = group_min<B>(k, pbase + d, sc);
-#pragma unroll
-        for (int i = 0; i < NQ; ++i) {
-          if (i < bk.nq) {
-            const float qv = bk.q_s[i * D + d];
-            qs[i * D + d] = qv * sc;
-            base[i] = fmaf(qv, mn, base[i]);
-          }
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < NQ; ++i) base[i] = warp_sum(base[i]);
-      __syncwarp();  // the stage and qs are complete
-      for (int j = bk.lane; j < G; j += 32) {
-        const uint32_t* cw = st + j / kCpw;
-        const int sh = (j % kCpw) * B;
-        float acc[NQ];
-#pragma unroll
-        for (int i = 0; i < NQ; ++i) acc[i] = 0.0f;
-#pragma unroll 2
-        for (int d = 0; d < D; d += 4) {
-          float c4[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            c4[e] = code_to_float((cw[(d + e) * wpg] >> sh) & Base::kMask);
-#pragma unroll
-          for (int i = 0; i < NQ; ++i) {
-            if (i < bk.nq) {
-              const float4 a = *reinterpret_cast<const float4*>(qs + i * D + d);
-              float x = acc[i];
-              x = fmaf(a.x, c4[0], x);
-              x = fmaf(a.y, c4[1], x);
-              x = fmaf(a.z, c4[2], x);
-              x = fmaf(a.w, c4[3], x);
-              acc[i] = x;
-            }
-          }
-        }
-        const int64_t t = g * G + j;
-#pragma unroll
-        for (int i = 0; i < NQ; ++i)
-          if (i < bk.nq) bk.scores[i * bk.ld + (t - bk.s0)] = (acc[i] + base[i]) * bk.inv_sqrt_d;
-      }
-      __syncwarp();  // the stage and qs are rewritten for the next group
-    }
-  }
-
   template <int D, int NQ>
   __device__ static void scores(const Block& bk, const IntSideView& k) {
     const int64_t qe = min(bk.s1, k.quantized_tokens);
     if (bk.s0 < qe) {
       if (k.axis == Axis::Channel && D * kivi::words_for(k.group, B) <= kStageWords)
-        scores_channel_staged<D, NQ>(bk, k, bk.s0 / k.group, qe / k.group);
+        Base::template scores_channel_as<D, NQ, true>(bk, k, bk.s0 / k.group, qe / k.group,
+                                                      bk.stage + bk.warp * kStageWords);
       else if (k.axis == Axis::Channel)  // (a group too long to stage)
         Base::template scores_channel<D>(bk, k, bk.s0 / k.group, qe / k.group);
       else
