@@ -191,8 +191,6 @@ constexpr uint32_t kHalfScale = 0x2a662a66u, kHalfMin = 0xb800b800u;   // 0.05, 
 
 // ---- one case -------------------------------------------------------------------------------------
 
-const char* kernel_name(DecodeKernel k) { return k == DecodeKernel::Tiled ? "tiled" : "baseline"; }
-
 struct Result {
   std::string kind;
   std::string kernel;
@@ -314,7 +312,7 @@ std::optional<Result> run_case(const Env& env, const Options& o, const std::stri
 
   Result r;
   r.kind = kind;
-  r.kernel = kernel_name(kernel);
+  r.kernel = to_string(kernel);
   r.ctx = T;
   r.batch = batch;
   r.bytes = bytes;
@@ -413,7 +411,7 @@ const Result* find(const std::vector<Result>& rs, const std::string& kind, int64
 
 /// Issue 12's goals, on the tiled kernel's rows (the baseline's are in the table for comparison).
 std::vector<Goal> goals(const std::vector<Result>& rs) {
-  const char* k = kernel_name(DecodeKernel::Tiled);
+  const char* k = to_string(DecodeKernel::Tiled);
   auto speedup = [&](const char* kind, int batch) -> std::optional<double> {
     const Result* r = find(rs, kind, 32768, batch, k);
     return r ? std::optional<double>(r->speedup) : std::nullopt;
@@ -534,7 +532,7 @@ int run(int argc, char** argv) {
     for (int batch : o.batches)
       for (DecodeKernel kernel : o.kernels) {
         double bf16_us = 0;
-        const char* kn = kernel_name(kernel);
+        const char* kn = to_string(kernel);
         for (const std::string& kind : o.kinds) {
           std::string why;
           std::optional<Result> r = run_case(env, o, kind, T, batch, kernel, why);

@@ -667,11 +667,17 @@ struct IntPolicy {
 constexpr int kTiledChannels = 8;  // channels per lane of a token-major row
 constexpr int kTiledUnroll = 2;    // warp steps loaded before use
 
+/// A lane's place in a warp step: lane = r * kLanes + sub takes channels [c0, c0 + 8) of the
+/// step's row slot r; warp w's steps start at rows w * kRows + m * kStep.
 template <int D>
 struct RowTile {
   static constexpr int kLanes = D / kTiledChannels;  // lanes per row: 8 (D 64) or 16 (D 128)
   static constexpr int kRows = 32 / kLanes;          // rows per warp step
+  static constexpr int64_t kStep = static_cast<int64_t>(kWarps) * kRows;  // rows per block step
   static_assert(kLanes <= 32 && 32 % kLanes == 0, "a row's lanes sit in one warp");
+  int sub, r, c0;
+  __device__ explicit RowTile(int lane)
+      : sub(lane % kLanes), r(lane / kLanes), c0(sub * kTiledChannels) {}
 };
 
 /// The rows of kTiledUnroll warp steps, all loaded before any is used: step u's row is
@@ -697,15 +703,17 @@ __device__ __forceinline__ void tiled_load(int64_t base, int64_t step, int64_t t
 /// floats into v and returns the factor the row's dot is multiplied by (fp8: the token factor).
 template <int D, int NQ, class Row>
 __device__ void tiled_scores(const Block& bk, int64_t t0, int64_t t1, Row row) {
-  constexpr int kL = RowTile<D>::kLanes, kR = RowTile<D>::kRows, C = kTiledChannels;
-  constexpr int64_t kStep = static_cast<int64_t>(kWarps) * kR;
-  const int sub = bk.lane % kL, r = bk.lane / kL, c0 = sub * C;
+  using Tile = RowTile<D>;
+  constexpr int kL = Tile::kLanes, C = kTiledChannels;
+  constexpr int64_t kStep = Tile::kStep;
+  const Tile lt(bk.lane);
+  const int sub = lt.sub, r = lt.r, c0 = lt.c0;
   float qr[NQ][C];
 #pragma unroll
   for (int i = 0; i < NQ; ++i)
 #pragma unroll
     for (int c = 0; c < C; ++c) qr[i][c] = i < bk.nq ? bk.q_s[i * D + c0 + c] : 0.0f;
-  for (int64_t base = t0 + bk.warp * kR + r; base - r < t1; base += kTiledUnroll * kStep) {
+  for (int64_t base = t0 + bk.warp * Tile::kRows + r; base - r < t1; base += kTiledUnroll * kStep) {
     float v[kTiledUnroll][C], f[kTiledUnroll];
     tiled_load(base, kStep, t1, c0, row, v, f);
 #pragma unroll
@@ -737,15 +745,17 @@ __device__ void tiled_scores(const Block& bk, int64_t t0, int64_t t1, Row row) {
 /// tiled_scores (f: the factor it returns). Adds this warp's sums into scratch[warp].
 template <int D, int NQ, class Row>
 __device__ void tiled_values(const Block& bk, int64_t t0, int64_t t1, Row row) {
-  constexpr int kL = RowTile<D>::kLanes, kR = RowTile<D>::kRows, C = kTiledChannels;
-  constexpr int64_t kStep = static_cast<int64_t>(kWarps) * kR;
-  const int sub = bk.lane % kL, r = bk.lane / kL, c0 = sub * C;
+  using Tile = RowTile<D>;
+  constexpr int kL = Tile::kLanes, C = kTiledChannels;
+  constexpr int64_t kStep = Tile::kStep;
+  const Tile lt(bk.lane);
+  const int sub = lt.sub, r = lt.r, c0 = lt.c0;
   float acc[NQ][C];
 #pragma unroll
   for (int i = 0; i < NQ; ++i)
 #pragma unroll
     for (int c = 0; c < C; ++c) acc[i][c] = 0.0f;
-  for (int64_t base = t0 + bk.warp * kR + r; base - r < t1; base += kTiledUnroll * kStep) {
+  for (int64_t base = t0 + bk.warp * Tile::kRows + r; base - r < t1; base += kTiledUnroll * kStep) {
     float v[kTiledUnroll][C], f[kTiledUnroll];
     tiled_load(base, kStep, t1, c0, row, v, f);
 #pragma unroll
@@ -817,26 +827,17 @@ __device__ __forceinline__ void f32x8(const float* row, int c0, float (&v)[kTile
   v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-/// The float32 residual window's rows [t0, t1) (first: the window's first token).
-template <int D, int NQ>
-__device__ void tiled_scores_residual(const Block& bk, const float* residual, int64_t first,
-                                      int64_t t0, int64_t t1) {
-  tiled_scores<D, NQ>(bk, t0, t1, [&](int64_t t, int c0, float(&v)[kTiledChannels]) {
+/// The row loader of the float32 residual window (first: the window's first token).
+template <int D>
+__device__ auto residual_rows(const Block& bk, const float* residual, int64_t first) {
+  return [&bk, residual, first](int64_t t, int c0, float(&v)[kTiledChannels]) {
     f32x8(residual + ((t - first) * bk.H + bk.h) * D, c0, v);
     return 1.0f;
-  });
-}
-template <int D, int NQ>
-__device__ void tiled_values_residual(const Block& bk, const float* residual, int64_t first,
-                                      int64_t t0, int64_t t1) {
-  tiled_values<D, NQ>(bk, t0, t1, [&](int64_t t, int c0, float(&v)[kTiledChannels]) {
-    f32x8(residual + ((t - first) * bk.H + bk.h) * D, c0, v);
-    return 1.0f;
-  });
+  };
 }
 
 struct Bf16Tiled {
-  using Base = Bf16Policy;
+  static constexpr int kStageWords = 0;  // shared words per warp (none)
   template <int D, int NQ>
   __device__ static void scores(const Block& bk, const Bf16SideView& k) {
     tiled_scores<D, NQ>(bk, bk.s0, bk.s1, [&](int64_t t, int c0, float(&v)[kTiledChannels]) {
@@ -855,7 +856,7 @@ struct Bf16Tiled {
 
 template <Fp8Format F>
 struct Fp8Tiled {
-  using Base = Fp8Policy<F>;
+  static constexpr int kStageWords = 0;
   template <int D, int NQ>
   __device__ static void scores(const Block& bk, const Fp8SideView& k) {
     const float p2 = pow2(unpack::kHalfExpShift<F>);
@@ -881,8 +882,7 @@ struct IntTiled {
   /// Whether per-token values take the tiled path: a lane's 8 channels sit in one group and in
   /// one word (B 2, 4) or two (B 8) of the token's packed run.
   __device__ static bool tiled_token_values(const IntSideView& v) {
-    return B != 3 && v.axis == Axis::Token && v.group % kTiledChannels == 0 &&
-           v.group % Base::kCpw == 0;
+    return v.axis == Axis::Token && v.group % kTiledChannels == 0 && v.group % Base::kCpw == 0;
   }
 
   /// Codes of channels [c0, c0 + 8) of a per-token row (tiled_token_values holds) as floats.
@@ -910,7 +910,7 @@ struct IntTiled {
     }
   }
 
-  static constexpr int kStageWords = cuda::kStageWords;
+  static constexpr int kStageWords = cuda::kStageWords;  // per-channel key groups
 
   template <int D, int NQ>
   __device__ static void scores(const Block& bk, const IntSideView& k) {
@@ -925,7 +925,8 @@ struct IntTiled {
         Base::template scores_token<D>(bk, k, bk.s0, qe);
     }
     const int64_t r0 = max(bk.s0, k.quantized_tokens);
-    if (r0 < bk.s1) tiled_scores_residual<D, NQ>(bk, k.residual, k.quantized_tokens, r0, bk.s1);
+    if (r0 < bk.s1)
+      tiled_scores<D, NQ>(bk, r0, bk.s1, residual_rows<D>(bk, k.residual, k.quantized_tokens));
   }
 
   /// Per-token values [s0, qe) through tiled_values (tiled_token_values holds).
@@ -963,7 +964,8 @@ struct IntTiled {
       }
     }
     const int64_t r0 = max(bk.s0, v.quantized_tokens);
-    if (r0 < bk.s1) tiled_values_residual<D, NQ>(bk, v.residual, v.quantized_tokens, r0, bk.s1);
+    if (r0 < bk.s1)
+      tiled_values<D, NQ>(bk, r0, bk.s1, residual_rows<D>(bk, v.residual, v.quantized_tokens));
   }
 };
 
@@ -983,14 +985,6 @@ struct TiledOf<IntPolicy<B>> {
   using type = IntTiled<B>;
 };
 
-/// Shared words per warp the tiled form of a policy stages (0: none).
-template <class Policy>
-constexpr int kernel_stage_words() {
-  if constexpr (requires { TiledOf<Policy>::type::kStageWords; })
-    return TiledOf<Policy>::type::kStageWords;
-  else
-    return 0;
-}
 
 // ---- the kernels -------------------------------------------------------------------------------
 
@@ -1245,13 +1239,11 @@ cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
   sp.kv_heads = s.kv_heads;
   sp.nq = nq;
   sp.inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
-  constexpr int kStage = kernel_stage_words<Policy>();
+  // q_s, scratch and scores (Block), then the tiled int kernels' stage
+  const int stage = kernel == DecodeKernel::Tiled ? TiledOf<Policy>::type::kStageWords : 0;
   const size_t smem =
-      kernel == DecodeKernel::Tiled && kStage > 0
-          ? (static_cast<size_t>(stage_offset(nq, D, plan.split_tokens)) + kWarps * kStage) * 4
-          : (static_cast<size_t>(nq) * D * (1 + kWarps) +
-             static_cast<size_t>(nq) * plan.split_tokens) *
-                sizeof(float);
+      (static_cast<size_t>(stage_offset(nq, D, plan.split_tokens)) + kWarps * stage) *
+      sizeof(float);
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(s.kv_heads),
                   static_cast<unsigned>(s.batch));
   // Above 48 KB of dynamic shared memory a kernel must opt in (tiled int kernels at GQA 5-8 with
@@ -1274,7 +1266,6 @@ cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
     KVQ_CUDA_CALL(run(split_kernel<D, Policy, true, 4>));
   else
     KVQ_CUDA_CALL(run(split_kernel<D, Policy, true, 8>));
-  KVQ_CUDA_CALL(cudaGetLastError());
   mp.part_o = part_o;
   mp.part_ml = part_ml;
   mp.out = out;

@@ -131,6 +131,11 @@ DecodePlan plan_decode(const DecodeShape& shape, std::span<const IntSideView> k,
 /// default until a GPU run has compared the two (docs/benchmarks.md, CUDA).
 enum class DecodeKernel : int { Baseline = 0, Tiled = 1 };
 
+/// \brief "baseline" / "tiled" (test names, bench rows).
+constexpr const char* to_string(DecodeKernel k) {
+  return k == DecodeKernel::Tiled ? "tiled" : "baseline";
+}
+
 /// \brief out = decode attention of q over each sequence's (k[b], v[b]). `workspace` holds at
 /// least plan_decode(...).workspace_bytes bytes of device memory (contents are scratch).
 /// k and v hold shape.batch views each; every sequence holds >= 1 token and the same number of

@@ -181,6 +181,55 @@ struct Comparison {
   double nmse = 0, max_abs = 0, max_v = 0;
 };
 
+/// Expected: got[b] (sequence b's [q_heads, dim] outputs, back to back) matches refs[b] within the
+/// file's tolerances (int caches: kNmseInt / kMaxAbsInt x max |V|, else the exact ones), every
+/// output finite and not all zero. A failing sequence's outputs are written as .npy files.
+/// detail(b) adds what names sequence b (length, split).
+template <class Detail>
+void expect_outputs_match(const std::vector<float>& got,
+                          const std::vector<std::vector<float>>& refs,
+                          const std::vector<double>& vmax, bool is_int, int q_heads, int dim,
+                          const std::string& name, Detail detail) {
+  const double nmse_limit = is_int ? kNmseInt : kNmseExact;
+  const double abs_limit = is_int ? kMaxAbsInt : kMaxAbsExact;
+  const size_t per = static_cast<size_t>(q_heads) * dim;
+  ASSERT_EQ(got.size(), refs.size() * per);
+  for (int b = 0; b < static_cast<int>(refs.size()); ++b) {
+    const std::vector<float>& ref = refs[static_cast<size_t>(b)];
+    Comparison c;
+    double se = 0, sr = 0, sg = 0;
+    size_t worst = 0;
+    int64_t nonfinite = 0;
+    for (size_t i = 0; i < per; ++i) {
+      const double g = got[b * per + i], r = ref[i];
+      nonfinite += !std::isfinite(g);
+      se += (g - r) * (g - r);
+      sr += r * r;
+      sg += g * g;
+      if (std::fabs(g - r) > c.max_abs || !std::isfinite(g)) {
+        c.max_abs = std::isfinite(g) ? std::fabs(g - r) : INFINITY;
+        worst = i;
+      }
+    }
+    c.nmse = sr > 0 ? se / sr : se;
+    const std::string where = name + " sequence " + std::to_string(b) + detail(b);
+    EXPECT_EQ(nonfinite, 0) << where;
+    EXPECT_GT(sg, 0.0) << where << ": all-zero output";
+    EXPECT_LE(c.nmse, nmse_limit) << where;
+    EXPECT_LE(c.max_abs, abs_limit * vmax[static_cast<size_t>(b)])
+        << where << ": worst element " << worst << " (query head " << worst / dim << ", channel "
+        << worst % dim << ") device " << got[b * per + worst] << " cpu " << ref[worst];
+    if (::testing::Test::HasFailure()) {
+      const std::string base =
+          ::testing::TempDir() + "attention_kernel_test_" + name + "_b" + std::to_string(b);
+      write_npy(base + "_got.npy", {q_heads, dim}, got.data() + b * per);
+      write_npy(base + "_ref.npy", {q_heads, dim}, ref.data());
+      ADD_FAILURE() << "outputs written to " << base << "_{got,ref}.npy";
+      return;
+    }
+  }
+}
+
 template <class View>
 void run_batch(const std::string& spec_text, const std::vector<int64_t>& lengths, int64_t heads,
                int gqa, int dim, const std::string& name, DecodeKernel kernel) {
@@ -222,44 +271,10 @@ void run_batch(const std::string& spec_text, const std::vector<int64_t>& lengths
   const std::vector<float> got = out.download();
   EXPECT_EQ(out.damaged_guard_bytes(), 0u) << "writes outside the output";
 
-  const double nmse_limit = is_int ? kNmseInt : kNmseExact;
-  const double abs_limit = is_int ? kMaxAbsInt : kMaxAbsExact;
-  const size_t per = static_cast<size_t>(q_heads) * dim;
-  for (int b = 0; b < batch; ++b) {
-    const std::vector<float>& ref = refs[static_cast<size_t>(b)];
-    Comparison c;
-    double se = 0, sr = 0, sg = 0;
-    size_t worst = 0;
-    int64_t nonfinite = 0;
-    for (size_t i = 0; i < per; ++i) {
-      const double g = got[b * per + i], r = ref[i];
-      nonfinite += !std::isfinite(g);
-      se += (g - r) * (g - r);
-      sr += r * r;
-      sg += g * g;
-      if (std::fabs(g - r) > c.max_abs || !std::isfinite(g)) {
-        c.max_abs = std::isfinite(g) ? std::fabs(g - r) : INFINITY;
-        worst = i;
-      }
-    }
-    c.nmse = sr > 0 ? se / sr : se;
-    const std::string where = name + " sequence " + std::to_string(b) + " (T=" +
-                              std::to_string(lengths[static_cast<size_t>(b)]) + ", split " +
-                              std::to_string(plan.split_tokens) + ")";
-    EXPECT_EQ(nonfinite, 0) << where;
-    EXPECT_GT(sg, 0.0) << where << ": all-zero output";
-    EXPECT_LE(c.nmse, nmse_limit) << where;
-    EXPECT_LE(c.max_abs, abs_limit * vmax[static_cast<size_t>(b)])
-        << where << ": worst element " << worst << " (query head " << worst / dim << ", channel "
-        << worst % dim << ") device " << got[b * per + worst] << " cpu " << ref[worst];
-    if (::testing::Test::HasFailure()) {
-      const std::string base = ::testing::TempDir() + "attention_kernel_test_" + name + "_b" + std::to_string(b);
-      write_npy(base + "_got.npy", {q_heads, dim}, got.data() + b * per);
-      write_npy(base + "_ref.npy", {q_heads, dim}, ref.data());
-      ADD_FAILURE() << "outputs written to " << base << "_{got,ref}.npy";
-      return;
-    }
-  }
+  expect_outputs_match(got, refs, vmax, is_int, q_heads, dim, name, [&](int b) {
+    return " (T=" + std::to_string(lengths[static_cast<size_t>(b)]) + ", split " +
+           std::to_string(plan.split_tokens) + ")";
+  });
 }
 
 /// Runs `spec` through the view type its kind needs.
@@ -300,12 +315,10 @@ std::vector<std::string> all_specs() {
 // spec, T, gqa, head_dim, kernel
 using SweepCase = std::tuple<std::string, int64_t, int, int, DecodeKernel>;
 
-const char* kernel_name(DecodeKernel k) { return k == DecodeKernel::Tiled ? "tiled" : "baseline"; }
-
 std::string sweep_name(const ::testing::TestParamInfo<SweepCase>& p) {
   const auto& [spec, T, gqa, dim, kernel] = p.param;
   return kvq::testing::test_name(spec) + "_T" + std::to_string(T) + "_gqa" + std::to_string(gqa) +
-         "_d" + std::to_string(dim) + "_" + kernel_name(kernel);
+         "_d" + std::to_string(dim) + "_" + to_string(kernel);
 }
 
 class DecodeAttention : public ::testing::TestWithParam<SweepCase> {
@@ -352,7 +365,7 @@ class DecodeAttentionBatch : public ::testing::TestWithParam<BatchCase> {
 TEST_P(DecodeAttentionBatch, FiveSequencesOfDifferentLengths) {
   const auto& [spec, kernel] = GetParam();
   run_spec(spec, {1000, 37, 4099, 1, 300}, 3, 4, 128,
-           kvq::testing::test_name(spec) + "_batch5_" + kernel_name(kernel), kernel);
+           kvq::testing::test_name(spec) + "_batch5_" + to_string(kernel), kernel);
 }
 
 // Expected: as above at the largest batch the launcher takes (kMaxBatch), short contexts.
@@ -360,8 +373,8 @@ TEST_P(DecodeAttentionBatch, LargestBatch) {
   std::vector<int64_t> lengths;
   for (int b = 0; b < kMaxBatch; ++b) lengths.push_back(1 + (b * 37) % 300);
   const auto& [spec, kernel] = GetParam();
-  run_spec(spec, lengths, 2, 8, 64,
-           kvq::testing::test_name(spec) + "_batch64_" + kernel_name(kernel), kernel);
+  run_spec(spec, lengths, 2, 8, 64, kvq::testing::test_name(spec) + "_batch64_" + to_string(kernel),
+           kernel);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -370,8 +383,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          "kivi2", "kivi4", "int3:k=token,v=channel,g=8,r=0"),
                        ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled)),
     [](const ::testing::TestParamInfo<BatchCase>& p) {
-      return kvq::testing::test_name(std::get<0>(p.param)) + "_" +
-             kernel_name(std::get<1>(p.param));
+      return kvq::testing::test_name(std::get<0>(p.param)) + "_" + to_string(std::get<1>(p.param));
     });
 
 // ---- the device streaming cache feeding the kernels ---------------------------------------------
@@ -450,21 +462,10 @@ void run_device_caches(const std::string& spec_text,
   KVQ_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> got = out.download();
   EXPECT_EQ(out.damaged_guard_bytes(), 0u) << "writes outside the output";
-  for (int b = 0; b < batch; ++b) {
-    const std::vector<float>& ref = refs[static_cast<size_t>(b)];
-    double se = 0, sr = 0, worst = 0;
-    for (size_t i = 0; i < per; ++i) {
-      const double g = got[b * per + i], r = ref[i];
-      ASSERT_TRUE(std::isfinite(g)) << "sequence " << b << " element " << i;
-      se += (g - r) * (g - r);
-      sr += r * r;
-      worst = std::max(worst, std::fabs(g - r));
-    }
-    ASSERT_GT(sr, 0.0) << "sequence " << b;
-    EXPECT_LE(se / sr, kNmseInt) << "sequence " << b << " (" << filled[static_cast<size_t>(b)]
-                                 << " tokens)";
-    EXPECT_LE(worst, kMaxAbsInt * vmax[static_cast<size_t>(b)]) << "sequence " << b;
-  }
+  expect_outputs_match(got, refs, vmax, true, static_cast<int>(kHeads) * kGqa, kDim,
+                       kvq::testing::test_name(spec_text) + "_device_cache", [&](int b) {
+                         return " (" + std::to_string(filled[static_cast<size_t>(b)]) + " tokens)";
+                       });
 }
 
 // Expected: the CPU reference (run_device_caches). One request in uneven appends (1, 37, 500,
@@ -495,8 +496,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values("kivi2", "kivi4", "int4:k=channel,v=token,g=32,r=64,sym"),
                        ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled)),
     [](const ::testing::TestParamInfo<StreamCase>& p) {
-      return kvq::testing::test_name(std::get<0>(p.param)) + "_" +
-             kernel_name(std::get<1>(p.param));
+      return kvq::testing::test_name(std::get<0>(p.param)) + "_" + to_string(std::get<1>(p.param));
     });
 
 // ---- host-only: register helpers ---------------------------------------------------------------
