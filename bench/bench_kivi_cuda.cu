@@ -7,11 +7,16 @@
 // the L2 cache was flushed by writing a buffer of twice its size, GB/s (10^9 bytes / s), the
 // fraction of peak DRAM bandwidth (2 * memory clock * bus width, from the device; or
 // --peak-gbps), and the ratio to the copy's GB/s. --json PATH writes the same as JSON.
+// Then a serving step (--requests caches of kivi2, keys per-channel and values per-token, g=32
+// r=128, each prefilled with 1000 tokens): one token appended to every request's K and V, by
+// one KiviSideCache::append per cache and by one append_batch per side; the host wall time of the
+// step until the stream is idle (planning, launches and kernels), median of --runs steps.
 // Without a CUDA device it prints "no CUDA device" and exits 0.
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -24,6 +29,7 @@
 #include "core/spec.h"
 #include "core/tensor.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kivi_cache_device.cuh"
 #include "kernels/cuda/kivi_kernels.cuh"
 #include "kivi/layout.h"
 
@@ -119,6 +125,7 @@ int run(int argc, char** argv) {
   int runs = 21;
   int64_t tokens = 32768, heads = 8, dim = 128;
   int group = 32;
+  int requests = 64;
   app.add_option("--json", json_path, "write the results as JSON to this path");
   app.add_option("--peak-gbps", peak_flag, "peak DRAM bandwidth in GB/s (default: from the device)")
       ->check(CLI::PositiveNumber);
@@ -127,6 +134,8 @@ int run(int argc, char** argv) {
   app.add_option("--heads", heads, "kv heads H")->check(CLI::PositiveNumber);
   app.add_option("--dim", dim, "head_dim D")->check(CLI::PositiveNumber);
   app.add_option("--group", group, "group size G")->check(CLI::PositiveNumber);
+  app.add_option("--requests", requests, "requests in the serving-step comparison")
+      ->check(CLI::Range(1, 4096));
   CLI11_PARSE(app, argc, argv);
 
   int count = 0;
@@ -198,6 +207,66 @@ int run(int argc, char** argv) {
       results.push_back(r);
     }
 
+  // Serving step: per-request appends against one batched append per side, same caches.
+  std::vector<kvq::cuda::KiviSideCache> kc, vc;
+  const kvq::IntSpec kivi2 = [] {
+    kvq::IntSpec q;
+    q.bits = 2;
+    q.group = 32;
+    q.residual = 128;
+    q.key_axis = Axis::Channel;
+    q.value_axis = Axis::Token;
+    return q;
+  }();
+  const int64_t kPrefill = std::min<int64_t>(1000, tokens);  // x holds the prefill tokens
+  const int64_t row = heads * dim, steps = 2 * static_cast<int64_t>(runs) + 2;
+  DeviceArray<float> prefill(static_cast<size_t>(kPrefill * row));
+  KVQ_CUDA_CHECK(cudaMemcpy(prefill.ptr, x.ptr, static_cast<size_t>(kPrefill * row) * sizeof(float),
+                            cudaMemcpyDeviceToDevice));
+  for (int r = 0; r < requests; ++r) {
+    kc.emplace_back(kivi2, kvq::Role::Key, heads, dim);
+    vc.emplace_back(kivi2, kvq::Role::Value, heads, dim);
+    KVQ_CUDA_CHECK(kc.back().reserve(kPrefill + steps));
+    KVQ_CUDA_CHECK(vc.back().reserve(kPrefill + steps));
+    KVQ_CUDA_CHECK(kc.back().append(prefill.ptr, kPrefill));
+    KVQ_CUDA_CHECK(vc.back().append(prefill.ptr, kPrefill));
+  }
+  std::vector<kvq::cuda::KiviSideCache*> kp, vp;
+  for (int r = 0; r < requests; ++r) {
+    kp.push_back(&kc[static_cast<size_t>(r)]);
+    vp.push_back(&vc[static_cast<size_t>(r)]);
+  }
+  const std::vector<const float*> one_token(static_cast<size_t>(requests), x.ptr);
+  const std::vector<int64_t> ones(static_cast<size_t>(requests), 1);
+  const auto step_us = [&](bool batched) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (batched) {
+      KVQ_CUDA_CHECK(kvq::cuda::KiviSideCache::append_batch(kp, one_token, ones));
+      KVQ_CUDA_CHECK(kvq::cuda::KiviSideCache::append_batch(vp, one_token, ones));
+    } else {
+      for (int r = 0; r < requests; ++r) {
+        KVQ_CUDA_CHECK(kc[static_cast<size_t>(r)].append(x.ptr, 1));
+        KVQ_CUDA_CHECK(vc[static_cast<size_t>(r)].append(x.ptr, 1));
+      }
+    }
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+        .count();
+  };
+  std::vector<double> each_us, batch_us;
+  (void)step_us(false);  // warm-up
+  (void)step_us(true);
+  for (int r = 0; r < runs; ++r) {  // interleaved
+    each_us.push_back(step_us(false));
+    batch_us.push_back(step_us(true));
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size();
+    return m % 2 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+  };
+  const double each_med = median(each_us), batch_med = median(batch_us);
+
   std::printf("%s, peak %.0f GB/s (%s), L2 %zu MiB flushed with %zu MiB, median of %d runs\n",
               dev.name.c_str(), dev.peak_gbps, dev.peak_source.c_str(), dev.l2_bytes >> 20,
               flush_bytes >> 20, runs);
@@ -209,8 +278,17 @@ int run(int argc, char** argv) {
     std::printf("%-22s %12.2f %10.4f %9.1f %8.1f %8.2f\n", r.name.c_str(), r.bytes / 1e6,
                 r.median_ms, r.gbps, r.pct_peak, r.vs_copy);
 
+  std::printf("serving step, %d requests x 1 token, kivi2 K and V (prefill %lld): per-request "
+              "appends %.1f us, append_batch %.1f us (%.2fx)\n",
+              requests, static_cast<long long>(kPrefill), each_med, batch_med,
+              each_med / batch_med);
+
   if (!json_path.empty()) {
     nlohmann::json j;
+    j["serving_step"] = {{"requests", requests},
+                         {"prefill", kPrefill},
+                         {"per_request_us", each_med},
+                         {"append_batch_us", batch_med}};
     j["bench"] = "bench_kivi_cuda";
     j["device"] = dev.name;
     j["peak_gbps"] = dev.peak_gbps;

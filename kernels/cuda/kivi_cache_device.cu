@@ -1,5 +1,9 @@
 // The device KIVI cache: kivi/cache.cpp's append, line for line, with kvq::cuda::kivi_quantize
 // (kernels/cuda/kivi_kernels.cu) in place of the CPU quantizers and device copies for the residual.
+// Appends are planned on the host (the counts move as the CPU cache's do) into a few lists of
+// jobs, launched together for every request of a batch (KiviSideCache::append_batch). Host code
+// only (the kernels are kivi_kernels.cu's), so tests/kernels/cuda runs it on the CPU against a
+// host stand-in of the runtime calls and launchers.
 #include "kernels/cuda/kivi_cache_device.cuh"
 
 #include <algorithm>
@@ -29,6 +33,16 @@ int checked_group(const IntSpec& spec, Role role, int64_t heads, int64_t head_di
 }
 
 }  // namespace
+
+/// A batched append's work in launch order: copies[0] (residual top-ups of per-channel blocks),
+/// then `quantize` (every block or token leaving a window, all caches), then copies[1] (a
+/// per-token window's live rows moved to the front of its buffer), then copies[2] (new residual
+/// rows). Each launch only reads what earlier launches wrote, and no two jobs of one launch
+/// touch the same bytes.
+struct KiviSideCache::Steps {
+  std::vector<FloatCopy> copies[3];
+  std::vector<KiviQuantizeJob> quantize;
+};
 
 KiviSideCache::KiviSideCache(const IntSpec& spec, Role role, int64_t heads, int64_t head_dim,
                              cudaStream_t stream)
@@ -165,9 +179,60 @@ cudaError_t KiviSideCache::reserve(int64_t tokens) {
 }
 
 cudaError_t KiviSideCache::append(const float* x, int64_t n) {
-  if (n < 0) bad_call("append of n=" + std::to_string(n) + " tokens (must be >= 0)");
-  if (n == 0) return cudaSuccess;
-  if (x == nullptr) bad_call("append of n=" + std::to_string(n) + " tokens from a null pointer");
+  KiviSideCache* self = this;
+  return append_batch(std::span<KiviSideCache* const>(&self, 1),
+                      std::span<const float* const>(&x, 1), std::span<const int64_t>(&n, 1));
+}
+
+cudaError_t KiviSideCache::append_batch(std::span<KiviSideCache* const> caches,
+                                        std::span<const float* const> x,
+                                        std::span<const int64_t> n) {
+  if (x.size() != caches.size() || n.size() != caches.size())
+    bad_call("append_batch of " + std::to_string(caches.size()) + " caches with " +
+             std::to_string(x.size()) + " inputs and " + std::to_string(n.size()) +
+             " token counts (one of each per cache)");
+  const bool batch = caches.size() > 1;
+  for (size_t i = 0; i < caches.size(); ++i) {
+    const std::string at = batch ? "request " + std::to_string(i) + ": " : "";
+    const KiviSideCache* c = caches[i];
+    if (c == nullptr) bad_call(at + "the cache is null");
+    if (n[i] < 0) bad_call(at + "append of n=" + std::to_string(n[i]) + " tokens (must be >= 0)");
+    if (n[i] > 0 && x[i] == nullptr)
+      bad_call(at + "append of n=" + std::to_string(n[i]) + " tokens from a null pointer");
+    const KiviSideCache* c0 = caches[0];
+    if (c->spec_.bits != c0->spec_.bits || c->spec_.sym != c0->spec_.sym ||
+        c->group_ != c0->group_ || c->spec_.residual != c0->spec_.residual ||
+        c->axis_ != c0->axis_ || c->heads_ != c0->heads_ || c->dim_ != c0->dim_)
+      bad_call(
+          at + "its spec or shape differs from request 0's (" + std::to_string(c->heads_) +
+          " heads x " + std::to_string(c->dim_) + ", " + std::to_string(c->spec_.bits) +
+          " bits, g=" + std::to_string(c->group_) + ", r=" + std::to_string(c->spec_.residual) +
+          " against " + std::to_string(c0->heads_) + " x " + std::to_string(c0->dim_) + ", " +
+          std::to_string(c0->spec_.bits) + " bits, g=" + std::to_string(c0->group_) +
+          ", r=" + std::to_string(c0->spec_.residual) + "); batch caches of one configuration");
+    if (c->stream_ != c0->stream_) bad_call(at + "its stream differs from request 0's");
+    for (size_t k = 0; k < i; ++k)
+      if (caches[k] == c)
+        bad_call(at + "the same cache as request " + std::to_string(k) +
+                 " (append its tokens in one request)");
+  }
+  if (caches.empty()) return cudaSuccess;
+  // Grow first: every pointer a planned job holds stays valid until the launches have run.
+  for (size_t i = 0; i < caches.size(); ++i)
+    if (n[i] > 0) KVQ_CUDA_CALL(caches[i]->reserve(caches[i]->tokens_ + n[i]));
+  Steps steps;
+  for (size_t i = 0; i < caches.size(); ++i)
+    if (n[i] > 0) caches[i]->plan_append(x[i], n[i], steps);
+  const KiviSideCache& c0 = *caches[0];
+  const cudaStream_t stream = c0.stream_;
+  KVQ_CUDA_CALL(copy_floats_batch(steps.copies[0], stream));
+  KVQ_CUDA_CALL(kivi_quantize_batch(c0.axis_, c0.spec_.bits, c0.spec_.sym, c0.group_, c0.heads_,
+                                    c0.dim_, steps.quantize, stream));
+  KVQ_CUDA_CALL(copy_floats_batch(steps.copies[1], stream));
+  return copy_floats_batch(steps.copies[2], stream);
+}
+
+void KiviSideCache::plan_append(const float* x, int64_t n, Steps& steps) {
   const int64_t total = tokens_ + n;
   const int64_t target = kvq::quantized_tokens(spec_, axis_, total);
   if (axis_ == Axis::Channel) {
@@ -178,65 +243,63 @@ cudaError_t KiviSideCache::append(const float* x, int64_t n) {
       if (resid_count_ > 0) {
         const int64_t block = spec_.residual > 0 ? spec_.residual : group_;
         used = block - resid_count_;
-        KVQ_CUDA_CALL(push_residual(x, used));
-        KVQ_CUDA_CALL(quantize(residual_row(0), resid_count_));
+        plan_push(x, used, steps, 0);
+        plan_quantize(residual_row(0), resid_count_, steps);
         drop_residual(resid_count_);
       }
-      KVQ_CUDA_CALL(quantize(x + used * row_, target - quantized_));
+      plan_quantize(x + used * row_, target - quantized_, steps);
       used = n - (total - target);
     }
-    KVQ_CUDA_CALL(push_residual(x + used * row_, n - used));
+    plan_push(x + used * row_, n - used, steps, 2);
   } else {
     // Token i (global index) is residual row i - quantized_ while i < tokens_, else x row
     // i - tokens_. Quantize [quantized_, target), then slide the window.
     const int64_t from_resid =
         std::min(std::max<int64_t>(target - quantized_, 0), resid_count_);
-    KVQ_CUDA_CALL(quantize(residual_row(0), from_resid));
+    plan_quantize(residual_row(0), from_resid, steps);
     drop_residual(from_resid);
     const int64_t from_x = target - quantized_;  // tokens of x quantized directly
-    if (from_x > 0) KVQ_CUDA_CALL(quantize(x, from_x));
+    if (from_x > 0) plan_quantize(x, from_x, steps);
     const int64_t skip = std::max<int64_t>(from_x, 0);
-    KVQ_CUDA_CALL(push_residual(x + skip * row_, n - skip));
+    plan_push(x + skip * row_, n - skip, steps, 2);
   }
   tokens_ = total;
   if (quantized_ != target || resid_count_ != total - target)
     bad_call("internal error: " + std::to_string(quantized_) + " quantized + " +
              std::to_string(resid_count_) + " residual tokens after an append, expected " +
              std::to_string(target));
-  return cudaSuccess;
 }
 
-// Quantizes `count` tokens src[count, H, D] (per-channel: a multiple of G) after those stored.
-cudaError_t KiviSideCache::quantize(const float* src, int64_t count) {
-  if (count <= 0) return cudaSuccess;
-  KVQ_CUDA_CALL(grow_quantized(quantized_ + count));
+// Queues the quantization of `count` tokens src[count, H, D] (per-channel: a multiple of G)
+// after those stored; the storage was reserved.
+void KiviSideCache::plan_quantize(const float* src, int64_t count, Steps& steps) {
+  if (count <= 0) return;
   const int64_t w0 = word_count(), p0 = param_count();
-  KVQ_CUDA_CALL(kivi_quantize(axis_, spec_.bits, spec_.sym, group_, Shape3{count, heads_, dim_},
-                              src, words_.ptr + w0, scales_.ptr + p0,
-                              spec_.sym ? nullptr : mins_.ptr + p0, stream_));
   quantized_ += count;
-  return cudaSuccess;
+  if (word_count() > words_.capacity || param_count() > scales_.capacity ||
+      (!spec_.sym && param_count() > mins_.capacity))
+    bad_call("internal error: a batched append outgrew the reserved codes");
+  steps.quantize.push_back(KiviQuantizeJob{src, count, words_.ptr + w0, scales_.ptr + p0,
+                                           spec_.sym ? nullptr : mins_.ptr + p0});
 }
 
-cudaError_t KiviSideCache::push_residual(const float* src, int64_t count) {
-  if (count <= 0) return cudaSuccess;
+// Queues a copy of `count` rows from src to the end of the residual window, into copies[into]
+// (0: before the quantize launch, 2: after it). A dead prefix of the window that has outgrown the
+// live rows is reclaimed first, by a move queued in copies[1] (so only after the quantize launch
+// has read those rows).
+void KiviSideCache::plan_push(const float* src, int64_t count, Steps& steps, int into) {
+  if (count <= 0) return;
   if (resid_start_ > 0 && resid_start_ >= resid_count_) {  // reclaim the dead prefix
+    if (into != 2) bad_call("internal error: a residual move before the quantize launch");
     if (resid_count_ > 0)  // source and destination do not overlap: start >= count
-      KVQ_CUDA_CALL(cudaMemcpyAsync(resid_.ptr, residual_row(0),
-                                    sizeof(float) * static_cast<size_t>(resid_count_ * row_),
-                                    cudaMemcpyDeviceToDevice, stream_));
+      steps.copies[1].push_back(FloatCopy{residual_row(0), resid_.ptr, resid_count_ * row_});
     resid_start_ = 0;
   }
-  const int64_t need = (resid_start_ + resid_count_ + count) * row_;
-  if (need > resid_.capacity) {  // reallocate, moving the live rows to the front
-    KVQ_CUDA_CALL(grow(resid_, need, resid_start_ * row_, resid_count_ * row_));
-    resid_start_ = 0;
-  }
-  KVQ_CUDA_CALL(cudaMemcpyAsync(resid_.ptr + (resid_start_ + resid_count_) * row_, src,
-                                sizeof(float) * static_cast<size_t>(count * row_),
-                                cudaMemcpyDeviceToDevice, stream_));
+  if ((resid_start_ + resid_count_ + count) * row_ > resid_.capacity)
+    bad_call("internal error: a batched append outgrew the reserved residual window");
+  steps.copies[into].push_back(
+      FloatCopy{src, resid_.ptr + (resid_start_ + resid_count_) * row_, count * row_});
   resid_count_ += count;
-  return cudaSuccess;
 }
 
 void KiviSideCache::drop_residual(int64_t count) {

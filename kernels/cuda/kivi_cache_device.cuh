@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/spec.h"
@@ -52,6 +53,17 @@ class KiviSideCache {
   /// \brief Appends n >= 0 tokens x[n, heads, head_dim] (float32, C order, device memory) and
   /// quantizes those that leave the residual window. Throws kvq::Error on n < 0 or a null x.
   [[nodiscard]] cudaError_t append(const float* x, int64_t n);
+  /// \brief Appends n[i] >= 0 tokens x[i][n[i], heads, head_dim] to *caches[i] for every i (a
+  /// serving step: one token per request, or a prefill among decodes), with the same bytes as
+  /// caches[i]->append(x[i], n[i]) in turn but at most four launches for the whole batch (one per
+  /// kKiviJobsPerLaunch requests): residual top-ups, every quantize, window moves, residual pushes.
+  /// The caches must be distinct and share spec, role, heads, head_dim and stream; their storage
+  /// grows first (reserve), so device pointers of a cache change only where it had to grow.
+  /// Throws kvq::Error, naming the request, on mismatched spans or caches, n < 0 or a null x,
+  /// before anything is queued. append() is this with one request.
+  [[nodiscard]] static cudaError_t append_batch(std::span<KiviSideCache* const> caches,
+                                                std::span<const float* const> x,
+                                                std::span<const int64_t> n);
 
   int64_t tokens() const { return tokens_; }
   /// \brief Tokens held quantized (kvq::quantized_tokens of tokens()).
@@ -107,9 +119,13 @@ class KiviSideCache {
   cudaError_t grow(Buffer<T>& b, int64_t need, int64_t keep_from, int64_t keep);
   template <typename T>
   static void release(Buffer<T>& b);
+  struct Steps;  // the batched append's queued work (kivi_cache_device.cu)
   cudaError_t grow_quantized(int64_t quantized_tokens);
-  cudaError_t quantize(const float* src, int64_t count);
-  cudaError_t push_residual(const float* src, int64_t count);
+  /// Plans this cache's part of a batched append (storage already reserved) into `steps`,
+  /// updating the host-side counts as append() does.
+  void plan_append(const float* x, int64_t n, Steps& steps);
+  void plan_quantize(const float* src, int64_t count, Steps& steps);
+  void plan_push(const float* src, int64_t count, Steps& steps, int top_up);
   void drop_residual(int64_t count);
   const float* residual_row(int64_t i) const { return resid_.ptr + (resid_start_ + i) * row_; }
 

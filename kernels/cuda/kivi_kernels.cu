@@ -30,6 +30,15 @@ constexpr int kWarps = kBlock / 32;      // per-token: 32 / span channel groups 
 constexpr int64_t kMaxBlocks = 1 << 16;  // grid-stride loops cover the rest
 constexpr unsigned kFullMask = 0xffffffffu;
 
+/// The jobs of one launch (kernel parameters, read in place: grid y indexes them). vec_mask bit j:
+/// job j's per-token runs may be loaded as float4 (see quantize_token_kernel).
+struct JobTable {
+  KiviQuantizeJob job[kKiviJobsPerLaunch];
+  uint64_t vec_mask = 0;
+};
+static_assert(kKiviJobsPerLaunch <= 64, "vec_mask has a bit per job");
+static_assert(sizeof(JobTable) <= 4096, "kernel parameters of any CUDA 12 version");
+
 int grid_for(int64_t work, int64_t per_block) {
   return static_cast<int>(std::clamp<int64_t>((work + per_block - 1) / per_block, 1, kMaxBlocks));
 }
@@ -43,8 +52,12 @@ int grid_for(int64_t work, int64_t per_block) {
 /// the loads coalesced (a warp reads 32 neighbouring columns of one token row per step).
 template <int B>
 __global__ void __launch_bounds__(kBlock)
-    quantize_channel_kernel(const float* x, ChannelLayout lay, int64_t groups, bool sym,
-                            uint32_t* words, uint16_t* scales, uint16_t* mins) {
+    quantize_channel_kernel(const __grid_constant__ JobTable t, ChannelLayout lay, bool sym) {
+  const KiviQuantizeJob job = t.job[blockIdx.y];
+  const float* x = job.x;
+  uint32_t* words = job.words;
+  uint16_t *scales = job.scales, *mins = job.mins;
+  const int64_t groups = job.tokens / lay.group;
   const int64_t cols = lay.heads * lay.dim, n = groups * cols, wpg = lay.words_per_group();
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; j < n;
        j += static_cast<int64_t>(gridDim.x) * kBlock) {
@@ -102,8 +115,14 @@ __device__ __forceinline__ void load_run(const float* p, int n, bool vec, float 
 /// Neighbouring lanes read neighbouring runs of the row (coalesced) and write neighbouring words.
 template <int B>
 __global__ void __launch_bounds__(kBlock)
-    quantize_token_kernel(const float* x, int64_t rows, TokenLayout lay, TokenSplit split,
-                          bool vec, bool sym, uint32_t* words, uint16_t* scales, uint16_t* mins) {
+    quantize_token_kernel(const __grid_constant__ JobTable t, int64_t heads, TokenLayout lay,
+                          TokenSplit split, bool sym) {
+  const KiviQuantizeJob job = t.job[blockIdx.y];
+  const float* x = job.x;
+  uint32_t* words = job.words;
+  uint16_t *scales = job.scales, *mins = job.mins;
+  const int64_t rows = job.tokens * heads;
+  const bool vec = (t.vec_mask >> blockIdx.y) & 1u;
   constexpr int kCpw = kivi::codes_per_word(B);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int span = split.span, per_warp = 32 / span, K = split.words_per_lane;
@@ -156,6 +175,33 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
+// ---- batched copies (the residual rows of KiviSideCache::append_batch) --------------------------
+
+constexpr int64_t kMaxCopyBlocks = 1024;  // per copy; grid-stride loops cover the rest
+
+struct CopyTable {
+  FloatCopy copy[kCopiesPerLaunch];
+};
+static_assert(sizeof(CopyTable) <= 4096, "kernel parameters of any CUDA 12 version");
+
+/// Grid y is the copy; its floats move by a grid-stride loop, 16 bytes a thread where both ends
+/// are 16-byte aligned (rows of H * D floats: whenever the request's x is and H * D % 4 == 0).
+__global__ void __launch_bounds__(kBlock) copy_kernel(const __grid_constant__ CopyTable t) {
+  const FloatCopy& c = t.copy[blockIdx.y];
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kBlock;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  int64_t done = 0;
+  if (reinterpret_cast<uintptr_t>(c.src) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(c.dst) % 16 == 0) {
+    const int64_t n4 = c.count / 4;
+    const float4* src = reinterpret_cast<const float4*>(c.src);
+    float4* dst = reinterpret_cast<float4*>(c.dst);
+    for (int64_t i = first; i < n4; i += stride) dst[i] = src[i];
+    done = n4 * 4;
+  }
+  for (int64_t i = done + first; i < c.count; i += stride) c.dst[i] = c.src[i];
+}
+
 // ---- configuration checks and dispatch --------------------------------------------------------
 
 [[noreturn]] void bad_config(const std::string& what) {
@@ -189,59 +235,108 @@ void check_ptr(const void* p, const char* name, int64_t count) {
 cudaError_t kivi_quantize(Axis axis, int bits, bool sym, int group, Shape3 shape, const float* x,
                           uint32_t* words, uint16_t* scales, uint16_t* mins,
                           cudaStream_t stream) {
-  if (bits != 2 && bits != 3 && bits != 4 && bits != 8)
-    bad_config("kivi: " + std::to_string(bits) + " bits not supported (allowed: 2, 3, 4, 8)");
-  if (group < 1) bad_config("group g=" + std::to_string(group) + " must be >= 1");
   if (shape.tokens < 0 || shape.heads < 0 || shape.dim < 0)
     bad_config("shape [T=" + std::to_string(shape.tokens) + ", H=" + std::to_string(shape.heads) +
                ", D=" + std::to_string(shape.dim) + "] has a negative size");
-  int64_t word_count = 0, param_count = 0;
-  if (axis == Axis::Channel) {
-    if (shape.tokens % group != 0)
-      bad_config("per-channel: T=" + std::to_string(shape.tokens) +
-                 " tokens is not a multiple of g=" + std::to_string(group));
-    const ChannelLayout lay{shape.heads, shape.dim, group, bits};
-    word_count = lay.words_for_tokens(shape.tokens);
-    param_count = lay.params_for_tokens(shape.tokens);
-  } else if (axis == Axis::Token) {
-    if (group > shape.dim)
-      bad_config("per-token: group g=" + std::to_string(group) + " is larger than head_dim " +
-                 std::to_string(shape.dim));
-    const TokenLayout lay{shape.heads, shape.dim, group, bits};
-    word_count = lay.words_for_tokens(shape.tokens);
-    param_count = lay.params_for_tokens(shape.tokens);
-  } else {
+  const KiviQuantizeJob job{x, shape.tokens, words, scales, mins};
+  return kivi_quantize_batch(axis, bits, sym, group, shape.heads, shape.dim,
+                             std::span<const KiviQuantizeJob>(&job, 1), stream);
+}
+
+cudaError_t kivi_quantize_batch(Axis axis, int bits, bool sym, int group, int64_t heads,
+                                int64_t dim, std::span<const KiviQuantizeJob> jobs,
+                                cudaStream_t stream) {
+  if (bits != 2 && bits != 3 && bits != 4 && bits != 8)
+    bad_config("kivi: " + std::to_string(bits) + " bits not supported (allowed: 2, 3, 4, 8)");
+  if (group < 1) bad_config("group g=" + std::to_string(group) + " must be >= 1");
+  if (heads < 0 || dim < 0)
+    bad_config("heads " + std::to_string(heads) + " or head_dim " + std::to_string(dim) +
+               " is negative");
+  if (axis == Axis::Token && group > dim)
+    bad_config("per-token: group g=" + std::to_string(group) + " is larger than head_dim " +
+               std::to_string(dim));
+  if (axis != Axis::Channel && axis != Axis::Token)
     bad_config("unknown Axis value " + std::to_string(static_cast<int>(axis)));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const KiviQuantizeJob& j = jobs[i];
+    const std::string at = jobs.size() > 1 ? "job " + std::to_string(i) + ": " : "";
+    if (j.tokens < 0) bad_config(at + "T=" + std::to_string(j.tokens) + " tokens is negative");
+    int64_t word_count = 0, param_count = 0;
+    if (axis == Axis::Channel) {
+      if (j.tokens % group != 0)
+        bad_config(at + "per-channel: T=" + std::to_string(j.tokens) +
+                   " tokens is not a multiple of g=" + std::to_string(group));
+      const ChannelLayout lay{heads, dim, group, bits};
+      word_count = lay.words_for_tokens(j.tokens);
+      param_count = lay.params_for_tokens(j.tokens);
+    } else {
+      const TokenLayout lay{heads, dim, group, bits};
+      word_count = lay.words_for_tokens(j.tokens);
+      param_count = lay.params_for_tokens(j.tokens);
+    }
+    check_ptr(j.x, (at + "x").c_str(), j.tokens * heads * dim);
+    check_ptr(j.words, (at + "words").c_str(), word_count);
+    check_ptr(j.scales, (at + "scales").c_str(), param_count);
+    if (!sym) check_ptr(j.mins, (at + "mins").c_str(), param_count);
   }
-  check_ptr(x, "x", shape.numel());
-  check_ptr(words, "words", word_count);
-  check_ptr(scales, "scales", param_count);
-  if (!sym) check_ptr(mins, "mins", param_count);
-  if (param_count == 0) return cudaSuccess;
 
   return with_bits(bits, [&](auto bc) -> cudaError_t {
     constexpr int B = decltype(bc)::value;
-    if (axis == Axis::Channel) {
-      const int64_t groups = shape.tokens / group;
-      quantize_channel_kernel<B>
-          <<<grid_for(groups * shape.heads * shape.dim, kBlock), kBlock, 0, stream>>>(
-              x, ChannelLayout{shape.heads, shape.dim, group, B}, groups, sym, words, scales,
-              mins);
-    } else {
-      const int64_t rows = shape.tokens * shape.heads;
-      const TokenLayout lay{1, shape.dim, group, B};
-      const TokenSplit split = TokenSplit::of(group, B);
-      // float4 loads need every word's run 16-byte aligned: x aligned, D and G multiples of 4.
-      const bool vec = kivi::codes_per_word(B) % 4 == 0 &&
-                       reinterpret_cast<uintptr_t>(x) % 16 == 0 && shape.dim % 4 == 0 &&
-                       group % 4 == 0;
-      const int64_t groups = rows * lay.channel_groups();
-      quantize_token_kernel<B>
-          <<<grid_for(groups, static_cast<int64_t>(kWarps) * (32 / split.span)), kBlock, 0,
-              stream>>>(x, rows, lay, split, vec, sym, words, scales, mins);
+    const TokenLayout row_lay{1, dim, group, B};
+    const TokenSplit split = TokenSplit::of(group, B);
+    const int64_t per_block =
+        axis == Axis::Channel ? int64_t{kBlock} : static_cast<int64_t>(kWarps) * (32 / split.span);
+    for (size_t first = 0; first < jobs.size(); first += kKiviJobsPerLaunch) {
+      JobTable t;
+      int n = 0;
+      int64_t most = 0;  // the largest job's work items (threads or channel groups)
+      for (size_t i = first; i < std::min(jobs.size(), first + kKiviJobsPerLaunch); ++i) {
+        const KiviQuantizeJob& j = jobs[i];
+        if (j.tokens == 0 || heads == 0 || dim == 0) continue;  // nothing to store
+        const int64_t work = axis == Axis::Channel ? j.tokens / group * heads * dim
+                                                   : j.tokens * heads * row_lay.channel_groups();
+        most = std::max(most, work);
+        // float4 loads need every word's run 16-byte aligned: x aligned, D and G multiples of 4.
+        const bool vec = kivi::codes_per_word(B) % 4 == 0 &&
+                         reinterpret_cast<uintptr_t>(j.x) % 16 == 0 && dim % 4 == 0 &&
+                         group % 4 == 0;
+        if (vec) t.vec_mask |= uint64_t{1} << n;
+        t.job[n++] = j;
+      }
+      if (n == 0) continue;
+      const dim3 grid(static_cast<unsigned>(grid_for(most, per_block)), static_cast<unsigned>(n));
+      if (axis == Axis::Channel)
+        quantize_channel_kernel<B>
+            <<<grid, kBlock, 0, stream>>>(t, ChannelLayout{heads, dim, group, B}, sym);
+      else
+        quantize_token_kernel<B><<<grid, kBlock, 0, stream>>>(t, heads, row_lay, split, sym);
+      KVQ_CUDA_CALL(cudaGetLastError());
     }
-    return cudaGetLastError();
+    return cudaSuccess;
   });
+}
+
+cudaError_t copy_floats_batch(std::span<const FloatCopy> copies, cudaStream_t stream) {
+  for (size_t i = 0; i < copies.size(); ++i)
+    if (copies[i].count < 0 || (copies[i].count > 0 && (!copies[i].src || !copies[i].dst)))
+      bad_config("copy " + std::to_string(i) + " of " + std::to_string(copies[i].count) +
+                 " floats has a negative count or a null pointer");
+  for (size_t first = 0; first < copies.size(); first += kCopiesPerLaunch) {
+    CopyTable t;
+    int n = 0;
+    int64_t most = 0;
+    for (size_t i = first; i < std::min(copies.size(), first + kCopiesPerLaunch); ++i) {
+      if (copies[i].count == 0) continue;
+      t.copy[n++] = copies[i];
+      most = std::max(most, copies[i].count);
+    }
+    if (n == 0) continue;
+    const int64_t blocks = std::clamp<int64_t>((most / 4 + kBlock - 1) / kBlock, 1, kMaxCopyBlocks);
+    copy_kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(n)), kBlock, 0,
+                  stream>>>(t);
+    KVQ_CUDA_CALL(cudaGetLastError());
+  }
+  return cudaSuccess;
 }
 
 }  // namespace kvq::cuda

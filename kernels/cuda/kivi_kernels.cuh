@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 
 #include "core/spec.h"
 #include "core/tensor.h"
@@ -38,5 +39,42 @@ namespace kvq::cuda {
 cudaError_t kivi_quantize(Axis axis, int bits, bool sym, int group, Shape3 shape, const float* x,
                           uint32_t* words, uint16_t* scales, uint16_t* mins,
                           cudaStream_t stream = nullptr);
+
+/// \brief One tensor of a batched quantize: `x` [tokens, heads, dim] (device) and where its codes
+/// and parameters go, offset as kivi_quantize's outputs are (`mins` unused when sym).
+struct KiviQuantizeJob {
+  const float* x = nullptr;
+  int64_t tokens = 0;
+  uint32_t* words = nullptr;
+  uint16_t* scales = nullptr;
+  uint16_t* mins = nullptr;
+};
+
+/// \brief Jobs that one launch of kivi_quantize_batch takes; more are launched in chunks.
+inline constexpr int kKiviJobsPerLaunch = 64;
+
+/// \brief kivi_quantize of every job (all of [job.tokens, heads, dim] with the same axis, bits,
+/// sym and group) in one launch per kKiviJobsPerLaunch jobs: grid y is the job, grid x covers the
+/// largest job's work (blocks past a smaller job's end do nothing). Each job is checked as
+/// kivi_quantize checks its arguments, before anything is launched; jobs must not write to the
+/// same words or parameters. kivi_quantize is this with one job.
+cudaError_t kivi_quantize_batch(Axis axis, int bits, bool sym, int group, int64_t heads,
+                                int64_t dim, std::span<const KiviQuantizeJob> jobs,
+                                cudaStream_t stream = nullptr);
+
+/// \brief One copy of `count` floats from src to dst (device memory; the two do not overlap).
+struct FloatCopy {
+  const float* src = nullptr;
+  float* dst = nullptr;
+  int64_t count = 0;
+};
+
+/// \brief Copies per launch of copy_floats_batch; more are launched in chunks.
+inline constexpr int kCopiesPerLaunch = 128;
+
+/// \brief Every copy of `copies` (no two touching the same bytes) in one launch per
+/// kCopiesPerLaunch copies: grid y is the copy, 16-byte loads where both ends are aligned. The
+/// residual rows of a batched KiviSideCache append go this way, many requests' in one launch.
+cudaError_t copy_floats_batch(std::span<const FloatCopy> copies, cudaStream_t stream = nullptr);
 
 }  // namespace kvq::cuda

@@ -400,9 +400,12 @@ class DecodeAttentionDeviceCache : public ::testing::TestWithParam<StreamCase> {
 /// append right after request b - 1's, as a serving loop appends), then one launch over all of
 /// them; each sequence is compared with the CPU reference over kivi::SideCache caches of the same
 /// tensors (make_side: one append). Appends of any partition store the same bytes
-/// (cuda_kivi_kernel_test checks that); the kernels read them through int_side_view.
+/// (cuda_kivi_kernel_test checks that); the kernels read them through int_side_view. `batched`:
+/// each round is one KiviSideCache::append_batch over every request (K, then V; requests whose
+/// appends are done append 0 tokens), as a serving step appends.
 void run_device_caches(const std::string& spec_text,
-                       const std::vector<std::vector<int64_t>>& appends, DecodeKernel kernel) {
+                       const std::vector<std::vector<int64_t>>& appends, DecodeKernel kernel,
+                       bool batched = false) {
   const SchemeSpec spec = parse_spec(spec_text);
   constexpr int64_t kHeads = 4;
   constexpr int kGqa = 4, kDim = 128;
@@ -437,14 +440,30 @@ void run_device_caches(const std::string& spec_text,
   }
   size_t rounds = 0;
   for (const auto& a : appends) rounds = std::max(rounds, a.size());
-  for (size_t r = 0; r < rounds; ++r)
+  for (size_t r = 0; r < rounds; ++r) {
+    std::vector<KiviSideCache*> kp, vp;
+    std::vector<const float*> kx, vx;
+    std::vector<int64_t> ns;
     for (size_t b = 0; b < appends.size(); ++b) {
-      if (r >= appends[b].size()) continue;
-      const int64_t n = appends[b][r], at = filled[b] * kHeads * kDim;
-      KVQ_CUDA_CHECK(kc[b].append(dk[b] + at, n));
-      KVQ_CUDA_CHECK(vc[b].append(dv[b] + at, n));
+      const int64_t n = r < appends[b].size() ? appends[b][r] : 0,
+                    at = filled[b] * kHeads * kDim;
       filled[b] += n;
+      if (batched) {
+        kp.push_back(&kc[b]);
+        vp.push_back(&vc[b]);
+        kx.push_back(dk[b] + at);
+        vx.push_back(dv[b] + at);
+        ns.push_back(n);
+      } else if (r < appends[b].size()) {
+        KVQ_CUDA_CHECK(kc[b].append(dk[b] + at, n));
+        KVQ_CUDA_CHECK(vc[b].append(dv[b] + at, n));
+      }
     }
+    if (batched) {
+      KVQ_CUDA_CHECK(KiviSideCache::append_batch(kp, kx, ns));
+      KVQ_CUDA_CHECK(KiviSideCache::append_batch(vp, vx, ns));
+    }
+  }
   std::vector<IntSideView> kv, vv;
   for (int b = 0; b < batch; ++b) {
     kv.push_back(int_side_view(kc[static_cast<size_t>(b)]));
@@ -475,11 +494,9 @@ TEST_P(DecodeAttentionDeviceCache, AppendedInChunksMatchesCpuReference) {
   run_device_caches(spec, {{1, 37, 500, 462}}, kernel);
 }
 
-// Expected: the CPU reference per sequence (run_device_caches). Five requests as a serving loop
-// builds them: a prefill append each (200, 37, 64, 1 and 1 tokens), then one token per request
-// per step, round-robin, until each has its length (264, 37, 300, 1, 129); one launch reads all.
-TEST_P(DecodeAttentionDeviceCache, ManyRequestsDecodedRoundRobinMatchCpuReference) {
-  const auto& [spec, kernel] = GetParam();
+/// Five requests' appends as a serving loop makes them: a prefill each (200, 37, 64, 1 and 1
+/// tokens), then one token per step until each has its length (264, 37, 300, 1, 129).
+std::vector<std::vector<int64_t>> serving_appends() {
   std::vector<std::vector<int64_t>> appends;
   const std::pair<int64_t, int64_t> prefill_total[] = {
       {200, 264}, {37, 37}, {64, 300}, {1, 1}, {1, 129}};
@@ -488,7 +505,21 @@ TEST_P(DecodeAttentionDeviceCache, ManyRequestsDecodedRoundRobinMatchCpuReferenc
     a.resize(static_cast<size_t>(total - prefill + 1), 1);
     appends.push_back(a);
   }
-  run_device_caches(spec, appends, kernel);
+  return appends;
+}
+
+// Expected: the CPU reference per sequence (run_device_caches). Five requests as a serving loop
+// builds them (serving_appends), each append its own call, round-robin; one launch reads all.
+TEST_P(DecodeAttentionDeviceCache, ManyRequestsDecodedRoundRobinMatchCpuReference) {
+  const auto& [spec, kernel] = GetParam();
+  run_device_caches(spec, serving_appends(), kernel);
+}
+
+// Expected: as above (the same requests and appends), with each step's appends of all five
+// requests made by one KiviSideCache::append_batch per side.
+TEST_P(DecodeAttentionDeviceCache, ManyRequestsBatchedAppendsMatchCpuReference) {
+  const auto& [spec, kernel] = GetParam();
+  run_device_caches(spec, serving_appends(), kernel, true);
 }
 
 INSTANTIATE_TEST_SUITE_P(

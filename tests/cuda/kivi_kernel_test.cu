@@ -22,10 +22,12 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <ostream>
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -387,6 +389,82 @@ TEST(KiviCacheDeviceStream, ReserveKeepsPointers) {
   }
 }
 
+// ---- many requests' caches appended together (append_batch) ------------------------------------
+
+/// Requests of one configuration, each with its own tokens, appended round by round through
+/// KiviSideCache::append_batch. Request r's tokens: make_input(T_r, H, D, seed + r) with T_r
+/// spread over [0, c.T]; round 0 is a prefill of a different length per request (empty, one
+/// token, around R), then each request appends the next part of its own random partition (0
+/// once it is exhausted), so rounds mix decodes, chunks and idle requests.
+void run_batched_requests(const Case& c, int requests, uint32_t seed, const std::string& what) {
+  struct Request {
+    Request(const Case& c, Tensor3 input, std::vector<int64_t> split)
+        : x(std::move(input)),
+          parts(std::move(split)),
+          dx(x.data.size()),
+          ref(c.spec(), Role::Key, c.H, c.D),
+          dev(c.spec(), Role::Key, c.H, c.D) {
+      dx.upload(x.data);
+    }
+    Tensor3 x;
+    std::vector<int64_t> parts;
+    GuardedBuffer<float> dx;
+    kivi::SideCache ref;
+    KiviSideCache dev;
+    int64_t at = 0;
+  };
+  std::vector<std::unique_ptr<Request>> reqs;
+  const int64_t row = c.H * c.D;
+  const int64_t firsts[] = {0, 1, c.r() - 1, c.r(), c.r() + 1, c.g() + 3, 2 * c.r() + 5};
+  for (int r = 0; r < requests; ++r) {
+    const int64_t T = c.T * (r % 5 + 1) / 5;
+    Tensor3 x = make_input(std::max<int64_t>(T, 1), c.H, c.D, seed + static_cast<uint32_t>(r));
+    const int64_t first = std::clamp<int64_t>(firsts[r % 7], 0, T);
+    std::vector<int64_t> parts = {first};
+    for (int64_t p : random_partition(T - first, seed + 100 + static_cast<uint32_t>(r)))
+      parts.push_back(p);
+    reqs.push_back(std::make_unique<Request>(c, std::move(x), std::move(parts)));
+  }
+  size_t rounds = 0;
+  for (const auto& q : reqs) rounds = std::max(rounds, q->parts.size());
+  for (size_t k = 0; k < rounds; ++k) {
+    std::vector<KiviSideCache*> caches;
+    std::vector<const float*> xs;
+    std::vector<int64_t> ns;
+    for (const auto& q : reqs) {
+      const int64_t n = k < q->parts.size() ? q->parts[k] : 0;
+      q->ref.append(q->x.data.data() + q->at * row, n);
+      caches.push_back(&q->dev);
+      xs.push_back(q->dx.get() + q->at * row);
+      ns.push_back(n);
+      q->at += n;
+    }
+    KVQ_CUDA_CHECK(KiviSideCache::append_batch(caches, xs, ns));
+    if (k == 0 || k + 1 == rounds || k % 7 == 3)
+      for (size_t r = 0; r < reqs.size(); ++r)
+        expect_same_storage(reqs[r]->dev, reqs[r]->ref,
+                            what + "_request" + std::to_string(r) + "_round" + std::to_string(k),
+                            reqs[r]->x);
+  }
+  for (const auto& q : reqs) EXPECT_EQ(q->dx.damaged_guard_bytes(), 0u) << what;
+}
+
+// Expected: every request's cache holds what kivi::SideCache holds after the same appends,
+// after the prefill round, every few rounds and at the end; no input written to. 70 and 140
+// requests take the quantize (64 jobs) and copy (128 jobs) launches past one chunk.
+TEST(KiviCacheDeviceBatch, ManyRequestsMatchCpuCaches) {
+  KVQ_SKIP_WITHOUT_DEVICE();
+  for (const Case& c : {Case{2, Axis::Channel, false, 32, 4, 300, 8, 128},
+                        Case{4, Axis::Token, false, 32, 4, 300, 8, 128},
+                        Case{3, Axis::Channel, true, 16, 0, 100, 3, 72},
+                        Case{8, Axis::Token, true, kGroupDim, 1, 100, 3, 72},
+                        Case{2, Axis::Token, false, 32, 0, 90, 2, 64}})
+    run_batched_requests(c, 9, 31, c.name() + "_batch9");
+  run_batched_requests(Case{2, Axis::Token, false, 32, 1, 70, 1, 64}, 70, 47, "token_batch70");
+  run_batched_requests(Case{4, Axis::Channel, false, 32, 1, 70, 1, 64}, 140, 53,
+                       "channel_batch140");
+}
+
 // ---- the launcher alone, with sentinels around every output ------------------------------------
 
 class KiviQuantizeLauncher : public ::testing::TestWithParam<Case> {
@@ -534,6 +612,44 @@ TEST(KiviKernelConfig, BadConfigurationThrowsNamingTheValue) {
         (void)kivi_quantize(static_cast<Axis>(9), 2, false, 32, shape, &f, &w, &s, &s);
       },
       "unknown Axis value 9");
+}
+
+// Expected: append_batch checks every request before queuing anything and names the request.
+TEST(KiviKernelConfig, BatchedAppendNamesTheBadRequest) {
+  KiviSideCache a(spec_of(2, Axis::Token, 32, 0), Role::Key, 2, 64);
+  KiviSideCache b(spec_of(2, Axis::Token, 32, 0), Role::Key, 2, 64);
+  KiviSideCache other(spec_of(4, Axis::Token, 32, 0), Role::Key, 2, 64);
+  KiviSideCache wide(spec_of(2, Axis::Token, 32, 0), Role::Key, 3, 64);
+  float f = 0;
+  const float* xs[] = {&f, &f};
+  const int64_t ns[] = {1, 1};
+  const auto batch = [&](KiviSideCache* c0, KiviSideCache* c1, const float* x1, int64_t n1) {
+    KiviSideCache* cs[] = {c0, c1};
+    const float* x[] = {&f, x1};
+    const int64_t n[] = {1, n1};
+    (void)KiviSideCache::append_batch(cs, x, n);
+  };
+  expect_config_error(
+      [&] {
+        KiviSideCache* cs[] = {&a, &b};
+        (void)KiviSideCache::append_batch(cs, std::span<const float* const>(xs, 1), ns);
+      },
+      "2 caches with 1 inputs");
+  expect_config_error([&] { batch(&a, nullptr, &f, 1); }, "request 1: the cache is null");
+  expect_config_error([&] { batch(&a, &b, &f, -2); }, "request 1: append of n=-2");
+  expect_config_error([&] { batch(&a, &b, nullptr, 4); },
+                      "request 1: append of n=4 tokens from a null");
+  expect_config_error([&] { batch(&a, &other, &f, 1); }, "request 1: its spec or shape differs");
+  expect_config_error([&] { batch(&a, &wide, &f, 1); }, "3 heads x 64");
+  expect_config_error([&] { batch(&a, &a, &f, 1); }, "request 1: the same cache as request 0");
+  EXPECT_EQ(a.tokens(), 0);  // nothing was appended by the failed calls
+  EXPECT_EQ(b.tokens(), 0);
+  uint32_t w = 0;
+  uint16_t s = 0;
+  const KiviQuantizeJob jobs[] = {{&f, 32, &w, &s, &s}, {&f, 33, &w, &s, &s}};
+  expect_config_error(
+      [&] { (void)kivi_quantize_batch(Axis::Channel, 2, false, 32, 2, 64, jobs); },
+      "job 1: per-channel: T=33");
 }
 
 // The sweep list itself (host only): every bits x axis x sym x G x R is present.

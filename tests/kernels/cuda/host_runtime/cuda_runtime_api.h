@@ -1,0 +1,39 @@
+// A host stand-in for the few CUDA runtime calls kernels/cuda/kivi_cache_device.cu makes, so that
+// kivi_cache_plan_test.cpp can run the device cache's host code on a machine without CUDA:
+// "device" memory is host memory (filled with 0xA5 on allocation, so bytes never written show),
+// copies are memmove, streams and synchronization are no-ops. Only that test puts this directory
+// on its include path.
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+
+using cudaError_t = int;
+using cudaStream_t = void*;
+inline constexpr cudaError_t cudaSuccess = 0;
+inline constexpr cudaError_t cudaErrorMemoryAllocation = 2;
+enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+
+inline cudaError_t cudaMalloc(void** p, size_t bytes) {
+  *p = std::malloc(bytes > 0 ? bytes : 1);
+  if (*p == nullptr) return cudaErrorMemoryAllocation;
+  std::memset(*p, 0xA5, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+  if (bytes > 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                   cudaStream_t) {
+  return cudaMemcpy(dst, src, bytes, kind);
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char* cudaGetErrorName(cudaError_t) { return "cudaErrorHostStandIn"; }
+inline const char* cudaGetErrorString(cudaError_t) { return "host stand-in"; }
