@@ -4,15 +4,15 @@
 // jobs, launched together for every request of a batch (KiviSideCache::append_batch). Host code
 // only (the kernels are kivi_kernels.cu's), so tests/kernels/cuda runs it on the CPU against a
 // host stand-in of the runtime calls and launchers.
-#include "kernels/cuda/kivi_cache_device.cuh"
-
 #include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/footprint.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kivi_cache_device.cuh"
 #include "kernels/cuda/kivi_kernels.cuh"
 #include "kivi/cache.h"
 
@@ -211,10 +211,15 @@ cudaError_t KiviSideCache::append_batch(std::span<KiviSideCache* const> caches,
           std::to_string(c0->spec_.bits) + " bits, g=" + std::to_string(c0->group_) +
           ", r=" + std::to_string(c0->spec_.residual) + "); batch caches of one configuration");
     if (c->stream_ != c0->stream_) bad_call(at + "its stream differs from request 0's");
-    for (size_t k = 0; k < i; ++k)
-      if (caches[k] == c)
-        bad_call(at + "the same cache as request " + std::to_string(k) +
-                 " (append its tokens in one request)");
+  }
+  if (batch) {  // each cache once: sorted (pointer, request) pairs put repeats side by side
+    std::vector<std::pair<const KiviSideCache*, size_t>> order;
+    for (size_t i = 0; i < caches.size(); ++i) order.emplace_back(caches[i], i);
+    std::sort(order.begin(), order.end());
+    for (size_t i = 1; i < order.size(); ++i)
+      if (order[i].first == order[i - 1].first)
+        bad_call("request " + std::to_string(order[i].second) + ": the same cache as request " +
+                 std::to_string(order[i - 1].second) + " (append its tokens in one request)");
   }
   if (caches.empty()) return cudaSuccess;
   // Grow first: every pointer a planned job holds stays valid until the launches have run.

@@ -55,12 +55,15 @@ class KiviSideCache {
   [[nodiscard]] cudaError_t append(const float* x, int64_t n);
   /// \brief Appends n[i] >= 0 tokens x[i][n[i], heads, head_dim] to *caches[i] for every i (a
   /// serving step: one token per request, or a prefill among decodes), with the same bytes as
-  /// caches[i]->append(x[i], n[i]) in turn but at most four launches for the whole batch (one per
-  /// kKiviJobsPerLaunch requests): residual top-ups, every quantize, window moves, residual pushes.
-  /// The caches must be distinct and share spec, role, heads, head_dim and stream; their storage
-  /// grows first (reserve), so device pointers of a cache change only where it had to grow.
-  /// Throws kvq::Error, naming the request, on mismatched spans or caches, n < 0 or a null x,
-  /// before anything is queued. append() is this with one request.
+  /// caches[i]->append(x[i], n[i]) in turn. The work is four lists of jobs, each one launch per
+  /// kKiviJobsPerLaunch quantize jobs or kCopiesPerLaunch copies (a request makes at most two
+  /// quantize jobs and one copy per list): residual top-ups, every quantize, window moves,
+  /// residual pushes; so four launches for up to 32 requests of any size, or 64 decoding ones.
+  /// A cache that must grow first reallocates (reserve: an allocation, a copy and a stream
+  /// synchronization). The caches must be distinct and share the spec's bits, sym, group,
+  /// residual and axis, heads, head_dim and stream. Throws kvq::Error, naming the request, on
+  /// mismatched spans or caches, n < 0 or a null x, before anything is queued or changed. After
+  /// a failed call (a CUDA error) no cache of the batch may be used further.
   [[nodiscard]] static cudaError_t append_batch(std::span<KiviSideCache* const> caches,
                                                 std::span<const float* const> x,
                                                 std::span<const int64_t> n);
@@ -125,7 +128,7 @@ class KiviSideCache {
   /// updating the host-side counts as append() does.
   void plan_append(const float* x, int64_t n, Steps& steps);
   void plan_quantize(const float* src, int64_t count, Steps& steps);
-  void plan_push(const float* src, int64_t count, Steps& steps, int top_up);
+  void plan_push(const float* src, int64_t count, Steps& steps, int into);
   void drop_residual(int64_t count);
   const float* residual_row(int64_t i) const { return resid_.ptr + (resid_start_ + i) * row_; }
 

@@ -395,22 +395,29 @@ TEST(KiviCacheDeviceStream, ReserveKeepsPointers) {
 /// KiviSideCache::append_batch. Request r's tokens: make_input(T_r, H, D, seed + r) with T_r
 /// spread over [0, c.T]; round 0 is a prefill of a different length per request (empty, one
 /// token, around R), then each request appends the next part of its own random partition (0
-/// once it is exhausted), so rounds mix decodes, chunks and idle requests.
-void run_batched_requests(const Case& c, int requests, uint32_t seed, const std::string& what) {
+/// once it is exhausted), so rounds mix decodes, chunks and idle requests. `long_prefill`: every
+/// request's round 0 is min(T, 2R + G + 5) tokens instead, so that round quantizes for most
+/// requests at once; `odd_offsets`: odd requests' tokens start 4 bytes past a 16-byte boundary
+/// (scalar loads and copies beside float4 ones in the same launch).
+void run_batched_requests(const Case& c, int requests, uint32_t seed, const std::string& what,
+                          bool long_prefill = false, bool odd_offsets = false) {
   struct Request {
-    Request(const Case& c, Tensor3 input, std::vector<int64_t> split)
+    Request(const Case& c, Tensor3 input, std::vector<int64_t> split, int64_t offset)
         : x(std::move(input)),
           parts(std::move(split)),
-          dx(x.data.size()),
+          dx(x.data.size() + 1),
           ref(c.spec(), Role::Key, c.H, c.D),
-          dev(c.spec(), Role::Key, c.H, c.D) {
-      dx.upload(x.data);
+          dev(c.spec(), Role::Key, c.H, c.D),
+          base(dx.get() + offset) {
+      KVQ_CUDA_CHECK(
+          cudaMemcpy(base, x.data.data(), x.data.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
     Tensor3 x;
     std::vector<int64_t> parts;
     GuardedBuffer<float> dx;
     kivi::SideCache ref;
     KiviSideCache dev;
+    float* base;
     int64_t at = 0;
   };
   std::vector<std::unique_ptr<Request>> reqs;
@@ -419,11 +426,13 @@ void run_batched_requests(const Case& c, int requests, uint32_t seed, const std:
   for (int r = 0; r < requests; ++r) {
     const int64_t T = c.T * (r % 5 + 1) / 5;
     Tensor3 x = make_input(std::max<int64_t>(T, 1), c.H, c.D, seed + static_cast<uint32_t>(r));
-    const int64_t first = std::clamp<int64_t>(firsts[r % 7], 0, T);
+    const int64_t first =
+        std::clamp<int64_t>(long_prefill ? 2 * c.r() + c.g() + 5 : firsts[r % 7], 0, T);
     std::vector<int64_t> parts = {first};
     for (int64_t p : random_partition(T - first, seed + 100 + static_cast<uint32_t>(r)))
       parts.push_back(p);
-    reqs.push_back(std::make_unique<Request>(c, std::move(x), std::move(parts)));
+    reqs.push_back(
+        std::make_unique<Request>(c, std::move(x), std::move(parts), odd_offsets ? r % 2 : 0));
   }
   size_t rounds = 0;
   for (const auto& q : reqs) rounds = std::max(rounds, q->parts.size());
@@ -435,7 +444,7 @@ void run_batched_requests(const Case& c, int requests, uint32_t seed, const std:
       const int64_t n = k < q->parts.size() ? q->parts[k] : 0;
       q->ref.append(q->x.data.data() + q->at * row, n);
       caches.push_back(&q->dev);
-      xs.push_back(q->dx.get() + q->at * row);
+      xs.push_back(q->base + q->at * row);
       ns.push_back(n);
       q->at += n;
     }
@@ -450,8 +459,10 @@ void run_batched_requests(const Case& c, int requests, uint32_t seed, const std:
 }
 
 // Expected: every request's cache holds what kivi::SideCache holds after the same appends,
-// after the prefill round, every few rounds and at the end; no input written to. 70 and 140
-// requests take the quantize (64 jobs) and copy (128 jobs) launches past one chunk.
+// after the prefill round, every few rounds and at the end; no input written to. The long
+// prefill rounds of 70 and 140 requests make 70 and 84 quantize jobs and 70 and 140 pushes in
+// one append_batch (chunks of 64 jobs and 128 copies), and odd offsets mix float4 and scalar
+// paths in one launch.
 TEST(KiviCacheDeviceBatch, ManyRequestsMatchCpuCaches) {
   KVQ_SKIP_WITHOUT_DEVICE();
   for (const Case& c : {Case{2, Axis::Channel, false, 32, 4, 300, 8, 128},
@@ -460,9 +471,12 @@ TEST(KiviCacheDeviceBatch, ManyRequestsMatchCpuCaches) {
                         Case{8, Axis::Token, true, kGroupDim, 1, 100, 3, 72},
                         Case{2, Axis::Token, false, 32, 0, 90, 2, 64}})
     run_batched_requests(c, 9, 31, c.name() + "_batch9");
-  run_batched_requests(Case{2, Axis::Token, false, 32, 1, 70, 1, 64}, 70, 47, "token_batch70");
-  run_batched_requests(Case{4, Axis::Channel, false, 32, 1, 70, 1, 64}, 140, 53,
-                       "channel_batch140");
+  run_batched_requests(Case{2, Axis::Token, false, 32, 1, 200, 1, 64}, 70, 47, "token_batch70",
+                       true);
+  run_batched_requests(Case{4, Axis::Channel, false, 32, 1, 70, 1, 64}, 140, 53, "channel_batch140",
+                       true, true);
+  run_batched_requests(Case{4, Axis::Token, false, 32, 1, 90, 3, 72}, 9, 59, "token_odd_offsets",
+                       false, true);
 }
 
 // ---- the launcher alone, with sentinels around every output ------------------------------------
@@ -614,36 +628,10 @@ TEST(KiviKernelConfig, BadConfigurationThrowsNamingTheValue) {
       "unknown Axis value 9");
 }
 
-// Expected: append_batch checks every request before queuing anything and names the request.
-TEST(KiviKernelConfig, BatchedAppendNamesTheBadRequest) {
-  KiviSideCache a(spec_of(2, Axis::Token, 32, 0), Role::Key, 2, 64);
-  KiviSideCache b(spec_of(2, Axis::Token, 32, 0), Role::Key, 2, 64);
-  KiviSideCache other(spec_of(4, Axis::Token, 32, 0), Role::Key, 2, 64);
-  KiviSideCache wide(spec_of(2, Axis::Token, 32, 0), Role::Key, 3, 64);
+// Expected: kivi_quantize_batch checks every job before launching and names it (the batched
+// append's own checks: tests/kernels/cuda/kivi_cache_plan_test.cpp, which runs without CUDA).
+TEST(KiviKernelConfig, BatchedQuantizeNamesTheBadJob) {
   float f = 0;
-  const float* xs[] = {&f, &f};
-  const int64_t ns[] = {1, 1};
-  const auto batch = [&](KiviSideCache* c0, KiviSideCache* c1, const float* x1, int64_t n1) {
-    KiviSideCache* cs[] = {c0, c1};
-    const float* x[] = {&f, x1};
-    const int64_t n[] = {1, n1};
-    (void)KiviSideCache::append_batch(cs, x, n);
-  };
-  expect_config_error(
-      [&] {
-        KiviSideCache* cs[] = {&a, &b};
-        (void)KiviSideCache::append_batch(cs, std::span<const float* const>(xs, 1), ns);
-      },
-      "2 caches with 1 inputs");
-  expect_config_error([&] { batch(&a, nullptr, &f, 1); }, "request 1: the cache is null");
-  expect_config_error([&] { batch(&a, &b, &f, -2); }, "request 1: append of n=-2");
-  expect_config_error([&] { batch(&a, &b, nullptr, 4); },
-                      "request 1: append of n=4 tokens from a null");
-  expect_config_error([&] { batch(&a, &other, &f, 1); }, "request 1: its spec or shape differs");
-  expect_config_error([&] { batch(&a, &wide, &f, 1); }, "3 heads x 64");
-  expect_config_error([&] { batch(&a, &a, &f, 1); }, "request 1: the same cache as request 0");
-  EXPECT_EQ(a.tokens(), 0);  // nothing was appended by the failed calls
-  EXPECT_EQ(b.tokens(), 0);
   uint32_t w = 0;
   uint16_t s = 0;
   const KiviQuantizeJob jobs[] = {{&f, 32, &w, &s, &s}, {&f, 33, &w, &s, &s}};
