@@ -53,6 +53,7 @@ struct Options {
   std::vector<DecodeKernel> kernels{DecodeKernel::Baseline, DecodeKernel::Tiled};
   int reps = 10;
   int warmup = 2;
+  int64_t split_tokens = 0;  ///< DecodeShape::split_tokens of every case (0: the plan's choice)
   std::optional<double> peak_gbps;
   std::string json;
 };
@@ -83,11 +84,12 @@ void usage() {
       "bench_attention_cuda [--json PATH] [--peak-gbps X] [--reps N] [--warmup N]\n"
       "                     [--contexts 1024,4096,...] [--batches 1,16,64]\n"
       "                     [--kinds bf16,fp8_e4m3_token,fp8_e4m3_tensor,kivi4,kivi2]\n"
-      "                     [--kernels baseline,tiled]\n"
+      "                     [--kernels baseline,tiled] [--split-tokens N]\n"
       "Decode attention (8 kv heads, head_dim 128, GQA 4) per cache kind and split kernel\n"
       "(kernels/cuda/attention_kernels.cuh, DecodeKernel); bf16 always runs first at each\n"
       "(context, batch, kernel) as the baseline of the speedup column. The goals read the\n"
-      "tiled kernel's rows.\n");
+      "tiled kernel's rows. --split-tokens N fixes every case's split size (DecodeShape::\n"
+      "split_tokens; default 0: the plan's choice), to measure how it moves a kernel.\n");
 }
 
 Options parse_args(int argc, char** argv) {
@@ -120,6 +122,9 @@ Options parse_args(int argc, char** argv) {
       o.batches = parse_list<int>(value(), "--batches");
     } else if (a == "--kinds") {
       o.kinds = parse_list<std::string>(value(), "--kinds");
+    } else if (a == "--split-tokens") {
+      const std::string v = value();
+      o.split_tokens = v == "0" ? 0 : parse_list<int64_t>(v, "--split-tokens").front();
     } else if (a == "--kernels") {
       o.kernels.clear();
       for (const std::string& k : parse_list<std::string>(value(), "--kernels")) {
@@ -280,13 +285,17 @@ double case_bytes(const std::string& kind, int64_t T, int batch) {
 /// Allocates and fills one case's cache, runs it; nullopt (with `why`) when it does not fit.
 std::optional<Result> run_case(const Env& env, const Options& o, const std::string& kind, int64_t T,
                                int batch, DecodeKernel kernel, std::string& why) {
-  const DecodeShape shape{batch, kKvHeads, kKvHeads * kGqa, kHeadDim};
+  DecodeShape shape{batch, kKvHeads, kKvHeads * kGqa, kHeadDim};
+  shape.split_tokens = o.split_tokens;
   const double bytes = case_bytes(kind, T, batch);
   size_t free_b = 0, total_b = 0;
   KVQ_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   const double q_bytes = 4.0 * batch * shape.q_heads * kHeadDim;
-  // Partials: at most one split per 64 tokens (kMinSplit) per sequence and query head.
-  const double ws_bound = 4.0 * batch * shape.q_heads * ((T + 63) / 64) * (kHeadDim + 2);
+  // Partials: at most one split per 64 tokens (kMinSplit; or per --split-tokens, if fewer) per
+  // sequence and query head.
+  const int64_t min_split = o.split_tokens > 0 ? std::min<int64_t>(o.split_tokens, 64) : 64;
+  const double ws_bound =
+      4.0 * batch * shape.q_heads * ((T + min_split - 1) / min_split) * (kHeadDim + 2);
   const double need = bytes + 2 * q_bytes + ws_bound + (256 << 20);
   if (need > 0.92 * static_cast<double>(free_b)) {
     char buf[160];

@@ -12,7 +12,8 @@
 # it builds only the CUDA benches with nvcc directly (from the repo's kernels and whichever
 # scheme-library sources compile without the missing packages) and says so in the report. Test binaries (tests/cuda: cuda_*) run directly with JSON output
 # (their ctest names are gtest names, which do not carry the binary name); the `full`-labelled
-# binaries run only with KVQ_DC_FULL=1. Bench repetitions are capped so the whole run stays
+# binaries run only with KVQ_DC_FULL=1. After the benches, a split-size sweep (bench_attention_cuda
+# --split-tokens 128..1024, tiled, bf16 and kivi2 at 32k). Bench repetitions are capped so the whole run stays
 # under 8 minutes.
 #
 # Without a GPU (no nvidia-smi, or it lists none) it writes a report saying so and exits 2.
@@ -262,6 +263,22 @@ for b in "${BENCH_TARGETS[@]}"; do
   BENCH_ORDER+=("$b")
 done
 
+# Split sizes (DecodeShape::split_tokens): the tiled kernel, bf16 and kivi2 at 32k, batch 1 and 16,
+# each fixed size against the plan's choice in the run above (wave tails; issue 12). Seconds.
+SPLITS=()
+if [[ -n "${BENCH_BIN[bench_attention_cuda]:-}" ]]; then
+  for st in 128 256 512 1024; do
+    (( $(left) < 60 )) && { note "split sweep stopped at $st: the budget is nearly spent."; break; }
+    if timeout "$(cap 60)" "${BENCH_BIN[bench_attention_cuda]}" --contexts 32768 --batches 1,16 \
+        --kinds bf16,kivi2 --kernels tiled --reps 5 --warmup 1 --split-tokens "$st" \
+        --json "$OUT/split_$st.json" >"$OUT/split_$st.md" 2>>"$LOGS/split.stderr"; then
+      SPLITS+=("$st")
+    else
+      note "bench_attention_cuda --split-tokens $st failed (stderr: logs/split.stderr)."
+    fi
+  done
+fi
+
 # ---- goals from the JSON ------------------------------------------------------------------------
 
 goals_md() {
@@ -379,6 +396,16 @@ write_header
     echo
     sed 's/^# /#### /; s/^## /#### /' "$OUT/$b.md"
   done
+  if (( ${#SPLITS[@]} > 0 )); then
+    echo
+    echo "### Split sizes (tiled, 32k, bf16 and kivi2; the plan's own choice is in the table above)"
+    for st in "${SPLITS[@]}"; do
+      echo
+      echo "#### --split-tokens $st"
+      echo
+      sed 's/^#\+ /##### /' "$OUT/split_$st.md"
+    done
+  fi
   echo
   echo "## Goals"
   echo

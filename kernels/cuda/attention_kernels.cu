@@ -1173,17 +1173,29 @@ void check_view(const IntSideView& x, size_t b, const char* side, int64_t dim) {
 }
 
 /// Splits (see DecodePlan): about kTargetBlocks blocks, at least kMinSplit tokens each, a
-/// multiple of `align`, and no more tokens than the shared score buffer holds.
+/// multiple of `align`, and no more tokens than the shared score buffer holds; or the shape's
+/// split_tokens, rounded up to a multiple of `align` (it must fit the buffer).
 DecodePlan make_plan(const DecodeShape& s, int64_t max_tokens, int64_t align) {
   const int nq = s.q_heads / s.kv_heads;
   const int64_t cap = kScoreFloats / nq / align * align;
   if (cap < 1)
     bad("group " + std::to_string(align) + " exceeds the " + std::to_string(kScoreFloats / nq) +
         " tokens a split holds at GQA ratio " + std::to_string(nq));
-  const int64_t per_split = static_cast<int64_t>(s.batch) * s.kv_heads;
-  const int64_t want = std::max<int64_t>(1, (kTargetBlocks + per_split - 1) / per_split);
-  int64_t split = std::max<int64_t>((max_tokens + want - 1) / want, kMinSplit);
-  split = std::min((split + align - 1) / align * align, cap);
+  if (s.split_tokens < 0)
+    bad("split_tokens " + std::to_string(s.split_tokens) + " is negative (0: automatic)");
+  int64_t split = 0;
+  if (s.split_tokens > 0) {
+    split = (s.split_tokens + align - 1) / align * align;
+    if (split > cap)
+      bad("split_tokens " + std::to_string(s.split_tokens) + " (" + std::to_string(split) +
+          " as a multiple of group " + std::to_string(align) + ") exceeds the " +
+          std::to_string(cap) + " tokens a split holds at GQA ratio " + std::to_string(nq));
+  } else {
+    const int64_t per_split = static_cast<int64_t>(s.batch) * s.kv_heads;
+    const int64_t want = std::max<int64_t>(1, (kTargetBlocks + per_split - 1) / per_split);
+    split = std::max<int64_t>((max_tokens + want - 1) / want, kMinSplit);
+    split = std::min((split + align - 1) / align * align, cap);
+  }
   DecodePlan plan;
   plan.split_tokens = split;
   const int64_t splits = (max_tokens + split - 1) / split;

@@ -46,6 +46,11 @@ struct DecodeShape {
   int kv_heads = 0;   ///< H
   int q_heads = 0;    ///< a multiple of kv_heads, at most kMaxGqa times it
   int head_dim = 0;   ///< D, one of HeadDims
+  /// Tokens per split: 0 (the default) lets the plan choose (about 1024 blocks a launch, at least
+  /// 64 tokens a split); a positive value is rounded up to a multiple of every per-channel group
+  /// and must fit the split's shared score buffer (4096 / GQA ratio tokens), or plan_decode
+  /// throws naming the limit. For measuring how the split size moves a kernel (wave tails).
+  int64_t split_tokens = 0;
 };
 
 /// \brief One side (K or V) of one sequence's bf16 cache: [tokens, H, D] bf16 bits.

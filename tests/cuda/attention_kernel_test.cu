@@ -623,6 +623,29 @@ TEST(AttentionPlan, SplitsAlignToGroupsAndCoverTheContext) {
       }
 }
 
+// Expected (hand computation): a chosen split_tokens is kept when it is a multiple of the
+// per-channel group (100 tokens of 1000: 10 splits), rounded up to one otherwise (100 with
+// G = 48: 144 tokens, 7 splits), and refused, naming the limit, when it is negative or exceeds
+// the shared score buffer (4096 / GQA 4 = 1024 tokens).
+TEST(AttentionPlan, ChosenSplitTokensRoundToTheGroupAndFitTheBuffer) {
+  const auto plan = [](int64_t split, int G) {
+    const IntSideView k = int_view(1000, 1000 / G * G, G, Axis::Channel);
+    const IntSideView v = int_view(1000, 0, 32, Axis::Token);
+    DecodeShape s{1, 8, 32, 128};
+    s.split_tokens = split;
+    return plan_decode(s, std::span<const IntSideView>(&k, 1), std::span<const IntSideView>(&v, 1));
+  };
+  EXPECT_EQ(plan(100, 20).split_tokens, 100);
+  EXPECT_EQ(plan(100, 20).splits, 10);
+  EXPECT_EQ(plan(100, 48).split_tokens, 144);
+  EXPECT_EQ(plan(100, 48).splits, 7);
+  EXPECT_EQ(plan(1024, 32).splits, 1);
+  EXPECT_EQ(plan(0, 32).split_tokens, 64);  // automatic: 1024 blocks wanted, 64 tokens at least
+  expect_config_error([&] { (void)plan(-1, 32); }, "split_tokens -1 is negative");
+  expect_config_error([&] { (void)plan(1025, 32); },
+                      "split_tokens 1025 (1056 as a multiple of group 32) exceeds the 1024 tokens");
+}
+
 // Expected: each bad value is named in the message (STYLE 9).
 TEST(AttentionConfig, BadConfigurationThrowsNamingTheValue) {
   const Bf16SideView b{g_fake16, 10};

@@ -408,10 +408,14 @@ TEST_F(RunCli, SigintStopsCleanly_rerunResumesWithoutDuplicates) {
                       "[model]\nctx = 512\nmax_tokens = 1536\n";
   const auto log = dir_ / "err.txt";
   // A background job of a non-interactive shell starts with SIGINT ignored; kvq installs its own
-  // handler when the rows start, so the signal is sent after that (3 s: the model is loading or
-  // running by then).
-  const std::string cmd = "(" + std::string("'") + KVQ_BINARY + "' run " + p.string() + " 2>'" + log.string() +
-                          "' >/dev/null & pid=$!; sleep 3; kill -INT $pid; wait $pid; exit $?)";
+  // handler when the rows start, so the signal is sent after that: once the 4 synthetic rows
+  // (written before the model's) are on disk, at most 120 s (a fixed 3 s wait lost the race on a
+  // slow host).
+  const std::string syn = (dir_ / "out" / "synthetic.jsonl").string();
+  const std::string cmd =
+      "(" + std::string("'") + KVQ_BINARY + "' run " + p.string() + " 2>'" + log.string() +
+      "' >/dev/null & pid=$!; for i in $(seq 1200); do " + "[ -f '" + syn + "' ] && [ $(wc -l < '" +
+      syn + "') -ge 4 ] && break; sleep 0.1; done; kill -INT $pid; wait $pid; exit $?)";
   const int raw = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(raw));
   EXPECT_EQ(WEXITSTATUS(raw), 130) << testing::slurp(log);
