@@ -219,17 +219,14 @@ int run(int argc, char** argv) {
     return q;
   }();
   const int64_t kPrefill = std::min<int64_t>(1000, tokens);  // x holds the prefill tokens
-  const int64_t row = heads * dim, steps = 2 * static_cast<int64_t>(runs) + 2;
-  DeviceArray<float> prefill(static_cast<size_t>(kPrefill * row));
-  KVQ_CUDA_CHECK(cudaMemcpy(prefill.ptr, x.ptr, static_cast<size_t>(kPrefill * row) * sizeof(float),
-                            cudaMemcpyDeviceToDevice));
+  const int64_t steps = 2 * static_cast<int64_t>(runs) + 2;
   for (int r = 0; r < requests; ++r) {
     kc.emplace_back(kivi2, kvq::Role::Key, heads, dim);
     vc.emplace_back(kivi2, kvq::Role::Value, heads, dim);
     KVQ_CUDA_CHECK(kc.back().reserve(kPrefill + steps));
     KVQ_CUDA_CHECK(vc.back().reserve(kPrefill + steps));
-    KVQ_CUDA_CHECK(kc.back().append(prefill.ptr, kPrefill));
-    KVQ_CUDA_CHECK(vc.back().append(prefill.ptr, kPrefill));
+    KVQ_CUDA_CHECK(kc.back().append(x.ptr, kPrefill));
+    KVQ_CUDA_CHECK(vc.back().append(x.ptr, kPrefill));
   }
   std::vector<kvq::cuda::KiviSideCache*> kp, vp;
   for (int r = 0; r < requests; ++r) {

@@ -4,6 +4,8 @@
 // jobs, launched together for every request of a batch (KiviSideCache::append_batch). Host code
 // only (the kernels are kivi_kernels.cu's), so tests/kernels/cuda runs it on the CPU against a
 // host stand-in of the runtime calls and launchers.
+#include "kernels/cuda/kivi_cache_device.cuh"
+
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -12,7 +14,6 @@
 #include "core/error.h"
 #include "core/footprint.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/kivi_cache_device.cuh"
 #include "kernels/cuda/kivi_kernels.cuh"
 #include "kivi/cache.h"
 
@@ -192,6 +193,7 @@ cudaError_t KiviSideCache::append_batch(std::span<KiviSideCache* const> caches,
              std::to_string(x.size()) + " inputs and " + std::to_string(n.size()) +
              " token counts (one of each per cache)");
   const bool batch = caches.size() > 1;
+  const KiviSideCache* c0 = caches.empty() ? nullptr : caches[0];
   for (size_t i = 0; i < caches.size(); ++i) {
     const std::string at = batch ? "request " + std::to_string(i) + ": " : "";
     const KiviSideCache* c = caches[i];
@@ -199,7 +201,6 @@ cudaError_t KiviSideCache::append_batch(std::span<KiviSideCache* const> caches,
     if (n[i] < 0) bad_call(at + "append of n=" + std::to_string(n[i]) + " tokens (must be >= 0)");
     if (n[i] > 0 && x[i] == nullptr)
       bad_call(at + "append of n=" + std::to_string(n[i]) + " tokens from a null pointer");
-    const KiviSideCache* c0 = caches[0];
     if (c->spec_.bits != c0->spec_.bits || c->spec_.sym != c0->spec_.sym ||
         c->group_ != c0->group_ || c->spec_.residual != c0->spec_.residual ||
         c->axis_ != c0->axis_ || c->heads_ != c0->heads_ || c->dim_ != c0->dim_)
@@ -228,11 +229,10 @@ cudaError_t KiviSideCache::append_batch(std::span<KiviSideCache* const> caches,
   Steps steps;
   for (size_t i = 0; i < caches.size(); ++i)
     if (n[i] > 0) caches[i]->plan_append(x[i], n[i], steps);
-  const KiviSideCache& c0 = *caches[0];
-  const cudaStream_t stream = c0.stream_;
+  const cudaStream_t stream = c0->stream_;
   KVQ_CUDA_CALL(copy_floats_batch(steps.copies[0], stream));
-  KVQ_CUDA_CALL(kivi_quantize_batch(c0.axis_, c0.spec_.bits, c0.spec_.sym, c0.group_, c0.heads_,
-                                    c0.dim_, steps.quantize, stream));
+  KVQ_CUDA_CALL(kivi_quantize_batch(c0->axis_, c0->spec_.bits, c0->spec_.sym, c0->group_,
+                                    c0->heads_, c0->dim_, steps.quantize, stream));
   KVQ_CUDA_CALL(copy_floats_batch(steps.copies[1], stream));
   return copy_floats_batch(steps.copies[2], stream);
 }
