@@ -22,9 +22,9 @@
 //
 // That is the baseline kernel (DecodeKernel::Baseline). The tiled kernel (DecodeKernel::Tiled,
 // "tiled phases" below) has the same block, plan, softmax and merge, and reads token-major rows
-// a warp at a time (8 channels a lane, q and the output sums in registers) and stages each
-// per-channel key group in shared memory with coalesced loads; its fp8 and 4-bit value codes
-// unpack through unpack.h.
+// a warp at a time (8 channels a lane, q and the output sums in registers: bf16, fp8, per-token
+// int keys and values, the residual) and stages each per-channel key or value group in shared
+// memory with coalesced loads; its fp8 and 4-bit codes unpack through unpack.h.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -102,7 +102,7 @@ struct MergeParams {
 KVQ_HD int64_t stage_offset(int nq, int D, int64_t ld) {
   return (static_cast<int64_t>(nq) * D * (1 + kWarps) + nq * ld + 3) / 4 * 4;
 }
-constexpr int kStageWords = 1024;  // 4 KB per warp: a per-channel group's words, D * wpg
+constexpr int kStageWords = 1024;  // 4 KB per warp: a per-channel group's words
 
 /// What one block works on, and its shared memory.
 struct Block {
@@ -113,7 +113,7 @@ struct Block {
   float* q_s = nullptr;      // [nq, D]: q of the GQA group (key-channel scales folded in)
   float* scratch = nullptr;  // [kWarps, nq, D]: per-warp folded q (phase 1), partial o (phase 3)
   float* scores = nullptr;   // [nq, ld]: scores, then e^(s - m)
-  uint32_t* stage = nullptr;  // tiled int kernels: [kWarps, kStageWords] staged key words
+  uint32_t* stage = nullptr;  // tiled int kernels: [kWarps, kStageWords] staged per-channel words
   int tid = 0, lane = 0, warp = 0;
 };
 
@@ -585,53 +585,103 @@ struct IntPolicy {
   /// lane, lane + 32, ...; adds into scratch[warp].
   template <int D>
   __device__ static void values_channel(const Block& bk, const View& v, int64_t g0, int64_t g1) {
+    values_channel_as<D, kMaxGqa, false>(bk, v, g0, g1, nullptr);
+  }
+
+  /// Words a staged per-channel group keeps per channel: words_per_group rounded up to an odd
+  /// count, so the lanes (one channel each) reading word w of their channels hit 32 different
+  /// banks.
+  __device__ static int stage_stride(int64_t wpg) { return static_cast<int>(wpg) | 1; }
+
+  /// values_channel for query heads [0, NQ) (those below bk.nq). kStaged (the tiled kernel): each
+  /// group's D * wpg words are first copied to this warp's `stage` (stage_stride words a
+  /// channel, D of them within kStageWords) by coalesced loads, 16 bytes a lane where the words
+  /// are 16-byte aligned, so a lane's reads of its channel's words hit shared memory; the sum of
+  /// the group's weights is split over the lanes. The same products either way; the weights'
+  /// sum is added in another order.
+  template <int D, int NQ, bool kStaged>
+  __device__ static void values_channel_as(const Block& bk, const View& v, int64_t g0, int64_t g1,
+                                           uint32_t* stage) {
     const kivi::ChannelLayout L{bk.H, D, v.group, B};
     const int G = v.group;
     const int64_t wpg = L.words_per_group();
+    const int sw = kStaged ? stage_stride(wpg) : static_cast<int>(wpg);
     constexpr int kPerLane = D / 32;
-    float acc[kMaxGqa][kPerLane];
+    float acc[NQ][kPerLane];
 #pragma unroll
-    for (int i = 0; i < kMaxGqa; ++i)
+    for (int i = 0; i < NQ; ++i)
 #pragma unroll
       for (int c = 0; c < kPerLane; ++c) acc[i][c] = 0.0f;
     for (int64_t g = g0 + bk.warp; g < g1; g += kWarps) {
       const float* p = bk.scores + (g * G - bk.s0);
-      float psum[kMaxGqa];
-#pragma unroll
-      for (int i = 0; i < kMaxGqa; ++i) {
-        psum[i] = 0.0f;
-        if (i < bk.nq)
-          for (int j = 0; j < G; ++j) psum[i] += p[i * bk.ld + j];
-      }
       const int64_t pbase = L.param_index(g, bk.h, 0);
-      const uint32_t* gw = v.words + L.word_index(g, bk.h, 0);
+      const uint32_t* gw = v.words + L.word_index(g, bk.h, 0);  // channel d: gw[d * wpg + w]
+      const uint32_t* src = gw;
+      float psum[NQ];
+      if constexpr (kStaged) {
+        const int n = static_cast<int>(D * wpg), w = static_cast<int>(wpg);
+        auto put = [&](int x, uint32_t word) { stage[(x / w) * sw + x % w] = word; };
+        if (reinterpret_cast<uintptr_t>(gw) % 16 == 0 && n % 4 == 0) {
+          for (int x = bk.lane; x < n / 4; x += 32) {
+            const uint4 q = __ldg(reinterpret_cast<const uint4*>(gw) + x);
+            put(4 * x, q.x);
+            put(4 * x + 1, q.y);
+            put(4 * x + 2, q.z);
+            put(4 * x + 3, q.w);
+          }
+        } else {
+          for (int x = bk.lane; x < n; x += 32) put(x, __ldg(gw + x));
+        }
+        src = stage;
+#pragma unroll
+        for (int i = 0; i < NQ; ++i) {
+          float s = 0.0f;
+          if (i < bk.nq)
+            for (int j = bk.lane; j < G; j += 32) s += p[i * bk.ld + j];
+          psum[i] = warp_sum(s);
+        }
+        __syncwarp();  // the stage complete
+      } else {
+#pragma unroll
+        for (int i = 0; i < NQ; ++i) {
+          psum[i] = 0.0f;
+          if (i < bk.nq)
+            for (int j = 0; j < G; ++j) psum[i] += p[i * bk.ld + j];
+        }
+      }
 #pragma unroll
       for (int c = 0; c < kPerLane; ++c) {
         const int d = bk.lane + 32 * c;
         const float sc = half_at(v.scales, pbase + d);
         const float mn = group_min<B>(v, pbase + d, sc);
-        float a[kMaxGqa];
+        const uint32_t* cw = src + static_cast<int64_t>(d) * sw;
+        float a[NQ];
 #pragma unroll
-        for (int i = 0; i < kMaxGqa; ++i) a[i] = 0.0f;
+        for (int i = 0; i < NQ; ++i) a[i] = 0.0f;
         for (int j0 = 0; j0 < G; j0 += kCpw) {
-          const uint32_t word = __ldg(gw + d * wpg + j0 / kCpw);
+          uint32_t word;
+          if constexpr (kStaged)
+            word = cw[j0 / kCpw];
+          else
+            word = __ldg(cw + j0 / kCpw);
 #pragma unroll
           for (int e = 0; e < kCpw; ++e) {
             if (j0 + e < G) {
               const float x = code_to_float((word >> (e * B)) & kMask);
 #pragma unroll
-              for (int i = 0; i < kMaxGqa; ++i)
+              for (int i = 0; i < NQ; ++i)
                 if (i < bk.nq) a[i] = fmaf(p[i * bk.ld + j0 + e], x, a[i]);
             }
           }
         }
 #pragma unroll
-        for (int i = 0; i < kMaxGqa; ++i) acc[i][c] += sc * a[i] + mn * psum[i];
+        for (int i = 0; i < NQ; ++i) acc[i][c] += sc * a[i] + mn * psum[i];
       }
+      if constexpr (kStaged) __syncwarp();  // the stage is rewritten for the next group
     }
     float* red = bk.scratch + bk.warp * bk.nq * D;
 #pragma unroll
-    for (int i = 0; i < kMaxGqa; ++i)
+    for (int i = 0; i < NQ; ++i)
       if (i < bk.nq)
 #pragma unroll
         for (int c = 0; c < kPerLane; ++c) red[i * D + bk.lane + 32 * c] += acc[i][c];
@@ -662,7 +712,11 @@ struct IntPolicy {
 // NQ x 8 sums in registers, added across the warp's rows once at the end. NQ is the GQA group
 // rounded up to 1, 2, 4 or 8 (register arrays sized by it, the rest masked by bk.nq). FP8 codes
 // and 4-bit value codes are unpacked two at a time by kernels/cuda/unpack.h (tested on the host).
-// Per-channel int sides and the layouts these paths do not cover take the baseline phases.
+// Per-token int keys and values share one row loader (code * scale + min per lane). Per-channel
+// int groups are staged in shared memory by coalesced 16-byte loads (keys: lane = token; values:
+// lane = channel, each channel's words padded to an odd count so the lanes' reads hit different
+// banks). 3-bit words, groups that split a lane's 8 channels and groups too long for the stage
+// take the baseline phases.
 
 constexpr int kTiledChannels = 8;  // channels per lane of a token-major row
 constexpr int kTiledUnroll = 2;    // warp steps loaded before use
@@ -879,14 +933,16 @@ template <int B>
 struct IntTiled {
   using Base = IntPolicy<B>;
 
-  /// Whether per-token values take the tiled path: a lane's 8 channels sit in one group and in
-  /// one word (B 2, 4) or two (B 8) of the token's packed run.
-  __device__ static bool tiled_token_values(const IntSideView& v) {
-    return v.axis == Axis::Token && v.group % kTiledChannels == 0 && v.group % Base::kCpw == 0;
+  /// Whether a per-token side (keys or values) takes the tiled row loader: a lane's 8 channels
+  /// sit in one group and in one word (B 2, 4) or two (B 8) of the token's packed run.
+  __device__ static bool tiled_token_rows(const IntSideView& s) {
+    if constexpr (B == 3) return false;  // 10 codes a word: a lane's channels may straddle two
+    return s.axis == Axis::Token && s.group % kTiledChannels == 0 && s.group % Base::kCpw == 0;
   }
 
-  /// Codes of channels [c0, c0 + 8) of a per-token row (tiled_token_values holds) as floats.
+  /// Codes of channels [c0, c0 + 8) of a per-token row (tiled_token_rows holds) as floats.
   __device__ static void codes8(const uint32_t* row, int c0, float (&x)[kTiledChannels]) {
+    static_assert(B != 3, "tiled_token_rows excludes 3-bit words");
     if constexpr (B == 4) {  // one word: pairs (k, k + 4) by the magic number (unpack.h)
       const uint32_t w = __ldg(row + c0 / 8);
 #pragma unroll
@@ -910,57 +966,68 @@ struct IntTiled {
     }
   }
 
-  static constexpr int kStageWords = cuda::kStageWords;  // per-channel key groups
+  /// The row loader of a per-token side's quantized rows (tiled_token_rows holds): channels
+  /// [c0, c0 + 8) of row (t, h) as code * scale + min, one group's parameters per lane.
+  template <int D>
+  __device__ static auto token_rows(const Block& bk, const IntSideView& s) {
+    return [&bk, &s](int64_t t, int c0, float(&x)[kTiledChannels]) {
+      const kivi::TokenLayout L{bk.H, D, s.group, B};
+      const int64_t pi = L.param_index(t, bk.h, c0 / s.group);
+      const float sc = half_at(s.scales, pi);
+      const float mn = group_min<B>(s, pi, sc);
+      codes8(s.words + L.word_index(t, bk.h, 0), c0, x);
+#pragma unroll
+      for (int e = 0; e < kTiledChannels; ++e) x[e] = fmaf(x[e], sc, mn);
+      return 1.0f;
+    };
+  }
+
+  /// A per-channel group's words fit a warp's stage (keys: D * wpg words; values: each channel's
+  /// run padded to an odd count, IntPolicy::stage_stride).
+  __device__ static bool keys_staged(const IntSideView& k, int D) {
+    return D * kivi::words_for(k.group, B) <= kStageWords;
+  }
+  __device__ static bool values_staged(const IntSideView& v, int D) {
+    return D * Base::stage_stride(kivi::words_for(v.group, B)) <= kStageWords;
+  }
+
+  static constexpr int kStageWords = cuda::kStageWords;  // per-channel groups
 
   template <int D, int NQ>
   __device__ static void scores(const Block& bk, const IntSideView& k) {
     const int64_t qe = min(bk.s1, k.quantized_tokens);
     if (bk.s0 < qe) {
-      if (k.axis == Axis::Channel && D * kivi::words_for(k.group, B) <= kStageWords)
+      if (tiled_token_rows(k)) {
+        if constexpr (B != 3) tiled_scores<D, NQ>(bk, bk.s0, qe, token_rows<D>(bk, k));
+      } else if (k.axis == Axis::Channel && keys_staged(k, D)) {
         Base::template scores_channel_as<D, NQ, true>(bk, k, bk.s0 / k.group, qe / k.group,
                                                       bk.stage + bk.warp * kStageWords);
-      else if (k.axis == Axis::Channel)  // (a group too long to stage)
+      } else if (k.axis == Axis::Channel) {  // (a group too long to stage)
         Base::template scores_channel<D>(bk, k, bk.s0 / k.group, qe / k.group);
-      else
+      } else {
         Base::template scores_token<D>(bk, k, bk.s0, qe);
+      }
     }
     const int64_t r0 = max(bk.s0, k.quantized_tokens);
     if (r0 < bk.s1)
       tiled_scores<D, NQ>(bk, r0, bk.s1, residual_rows<D>(bk, k.residual, k.quantized_tokens));
   }
 
-  /// Per-token values [s0, qe) through tiled_values (tiled_token_values holds).
-  template <int D, int NQ>
-  __device__ static void values_token_tiled(const Block& bk, const IntSideView& v, int64_t qe) {
-    const kivi::TokenLayout L{bk.H, D, v.group, B};
-    const int G = v.group;
-    tiled_values<D, NQ>(bk, bk.s0, qe, [&](int64_t t, int c0, float(&x)[kTiledChannels]) {
-      const uint32_t* row = v.words + L.word_index(t, bk.h, 0);
-      const int64_t pi = L.param_index(t, bk.h, c0 / G);
-      const float sc = half_at(v.scales, pi);
-      const float mn = group_min<B>(v, pi, sc);
-      codes8(row, c0, x);
-#pragma unroll
-      for (int e = 0; e < kTiledChannels; ++e) x[e] = fmaf(x[e], sc, mn);
-      return 1.0f;
-    });
-  }
-
   template <int D, int NQ>
   __device__ static void values(const Block& bk, const IntSideView& v) {
     const int64_t qe = min(bk.s1, v.quantized_tokens);
     if (bk.s0 < qe) {
-      bool tiled = false;
-      if constexpr (B != 3) {
-        tiled = tiled_token_values(v);
-        if (tiled) values_token_tiled<D, NQ>(bk, v, qe);
-      }
-      if (!tiled) {
-        if (v.axis == Axis::Token)
-          Base::template values_token<D>(bk, v, bk.s0, qe);
-        else
+      if (tiled_token_rows(v)) {
+        if constexpr (B != 3) tiled_values<D, NQ>(bk, bk.s0, qe, token_rows<D>(bk, v));
+      } else {
+        if (v.axis == Axis::Channel && values_staged(v, D))
+          Base::template values_channel_as<D, NQ, true>(bk, v, bk.s0 / v.group, qe / v.group,
+                                                        bk.stage + bk.warp * kStageWords);
+        else if (v.axis == Axis::Channel)  // (a group too long to stage)
           Base::template values_channel<D>(bk, v, bk.s0 / v.group, qe / v.group);
-        __syncwarp();
+        else
+          Base::template values_token<D>(bk, v, bk.s0, qe);
+        __syncwarp();  // the residual rows add into the same scratch
       }
     }
     const int64_t r0 = max(bk.s0, v.quantized_tokens);
