@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "tests/support/expect_error.h"
 
 namespace kvq {
 namespace {
@@ -31,13 +32,7 @@ std::string floats(std::initializer_list<float> v) {
 }
 
 void expect_error(const std::string& bytes, const std::string& needle) {
-  try {
-    parse_npy(bytes, "x.npy");
-    FAIL() << "expected an error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << "one line: " << e.what();
-  }
+  kvq::testing::expect_error([&] { parse_npy(bytes, "x.npy"); }, needle);
 }
 
 TEST(Npy, ParsesFloat32V1) {

@@ -46,10 +46,13 @@
 #include "reference_cpu/attention.h"
 #include "reference_cpu/kv_cache.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/support/expect_error.h"
 #include "tests/support/names.h"
 
 namespace kvq::cuda {
 namespace {
+
+using kvq::testing::expect_error;
 
 constexpr double kNmseExact = 1e-6;    // bf16 and fp8 caches
 constexpr double kNmseInt = 1e-5;      // int caches (scale / min folded differently)
@@ -540,16 +543,6 @@ TEST(AttentionHelpers, CodeToFloatIsExact) {
 
 // ---- host-only: plans and configuration errors -------------------------------------------------
 
-template <typename Fn>
-void expect_config_error(Fn fn, const std::string& piece) {
-  try {
-    fn();
-    ADD_FAILURE() << "no kvq::Error; expected one mentioning '" << piece << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(piece), std::string::npos) << e.what();
-  }
-}
-
 // Fake (never dereferenced) device pointers: every check below throws before any CUDA call.
 alignas(16) uint16_t g_fake16[8];
 alignas(16) float g_fake32[8];
@@ -641,9 +634,9 @@ TEST(AttentionPlan, ChosenSplitTokensRoundToTheGroupAndFitTheBuffer) {
   EXPECT_EQ(plan(100, 48).splits, 7);
   EXPECT_EQ(plan(1024, 32).splits, 1);
   EXPECT_EQ(plan(0, 32).split_tokens, 64);  // automatic: 1024 blocks wanted, 64 tokens at least
-  expect_config_error([&] { (void)plan(-1, 32); }, "split_tokens -1 is negative");
-  expect_config_error([&] { (void)plan(1025, 32); },
-                      "split_tokens 1025 (1056 as a multiple of group 32) exceeds the 1024 tokens");
+  expect_error([&] { (void)plan(-1, 32); }, "split_tokens -1 is negative");
+  expect_error([&] { (void)plan(1025, 32); },
+               "split_tokens 1025 (1056 as a multiple of group 32) exceeds the 1024 tokens");
 }
 
 // Expected: each bad value is named in the message (STYLE 9).
@@ -656,22 +649,39 @@ TEST(AttentionConfig, BadConfigurationThrowsNamingTheValue) {
                   size_t ws_bytes = sizeof ws) {
     (void)decode_attention(s, k, v, &q, &o, ws, ws_bytes);
   };
-  expect_config_error([&] { bf16({1, 2, 4, 96}, one, one); }, "unsupported head_dim 96 (supported: 64, 128)");
-  expect_config_error([&] { bf16({0, 2, 4, 64}, {}, {}); }, "batch 0");
-  expect_config_error([&] { bf16({65, 2, 4, 64}, one, one); }, "batch 65");
-  expect_config_error([&] { bf16({1, 2, 5, 64}, one, one); }, "q_heads 5 is not a positive multiple of kv_heads 2");
-  expect_config_error([&] { bf16({1, 2, 32, 64}, one, one); }, "GQA ratio 16");
-  expect_config_error([&] { bf16({2, 2, 4, 64}, one, one); }, "batch 2 but 1 K and 1 V views");
+  expect_error(
+      [&] {
+        bf16({1, 2, 4, 96}, one, one);
+      },
+      "unsupported head_dim 96 (supported: 64, 128)");
+  expect_error([&] { bf16({0, 2, 4, 64}, {}, {}); }, "batch 0");
+  expect_error([&] { bf16({65, 2, 4, 64}, one, one); }, "batch 65");
+  expect_error(
+      [&] {
+        bf16({1, 2, 5, 64}, one, one);
+      },
+      "q_heads 5 is not a positive multiple of kv_heads 2");
+  expect_error([&] { bf16({1, 2, 32, 64}, one, one); }, "GQA ratio 16");
+  expect_error([&] { bf16({2, 2, 4, 64}, one, one); }, "batch 2 but 1 K and 1 V views");
   const Bf16SideView shorter{g_fake16, 9}, empty{g_fake16, 0}, null{nullptr, 10};
-  expect_config_error([&] { bf16({1, 2, 4, 64}, one, std::span<const Bf16SideView>(&shorter, 1)); },
-                      "tokens 10 != V tokens 9");
-  expect_config_error([&] {
-    bf16({1, 2, 4, 64}, std::span<const Bf16SideView>(&empty, 1), std::span<const Bf16SideView>(&empty, 1));
-  }, "tokens 0");
-  expect_config_error([&] { bf16({1, 2, 4, 64}, std::span<const Bf16SideView>(&null, 1), one); },
-                      "sequence 0 K: data is null");
-  expect_config_error([&] { bf16({1, 2, 4, 64}, one, one, 16); }, "workspace of 16 bytes");
-  expect_config_error(
+  expect_error(
+      [&] {
+        bf16({1, 2, 4, 64}, one, std::span<const Bf16SideView>(&shorter, 1));
+      },
+      "tokens 10 != V tokens 9");
+  expect_error(
+      [&] {
+        bf16({1, 2, 4, 64}, std::span<const Bf16SideView>(&empty, 1),
+             std::span<const Bf16SideView>(&empty, 1));
+      },
+      "tokens 0");
+  expect_error(
+      [&] {
+        bf16({1, 2, 4, 64}, std::span<const Bf16SideView>(&null, 1), one);
+      },
+      "sequence 0 K: data is null");
+  expect_error([&] { bf16({1, 2, 4, 64}, one, one, 16); }, "workspace of 16 bytes");
+  expect_error(
       [&] {
         (void)decode_attention(DecodeShape{1, 2, 4, 64}, one, one, &q, &o, ws, sizeof ws, nullptr,
                                static_cast<DecodeKernel>(5));
@@ -682,16 +692,20 @@ TEST(AttentionConfig, BadConfigurationThrowsNamingTheValue) {
                        Granularity::Token};
   Fp8SideView f8b = f8;
   f8b.format = Fp8Format::E5M2;
-  expect_config_error([&] {
-    (void)decode_attention(DecodeShape{1, 2, 4, 64}, std::span<const Fp8SideView>(&f8, 1),
-                           std::span<const Fp8SideView>(&f8b, 1), &q, &o, ws, sizeof ws);
-  }, "one format per launch");
+  expect_error(
+      [&] {
+        (void)decode_attention(DecodeShape{1, 2, 4, 64}, std::span<const Fp8SideView>(&f8, 1),
+                               std::span<const Fp8SideView>(&f8b, 1), &q, &o, ws, sizeof ws);
+      },
+      "one format per launch");
   f8b = f8;
   f8b.gran = static_cast<Granularity>(7);
-  expect_config_error([&] {
-    (void)decode_attention(DecodeShape{1, 2, 4, 64}, std::span<const Fp8SideView>(&f8, 1),
-                           std::span<const Fp8SideView>(&f8b, 1), &q, &o, ws, sizeof ws);
-  }, "unknown Granularity value 7");
+  expect_error(
+      [&] {
+        (void)decode_attention(DecodeShape{1, 2, 4, 64}, std::span<const Fp8SideView>(&f8, 1),
+                               std::span<const Fp8SideView>(&f8b, 1), &q, &o, ws, sizeof ws);
+      },
+      "unknown Granularity value 7");
 
   auto run_int = [&](IntSideView k, IntSideView v) {
     (void)decode_attention(DecodeShape{1, 2, 4, 64}, std::span<const IntSideView>(&k, 1),
@@ -700,32 +714,32 @@ TEST(AttentionConfig, BadConfigurationThrowsNamingTheValue) {
   IntSideView k = int_view(100, 96, 32, Axis::Channel), v = int_view(100, 90, 32, Axis::Token);
   IntSideView bad = k;
   bad.bits = 5;
-  expect_config_error([&] { run_int(bad, v); }, "unsupported bits 5 (supported: 2, 3, 4, 8)");
+  expect_error([&] { run_int(bad, v); }, "unsupported bits 5 (supported: 2, 3, 4, 8)");
   bad = v;
   bad.bits = 4;
-  expect_config_error([&] { run_int(k, bad); }, "bits 4 differ from sequence 0's K bits 2");
+  expect_error([&] { run_int(k, bad); }, "bits 4 differ from sequence 0's K bits 2");
   bad = k;
   bad.quantized_tokens = 90;
-  expect_config_error([&] { run_int(bad, v); }, "quantized_tokens 90 is not a multiple of group 32");
+  expect_error([&] { run_int(bad, v); }, "quantized_tokens 90 is not a multiple of group 32");
   bad = k;
   bad.quantized_tokens = 101;
-  expect_config_error([&] { run_int(bad, v); }, "quantized_tokens 101 outside [0, 100]");
+  expect_error([&] { run_int(bad, v); }, "quantized_tokens 101 outside [0, 100]");
   bad = v;
   bad.group = 65;
-  expect_config_error([&] { run_int(k, bad); }, "per-token group 65 exceeds head_dim 64");
+  expect_error([&] { run_int(k, bad); }, "per-token group 65 exceeds head_dim 64");
   bad = v;
   bad.mins = nullptr;
-  expect_config_error([&] { run_int(k, bad); }, "sequence 0 V: mins is null");
+  expect_error([&] { run_int(k, bad); }, "sequence 0 V: mins is null");
   bad = k;
   bad.residual = nullptr;
-  expect_config_error([&] { run_int(bad, v); }, "sequence 0 K: residual is null");
+  expect_error([&] { run_int(bad, v); }, "sequence 0 K: residual is null");
   bad = k;
   bad.group = 4096;
   bad.quantized_tokens = 0;
-  expect_config_error([&] { run_int(bad, v); }, "group 4096 exceeds the 2048 tokens a split holds");
+  expect_error([&] { run_int(bad, v); }, "group 4096 exceeds the 2048 tokens a split holds");
   bad = k;
   bad.axis = static_cast<Axis>(3);
-  expect_config_error([&] { run_int(bad, v); }, "unknown Axis value 3");
+  expect_error([&] { run_int(bad, v); }, "unknown Axis value 3");
 }
 
 }  // namespace

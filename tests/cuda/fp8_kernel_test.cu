@@ -22,8 +22,9 @@
 #include "core/error.h"
 #include "fp8/scale.h"
 #include "kernels/cuda/cuda_check.h"
-#include "tests/cuda/cuda_test_util.h"
 #include "kernels/cuda/fp8_kernels.cuh"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/support/expect_error.h"
 
 namespace kvq {
 /// Readable gtest parameter output (found by ADL) instead of a byte dump.
@@ -32,6 +33,8 @@ namespace kvq {
 
 namespace kvq::cuda {
 namespace {
+
+using kvq::testing::expect_error;
 
 using testing::GuardedBuffer;
 
@@ -225,48 +228,37 @@ INSTANTIATE_TEST_SUITE_P(Special, Fp8KernelSpecial,
 
 // ---- configuration errors (host only: these run without a device) ----------------------------
 
-/// Expects kvq::Error whose message contains `piece`.
-template <typename Fn>
-void expect_config_error(Fn fn, const std::string& piece) {
-  try {
-    fn();
-    ADD_FAILURE() << "no kvq::Error; expected one mentioning '" << piece << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(piece), std::string::npos) << e.what();
-  }
-}
-
 // Expected: the offending value appears in the message (STYLE 9).
 TEST(Fp8KernelConfig, BadConfigurationThrowsNamingTheValue) {
   float f = 0;
   uint8_t c = 0;
   const Shape3 ok{2, 2, 4};
-  expect_config_error(
+  expect_error(
       [&] {
         (void)fp8_quantize(Fp8Format::E4M3, Granularity::Token, Shape3{-1, 2, 4}, &f, &f, &c);
       },
       "T=-1");
-  expect_config_error(
+  expect_error(
       [&] {
         (void)fp8_dequantize(Fp8Format::E5M2, Granularity::Head, Shape3{2, -3, 4}, &c, &f, &f);
       },
       "H=-3");
-  expect_config_error(
+  expect_error(
       [&] { (void)fp8_quantize(Fp8Format::E4M3, Granularity::Token, ok, nullptr, &f, &c); },
       "x is null");
-  expect_config_error(
+  expect_error(
       [&] { (void)fp8_quantize(Fp8Format::E4M3, Granularity::Token, ok, &f, nullptr, &c); },
       "scales is null");
-  expect_config_error(
+  expect_error(
       [&] { (void)fp8_dequantize(Fp8Format::E4M3, Granularity::Token, ok, &c, &f, nullptr); },
       "y is null");
-  expect_config_error(
+  expect_error(
       [&] { (void)fp8_dynamic_scales(Fp8Format::E4M3, Granularity::Channel, ok, &f, nullptr); },
       "scales is null");
-  expect_config_error(
+  expect_error(
       [&] { (void)fp8_quantize(static_cast<Fp8Format>(7), Granularity::Token, ok, &f, &f, &c); },
       "unknown Fp8Format value 7");
-  expect_config_error(
+  expect_error(
       [&] { (void)fp8_dynamic_scales(Fp8Format::E4M3, static_cast<Granularity>(9), ok, &f, &f); },
       "unknown Granularity value 9");
 }

@@ -37,15 +37,18 @@
 #include "core/spec.h"
 #include "core/tensor.h"
 #include "kernels/cuda/cuda_check.h"
-#include "tests/cuda/cuda_test_util.h"
 #include "kernels/cuda/kivi_cache_device.cuh"
 #include "kernels/cuda/kivi_kernels.cuh"
 #include "kivi/cache.h"
 #include "kivi/minmax.h"
 #include "kivi/pack.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/support/expect_error.h"
 
 namespace kvq::cuda {
 namespace {
+
+using kvq::testing::expect_error;
 
 using testing::GuardedBuffer;
 
@@ -559,17 +562,6 @@ TEST(KiviQuantizeLauncherEmpty, ZeroTokens) {
 
 // ---- configuration errors (host only: these run without a device) ----------------------------
 
-/// Expects kvq::Error whose message contains `piece`.
-template <typename Fn>
-void expect_config_error(Fn fn, const std::string& piece) {
-  try {
-    fn();
-    ADD_FAILURE() << "no kvq::Error; expected one mentioning '" << piece << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(piece), std::string::npos) << e.what();
-  }
-}
-
 IntSpec spec_of(int bits, Axis axis, int group, int residual) {
   IntSpec q = Case{bits, axis, false, group, 0, 1, 1, 64}.spec();
   q.residual = residual;
@@ -579,52 +571,48 @@ IntSpec spec_of(int bits, Axis axis, int group, int residual) {
 // Expected: the offending value appears in the message (STYLE 9); the cache's rules and messages
 // are kivi::SideCache's.
 TEST(KiviKernelConfig, BadConfigurationThrowsNamingTheValue) {
-  expect_config_error([] { KiviSideCache(spec_of(5, Axis::Token, 32, 0), Role::Value, 2, 64); },
-                      "5 bits");
-  expect_config_error(
-      [] { KiviSideCache(spec_of(2, Axis::Channel, kGroupDim, 0), Role::Key, 2, 64); }, "g=dim");
-  expect_config_error([] { KiviSideCache(spec_of(2, Axis::Channel, 32, 48), Role::Key, 2, 64); },
-                      "r=48");
-  expect_config_error([] { KiviSideCache(spec_of(2, Axis::Token, 128, 0), Role::Key, 2, 64); },
-                      "g=128");
-  expect_config_error([] { KiviSideCache(spec_of(2, Axis::Token, 32, 0), Role::Key, 0, 64); },
-                      "heads=0");
+  expect_error([] { KiviSideCache(spec_of(5, Axis::Token, 32, 0), Role::Value, 2, 64); }, "5 bits");
+  expect_error([] { KiviSideCache(spec_of(2, Axis::Channel, kGroupDim, 0), Role::Key, 2, 64); },
+               "g=dim");
+  expect_error([] { KiviSideCache(spec_of(2, Axis::Channel, 32, 48), Role::Key, 2, 64); }, "r=48");
+  expect_error([] { KiviSideCache(spec_of(2, Axis::Token, 128, 0), Role::Key, 2, 64); }, "g=128");
+  expect_error([] { KiviSideCache(spec_of(2, Axis::Token, 32, 0), Role::Key, 0, 64); }, "heads=0");
   KiviSideCache ok(spec_of(2, Axis::Token, 32, 0), Role::Key, 2, 64);
-  expect_config_error([&] { (void)ok.append(nullptr, -1); }, "n=-1");
-  expect_config_error([&] { (void)ok.append(nullptr, 3); }, "null pointer");
-  expect_config_error([&] { (void)ok.reserve(-2); }, "tokens=-2");
+  expect_error([&] { (void)ok.append(nullptr, -1); }, "n=-1");
+  expect_error([&] { (void)ok.append(nullptr, 3); }, "null pointer");
+  expect_error([&] { (void)ok.reserve(-2); }, "tokens=-2");
   float f = 0;
   uint32_t w = 0;
   uint16_t s = 0;
   const Shape3 shape{32, 2, 64};
-  expect_config_error(
-      [&] { (void)kivi_quantize(Axis::Token, 7, false, 32, shape, &f, &w, &s, &s); }, "7 bits");
-  expect_config_error(
-      [&] { (void)kivi_quantize(Axis::Token, 2, false, 0, shape, &f, &w, &s, &s); }, "g=0");
-  expect_config_error(
-      [&] { (void)kivi_quantize(Axis::Channel, 2, false, 32, {33, 2, 64}, &f, &w, &s, &s); },
+  expect_error([&] { (void)kivi_quantize(Axis::Token, 7, false, 32, shape, &f, &w, &s, &s); },
+               "7 bits");
+  expect_error([&] { (void)kivi_quantize(Axis::Token, 2, false, 0, shape, &f, &w, &s, &s); },
+               "g=0");
+  expect_error(
+      [&] {
+        (void)kivi_quantize(Axis::Channel, 2, false, 32, {33, 2, 64}, &f, &w, &s, &s);
+      },
       "T=33");
-  expect_config_error(
-      [&] { (void)kivi_quantize(Axis::Token, 2, false, 128, shape, &f, &w, &s, &s); }, "g=128");
-  expect_config_error(
-      [&] { (void)kivi_quantize(Axis::Token, 2, false, 32, {-1, 2, 64}, &f, &w, &s, &s); },
+  expect_error([&] { (void)kivi_quantize(Axis::Token, 2, false, 128, shape, &f, &w, &s, &s); },
+               "g=128");
+  expect_error(
+      [&] {
+        (void)kivi_quantize(Axis::Token, 2, false, 32, {-1, 2, 64}, &f, &w, &s, &s);
+      },
       "T=-1");
-  expect_config_error(
-      [&] { (void)kivi_quantize(Axis::Token, 2, false, 32, shape, nullptr, &w, &s, &s); },
-      "x is null");
-  expect_config_error(
-      [&] { (void)kivi_quantize(Axis::Token, 2, false, 32, shape, &f, nullptr, &s, &s); },
-      "words is null");
-  expect_config_error(
+  expect_error([&] { (void)kivi_quantize(Axis::Token, 2, false, 32, shape, nullptr, &w, &s, &s); },
+               "x is null");
+  expect_error([&] { (void)kivi_quantize(Axis::Token, 2, false, 32, shape, &f, nullptr, &s, &s); },
+               "words is null");
+  expect_error(
       [&] { (void)kivi_quantize(Axis::Channel, 2, false, 32, shape, &f, &w, nullptr, &s); },
       "scales is null");
-  expect_config_error(
+  expect_error(
       [&] { (void)kivi_quantize(Axis::Channel, 2, false, 32, shape, &f, &w, &s, nullptr); },
       "mins is null");
-  expect_config_error(
-      [&] {
-        (void)kivi_quantize(static_cast<Axis>(9), 2, false, 32, shape, &f, &w, &s, &s);
-      },
+  expect_error(
+      [&] { (void)kivi_quantize(static_cast<Axis>(9), 2, false, 32, shape, &f, &w, &s, &s); },
       "unknown Axis value 9");
 }
 
@@ -635,9 +623,8 @@ TEST(KiviKernelConfig, BatchedQuantizeNamesTheBadJob) {
   uint32_t w = 0;
   uint16_t s = 0;
   const KiviQuantizeJob jobs[] = {{&f, 32, &w, &s, &s}, {&f, 33, &w, &s, &s}};
-  expect_config_error(
-      [&] { (void)kivi_quantize_batch(Axis::Channel, 2, false, 32, 2, 64, jobs); },
-      "job 1: per-channel: T=33");
+  expect_error([&] { (void)kivi_quantize_batch(Axis::Channel, 2, false, 32, 2, 64, jobs); },
+               "job 1: per-channel: T=33");
 }
 
 // The sweep list itself (host only): every bits x axis x sym x G x R is present.

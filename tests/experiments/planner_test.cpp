@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/footprint.h"
+#include "tests/support/expect_error.h"
 
 namespace kvq::planner {
 namespace {
@@ -21,18 +22,7 @@ PlanInput design_note(std::vector<std::string> kv = {"bf16", "fp8"}) {
   return in;  // defaults: 55 GB, 4,096-token requests, decode batch 64 x 2,000 tokens
 }
 
-// Expects `f` to throw kvq::Error with a one-line message containing `needle`.
-template <typename F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no kvq::Error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(needle), std::string::npos) << msg;
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  }
-}
+using kvq::testing::expect_error;
 
 // The design note: Llama 3.1 8B, 32 layers x 8 kv heads x 128 dims.
 //   BF16: 32 * 8 * 128 * 2 (K and V) * 2 B = 131,072 B = 128 KiB per token.

@@ -23,6 +23,7 @@
 
 #include "core/error.h"
 #include "tests/fp8/fp8_ref.h"
+#include "tests/support/expect_error.h"
 
 namespace kvq {
 /// Readable gtest parameter output (found by ADL) instead of a byte dump.
@@ -378,16 +379,12 @@ class Calib : public ::testing::Test {
 const char* kValid = R"({"kvq_calibration": 1, "model": "tiny", "source": "wiki.txt",
   "layers": [ {"k_amax": [2, 4], "v_amax": [3, 5]}, {"k_amax": [8, 1], "v_amax": [6, 7.5]} ]})";
 
-/// Expects fn to throw kvq::Error whose message contains every piece.
+/// Expects fn to throw kvq::Error (one line) whose message contains every piece.
 void expect_error(const std::function<void()>& fn, const std::vector<std::string>& pieces) {
-  try {
-    fn();
-    ADD_FAILURE() << "no exception; expected one mentioning " << pieces.front();
-  } catch (const Error& e) {
-    for (const std::string& p : pieces)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "'" << e.what() << "' lacks '" << p << "'";
-  }
+  const std::string msg = kvq::testing::expect_error(fn, pieces.front());
+  if (msg.empty()) return;
+  for (const std::string& p : pieces)
+    EXPECT_NE(msg.find(p), std::string::npos) << "'" << msg << "' lacks '" << p << "'";
 }
 
 // Expected: the numbers written in kValid.

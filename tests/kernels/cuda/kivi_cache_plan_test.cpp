@@ -27,6 +27,7 @@
 #include "kernels/cpu/kivi.h"
 #include "kernels/cuda/kivi_cache_device.cu"  // NOLINT(bugprone-suspicious-include): see above
 #include "kivi/cache.h"
+#include "tests/support/expect_error.h"
 
 namespace kvq::cuda {
 
@@ -81,6 +82,8 @@ cudaError_t copy_floats_batch(std::span<const FloatCopy> copies, cudaStream_t) {
 }
 
 namespace {
+
+using kvq::testing::expect_error;
 
 struct Config {
   int bits;
@@ -222,16 +225,6 @@ TEST(KiviCachePlan, SingleAppendsStoreTheCpuCachesBytes) {
   }
 }
 
-template <typename Fn>
-void expect_config_error(Fn fn, const std::string& piece) {
-  try {
-    fn();
-    ADD_FAILURE() << "no kvq::Error; expected one mentioning '" << piece << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(piece), std::string::npos) << e.what();
-  }
-}
-
 // Expected: append_batch checks every request before queuing or changing anything and names the
 // request (STYLE 9).
 TEST(KiviCachePlan, BatchedAppendNamesTheBadRequest) {
@@ -246,7 +239,7 @@ TEST(KiviCachePlan, BatchedAppendNamesTheBadRequest) {
     const int64_t n[] = {1, n1};
     (void)KiviSideCache::append_batch(cs, x, n);
   };
-  expect_config_error(
+  expect_error(
       [&] {
         KiviSideCache* cs[] = {&a, &b};
         const float* x[] = {f.data()};
@@ -254,15 +247,12 @@ TEST(KiviCachePlan, BatchedAppendNamesTheBadRequest) {
         (void)KiviSideCache::append_batch(cs, x, n);
       },
       "2 caches with 1 inputs");
-  expect_config_error([&] { batch(&a, nullptr, f.data(), 1); }, "request 1: the cache is null");
-  expect_config_error([&] { batch(&a, &b, f.data(), -2); }, "request 1: append of n=-2");
-  expect_config_error([&] { batch(&a, &b, nullptr, 4); },
-                      "request 1: append of n=4 tokens from a null");
-  expect_config_error([&] { batch(&a, &other, f.data(), 1); },
-                      "request 1: its spec or shape differs");
-  expect_config_error([&] { batch(&a, &wide, f.data(), 1); }, "3 heads x 64");
-  expect_config_error([&] { batch(&a, &a, f.data(), 1); },
-                      "request 1: the same cache as request 0");
+  expect_error([&] { batch(&a, nullptr, f.data(), 1); }, "request 1: the cache is null");
+  expect_error([&] { batch(&a, &b, f.data(), -2); }, "request 1: append of n=-2");
+  expect_error([&] { batch(&a, &b, nullptr, 4); }, "request 1: append of n=4 tokens from a null");
+  expect_error([&] { batch(&a, &other, f.data(), 1); }, "request 1: its spec or shape differs");
+  expect_error([&] { batch(&a, &wide, f.data(), 1); }, "3 heads x 64");
+  expect_error([&] { batch(&a, &a, f.data(), 1); }, "request 1: the same cache as request 0");
   EXPECT_EQ(a.tokens(), 0);  // the failed calls changed nothing
   EXPECT_EQ(b.tokens(), 0);
   batch(&a, &b, f.data(), 3);  // and the caches still take a good batch
