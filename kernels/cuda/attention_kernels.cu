@@ -97,8 +97,8 @@ struct MergeParams {
   int dim;
 };
 
-/// Where the tiled int kernels' staged key words start in shared memory (floats from its start:
-/// after q_s, scratch and scores, rounded up to 16 bytes), and the words each warp stages.
+/// Where the tiled int kernels' staged per-channel words start in shared memory (floats from its
+/// start: after q_s, scratch and scores, rounded up to 16 bytes), and the words each warp stages.
 KVQ_HD int64_t stage_offset(int nq, int D, int64_t ld) {
   return (static_cast<int64_t>(nq) * D * (1 + kWarps) + nq * ld + 3) / 4 * 4;
 }
@@ -635,10 +635,11 @@ struct IntPolicy {
         src = stage;
 #pragma unroll
         for (int i = 0; i < NQ; ++i) {
-          float s = 0.0f;
-          if (i < bk.nq)
-            for (int j = bk.lane; j < G; j += 32) s += p[i * bk.ld + j];
-          psum[i] = warp_sum(s);
+          psum[i] = 0.0f;
+          if (i < bk.nq) {  // bk.nq is the same on every lane: the whole warp sums
+            for (int j = bk.lane; j < G; j += 32) psum[i] += p[i * bk.ld + j];
+            psum[i] = warp_sum(psum[i]);
+          }
         }
         __syncwarp();  // the stage complete
       } else {
@@ -704,19 +705,19 @@ struct IntPolicy {
 
 // ---- tiled phases (DecodeKernel::Tiled, issue 12) ---------------------------------------------
 //
-// Token-major rows (bf16, fp8, per-token int values, the float32 residual) are read a warp at a
-// time: a row's D channels are spread over D / 8 lanes (8 channels each: one 16-byte load of bf16,
-// 8 bytes of fp8), so a warp step reads 32 / (D / 8) whole rows, each a contiguous run, and U steps
-// are loaded before any is used (several loads in flight per lane). Scores: each lane dots its 8
-// channels with q held in registers and the row's lanes add by shuffles; values: each lane keeps
-// NQ x 8 sums in registers, added across the warp's rows once at the end. NQ is the GQA group
+// Token-major rows (bf16, fp8, per-token int keys and values, the float32 residual) are read a warp
+// at a time: a row's D channels are spread over D / 8 lanes (8 channels each: one 16-byte load of
+// bf16, 8 bytes of fp8), so a warp step reads 32 / (D / 8) whole rows, each a contiguous run, and U
+// steps are loaded before any is used (several loads in flight per lane). Scores: each lane dots
+// its 8 channels with q held in registers and the row's lanes add by shuffles; values: each lane
+// keeps NQ x 8 sums in registers, added across the warp's rows once at the end. NQ is the GQA group
 // rounded up to 1, 2, 4 or 8 (register arrays sized by it, the rest masked by bk.nq). FP8 codes
-// and 4-bit value codes are unpacked two at a time by kernels/cuda/unpack.h (tested on the host).
+// and 4-bit int codes are unpacked two at a time by kernels/cuda/unpack.h (tested on the host).
 // Per-token int keys and values share one row loader (code * scale + min per lane). Per-channel
 // int groups are staged in shared memory by coalesced 16-byte loads (keys: lane = token; values:
 // lane = channel, each channel's words padded to an odd count so the lanes' reads hit different
-// banks). 3-bit words, groups that split a lane's 8 channels and groups too long for the stage
-// take the baseline phases.
+// banks). Per-token sides with 3-bit words or groups that split a lane's 8 channels, and
+// per-channel groups too long for the stage, take the baseline phases.
 
 constexpr int kTiledChannels = 8;  // channels per lane of a token-major row
 constexpr int kTiledUnroll = 2;    // warp steps loaded before use
@@ -936,8 +937,9 @@ struct IntTiled {
   /// Whether a per-token side (keys or values) takes the tiled row loader: a lane's 8 channels
   /// sit in one group and in one word (B 2, 4) or two (B 8) of the token's packed run.
   __device__ static bool tiled_token_rows(const IntSideView& s) {
-    if constexpr (B == 3) return false;  // 10 codes a word: a lane's channels may straddle two
-    return s.axis == Axis::Token && s.group % kTiledChannels == 0 && s.group % Base::kCpw == 0;
+    // (3-bit words hold 10 codes: a lane's 8 channels may straddle two)
+    return B != 3 && s.axis == Axis::Token && s.group % kTiledChannels == 0 &&
+           s.group % Base::kCpw == 0;
   }
 
   /// Codes of channels [c0, c0 + 8) of a per-token row (tiled_token_rows holds) as floats.
