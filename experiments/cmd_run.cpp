@@ -57,11 +57,53 @@ void check_stop() {
   if (g_stop) throw Interrupted("interrupted");
 }
 
+// Whether PID is a live kvq process: running (a killed writer whose parent died first stays a
+// zombie until init reaps it, and kill(PID, 0) still succeeds then - CI saw it), a process
+// rather than a thread (PIDs wrap at 32768 here), and kvq.
+bool kvq_process_alive(long pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  std::ifstream status(fmt::format("/proc/{}/status", pid));
+  std::string line, name, state;
+  long tgid = -1;
+  while (std::getline(status, line)) {
+    const auto value = [&] {
+      const size_t at = line.find_first_not_of(" \t", line.find(':') + 1);
+      return at == std::string::npos ? std::string() : line.substr(at);
+    };
+    if (line.rfind("Name:", 0) == 0) name = value();
+    if (line.rfind("State:", 0) == 0) state = value();
+    if (line.rfind("Tgid:", 0) == 0) tgid = std::strtol(value().c_str(), nullptr, 10);
+  }
+  if (tgid < 0) return !status.eof();  // no /proc to ask: assume alive and keep the file
+  return tgid == pid && name.rfind("kvq", 0) == 0 && !state.empty() && state[0] != 'Z' &&
+         state[0] != 'X';
+}
+
+// A run killed inside a write (SIGKILL, power loss) leaves NAME.tmp.PID beside the intact NAME
+// (core/io.cpp writes, then renames). Removes those in dir whose NAME this run writes
+// (`ours(NAME)`) once process PID is gone: never while another kvq on the same folder may still
+// be writing one.
+template <class Ours>
+void remove_stale_temporaries(const std::filesystem::path& dir, Ours ours) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos || !ours(name.substr(0, at))) continue;
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + at + 5, &end, 10);
+    if (pid > 0 && *end == 0 && !kvq_process_alive(pid)) std::filesystem::remove(e.path(), ec);
+  }
+}
+
 // One results table: rows keyed by "key", persisted as jsonl + csv after every row.
 class ResultTable {
  public:
   ResultTable(std::filesystem::path dir, std::string task) : dir_(std::move(dir)), task_(std::move(task)) {
-    remove_stale_temporaries();
+    remove_stale_temporaries(dir_, [&](const std::string& name) {
+      return name == task_ + ".jsonl" || name == task_ + ".csv";
+    });
     const auto p = dir_ / (task_ + ".jsonl");
     if (std::filesystem::exists(p))
       for (auto& l : read_jsonl(p.string(), "; delete the file or the line to rerun"))
@@ -116,46 +158,6 @@ class ResultTable {
   }
 
  private:
-  // Whether PID is a live kvq process: running (a killed writer whose parent died first stays a
-  // zombie until init reaps it, and kill(PID, 0) still succeeds then - CI saw it), a process
-  // rather than a thread (PIDs wrap at 32768 here), and kvq.
-  static bool kvq_process_alive(long pid) {
-    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
-    std::ifstream status(fmt::format("/proc/{}/status", pid));
-    std::string line, name, state;
-    long tgid = -1;
-    while (std::getline(status, line)) {
-      const auto value = [&] {
-        const size_t at = line.find_first_not_of(" \t", line.find(':') + 1);
-        return at == std::string::npos ? std::string() : line.substr(at);
-      };
-      if (line.rfind("Name:", 0) == 0) name = value();
-      if (line.rfind("State:", 0) == 0) state = value();
-      if (line.rfind("Tgid:", 0) == 0) tgid = std::strtol(value().c_str(), nullptr, 10);
-    }
-    if (tgid < 0) return !status.eof();  // no /proc to ask: assume alive and keep the file
-    return tgid == pid && name.rfind("kvq", 0) == 0 && !state.empty() && state[0] != 'Z' &&
-           state[0] != 'X';
-  }
-
-  // A run killed inside a write (SIGKILL, power loss) leaves TASK.jsonl.tmp.PID or
-  // TASK.csv.tmp.PID beside the intact file (core/io.cpp writes, then renames): removed here when
-  // process PID is gone, never while another kvq on the same folder may still be writing it.
-  void remove_stale_temporaries() const {
-    std::error_code ec;
-    if (!std::filesystem::is_directory(dir_, ec)) return;
-    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
-      const std::string name = e.path().filename().string();
-      for (const char* ext : {".jsonl.tmp.", ".csv.tmp."}) {
-        const std::string prefix = task_ + ext;
-        if (name.rfind(prefix, 0) != 0) continue;
-        char* end = nullptr;
-        const long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
-        if (pid > 0 && *end == 0 && !kvq_process_alive(pid)) std::filesystem::remove(e.path(), ec);
-      }
-    }
-  }
-
   std::filesystem::path dir_;
   std::string task_;
   std::vector<json> rows_;
@@ -1104,6 +1106,10 @@ void register_run(CLI::App& app) {
     const std::string out =
         shard.n > 1 ? (std::filesystem::path(base) / fmt::format("shard-{}-of-{}", shard.i, shard.n)).string() : base;
     const std::filesystem::path saved = std::filesystem::path(out) / "config.toml";
+    remove_stale_temporaries(out, [](const std::string& name) {  // config.toml, config-N.toml
+      return name == "config.toml" ||
+             (name.rfind("config-", 0) == 0 && name.size() > 12 && name.ends_with(".toml"));
+    });
     if (std::filesystem::exists(saved) && read_file(saved.string()) != config_text) {
       KVQ_CHECK(o->append,
                 "{} holds results of a different config ({} differs from {}); give --out DIR for a new "

@@ -378,17 +378,29 @@ TEST_F(RunCli, SigkillAt20Points_resumeEqualsUninterruptedRun_andShardsMerge) {
   // A leftover whose writer's PID now belongs to another live program (PID 1 here; PIDs wrap, and
   // CI found one reused by a thread) is stale too.
   std::ofstream(killed / "synthetic.csv.tmp.1") << "partial";
+  std::ofstream(killed / "config.toml.tmp.1") << "partial";  // a kill inside the config's copy
   r = run_kvq("run " + cfg.string());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(strip(jsonl(killed / "synthetic.jsonl")), strip(want));
-  // What a kill inside a write left (TASK.jsonl.tmp.PID) is gone once a run has reopened the folder.
+  // What a kill inside a write left (TASK.jsonl.tmp.PID, config.toml.tmp.PID) is gone once a run
+  // has reopened the folder.
   for (const auto& e : std::filesystem::directory_iterator(killed))
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << "left " << e.path();
   // Shard 1 of 2 killed half-way and resumed, shard 2 whole, then merged: the uninterrupted rows.
   const auto sharded = dir_ / "sharded";
   write_cfg(sharded);
-  r = run_kvq("run --shard 1/2 " + cfg.string(), fmt::format("timeout -s KILL {:.3f}", secs / 4));
-  ASSERT_EQ(r.status, 137) << "shard 1 was to be killed half-way through its rows: " << r.err;
+  // Killed once 3 of its 13 rows are on disk (a kill at a fixed share of the whole run's time
+  // could come after the shard had finished when the host got faster meanwhile), at most 120 s.
+  const std::string rows1 = (sharded / "shard-1-of-2" / "synthetic.jsonl").string();
+  const std::string kill_cmd =
+      "('" + std::string(KVQ_BINARY) + "' run --shard 1/2 " + cfg.string() +
+      " >/dev/null 2>&1 & pid=$!; for i in $(seq 6000); do [ -f '" + rows1 +
+      "' ] && [ $(wc -l < '" + rows1 +
+      "') -ge 3 ] && break; sleep 0.02; done; kill -KILL $pid; wait $pid; exit $?)";
+  const int raw = std::system(kill_cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(raw));
+  ASSERT_EQ(WEXITSTATUS(raw), 137) << "shard 1 was to be killed part-way through its rows";
+  ASSERT_LT(jsonl(rows1).size(), 13u) << "shard 1 finished before the kill";
   ASSERT_EQ(run_kvq("run --shard 1/2 " + cfg.string()).status, 0);
   ASSERT_EQ(run_kvq("run --shard 2/2 " + cfg.string()).status, 0);
   ASSERT_EQ(run_kvq("run --merge " + cfg.string()).status, 0);
