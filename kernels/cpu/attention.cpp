@@ -92,6 +92,7 @@ struct Scratch {
   std::vector<float> mv;         // and 16-lane sums of p * min
   std::vector<uint16_t> qb;      // fp8 in the int8 mode: q as bf16 [H, NQ, D]
   const float* qb_of = nullptr;  // the q that qb holds (reset at each block)
+  const float* qs_of = nullptr;  // fp8 keys, exact mode: the q that qs holds scaled (the same)
   std::vector<float> rowf;       // the factor of each row's scores
   std::vector<uint32_t> wp;      // and the weights as bf16 pairs
 };
@@ -396,14 +397,16 @@ struct Fp16Rows {
 #endif
 };
 
+/// fp8 rows as their values times 2^(kBias - 15) (fp8_raw8, simd_decode.h): the callers fold
+/// fp8_restore<F>() into the query or the weights, a power of two, so the same products.
 template <Fp8Format F>
 struct Fp8Rows {
   const uint8_t* base;
   int64_t stride;
   void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D); }
-  __m256 operator()(int64_t j, int64_t d) const { return fp8_decode8<F>(base + j * stride + d); }
+  __m256 operator()(int64_t j, int64_t d) const { return fp8_raw8<F>(base + j * stride + d); }
 #if KVQ_CPU_AVX512
-  __m512 z(int64_t j, int64_t d) const { return fp8_decode16<F>(base + j * stride + d); }
+  __m512 z(int64_t j, int64_t d) const { return fp8_raw16<F>(base + j * stride + d); }
 #endif
 };
 
@@ -476,9 +479,11 @@ struct ChannelCodes {
 /// the loader has a 16-float form (Wide<L>) and D is a multiple of 16, the chain runs in steps of
 /// 16 and its two halves are added before the tree. Which rows go together, and in which order
 /// blocks are taken, never changes a score.
-template <int NQ, int U, class L>
+template <int NQ, int U, bool kOneQ = false, class L>
 inline void dot_core(const float* const* q, const int64_t* rows, int64_t D, const L& ld,
                      float* res) {
+  // kOneQ: every row's queries are q[0]'s, loaded once per channel vector for all U rows
+  auto qv = [&](int u) { return q[kOneQ ? 0 : u]; };
   __m256 acc[NQ * U];
   bool wide = false;  // 16 channels a step
 #if KVQ_CPU_AVX512
@@ -490,10 +495,12 @@ inline void dot_core(const float* const* q, const int64_t* rows, int64_t D, cons
       for (int64_t d = 0; d < D; d += 16) {
         __m512 kv[U];
         for (int u = 0; u < U; ++u) kv[u] = ld.z(rows[u], d);
-        for (int i = 0; i < NQ; ++i)
+        for (int i = 0; i < NQ; ++i) {
+          const __m512 q0 = _mm512_loadu_ps(qv(0) + i * D + d);
           for (int u = 0; u < U; ++u)
-            az[i * U + u] =
-                _mm512_fmadd_ps(_mm512_loadu_ps(q[u] + i * D + d), kv[u], az[i * U + u]);
+            az[i * U + u] = _mm512_fmadd_ps(kOneQ ? q0 : _mm512_loadu_ps(qv(u) + i * D + d), kv[u],
+                                            az[i * U + u]);
+        }
       }
       for (int a = 0; a < NQ * U; ++a) acc[a] = fold16(az[a]);
     }
@@ -504,10 +511,12 @@ inline void dot_core(const float* const* q, const int64_t* rows, int64_t D, cons
     for (int64_t d = 0; d < D; d += 8) {
       __m256 kv[U];
       for (int u = 0; u < U; ++u) kv[u] = ld(rows[u], d);
-      for (int i = 0; i < NQ; ++i)
+      for (int i = 0; i < NQ; ++i) {
+        const __m256 q0 = _mm256_loadu_ps(qv(0) + i * D + d);
         for (int u = 0; u < U; ++u)
-          acc[i * U + u] =
-              _mm256_fmadd_ps(_mm256_loadu_ps(q[u] + i * D + d), kv[u], acc[i * U + u]);
+          acc[i * U + u] = _mm256_fmadd_ps(kOneQ ? q0 : _mm256_loadu_ps(qv(u) + i * D + d), kv[u],
+                                           acc[i * U + u]);
+      }
     }
   }
   constexpr int kN = NQ * U;
@@ -533,7 +542,7 @@ void dot_rows(const float* q, int64_t D, int64_t n, const L& ld, float* s, int64
     int64_t rows[U];
     for (int u = 0; u < U; ++u) qs[u] = q, rows[u] = j + u;
     float res[NQ * U];
-    dot_core<NQ, U>(qs, rows, D, ld, res);
+    dot_core<NQ, U, true>(qs, rows, D, ld, res);
     for (int i = 0; i < NQ; ++i)
       for (int u = 0; u < U; ++u) s[i * lds + j + u] = res[i * U + u];
     j += U;
@@ -593,7 +602,7 @@ void dot_heads(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, flo
       int64_t rows[U];
       for (int u = 0; u < U; ++u) qs[u] = q + h * NQ * D, rows[u] = (t + u) * H + h;
       float res[NQ * U];
-      dot_core<NQ, U>(qs, rows, D, ld, res);
+      dot_core<NQ, U, true>(qs, rows, D, ld, res);
       for (int i = 0; i < NQ; ++i)
         for (int u = 0; u < U; ++u) s[h * hs + i * lds + t + u] = res[i * U + u];
     }
@@ -1713,12 +1722,6 @@ void with_fp8_format(Fp8Format fmt, Fn&& f) {
   fail("cpu attention: unknown fp8 format {}", static_cast<int>(fmt));
 }
 
-/// Runs f(loader) with the fp8 loader of the side's format.
-template <class F>
-void with_fp8_rows(const StoredSide& s, const uint8_t* base, int64_t stride, F&& f) {
-  with_fp8_format(s.format, [&]<Fp8Format T>() { f(Fp8Rows<T>{base, stride}); });
-}
-
 #if KVQ_CPU_BF16DOT
 using Bh = __m512bh;
 inline Bh as_bh(__m512i x) { return (Bh)x; }         // NOLINT: a vector cast (same bits)
@@ -2142,17 +2145,23 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
     return;
   }
 #endif
-  const float* qq = c.q;
-  if (k.gran == Granularity::Channel) {  // fold the per-channel scales into q
-    for (int64_t h = 0; h < H; ++h)
-      for (int i = 0; i < NQ; ++i)
-        for (int64_t d = 0; d < D; ++d)
-          w.qs[static_cast<size_t>((h * NQ + i) * D + d)] =
-              c.q[(h * NQ + i) * D + d] * k.fp8_scales[h * D + d];
-    qq = w.qs.data();
-  }
-  with_fp8_rows(k, k.codes + t0 * row, D, [&](const auto& ld) {
-    dot_heads_any<kStream, NQ, TT>(qq, H, D, t1 - t0, ld, s, hs, lds, (k.tokens - t0) * H);
+  // q times the per-channel scales, times the loader's power of two (Fp8Rows)
+  with_fp8_format(k.format, [&]<Fp8Format F>() {
+    if (w.qs_of != c.q) {  // not yet scaled in this block
+      const float restore = fp8_restore<F>();
+      float* qs = w.qs.data();
+      if (k.gran == Granularity::Channel) {
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < NQ; ++i)
+            for (int64_t d = 0, j = (h * NQ + i) * D; d < D; ++d, ++j)
+              qs[j] = c.q[j] * k.fp8_scales[h * D + d] * restore;
+      } else {
+        for (int64_t j = 0; j < H * NQ * D; ++j) qs[j] = c.q[j] * restore;
+      }
+      w.qs_of = c.q;
+    }
+    dot_heads_any<kStream, NQ, TT>(w.qs.data(), H, D, t1 - t0, Fp8Rows<F>{k.codes + t0 * row, D}, s,
+                                   hs, lds, (k.tokens - t0) * H);
   });
   if (k.gran != Granularity::Channel)
     for (int64_t t = t0; t < t1; ++t)
@@ -2204,14 +2213,18 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
 #else
   (void)w;
 #endif
-  if (v.gran != Granularity::Channel)  // per-channel scales multiply the final output
+  // the weights times the token factors (per-channel scales multiply the final output) and the
+  // loader's power of two (Fp8Rows)
+  with_fp8_format(v.format, [&]<Fp8Format F>() {
+    const float restore = fp8_restore<F>();
+    const bool ch = v.gran == Granularity::Channel;
     for (int64_t t = t0; t < t1; ++t)
       for (int64_t h = 0; h < H; ++h) {
-        const float f = fp8_token_factor(v, t, h);
+        const float f = (ch ? 1.0f : fp8_token_factor(v, t, h)) * restore;
         for (int i = 0; i < NQ; ++i) p[h * hs + i * ldp + (t - t0)] *= f;
       }
-  with_fp8_rows(v, v.codes + t0 * row, D, [&](const auto& ld) {
-    acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, ld, o, (v.tokens - t0) * H);
+    acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, Fp8Rows<F>{v.codes + t0 * row, D}, o,
+                               (v.tokens - t0) * H);
   });
 }
 
@@ -2232,7 +2245,7 @@ void simd_tile_block(std::span<const TileSlot> slots, Scratch& w) {
   // One position streams its rows from memory once; several reuse them from cache.
   const bool stream = slots.size() == 1;
   int64_t longest = 0;
-  w.qb_of = nullptr;  // a new block: a call's q may have changed since (kvq model reuses it)
+  w.qb_of = w.qs_of = nullptr;  // a new block: a call's q may have changed (kvq model reuses it)
   for (const TileSlot& x : slots) {
     prepare(w, *x.c);
     longest = std::max(longest, x.t1 - x.t0);

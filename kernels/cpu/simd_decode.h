@@ -24,49 +24,73 @@ inline __m512 bf16_to_f32x16(__m256i h) {
 }
 #endif
 
-/// fp8::decode<F> of 8 codes, exact, through binary16: a code's sign, exponent and mantissa bits
-/// placed in a binary16 (bias 15, 10 mantissa bits) give its value times 2^(kBias - 15), normals
-/// and subnormals alike (e5m2 is the top byte of a binary16, inf and NaN included); vcvtph2ps is
-/// exact and the power of two restores the value. The NaN codes of the 4-bit-exponent formats
-/// are set to a binary16 NaN first. fp8_decode16 is the same on 16 codes.
+/// An fp8 code's value times 2^(kBias - 15), exact, through binary16: the code's sign, exponent
+/// and mantissa bits placed in a binary16 (bias 15, 10 mantissa bits) give that, normals and
+/// subnormals alike (e5m2 is the top byte of a binary16, inf and NaN included), and vcvtph2ps is
+/// exact. The NaN codes of the 4-bit-exponent formats are set to a binary16 NaN first. The
+/// attention kernels read fp8 this way and fold fp8_restore<F>() (a power of two, so the same
+/// products) into the query or the weights; fp8_decode8 / fp8_decode16 apply it.
+template <Fp8Format F>
+inline float fp8_restore() {
+  return pow2(15 - fp8::Traits<F>::kBias);
+}
+
+/// fp8 codes p[0 .. 7] in binary16 as above.
+template <Fp8Format F>
+inline __m128i fp8_half_bits8(const uint8_t* p) {
+  using T = fp8::Traits<F>;
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  if constexpr (T::kExpBits == 4) {
+    // sign-extended and shifted by 7: the sign at bits 14 and 15, exponent and mantissa at bits
+    // 7 .. 13; bit 14 cleared
+    const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7),
+                                    _mm_set1_epi16(static_cast<int16_t>(0xbfff)));
+    const __m128i nan =
+        T::kFnuz ? _mm_cmpeq_epi8(b, _mm_set1_epi8(static_cast<char>(0x80)))
+                 : _mm_cmpeq_epi8(_mm_or_si128(b, _mm_set1_epi8(static_cast<char>(0x80))),
+                                  _mm_set1_epi8(static_cast<char>(0xff)));
+    return _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), _mm_cvtepi8_epi16(nan));
+  } else {
+    return _mm_slli_epi16(_mm_cvtepu8_epi16(b), 8);  // the code in the high byte
+  }
+}
+/// fp8 codes p[0 .. 7]: their values times 2^(kBias - 15) (fp8_restore<F>() restores them).
+template <Fp8Format F>
+inline __m256 fp8_raw8(const uint8_t* p) {
+  return _mm256_cvtph_ps(fp8_half_bits8<F>(p));
+}
+/// fp8::decode<F> of 8 codes, exact.
 template <Fp8Format F>
 inline __m256 fp8_decode8(const uint8_t* p) {
-  using T = fp8::Traits<F>;
-  const __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  __m128i h = _mm_slli_epi16(c, 8);  // the code in the high byte
-  if constexpr (T::kExpBits == 4) {
-    // sign at bit 15, exponent and mantissa at bits 7 .. 13 (bit 14 cleared)
-    h = _mm_and_si128(_mm_srai_epi16(h, 1), _mm_set1_epi16(static_cast<int16_t>(0xbfff)));
-    const __m128i nan =
-        T::kFnuz ? _mm_cmpeq_epi16(c, _mm_set1_epi16(0x80))
-                 : _mm_cmpeq_epi16(_mm_and_si128(c, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
-    h = _mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan);
-  }
-  const float p2 = pow2(15 - T::kBias);
-  return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(p2));
+  return _mm256_mul_ps(fp8_raw8<F>(p), _mm256_set1_ps(fp8_restore<F>()));
 }
 /// bf16 bits -> float32 on 8 lanes (the 16 bits on top of a float32's).
 inline __m256 bf16_to_f32x8(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 #if KVQ_CPU_AVX512
-/// fp8_decode8 on 16 codes (the NaN codes found with a mask register).
+/// fp8_raw8 on 16 codes (the NaN codes found with a mask register).
+template <Fp8Format F>
+inline __m512 fp8_raw16(const uint8_t* p) {
+  using T = fp8::Traits<F>;
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if constexpr (T::kExpBits == 4) {
+    // as in fp8_half_bits8
+    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7),
+                                       _mm256_set1_epi16(static_cast<int16_t>(0xbfff)));
+    const __mmask16 nan =
+        T::kFnuz ? _mm_cmpeq_epi8_mask(b, _mm_set1_epi8(static_cast<char>(0x80)))
+                 : _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8(static_cast<char>(0x80))),
+                                       _mm_set1_epi8(static_cast<char>(0xff)));
+    return cvtph16(_mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00)));
+  } else {
+    return cvtph16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
+  }
+}
+/// fp8::decode<F> of 16 codes, exact.
 template <Fp8Format F>
 inline __m512 fp8_decode16(const uint8_t* p) {
-  using T = fp8::Traits<F>;
-  const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  __m256i h = _mm256_slli_epi16(c, 8);  // the code in the high byte
-  if constexpr (T::kExpBits == 4) {
-    // sign at bit 15, exponent and mantissa at bits 7 .. 13 (bit 14 cleared)
-    h = _mm256_and_si256(_mm256_srai_epi16(h, 1), _mm256_set1_epi16(static_cast<int16_t>(0xbfff)));
-    const __mmask16 nan =
-        T::kFnuz ? _mm256_cmpeq_epi16_mask(c, _mm256_set1_epi16(0x80))
-                 : _mm256_cmpeq_epi16_mask(_mm256_and_si256(c, _mm256_set1_epi16(0x7f)),
-                                           _mm256_set1_epi16(0x7f));
-    h = _mm256_mask_mov_epi16(h, nan, _mm256_set1_epi16(0x7e00));
-  }
-  const float p2 = pow2(15 - T::kBias);
-  return _mm512_mul_ps(cvtph16(h), _mm512_set1_ps(p2));
+  return _mm512_mul_ps(fp8_raw16<F>(p), _mm512_set1_ps(fp8_restore<F>()));
 }
 
 /// The left shift that puts an fp8 code's exponent and mantissa under bf16's (7 - its mantissa
