@@ -391,15 +391,9 @@ TEST_F(RunCli, SigkillAt20Points_resumeEqualsUninterruptedRun_andShardsMerge) {
   write_cfg(sharded);
   // Killed once 3 of its 13 rows are on disk (a kill at a fixed share of the whole run's time
   // could come after the shard had finished when the host got faster meanwhile), at most 120 s.
-  const std::string rows1 = (sharded / "shard-1-of-2" / "synthetic.jsonl").string();
-  const std::string kill_cmd =
-      "('" + std::string(KVQ_BINARY) + "' run --shard 1/2 " + cfg.string() +
-      " >/dev/null 2>&1 & pid=$!; for i in $(seq 6000); do [ -f '" + rows1 +
-      "' ] && [ $(wc -l < '" + rows1 +
-      "') -ge 3 ] && break; sleep 0.02; done; kill -KILL $pid; wait $pid; exit $?)";
-  const int raw = std::system(kill_cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(raw));
-  ASSERT_EQ(WEXITSTATUS(raw), 137) << "shard 1 was to be killed part-way through its rows";
+  const auto rows1 = sharded / "shard-1-of-2" / "synthetic.jsonl";
+  ASSERT_EQ(testing::signal_after_rows("run --shard 1/2 " + cfg.string(), rows1, 3, "KILL"), 137)
+      << "shard 1 was to be killed part-way through its rows";
   ASSERT_LT(jsonl(rows1).size(), 13u) << "shard 1 finished before the kill";
   ASSERT_EQ(run_kvq("run --shard 1/2 " + cfg.string()).status, 0);
   ASSERT_EQ(run_kvq("run --shard 2/2 " + cfg.string()).status, 0);
@@ -423,14 +417,10 @@ TEST_F(RunCli, SigintStopsCleanly_rerunResumesWithoutDuplicates) {
   // handler when the rows start, so the signal is sent after that: once the 4 synthetic rows
   // (written before the model's) are on disk, at most 120 s (a fixed 3 s wait lost the race on a
   // slow host).
-  const std::string syn = (dir_ / "out" / "synthetic.jsonl").string();
-  const std::string cmd =
-      "(" + std::string("'") + KVQ_BINARY + "' run " + p.string() + " 2>'" + log.string() +
-      "' >/dev/null & pid=$!; for i in $(seq 1200); do " + "[ -f '" + syn + "' ] && [ $(wc -l < '" +
-      syn + "') -ge 4 ] && break; sleep 0.1; done; kill -INT $pid; wait $pid; exit $?)";
-  const int raw = std::system(cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(raw));
-  EXPECT_EQ(WEXITSTATUS(raw), 130) << testing::slurp(log);
+  EXPECT_EQ(testing::signal_after_rows("run " + p.string(), dir_ / "out" / "synthetic.jsonl", 4,
+                                       "INT", log),
+            130)
+      << testing::slurp(log);
   EXPECT_NE(testing::slurp(log).find("run the same command again to resume"), std::string::npos)
       << testing::slurp(log);
   const size_t before = std::filesystem::exists(dir_ / "out" / "model.jsonl") ? jsonl(dir_ / "out" / "model.jsonl").size() : 0;

@@ -64,4 +64,23 @@ inline CliResult run_kvq(const std::string& args, const std::string& shell_prefi
   return r;
 }
 
+/// \brief Starts `KVQ_BINARY args` in the background (stdout dropped; stderr to `err`, dropped
+/// when `err` is empty), waits until the file `rows` holds at least `n` lines (polled every 0.02
+/// s, at most `timeout_s`), sends it signal `sig` (a kill(1) name: "INT", "KILL") and returns its
+/// exit status: 128 + the signal when the signal ended it, its own status when it exited. Waiting
+/// for rows rather than for a time keeps the signal inside the run on a slow or a fast host.
+inline int signal_after_rows(const std::string& args, const std::filesystem::path& rows, int n,
+                             const std::string& sig, const std::filesystem::path& err = {},
+                             int timeout_s = 120) {
+  const std::string r = "'" + rows.string() + "'";
+  const std::string cmd = "('" + std::string(KVQ_BINARY) + "' " + args + " >/dev/null 2>" +
+                          (err.empty() ? std::string("/dev/null") : "'" + err.string() + "'") +
+                          " & pid=$!; for i in $(seq " + std::to_string(50 * timeout_s) +
+                          "); do [ -f " + r + " ] && [ $(wc -l < " + r + ") -ge " +
+                          std::to_string(n) + " ] && break; sleep 0.02; done; kill -" + sig +
+                          " $pid; wait $pid; exit $?)";
+  const int raw = std::system(cmd.c_str());
+  return WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+}
+
 }  // namespace kvq::testing
