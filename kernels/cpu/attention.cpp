@@ -175,6 +175,7 @@ void softmax_step_scalar(float* s, int64_t n, float& m, float& l, float* o, int6
 void portable_range(const Call& c, int64_t a, int64_t b, Partial& P, Scratch& w) {
   const int64_t D = c.D;
   std::vector<float>& row = w.qs;
+  w.qs_of = nullptr;  // qs now holds rows, not a scaled q
   std::vector<float>& s = w.s;
   if (row.size() < static_cast<size_t>(D)) row.resize(static_cast<size_t>(D));
   if (s.size() < static_cast<size_t>(c.nq * c.block)) s.resize(static_cast<size_t>(c.nq * c.block));
@@ -1403,7 +1404,7 @@ void weights_sub(const float* p, int64_t ldp, const float* sc, const float* mn, 
 
 /// Int8 mode, 512-bit (AVX-512 VBMI + VNNI): acc_int8_group's sums for every channel group of rows
 /// [j0, j0 + m) (m <= kSubRows) at once, wb / fac: weight_bytes of group c at c * NQ * kSubRows /
-/// c * NQ. Passes of NS = 2 32-channel slices (one where head_dim ends), per four tokens: one byte
+/// c * NQ. Passes of one 32-channel slice (NS = 1; see below), per four tokens: one byte
 /// permute per 16 channels puts the four tokens' bytes of channel d in lane d, a shift per lane and
 /// a mask leave the codes, and one vpdpbusd per query head takes the four tokens' weights of the
 /// channels' group. The same integer sums and the same final fma per channel as acc_int8_group.
@@ -1979,6 +1980,7 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
     __m256 bacc[NQ];
     for (auto& x : bacc) x = _mm256_setzero_ps();
     const __m256 off = _mm256_set1_ps(-static_cast<float>(kivi::sym_offset(k.bits)));
+    w.qs_of = nullptr;  // qs now holds this group's q * scale, not fp8's scaled q
     for (int64_t d = 0; d < D; d += 8) {
       const __m256 sc =
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(k.scales + p0 + d)));
