@@ -917,12 +917,34 @@ inline void key_quad(const uint32_t* w, int64_t wpg, __m256i* n) {
 }
 
 #if KVQ_CPU_AVX512
+/// Lane k of a 4-bit codes16<4, true> vector holds code kInter4[k] of its 16 (even lanes codes
+/// 0-7, odd lanes codes 8-15: one 64-bit broadcast feeds both halves).
+constexpr int kInter4[16] = {0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15};
+/// Lane k of kInter4 order from a vector in code order, and back (vpermps indices).
+inline __m512 to_inter4(__m512 v) {
+  return _mm512_maskz_permutexvar_ps(kAll16, _mm512_loadu_si512(kInter4), v);
+}
+inline __m512 from_inter4(__m512 v) {
+  return _mm512_maskz_permutexvar_ps(
+      kAll16, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15), v);
+}
+
 /// Codes e .. e + 15 (e a multiple of 16) of the packed words w (bits 2, 4 or 8; codes in order
-/// from bit 0 of word 0), as 16 floats.
-template <int B>
+/// from bit 0 of word 0), as 16 floats. Inter (4 bits only): lanes in kInter4 order, read with
+/// one 64-bit broadcast where code order takes a second, merged broadcast (a blend).
+template <int B, bool Inter = false>
 inline __m512 codes16(const uint32_t* w, int64_t e) {
+  static_assert(!Inter || B == 4);
   __m512i code;
-  if constexpr (B == 8) {
+  if constexpr (Inter) {
+    uint64_t both;  // words e / 8 and e / 8 + 1
+    std::memcpy(&both, w + e / 8, 8);
+    code = _mm512_and_si512(
+        _mm512_maskz_srlv_epi32(
+            kAll16, _mm512_set1_epi64(static_cast<long long>(both)),
+            _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28)),
+        _mm512_set1_epi32(15));
+  } else if constexpr (B == 8) {
     code = _mm512_maskz_cvtepu8_epi32(kAll16,
                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + e / 4)));
   } else if constexpr (B == 4) {  // words e / 8 and e / 8 + 1, eight codes each
@@ -978,8 +1000,9 @@ struct TokenCodes {
   }
 #if KVQ_CPU_AVX512
   /// Codes e .. e + 15 of channel group c of token j (e a multiple of 16).
+  template <bool Inter = false>
   __m512 codez(int64_t j, int64_t c, int64_t e) const {
-    return codes16<B>(words + j * wstride + c * wpg, e);
+    return codes16<B, Inter>(words + j * wstride + c * wpg, e);
   }
 #endif
 };
@@ -1012,17 +1035,24 @@ struct TokenKeyRows {
 /// of W channels at a time (ld(j, d): W floats). Per element the same fma chain in row order
 /// whatever W and CW. VPG < CW: the CW vectors span CW / VPG channel groups of VPG vectors each,
 /// group g weighted by w + g * gstride, and [d0, d1) is a whole number of such spans (more
-/// independent accumulators per row than one group's vectors give).
-template <int NQ, int CW, int W = 8, int VPG = CW, class L>
+/// independent accumulators per row than one group's vectors give). Inter (W = 16): ld gives its
+/// channels in kInter4 lane order, and the accumulators are held in that order.
+template <int NQ, int CW, int W = 8, int VPG = CW, bool Inter = false, class L>
 void acc_span(const float* w, int64_t ldw, int64_t j0, int64_t j1, const L& ld, float* o, int64_t D,
               int64_t d0, int64_t d1, int64_t gstride = 0) {
   using V = FVec<W>;
   static_assert(CW % VPG == 0);
+  static_assert(!Inter || W == 16);
   constexpr int NG = CW / VPG;
   for (; d0 + W * CW <= d1; d0 += W * CW, w += NG * gstride) {
     typename V::T a[NQ * CW];
     for (int i = 0; i < NQ; ++i)
-      for (int c = 0; c < CW; ++c) a[i * CW + c] = V::load(o + i * D + d0 + W * c);
+      for (int c = 0; c < CW; ++c) {
+        a[i * CW + c] = V::load(o + i * D + d0 + W * c);
+#if KVQ_CPU_AVX512
+        if constexpr (Inter) a[i * CW + c] = to_inter4(a[i * CW + c]);
+#endif
+      }
     for (int64_t j = j0; j < j1; ++j) {
       typename V::T vv[CW];
       for (int c = 0; c < CW; ++c) vv[c] = ld(j, d0 + W * c);
@@ -1034,10 +1064,15 @@ void acc_span(const float* w, int64_t ldw, int64_t j0, int64_t j1, const L& ld, 
         }
     }
     for (int i = 0; i < NQ; ++i)
-      for (int c = 0; c < CW; ++c) V::store(o + i * D + d0 + W * c, a[i * CW + c]);
+      for (int c = 0; c < CW; ++c) {
+#if KVQ_CPU_AVX512
+        if constexpr (Inter) a[i * CW + c] = from_inter4(a[i * CW + c]);
+#endif
+        V::store(o + i * D + d0 + W * c, a[i * CW + c]);
+      }
   }
   if constexpr (CW > 1 && NG == 1) {
-    if (d0 < d1) acc_span<NQ, 1, W>(w, ldw, j0, j1, ld, o, D, d0, d1);
+    if (d0 < d1) acc_span<NQ, 1, W, 1, Inter>(w, ldw, j0, j1, ld, o, D, d0, d1);
   }
 }
 
@@ -1574,29 +1609,34 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
       }
       const int64_t d1 = std::min(D, (c + 1) * G);
 #if KVQ_CPU_AVX512
+      constexpr bool kInter = B == 4;  // one broadcast per 16 codes (codes16)
       // Groups of 16 or 32 channels give one head 1 or 2 accumulators, too few to keep the fma
       // pipes busy: 4 vectors span 4 or 2 whole groups (their codes are contiguous, G * B being
       // a multiple of 32), each group with its own weights.
       if constexpr (NQ <= 4) {
         const int64_t vpg = G / 16, ng = vpg >= 1 && vpg <= 2 && G % 16 == 0 ? 4 / vpg : 0;
         if (ng > 0 && (c + ng) * G <= D) {
-          const auto lz = [&ld, c, G](int64_t j, int64_t d) { return ld.codez(j, c, d - c * G); };
+          const auto lz = [&ld, c, G](int64_t j, int64_t d) {
+            return ld.template codez<kInter>(j, c, d - c * G);
+          };
           const int64_t gs = NQ * kSubRows, e1 = (c + ng) * G;
           if (vpg == 1)
-            acc_span<NQ, 4, 16, 1>(w, kSubRows, j0, j1, lz, o, D, c * G, e1, gs);
+            acc_span<NQ, 4, 16, 1, kInter>(w, kSubRows, j0, j1, lz, o, D, c * G, e1, gs);
           else
-            acc_span<NQ, 4, 16, 2>(w, kSubRows, j0, j1, lz, o, D, c * G, e1, gs);
+            acc_span<NQ, 4, 16, 2, kInter>(w, kSubRows, j0, j1, lz, o, D, c * G, e1, gs);
           c += ng - 1;
           continue;
         }
       }
       if (G % 16 == 0 && d1 - c * G == G) {
-        const auto lz = [&ld, c, G](int64_t j, int64_t d) { return ld.codez(j, c, d - c * G); };
+        const auto lz = [&ld, c, G](int64_t j, int64_t d) {
+          return ld.template codez<kInter>(j, c, d - c * G);
+        };
         constexpr int kCw = NQ <= 2 ? 4 : NQ <= 4 ? 2 : 1;
         if (G % (16 * kCw) == 0)
-          acc_span<NQ, kCw, 16>(w, kSubRows, j0, j1, lz, o, D, c * G, d1);
+          acc_span<NQ, kCw, 16, kCw, kInter>(w, kSubRows, j0, j1, lz, o, D, c * G, d1);
         else
-          acc_span<NQ, 1, 16>(w, kSubRows, j0, j1, lz, o, D, c * G, d1);
+          acc_span<NQ, 1, 16, 1, kInter>(w, kSubRows, j0, j1, lz, o, D, c * G, d1);
         continue;
       }
 #endif
@@ -1632,13 +1672,14 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
 template <int NQ, int B>
 void dot_channel_group(const uint32_t* words, int64_t D, int64_t wpg, const float* qs,
                        const float* base, int64_t j0, int64_t n, float* s, int64_t lds) {
+  constexpr bool kInter = B == 4;        // one broadcast per 16 codes (codes16)
   auto slices = [&]<int S>(int64_t k) {  // tokens 16k .. 16k + 16 S - 1 of the group
     __m512 acc[NQ * S];
     for (auto& a : acc) a = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; ++d) {
       const uint32_t* wd = words + d * wpg;
       __m512 f[S];
-      for (int u = 0; u < S; ++u) f[u] = codes16<B>(wd, 16 * (k + u));  // token 16 (k + u) on
+      for (int u = 0; u < S; ++u) f[u] = codes16<B, kInter>(wd, 16 * (k + u));  // 16 (k + u) on
       for (int i = 0; i < NQ; ++i) {
         const __m512 qv = _mm512_set1_ps(qs[i * D + d]);
         for (int u = 0; u < S; ++u) acc[i * S + u] = _mm512_fmadd_ps(qv, f[u], acc[i * S + u]);
@@ -1649,7 +1690,14 @@ void dot_channel_group(const uint32_t* words, int64_t D, int64_t wpg, const floa
       alignas(64) float tmp[16 * S];
       for (int u = 0; u < S; ++u)
         _mm512_store_ps(tmp + 16 * u, _mm512_add_ps(acc[i * S + u], _mm512_set1_ps(base[i])));
-      for (int64_t t = a; t < b; ++t) s[i * lds + (t - j0)] = tmp[t - 16 * k];
+      if constexpr (kInter) {  // lane l of slice u holds token 16 (k + u) + kInter4[l]
+        for (int64_t t = a; t < b; ++t) {
+          const int64_t r = t - 16 * k, x = r % 16;
+          s[i * lds + (t - j0)] = tmp[r - x + (x < 8 ? 2 * x : 2 * x - 15)];
+        }
+      } else {
+        for (int64_t t = a; t < b; ++t) s[i * lds + (t - j0)] = tmp[t - 16 * k];
+      }
     }
   };
   int64_t k = j0 / 16;
