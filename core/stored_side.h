@@ -33,6 +33,9 @@ struct StoredSide {
   const float* fp8_scales = nullptr;
   Fp8Format format = Fp8Format::E4M3;
   Granularity gran = Granularity::Tensor;
+  /// Some code may be a NaN code of the format; false only where the producer checked every code
+  /// (the cpu kernels then skip e4m3's NaN decode).
+  bool fp8_nan = true;
   // int / KIVI
   const uint32_t* words = nullptr;
   const uint16_t* scales = nullptr;

@@ -76,6 +76,19 @@ KVQ_HD uint8_t encode(float x) {
   return static_cast<uint8_t>(nan ? T::kNaN : code);
 }
 
+/// \brief Whether c is one of format F's NaN codes (the table above).
+template <Fp8Format F>
+KVQ_HD bool is_nan_code(uint8_t c) {
+  using T = Traits<F>;
+  if constexpr (T::kFnuz) {
+    return c == 0x80u;
+  } else if constexpr (T::kHasInf) {
+    return (c & 0x7fu) > 0x7cu;
+  } else {
+    return (c & 0x7fu) == 0x7fu;
+  }
+}
+
 /// \brief FP8 code -> float32, exact. Selects, not branches, so loops over it vectorize.
 template <Fp8Format F>
 KVQ_HD float decode(uint8_t c) {
@@ -91,15 +104,8 @@ KVQ_HD float decode(uint8_t c) {
   const float sub = bits_float(sign | float_bits(static_cast<float>(m) *
                                                  pow2(1 - T::kBias - T::kMantBits)));
   float v = e == 0 ? sub : normal;
-  const float qnan = bits_float(0x7fc00000u);
-  if constexpr (T::kFnuz) {
-    v = cc == 0x80u ? qnan : v;
-  } else if constexpr (T::kHasInf) {
-    v = e == kExpMax ? (m ? qnan : bits_float(sign | 0x7f800000u)) : v;
-  } else {
-    v = (e == kExpMax && m == kMantMask) ? qnan : v;
-  }
-  return v;
+  if constexpr (T::kHasInf) v = e == kExpMax ? bits_float(sign | 0x7f800000u) : v;
+  return is_nan_code<F>(c) ? bits_float(0x7fc00000u) : v;
 }
 
 /// \brief Largest finite value of a format (runtime dispatch).
@@ -114,6 +120,20 @@ KVQ_HD uint8_t encode(Fp8Format f, float x) {
   return f == Fp8Format::E4M3       ? encode<Fp8Format::E4M3>(x)
          : f == Fp8Format::E4M3FNUZ ? encode<Fp8Format::E4M3FNUZ>(x)
                                     : encode<Fp8Format::E5M2>(x);
+}
+
+/// \brief Whether any of the codes c[0 .. n) is a NaN code of format F (an OR over the bytes, so
+/// it vectorizes). Host only.
+template <Fp8Format F>
+inline bool any_nan_code(const uint8_t* c, int64_t n) {
+  bool r = false;
+  for (int64_t i = 0; i < n; ++i) r |= is_nan_code<F>(c[i]);
+  return r;
+}
+inline bool any_nan_code(Fp8Format f, const uint8_t* c, int64_t n) {
+  return f == Fp8Format::E4M3       ? any_nan_code<Fp8Format::E4M3>(c, n)
+         : f == Fp8Format::E4M3FNUZ ? any_nan_code<Fp8Format::E4M3FNUZ>(c, n)
+                                    : any_nan_code<Fp8Format::E5M2>(c, n);
 }
 
 /// \brief Runtime-dispatched decode (prefer the template in loops).

@@ -174,6 +174,7 @@ class Fp8Side final : public SideStore {
   }
   // Appends a chunk's codes; the first chunk's vector is taken over unless reserve() made room.
   void keep_codes(std::vector<uint8_t>&& c) {
+    nan_ = nan_ || fp8::any_nan_code(spec_.fp8.format, c.data(), static_cast<int64_t>(c.size()));
     if (codes_.empty() && codes_.capacity() < c.size())
       codes_ = std::move(c);
     else
@@ -283,6 +284,7 @@ class Fp8Side final : public SideStore {
     s.fp8_scales = scales_.data();
     s.format = spec_.fp8.format;
     s.gran = gran_;
+    s.fp8_nan = nan_;
     return s;
   }
 
@@ -298,6 +300,7 @@ class Fp8Side final : public SideStore {
   std::array<float, 256> lut_{};
   std::vector<float> scales_;
   std::vector<uint8_t> codes_;
+  bool nan_ = false;  // some code in codes_ is a NaN code
 };
 
 // Fixed fp32 values with another side's window rule.

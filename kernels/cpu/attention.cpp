@@ -235,7 +235,9 @@ constexpr float kExpP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f
                             4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 
 inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpLo)), _mm256_set1_ps(kExpHi));
+  // the clamp's operands in this order pass a NaN through (max / min return their second operand
+  // when either is NaN): a NaN score gives a NaN weight, as std::exp and the reference do
+  x = _mm256_min_ps(_mm256_set1_ps(kExpHi), _mm256_max_ps(_mm256_set1_ps(kExpLo), x));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   x = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
@@ -250,8 +252,8 @@ inline __m256 exp8(__m256 x) {
 
 #if KVQ_CPU_AVX512
 inline __m512 exp16(__m512 x) {
-  x = _mm512_maskz_min_ps(kAll16, _mm512_maskz_max_ps(kAll16, x, _mm512_set1_ps(kExpLo)),
-                          _mm512_set1_ps(kExpHi));
+  x = _mm512_maskz_min_ps(kAll16, _mm512_set1_ps(kExpHi),
+                          _mm512_maskz_max_ps(kAll16, _mm512_set1_ps(kExpLo), x));  // as exp8
   const __m512 n = _mm512_maskz_roundscale_ps(kAll16, _mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   x = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
@@ -399,15 +401,16 @@ struct Fp16Rows {
 };
 
 /// fp8 rows as their values times 2^(kBias - 15) (fp8_raw8, simd_decode.h): the callers fold
-/// fp8_restore<F>() into the query or the weights, a power of two, so the same products.
-template <Fp8Format F>
+/// fp8_restore<F>() into the query or the weights, a power of two, so the same products. kNaN
+/// false: the rows hold no NaN code (StoredSide::fp8_nan), so e4m3's NaN decode is skipped.
+template <Fp8Format F, bool kNaN = true>
 struct Fp8Rows {
   const uint8_t* base;
   int64_t stride;
   void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D); }
-  __m256 operator()(int64_t j, int64_t d) const { return fp8_raw8<F>(base + j * stride + d); }
+  __m256 operator()(int64_t j, int64_t d) const { return fp8_raw8<F, kNaN>(base + j * stride + d); }
 #if KVQ_CPU_AVX512
-  __m512 z(int64_t j, int64_t d) const { return fp8_raw16<F>(base + j * stride + d); }
+  __m512 z(int64_t j, int64_t d) const { return fp8_raw16<F, kNaN>(base + j * stride + d); }
 #endif
 };
 
@@ -2211,8 +2214,13 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
       }
       w.qs_of = c.q;
     }
-    dot_heads_any<kStream, NQ, TT>(w.qs.data(), H, D, t1 - t0, Fp8Rows<F>{k.codes + t0 * row, D}, s,
-                                   hs, lds, (k.tokens - t0) * H);
+    const uint8_t* kc = k.codes + t0 * row;
+    if (k.fp8_nan)
+      dot_heads_any<kStream, NQ, TT>(w.qs.data(), H, D, t1 - t0, Fp8Rows<F>{kc, D}, s, hs, lds,
+                                     (k.tokens - t0) * H);
+    else
+      dot_heads_any<kStream, NQ, TT>(w.qs.data(), H, D, t1 - t0, Fp8Rows<F, false>{kc, D}, s, hs,
+                                     lds, (k.tokens - t0) * H);
   });
   if (k.gran != Granularity::Channel)
     for (int64_t t = t0; t < t1; ++t)
@@ -2274,8 +2282,13 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
         const float f = (ch ? 1.0f : fp8_token_factor(v, t, h)) * restore;
         for (int i = 0; i < NQ; ++i) p[h * hs + i * ldp + (t - t0)] *= f;
       }
-    acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, Fp8Rows<F>{v.codes + t0 * row, D}, o,
-                               (v.tokens - t0) * H);
+    const uint8_t* vc = v.codes + t0 * row;
+    if (v.fp8_nan)
+      acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, Fp8Rows<F>{vc, D}, o,
+                                 (v.tokens - t0) * H);
+    else
+      acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, Fp8Rows<F, false>{vc, D}, o,
+                                 (v.tokens - t0) * H);
   });
 }
 

@@ -35,8 +35,9 @@ inline float fp8_restore() {
   return pow2(15 - fp8::Traits<F>::kBias);
 }
 
-/// fp8 codes p[0 .. 7] in binary16 as above.
-template <Fp8Format F>
+/// fp8 codes p[0 .. 7] in binary16 as above. kNaN false: the caller knows no code is a NaN code,
+/// and the NaN fixup is skipped (a NaN code would read as a finite number).
+template <Fp8Format F, bool kNaN = true>
 inline __m128i fp8_half_bits8(const uint8_t* p) {
   using T = fp8::Traits<F>;
   const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
@@ -45,6 +46,7 @@ inline __m128i fp8_half_bits8(const uint8_t* p) {
     // 7 .. 13; bit 14 cleared
     const __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7),
                                     _mm_set1_epi16(static_cast<int16_t>(0xbfff)));
+    if constexpr (!kNaN) return h;
     const __m128i nan =
         T::kFnuz ? _mm_cmpeq_epi8(b, _mm_set1_epi8(static_cast<char>(0x80)))
                  : _mm_cmpeq_epi8(_mm_or_si128(b, _mm_set1_epi8(static_cast<char>(0x80))),
@@ -55,9 +57,9 @@ inline __m128i fp8_half_bits8(const uint8_t* p) {
   }
 }
 /// fp8 codes p[0 .. 7]: their values times 2^(kBias - 15) (fp8_restore<F>() restores them).
-template <Fp8Format F>
+template <Fp8Format F, bool kNaN = true>
 inline __m256 fp8_raw8(const uint8_t* p) {
-  return _mm256_cvtph_ps(fp8_half_bits8<F>(p));
+  return _mm256_cvtph_ps(fp8_half_bits8<F, kNaN>(p));
 }
 /// fp8::decode<F> of 8 codes, exact.
 template <Fp8Format F>
@@ -70,7 +72,7 @@ inline __m256 bf16_to_f32x8(__m128i h) {
 }
 #if KVQ_CPU_AVX512
 /// fp8_raw8 on 16 codes (the NaN codes found with a mask register).
-template <Fp8Format F>
+template <Fp8Format F, bool kNaN = true>
 inline __m512 fp8_raw16(const uint8_t* p) {
   using T = fp8::Traits<F>;
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -78,6 +80,7 @@ inline __m512 fp8_raw16(const uint8_t* p) {
     // as in fp8_half_bits8
     const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7),
                                        _mm256_set1_epi16(static_cast<int16_t>(0xbfff)));
+    if constexpr (!kNaN) return cvtph16(h);
     const __mmask16 nan =
         T::kFnuz ? _mm_cmpeq_epi8_mask(b, _mm_set1_epi8(static_cast<char>(0x80)))
                  : _mm_cmpeq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8(static_cast<char>(0x80))),

@@ -276,6 +276,30 @@ TEST_P(Fp8Codec, RuntimeDispatchEqualsTemplates) {
   EXPECT_EQ(checked, 256 + 65536);
 }
 
+// Expected: ref_decode (the definition, independent of fp8/format.h) is NaN exactly for the codes
+// any_nan_code reports, one code at a time and as one NaN code among finite ones at every
+// position of a 37-byte run (past a 32-byte vector and its tail).
+TEST_P(Fp8Codec, AnyNanCode_findsExactlyTheNaNCodes) {
+  const Fp8Def& f = GetParam();
+  int n_nan = 0;
+  for (int i = 0; i < 256; ++i) {
+    const uint8_t c = static_cast<uint8_t>(i);
+    const bool want = std::isnan(test::ref_decode(f, c));
+    n_nan += want;
+    EXPECT_EQ(any_nan_code(f.format, &c, 1), want) << "code 0x" << std::hex << i;
+  }
+  EXPECT_GT(n_nan, 0);
+  std::vector<uint8_t> run(37, 0x01);  // a small positive subnormal in every format
+  EXPECT_FALSE(any_nan_code(f.format, run.data(), static_cast<int64_t>(run.size())));
+  EXPECT_FALSE(any_nan_code(f.format, run.data(), 0));
+  for (size_t at = 0; at < run.size(); ++at) {
+    run[at] = f.nan_code;
+    EXPECT_TRUE(any_nan_code(f.format, run.data(), static_cast<int64_t>(run.size()))) << at;
+    EXPECT_FALSE(any_nan_code(f.format, run.data(), static_cast<int64_t>(at))) << at;
+    run[at] = 0x01;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fp8Format, Fp8Codec, ::testing::ValuesIn(test::fp8_defs()),
                          [](const ::testing::TestParamInfo<Fp8Def>& p) {
                            return std::string(p.param.name);

@@ -410,6 +410,57 @@ INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionFp8Bf16,
                                                 true}),  // exact: D % 32
                          name_of);
 
+// FP8 NaN codes in the exact mode. A cache whose inputs hold no NaN says so
+// (StoredSide::fp8_nan false: the kernels skip e4m3's NaN decode); one NaN input at (token 200,
+// head 1) makes it say otherwise, and then the outputs must be NaN exactly where the reference's
+// (reference_cpu's decode_attention over the same stored bytes) are, all in head 1's query heads,
+// and within kExactTol of the reference elsewhere. Keys and values, each format. Token 200
+// is past the 128 tokens that dynamic tensor / head / channel scales come from, so those caches
+// hold a NaN code under a finite scale (the decode's NaN path); per token, the scale is NaN too.
+TEST(cpuDecodeAttentionFp8NaN, nanCode_propagatesAsInTheReference) {
+  const int64_t T = 300, H = 2, D = 128, gqa = 4, qh = H * gqa;
+  const auto q = random_q(qh * D, 5);
+  int checked = 0;
+  for (const char* spec : {"fp8_e4m3:gran=head", "fp8_e4m3fnuz:gran=channel",
+                           "fp8_e5m2:gran=tensor", "fp8_e4m3:gran=token"})
+    for (Role role : {Role::Key, Role::Value}) {
+      const SchemeSpec s = parse_spec(spec);
+      Tensor3 kx = synthetic_kv({{T, H, D}, 2, 12.0f, 1}),
+              vx = synthetic_kv({{T, H, D}, 0, 1.0f, 2});
+      EXPECT_FALSE(make_side(s, Role::Key, kx)->stored().fp8_nan) << spec;
+      EXPECT_FALSE(make_side(s, Role::Value, vx)->stored().fp8_nan) << spec;
+      Tensor3& x = role == Role::Key ? kx : vx;
+      x.data[static_cast<size_t>((200 * H + 1) * D + 17)] = std::nanf("");
+      const auto k = make_side(s, Role::Key, kx), v = make_side(s, Role::Value, vx);
+      EXPECT_TRUE((role == Role::Key ? k : v)->stored().fp8_nan) << spec;
+      std::vector<float> want(static_cast<size_t>(qh * D)), got(want.size());
+      decode_attention(q.data(), qh, *k, *v, want.data());
+      cpu::decode_attention(q.data(), qh, k->stored(), v->stored(), got.data(),
+                            {1, IntMode::Exact});
+      double max_v = 0;
+      for (float y : vx.data)
+        if (std::isfinite(y)) max_v = std::max(max_v, std::fabs(static_cast<double>(y)));
+      int nan_want = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        const bool head1 = static_cast<int64_t>(i) / D / gqa == 1;
+        if (!head1) {
+          EXPECT_FALSE(std::isnan(want[i])) << spec << " " << i;
+        }
+        nan_want += std::isnan(want[i]);
+        EXPECT_EQ(std::isnan(got[i]), std::isnan(want[i]))
+            << spec << (role == Role::Key ? " key " : " value ") << i;
+        if (!std::isnan(want[i]) && !std::isnan(got[i])) {
+          EXPECT_NEAR(got[i], want[i], kExactTol * max_v) << spec << " " << i;
+        }
+      }
+      // a NaN key spoils its head's every output; a NaN value its channel (17), or its whole row
+      // where the token's scale is NaN too (per token)
+      EXPECT_GE(nan_want, gqa) << spec;
+      ++checked;
+    }
+  EXPECT_EQ(checked, 8);
+}
+
 // A thread's workspace outlives a call (the model keeps one per thread) and the int8 mode's fp8
 // keys hold q as bf16 in it: a second call with the same q buffer, rewritten, must read the new q
 // (the same bits as a fresh workspace).
