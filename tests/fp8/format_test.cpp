@@ -298,6 +298,21 @@ TEST_P(Fp8Codec, AnyNanCode_findsExactlyTheNaNCodes) {
     EXPECT_FALSE(any_nan_code(f.format, run.data(), static_cast<int64_t>(at))) << at;
     run[at] = 0x01;
   }
+  // every code at every byte of the 8-byte steps and of the tail, among the largest finite codes
+  // (0x7e / 0xfe, 0x7f / 0xff for fnuz, 0x7b / 0xfb for e5m2: the bytes next to the NaN codes)
+  const uint8_t big = f.format == Fp8Format::E4M3FNUZ ? 0x7f
+                      : f.format == Fp8Format::E5M2   ? 0x7b
+                                                      : 0x7e;
+  for (int i = 0; i < 256; ++i) {
+    const uint8_t c = static_cast<uint8_t>(i);
+    const bool want = std::isnan(test::ref_decode(f, c));
+    for (size_t at = 0; at < run.size(); ++at) {
+      for (size_t j = 0; j < run.size(); ++j) run[j] = static_cast<uint8_t>(big | (j % 2) << 7);
+      run[at] = c;
+      EXPECT_EQ(any_nan_code(f.format, run.data(), static_cast<int64_t>(run.size())), want)
+          << "code 0x" << std::hex << i << " at " << std::dec << at;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fp8Format, Fp8Codec, ::testing::ValuesIn(test::fp8_defs()),
