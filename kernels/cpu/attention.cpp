@@ -157,12 +157,25 @@ void fetch_row(const StoredSide& s, int64_t t, int64_t h, float* out) {
   }
 }
 
+/// Every score so far -inf (or NaN): the weights are 0 (a NaN stays NaN), as the reference's
+/// softmax gives -inf scores beside any finite one; where all are -inf, l stays 0 and the output
+/// is 0 / 0, NaN, as the reference's. (exp(s - mn) would be exp(NaN) here.)
+inline bool all_minus_inf_step(float* s, int64_t n, float mn, float& l, float* o, int64_t D) {
+  if (mn != -INFINITY) return false;
+  float sum = 0;
+  for (int64_t t = 0; t < n; ++t) sum += s[t] = s[t] == -INFINITY ? 0.0f : s[t];
+  l = l * 0.0f + sum;  // the running max was -inf too: alpha = 0 (a NaN in l or o stays)
+  for (int64_t d = 0; d < D; ++d) o[d] *= 0.0f;
+  return true;
+}
+
 /// Online-softmax step for one query head over n new scores (already scaled): turns them into
 /// weights e^(s - m_new) in place, rescales o by e^(m - m_new) and updates m and l.
 void softmax_step_scalar(float* s, int64_t n, float& m, float& l, float* o, int64_t D) {
   float mb = -INFINITY;
   for (int64_t t = 0; t < n; ++t) mb = std::max(mb, s[t]);
   const float mn = std::max(m, mb);
+  if (all_minus_inf_step(s, n, mn, l, o, D)) return;
   const float alpha = m == -INFINITY ? 0.0f : std::exp(m - mn);
   float sum = 0;
   for (int64_t t = 0; t < n; ++t) sum += s[t] = std::exp(s[t] - mn);
@@ -310,6 +323,7 @@ void softmax_step(float* s, int64_t n, float scale, float& m, float& l, float* o
   float mb = hmax8(mx);
   for (; t < n; ++t) mb = std::max(mb, s[t] *= scale);
   const float mn = std::max(m, mb);
+  if (all_minus_inf_step(s, n, mn, l, o, D)) return;
   const float alpha = m == -INFINITY ? 0.0f : std::exp(m - mn);
   const __m256 mv = _mm256_set1_ps(mn);
   __m256 sum = _mm256_setzero_ps();

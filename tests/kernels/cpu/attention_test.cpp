@@ -461,6 +461,41 @@ TEST(cpuDecodeAttentionFp8NaN, nanCode_propagatesAsInTheReference) {
   EXPECT_EQ(checked, 8);
 }
 
+// Scores of -inf (fp32 keys holding +inf in a channel where every query head is negative): the
+// reference's softmax gives those tokens weight 0 beside any finite score, and NaN outputs where
+// every score is -inf. Backend cpu's online softmax must agree: the first 300 of 700 tokens at -inf
+// (its first blocks see nothing else), then all 700; one and two threads.
+TEST(cpuDecodeAttentionInfScores, minusInfScores_asInTheReference) {
+  const int64_t T = 700, H = 2, D = 64, gqa = 4, qh = H * gqa;
+  auto q = random_q(qh * D, 6);
+  for (int64_t i = 0; i < qh; ++i) q[static_cast<size_t>(i * D)] = -1.0f;
+  const SchemeSpec s = parse_spec("fp32");
+  int checked = 0;
+  for (int64_t ninf : {int64_t{300}, T})
+    for (int threads : {1, 2}) {
+      Tensor3 kx = synthetic_kv({{T, H, D}, 2, 12.0f, 1}),
+              vx = synthetic_kv({{T, H, D}, 0, 1.0f, 2});
+      for (int64_t t = 0; t < ninf; ++t)
+        for (int64_t h = 0; h < H; ++h) kx.data[static_cast<size_t>((t * H + h) * D)] = INFINITY;
+      const auto k = make_side(s, Role::Key, kx), v = make_side(s, Role::Value, vx);
+      std::vector<float> want(static_cast<size_t>(qh * D)), got(want.size());
+      decode_attention(q.data(), qh, *k, *v, want.data());
+      cpu::decode_attention(q.data(), qh, k->stored(), v->stored(), got.data(),
+                            {threads, IntMode::Exact});
+      double max_v = 0;
+      for (float y : vx.data) max_v = std::max(max_v, std::fabs(static_cast<double>(y)));
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(std::isnan(want[i]), ninf == T) << ninf << " " << i;
+        EXPECT_EQ(std::isnan(got[i]), std::isnan(want[i])) << ninf << " thr" << threads << " " << i;
+        if (!std::isnan(want[i]) && !std::isnan(got[i])) {
+          EXPECT_NEAR(got[i], want[i], kExactTol * max_v) << ninf << " thr" << threads << " " << i;
+        }
+      }
+      ++checked;
+    }
+  EXPECT_EQ(checked, 4);
+}
+
 // A thread's workspace outlives a call (the model keeps one per thread) and the int8 mode's fp8
 // keys hold q as bf16 in it: a second call with the same q buffer, rewritten, must read the new q
 // (the same bits as a fresh workspace).
