@@ -946,6 +946,10 @@ inline __m512 from_inter4(__m512 v) {
       kAll16, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15), v);
 }
 
+/// Whether the exact kernels read B-bit codes in kInter4 order (4 bits: one broadcast per 16).
+template <int B>
+constexpr bool kInterCodes = B == 4;
+
 /// Codes e .. e + 15 (e a multiple of 16) of the packed words w (bits 2, 4 or 8; codes in order
 /// from bit 0 of word 0), as 16 floats. Inter (4 bits only): lanes in kInter4 order, read with
 /// one 64-bit broadcast where code order takes a second, merged broadcast (a blend).
@@ -1626,7 +1630,7 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
       }
       const int64_t d1 = std::min(D, (c + 1) * G);
 #if KVQ_CPU_AVX512
-      constexpr bool kInter = B == 4;  // one broadcast per 16 codes (codes16)
+      constexpr bool kInter = kInterCodes<B>;
       // Groups of 16 or 32 channels give one head 1 or 2 accumulators, too few to keep the fma
       // pipes busy: 4 vectors span 4 or 2 whole groups (their codes are contiguous, G * B being
       // a multiple of 32), each group with its own weights.
@@ -1689,7 +1693,7 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
 template <int NQ, int B>
 void dot_channel_group(const uint32_t* words, int64_t D, int64_t wpg, const float* qs,
                        const float* base, int64_t j0, int64_t n, float* s, int64_t lds) {
-  constexpr bool kInter = B == 4;        // one broadcast per 16 codes (codes16)
+  constexpr bool kInter = kInterCodes<B>;
   auto slices = [&]<int S>(int64_t k) {  // tokens 16k .. 16k + 16 S - 1 of the group
     __m512 acc[NQ * S];
     for (auto& a : acc) a = _mm512_setzero_ps();
@@ -1705,16 +1709,12 @@ void dot_channel_group(const uint32_t* words, int64_t D, int64_t wpg, const floa
     const int64_t a = std::max(j0, 16 * k), b = std::min(j0 + n, 16 * (k + S));
     for (int i = 0; i < NQ; ++i) {
       alignas(64) float tmp[16 * S];
-      for (int u = 0; u < S; ++u)
-        _mm512_store_ps(tmp + 16 * u, _mm512_add_ps(acc[i * S + u], _mm512_set1_ps(base[i])));
-      if constexpr (kInter) {  // lane l of slice u holds token 16 (k + u) + kInter4[l]
-        for (int64_t t = a; t < b; ++t) {
-          const int64_t r = t - 16 * k, x = r % 16;
-          s[i * lds + (t - j0)] = tmp[r - x + (x < 8 ? 2 * x : 2 * x - 15)];
-        }
-      } else {
-        for (int64_t t = a; t < b; ++t) s[i * lds + (t - j0)] = tmp[t - 16 * k];
+      for (int u = 0; u < S; ++u) {
+        __m512 x = _mm512_add_ps(acc[i * S + u], _mm512_set1_ps(base[i]));
+        if constexpr (kInter) x = from_inter4(x);  // tokens back in order
+        _mm512_store_ps(tmp + 16 * u, x);
       }
+      for (int64_t t = a; t < b; ++t) s[i * lds + (t - j0)] = tmp[t - 16 * k];
     }
   };
   int64_t k = j0 / 16;
@@ -1773,6 +1773,13 @@ void with_dense_rows(const StoredSide& s, int64_t offset, int64_t stride, F&& f)
   if (s.kind == SchemeKind::Fp32) return f(F32Rows{s.f32 + offset, stride});
   if (s.kind == SchemeKind::Bf16) return f(Bf16Rows{s.half16 + offset, stride});
   return f(Fp16Rows{s.half16 + offset, stride});
+}
+
+/// Runs f(Fp8Rows<F, kNaN>{codes, D}), kNaN from the side (StoredSide::fp8_nan).
+template <Fp8Format F, class Fn>
+void with_fp8_rows(const StoredSide& s, const uint8_t* codes, int64_t D, Fn&& f) {
+  if (s.fp8_nan) return f(Fp8Rows<F>{codes, D});
+  f(Fp8Rows<F, false>{codes, D});
 }
 
 /// Runs f.template operator()<F>() with the format.
@@ -2228,13 +2235,10 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
       }
       w.qs_of = c.q;
     }
-    const uint8_t* kc = k.codes + t0 * row;
-    if (k.fp8_nan)
-      dot_heads_any<kStream, NQ, TT>(w.qs.data(), H, D, t1 - t0, Fp8Rows<F>{kc, D}, s, hs, lds,
+    with_fp8_rows<F>(k, k.codes + t0 * row, D, [&](const auto& rows) {
+      dot_heads_any<kStream, NQ, TT>(w.qs.data(), H, D, t1 - t0, rows, s, hs, lds,
                                      (k.tokens - t0) * H);
-    else
-      dot_heads_any<kStream, NQ, TT>(w.qs.data(), H, D, t1 - t0, Fp8Rows<F, false>{kc, D}, s, hs,
-                                     lds, (k.tokens - t0) * H);
+    });
   });
   if (k.gran != Granularity::Channel)
     for (int64_t t = t0; t < t1; ++t)
@@ -2296,13 +2300,9 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
         const float f = (ch ? 1.0f : fp8_token_factor(v, t, h)) * restore;
         for (int i = 0; i < NQ; ++i) p[h * hs + i * ldp + (t - t0)] *= f;
       }
-    const uint8_t* vc = v.codes + t0 * row;
-    if (v.fp8_nan)
-      acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, Fp8Rows<F>{vc, D}, o,
-                                 (v.tokens - t0) * H);
-    else
-      acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, Fp8Rows<F, false>{vc, D}, o,
-                                 (v.tokens - t0) * H);
+    with_fp8_rows<F>(v, v.codes + t0 * row, D, [&](const auto& rows) {
+      acc_heads_any<kStream, NQ>(p, hs, ldp, H, D, t1 - t0, rows, o, (v.tokens - t0) * H);
+    });
   });
 }
 

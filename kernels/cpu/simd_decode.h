@@ -29,7 +29,7 @@ inline __m512 bf16_to_f32x16(__m256i h) {
 /// subnormals alike (e5m2 is the top byte of a binary16, inf and NaN included), and vcvtph2ps is
 /// exact. The NaN codes of the 4-bit-exponent formats are set to a binary16 NaN first. The
 /// attention kernels read fp8 this way and fold fp8_restore<F>() (a power of two, so the same
-/// products) into the query or the weights; fp8_decode8 / fp8_decode16 apply it.
+/// products) into the query or the weights.
 template <Fp8Format F>
 inline float fp8_restore() {
   return pow2(15 - fp8::Traits<F>::kBias);
@@ -61,11 +61,6 @@ template <Fp8Format F, bool kNaN = true>
 inline __m256 fp8_raw8(const uint8_t* p) {
   return _mm256_cvtph_ps(fp8_half_bits8<F, kNaN>(p));
 }
-/// fp8::decode<F> of 8 codes, exact.
-template <Fp8Format F>
-inline __m256 fp8_decode8(const uint8_t* p) {
-  return _mm256_mul_ps(fp8_raw8<F>(p), _mm256_set1_ps(fp8_restore<F>()));
-}
 /// bf16 bits -> float32 on 8 lanes (the 16 bits on top of a float32's).
 inline __m256 bf16_to_f32x8(__m128i h) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -89,11 +84,6 @@ inline __m512 fp8_raw16(const uint8_t* p) {
   } else {
     return cvtph16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8));
   }
-}
-/// fp8::decode<F> of 16 codes, exact.
-template <Fp8Format F>
-inline __m512 fp8_decode16(const uint8_t* p) {
-  return _mm512_mul_ps(fp8_raw16<F>(p), _mm512_set1_ps(fp8_restore<F>()));
 }
 
 /// The left shift that puts an fp8 code's exponent and mantissa under bf16's (7 - its mantissa
