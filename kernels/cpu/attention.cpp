@@ -361,19 +361,23 @@ void softmax_step(float* s, int64_t n, float scale, float& m, float& l, float* o
 // one head are H * D elements apart (2 KB for bf16 at H=8, D=128): a new page every other row,
 // which the hardware prefetchers do not follow, so the kernels prefetch a sub-block ahead.
 //
-// Every software prefetch of this file asks for the line in L2, not L1 (prefetcht1): the
-// block-ahead bursts (256 tokens of a head's rows and parameters) are several times the 32 KB L1
-// and, as prefetcht0, pushed the rows, weights and accumulators being read out of it. On the Zen 4
-// host of session 19 (32k context, one thread) the L2 hint took 0.63-0.68x the time of prefetcht0
-// for bf16, int8 kivi4 and int8 FP8, and 0.81-0.95x for the exact int caches; prefetcht2 measured
-// the same as prefetcht1, and prefetcht0 for the near stream prefetch alone was 1.1-1.3x slower.
-inline void prefetch_line(const void* p) {
-  _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
-}
+// Software prefetches ask for the line in L2 (kL2, prefetcht1), not L1, except the stream kernels'
+// near prefetch where a token's rows are small (stream_l1): the block-ahead bursts (256 tokens of a
+// head's rows and parameters) are several times the 32 KB L1 and, as prefetcht0, pushed the rows,
+// weights and accumulators being read out of it. Measured on the Zen 4 host of session 19 (one
+// thread, caches larger than L3): at 8 KV heads, d128, GQA 4 (32k) the L2 hint took 0.63-0.68x the
+// time of prefetcht0 for bf16, int8 kivi4 and int8 FP8 and 0.81-0.95x for the exact int caches;
+// prefetcht2 measured as prefetcht1. For bf16's near prefetch the L2 hint took 0.70-0.94x at shapes
+// (H,D,GQA) 8,64,4 8,128,4 3,128,3 2,128,4 4,64,4 8,64,3 and 1.00x at 6,64,3, but 1.09-1.30x at
+// 3,64,x (SmolLM2-135M's: a token's rows 384 bytes), hence stream_l1's threshold.
+constexpr int kL1 = 3, kL2 = 2;  // __builtin_prefetch locality: prefetcht0, prefetcht1
+template <int kLoc = kL2>
 inline void prefetch_row(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) prefetch_line(c + o);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, kLoc);
 }
+/// Whether a stream kernel's near prefetch goes to L1: a token's H rows of row_bytes under 512.
+inline bool stream_l1(int64_t H, int64_t row_bytes) { return H * row_bytes < 512; }
 template <class L>
 concept Prefetchable = requires(const L& l) {
   l.prefetch(int64_t{0}, int64_t{0});
@@ -389,7 +393,11 @@ inline void prefetch_rows(const L& ld, int64_t j0, int64_t n, int64_t D) {
 struct F32Rows {
   const float* base;
   int64_t stride;
-  void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D * 4); }
+  static constexpr int64_t kElemBytes = 4;
+  template <int kLoc = kL2>
+  void prefetch(int64_t j, int64_t D) const {
+    prefetch_row<kLoc>(base + j * stride, D * 4);
+  }
   __m256 operator()(int64_t j, int64_t d) const { return _mm256_loadu_ps(base + j * stride + d); }
 #if KVQ_CPU_AVX512
   __m512 z(int64_t j, int64_t d) const { return _mm512_loadu_ps(base + j * stride + d); }
@@ -398,7 +406,11 @@ struct F32Rows {
 struct Bf16Rows {
   const uint16_t* base;
   int64_t stride;
-  void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D * 2); }
+  static constexpr int64_t kElemBytes = 2;
+  template <int kLoc = kL2>
+  void prefetch(int64_t j, int64_t D) const {
+    prefetch_row<kLoc>(base + j * stride, D * 2);
+  }
   __m256 operator()(int64_t j, int64_t d) const {
     return bf16_to_f32x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + d)));
   }
@@ -412,7 +424,11 @@ struct Bf16Rows {
 struct Fp16Rows {
   const uint16_t* base;
   int64_t stride;
-  void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D * 2); }
+  static constexpr int64_t kElemBytes = 2;
+  template <int kLoc = kL2>
+  void prefetch(int64_t j, int64_t D) const {
+    prefetch_row<kLoc>(base + j * stride, D * 2);
+  }
   __m256 operator()(int64_t j, int64_t d) const {
     return _mm256_cvtph_ps(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + d)));
@@ -431,7 +447,11 @@ template <Fp8Format F, bool kNaN = true>
 struct Fp8Rows {
   const uint8_t* base;
   int64_t stride;
-  void prefetch(int64_t j, int64_t D) const { prefetch_row(base + j * stride, D); }
+  static constexpr int64_t kElemBytes = 1;
+  template <int kLoc = kL2>
+  void prefetch(int64_t j, int64_t D) const {
+    prefetch_row<kLoc>(base + j * stride, D);
+  }
   __m256 operator()(int64_t j, int64_t d) const { return fp8_raw8<F, kNaN>(base + j * stride + d); }
 #if KVQ_CPU_AVX512
   __m512 z(int64_t j, int64_t d) const { return fp8_raw16<F, kNaN>(base + j * stride + d); }
@@ -653,7 +673,7 @@ constexpr int kValueTokens = NQ <= 2 ? 8 : NQ <= 4 ? 4 : 2;
 /// as acc_rows, so the same bits at either width and step. kPrefetch (a stream read once): the
 /// next step's rows, up to `valid` rows from the base, are prefetched, each head's before its
 /// own work (one burst per step held the loop on its row loads: 0.88-0.91x at 32k spread).
-template <int NQ, int W, bool kPrefetch, class L>
+template <int NQ, int W, bool kPrefetch, class L, int kLoc = kL2>
 void acc_heads_w(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
                  const L& ld, float* o, int64_t valid) {
   using V = FVec<W>;
@@ -662,7 +682,7 @@ void acc_heads_w(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, 
     for (int64_t h = 0; h < H; ++h) {
       if constexpr (kPrefetch && Prefetchable<L>)
         for (int u = 0; u < U; ++u)
-          if (const int64_t r = (t + U + u) * H + h; r < valid) ld.prefetch(r, D);
+          if (const int64_t r = (t + U + u) * H + h; r < valid) ld.template prefetch<kLoc>(r, D);
       float* oh = o + h * NQ * D;
       typename V::T pw[NQ * U];
       for (int i = 0; i < NQ; ++i)
@@ -705,15 +725,15 @@ constexpr int64_t kStreamAhead = 16;
 /// (not tokens) per step, so every load instruction walks memory with one constant stride (twice
 /// the bandwidth of dot_heads' token pairs on a cold stream), and rows kStreamAhead ahead are
 /// prefetched, up to `valid` rows from the base (the rows that exist). Same bits as dot_heads.
-template <int NQ, int TT, class L>
-void dot_heads_stream(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, float* s,
-                      int64_t hs, int64_t lds, int64_t valid) {
+template <int kLoc, int NQ, int TT, class L>
+void dot_heads_stream_at(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, float* s,
+                         int64_t hs, int64_t lds, int64_t valid) {
   const int64_t rows = n * H;
   int64_t r = 0, t = 0, h = 0;  // row r's token and head
   auto step = [&]<int U>() {
     if constexpr (Prefetchable<L>)
       for (int u = 0; u < U; ++u)
-        if (r + u + kStreamAhead < valid) ld.prefetch(r + u + kStreamAhead, D);
+        if (r + u + kStreamAhead < valid) ld.template prefetch<kLoc>(r + u + kStreamAhead, D);
     const float* qs[U];
     int64_t rs[U], tu[U], hu[U];
     for (int u = 0; u < U; ++u) {
@@ -729,15 +749,24 @@ void dot_heads_stream(const float* q, int64_t H, int64_t D, int64_t n, const L& 
   while (r + TT <= rows) step.template operator()<TT>();
   while (r < rows) step.template operator()<1>();
 }
+template <int NQ, int TT, class L>
+void dot_heads_stream(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, float* s,
+                      int64_t hs, int64_t lds, int64_t valid) {
+  if constexpr (Prefetchable<L>) {
+    if (stream_l1(H, D * L::kElemBytes))
+      return dot_heads_stream_at<kL1, NQ, TT>(q, H, D, n, ld, s, hs, lds, valid);
+  }
+  dot_heads_stream_at<kL2, NQ, TT>(q, H, D, n, ld, s, hs, lds, valid);
+}
 
 /// acc_heads for a stream read once: one row at a time in address order, prefetched as in
 /// dot_heads_stream. Same bits as acc_heads.
-template <int NQ, class L>
-void acc_heads_stream(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
-                      const L& ld, float* o, int64_t valid) {
+template <int kLoc, int NQ, class L>
+void acc_heads_stream_at(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
+                         const L& ld, float* o, int64_t valid) {
 #if KVQ_CPU_AVX512
   if constexpr (Wide<L>) {
-    if (D % 16 == 0) return acc_heads_w<NQ, 16, true>(p, hs, ldp, H, D, n, ld, o, valid);
+    if (D % 16 == 0) return acc_heads_w<NQ, 16, true, L, kLoc>(p, hs, ldp, H, D, n, ld, o, valid);
   }
 #endif
   int64_t r = 0;
@@ -745,7 +774,7 @@ void acc_heads_stream(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_
     for (int64_t h = 0; h < H; ++h, ++r) {
       float* oh = o + h * NQ * D;
       if constexpr (Prefetchable<L>)
-        if (r + kStreamAhead < valid) ld.prefetch(r + kStreamAhead, D);
+        if (r + kStreamAhead < valid) ld.template prefetch<kLoc>(r + kStreamAhead, D);
       __m256 pw[NQ];
       for (int i = 0; i < NQ; ++i) pw[i] = _mm256_set1_ps(p[h * hs + i * ldp + t]);
       for (int64_t d = 0; d < D; d += 8) {
@@ -756,6 +785,15 @@ void acc_heads_stream(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_
         }
       }
     }
+}
+template <int NQ, class L>
+void acc_heads_stream(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
+                      const L& ld, float* o, int64_t valid) {
+  if constexpr (Prefetchable<L>) {
+    if (stream_l1(H, D * L::kElemBytes))
+      return acc_heads_stream_at<kL1, NQ>(p, hs, ldp, H, D, n, ld, o, valid);
+  }
+  acc_heads_stream_at<kL2, NQ>(p, hs, ldp, H, D, n, ld, o, valid);
 }
 
 /// The stream or the cached variant; `valid`: rows that exist from the loader's base.
@@ -1529,8 +1567,8 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
     // block of rows apart from the next block's, whose lines the hardware prefetchers miss.
     prefetch_rows(ld, j0 + ahead, nmax, D);
     for (int64_t j = j0 + ahead; j < std::min(nmax, j0 + ahead + kSubRows); ++j) {
-      prefetch_line(scales + j * pstride);
-      if (mins) prefetch_line(mins + j * pstride);
+      prefetch_row(scales + j * pstride, 1);
+      if (mins) prefetch_row(mins + j * pstride, 1);
     }
     // This sub-block's scales and minima as floats, [c][j - j0], 8 tokens per conversion.
     auto eight = [pstride](const uint16_t* x) {  // x[0], x[pstride], ... x[7 * pstride]
@@ -1837,7 +1875,7 @@ constexpr int kFp8Rows = 16 / NQ;
 /// s[h * hs + i * lds + t] = (sum over channel pairs of qb * code-as-bf16) * rowf[r], qb the
 /// [H, NQ, D] bf16 query, rowf padded by 16 floats. `valid`: rows that exist from base (prefetched
 /// ahead when kPrefetch).
-template <int NQ, Fp8Format F, bool kPrefetch>
+template <int NQ, Fp8Format F, bool kPrefetch, int kLoc = kL2>
 void fp8_dot_bf16(const uint16_t* qb, int64_t H, int64_t D, int64_t n, const uint8_t* base,
                   const float* rowf, float* s, int64_t hs, int64_t lds, int64_t valid) {
   const int64_t rows = n * H;
@@ -1853,7 +1891,7 @@ void fp8_dot_bf16(const uint16_t* qb, int64_t H, int64_t D, int64_t n, const uin
     if constexpr (kPrefetch)
       for (int u = 0; u < U; ++u)
         if (r + u + 2 * kStreamAhead < valid)
-          prefetch_row(base + (r + u + 2 * kStreamAhead) * D, D);
+          prefetch_row<kLoc>(base + (r + u + 2 * kStreamAhead) * D, D);
     __m512 acc[16];
     for (auto& a : acc) a = _mm512_setzero_ps();
     const uint16_t* qh[U];
@@ -2224,8 +2262,12 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
       float* rf = w.rowf.data();
       for (int64_t t = t0; t < t1; ++t)
         for (int64_t h = 0; h < H; ++h) *rf++ = (ch ? 1.0f : fp8_token_factor(k, t, h)) * back;
-      fp8_dot_bf16<NQ, F, kStream>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row, w.rowf.data(), s,
-                                   hs, lds, (k.tokens - t0) * H);
+      if (kStream && stream_l1(H, D))
+        fp8_dot_bf16<NQ, F, kStream, kL1>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row,
+                                          w.rowf.data(), s, hs, lds, (k.tokens - t0) * H);
+      else
+        fp8_dot_bf16<NQ, F, kStream>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row,
+                                     w.rowf.data(), s, hs, lds, (k.tokens - t0) * H);
     });
     return;
   }
