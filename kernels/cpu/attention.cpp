@@ -664,7 +664,9 @@ void dot_heads(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, flo
 /// vector registers (bf16 at 32k, GQA 4, one thread: 4 tokens ran 10-15% faster than 2, whose
 /// stores of o bound the loop; session 16, docs/benchmarks.md).
 template <int NQ>
-constexpr int kValueTokens = NQ <= 2 ? 8 : NQ <= 4 ? 4 : 2;
+constexpr int kValueTokens = NQ <= 2   ? 8
+                             : NQ <= 4 ? 4
+                                       : 2;
 
 /// Values of every kv head, tokens in address order: o_h,i += p[h * hs + i * ldp + t] * row (t, h),
 /// kValueTokens<NQ> tokens of a head per load and store of o (the stores of o, not the rows, bound
@@ -1867,58 +1869,92 @@ inline __m512 sum16x16(const __m512* v) {
                        _mm512_maskz_shuffle_f32x4(kAll16, y[0], y[1], 0xdd));
 }
 
-/// Rows per step of the fp8 key kernel: as many as fit 16 accumulators (NQ <= 8).
-template <int NQ>
-constexpr int kFp8Rows = 16 / NQ;
-
-/// FP8 keys, rows in address order (row r is token r / H, head r % H; D bytes each from base):
-/// s[h * hs + i * lds + t] = (sum over channel pairs of qb * code-as-bf16) * rowf[r], qb the
-/// [H, NQ, D] bf16 query, rowf padded by 16 floats. `valid`: rows that exist from base (prefetched
-/// ahead when kPrefetch).
+/// FP8 keys of tokens [0, n), head by head (row (t, h) at base + (t * H + h) * D, D bytes):
+/// s[h * hs + i * lds + t] = (sum over channel pairs of qb * code-as-bf16) * rowf[h * ldf + t], qb
+/// the [H, NQ, D] bf16 query, rowf padded by 16 floats. TU = 16 / NQ tokens of one head a step,
+/// their scores for the head's NQ queries in the 16 lanes of one horizontal sum (sum16x16): each
+/// query chunk is loaded once for the TU tokens, and each query's TU scores leave in one store.
+/// The kernel before it took rows in address order (U heads of a token a step), loaded every
+/// query chunk per row and stored each score alone; this one took 0.90-1.00x its time at 8 KV
+/// heads, d128, GQA 4 (int8 FP8, 1k-32k, one and two threads), 0.89-0.97x at GQA 1 and 2,
+/// 0.94-0.98x at SmolLM2-135M's 3,64,3, 0.98x at GQA 8 and d128, but 1.04-1.05x at GQA 8 and d64
+/// (session 20, 3 interleaved rounds). `valid`: rows that exist from base; each head prefetches its
+/// rows of the next n tokens first (spreading those prefetches over the steps, the same rows, took
+/// 1.4-1.8x the time at 32k).
 template <int NQ, Fp8Format F, bool kPrefetch, int kLoc = kL2>
 void fp8_dot_bf16(const uint16_t* qb, int64_t H, int64_t D, int64_t n, const uint8_t* base,
-                  const float* rowf, float* s, int64_t hs, int64_t lds, int64_t valid) {
-  const int64_t rows = n * H;
-  int64_t t = 0, h = 0;  // the next row's token and head, its query and scores
-  const uint16_t* qrow = qb;
-  float* srow = s;
-  const __m512i lane_row = [] {  // lane u * NQ + i reads row u's factor
+                  const float* rowf, int64_t ldf, float* s, int64_t hs, int64_t lds,
+                  int64_t valid) {
+  static_assert(NQ >= 1 && NQ <= 16);
+  constexpr int TU = 16 / NQ;    // tokens a step
+  const int64_t rs = H * D;      // bytes from a token's row to the next token's of the head
+  const __m512i lane_tok = [] {  // lane u * NQ + i: token u's factor
     alignas(64) int32_t a[16];
-    for (int l = 0; l < 16; ++l) a[l] = l / NQ;
+    for (int l = 0; l < 16; ++l) a[l] = l < TU * NQ ? l / NQ : 0;
     return _mm512_load_si512(a);
   }();
-  auto step = [&]<int U>(int64_t r) {
-    if constexpr (kPrefetch)
-      for (int u = 0; u < U; ++u)
-        if (r + u + 2 * kStreamAhead < valid)
-          prefetch_row<kLoc>(base + (r + u + 2 * kStreamAhead) * D, D);
+  // Lane u of per_query[i]: lane u * NQ + i (token u's score for query i).
+  __m512i per_query[NQ];
+  for (int i = 0; i < NQ; ++i) {
+    alignas(64) int32_t a[16];
+    for (int l = 0; l < 16; ++l) a[l] = l < TU ? l * NQ + i : 0;
+    per_query[i] = _mm512_load_si512(a);
+  }
+  const __m512i to_query = [] {  // lane i * TU + u: lane u * NQ + i
+    alignas(64) int32_t a[16];
+    for (int l = 0; l < 16; ++l) a[l] = l < TU * NQ ? (l % TU) * NQ + l / TU : 0;
+    return _mm512_load_si512(a);
+  }();
+  // Tokens row .. row + U - 1 (rs bytes apart) of one head, query q: lane u * NQ + i of the result
+  // is token u's sum for query i (lanes from U * NQ on: 0).
+  auto sums = [&]<int U>(const uint8_t* row, const uint16_t* q) {
     __m512 acc[16];
     for (auto& a : acc) a = _mm512_setzero_ps();
-    const uint16_t* qh[U];
-    float* so[U];  // row u's scores, s + h * hs + t
-    for (int u = 0; u < U; ++u) {
-      qh[u] = qrow, so[u] = srow;
-      qrow += NQ * D, srow += hs;
-      if (++h == H) h = 0, ++t, qrow = qb, srow = s + t;
-    }
     for (int64_t d = 0; d < D; d += 32)
       for (int u = 0; u < U; ++u) {
-        const Bh k = as_bh(fp8_bf16x32<F>(base + (r + u) * D + d));
+        const Bh k = as_bh(fp8_bf16x32<F>(row + u * rs + d));
         for (int i = 0; i < NQ; ++i)
           acc[u * NQ + i] = _mm512_dpbf16_ps(
               acc[u * NQ + i], k,
-              as_bh(_mm512_loadu_si512(reinterpret_cast<const __m512i*>(qh[u] + i * D + d))));
+              as_bh(_mm512_loadu_si512(reinterpret_cast<const __m512i*>(q + i * D + d))));
       }
-    alignas(64) float res[16];
-    const __m512 f = _mm512_maskz_permutexvar_ps(kAll16, lane_row, _mm512_loadu_ps(rowf + r));
-    _mm512_store_ps(res, _mm512_mul_ps(sum16x16(acc), f));
-    for (int u = 0; u < U; ++u)
-      for (int i = 0; i < NQ; ++i) so[u][i * lds] = res[u * NQ + i];
+    return sum16x16(acc);
   };
-  constexpr int U = kFp8Rows<NQ>;
-  int64_t r = 0;
-  for (; r + U <= rows; r += U) step.template operator()<U>(r);
-  for (; r < rows; ++r) step.template operator()<1>(r);
+  for (int64_t h = 0; h < H; ++h) {
+    if constexpr (kPrefetch)  // this head's rows of the next n tokens
+      for (int64_t t = n; t < 2 * n; ++t)
+        if (t * H + h < valid) prefetch_row<kLoc>(base + (t * H + h) * D, D);
+    const uint16_t* q = qb + h * NQ * D;
+    const uint8_t* hb = base + h * D;
+    const float* fh = rowf + h * ldf;
+    float* sh = s + h * hs;
+    int64_t t = 0;
+    for (; t + TU <= n; t += TU) {
+      const __m512 f = _mm512_maskz_permutexvar_ps(kAll16, lane_tok, _mm512_loadu_ps(fh + t));
+      const __m512 v = _mm512_mul_ps(sums.template operator()<TU>(hb + t * rs, q), f);
+      if constexpr (TU == 2) {  // query i's two scores at lanes 2i, 2i + 1: 64-bit stores
+        const __m512 x = _mm512_maskz_permutexvar_ps(kAll16, to_query, v);
+        auto pair = [&]<int L>() {
+          const __m128 y = _mm512_maskz_extractf32x4_ps(0xf, x, L);
+          _mm_storel_pi(reinterpret_cast<__m64*>(sh + 2 * L * lds + t), y);
+          _mm_storeh_pi(reinterpret_cast<__m64*>(sh + (2 * L + 1) * lds + t), y);
+        };
+        pair.template operator()<0>();
+        pair.template operator()<1>();
+        pair.template operator()<2>();
+        pair.template operator()<3>();
+      } else {
+        for (int i = 0; i < NQ; ++i)
+          _mm512_mask_storeu_ps(sh + i * lds + t, static_cast<__mmask16>((1u << TU) - 1),
+                                _mm512_maskz_permutexvar_ps(kAll16, per_query[i], v));
+      }
+    }
+    for (; t < n; ++t) {  // one token: the same sums, the factor applied per score
+      alignas(64) float res[16];
+      _mm512_store_ps(res, sums.template operator()<1>(hb + t * rs, q));
+      for (int i = 0; i < NQ; ++i) sh[i * lds + t] = res[i] * fh[t];
+    }
+  }
 }
 
 /// The byte permutes of fp8_acc_bf16, 64 bytes per 16-channel slice k: dword j holds channel
@@ -2195,7 +2231,7 @@ void prepare(Scratch& w, const Call& c) {
   }
   if (fp8_bf16(c.mode, c.k)) {
     grow(w.qb, c.q_heads * D);
-    grow(w.rowf, kSubRows * c.H + 16);
+    grow(w.rowf, (kSubRows + 16) * c.H);
   }
   if (fp8_bf16(c.mode, c.v)) {
     grow(w.wp, c.q_heads * kSubRows / 2);
@@ -2259,15 +2295,18 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
     }
     with_fp8_format(k.format, [&]<Fp8Format F>() {
       const float back = pow2(127 - fp8::Traits<F>::kBias - kFp8QShift);
-      float* rf = w.rowf.data();
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t h = 0; h < H; ++h) *rf++ = (ch ? 1.0f : fp8_token_factor(k, t, h)) * back;
+      const int64_t ldf = kSubRows + 16;  // rowf[h * ldf + t - t0], 16 floats of padding
+      KVQ_CHECK(t1 - t0 <= kSubRows, "cpu attention: fp8 keys of {} tokens at once", t1 - t0);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = t0; t < t1; ++t)
+          w.rowf[static_cast<size_t>(h * ldf + t - t0)] =
+              (ch ? 1.0f : fp8_token_factor(k, t, h)) * back;
       if (kStream && stream_l1(H, D))
         fp8_dot_bf16<NQ, F, kStream, kL1>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row,
-                                          w.rowf.data(), s, hs, lds, (k.tokens - t0) * H);
+                                          w.rowf.data(), ldf, s, hs, lds, (k.tokens - t0) * H);
       else
-        fp8_dot_bf16<NQ, F, kStream>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row,
-                                     w.rowf.data(), s, hs, lds, (k.tokens - t0) * H);
+        fp8_dot_bf16<NQ, F, kStream>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row, w.rowf.data(),
+                                     ldf, s, hs, lds, (k.tokens - t0) * H);
     });
     return;
   }
