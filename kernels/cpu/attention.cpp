@@ -362,22 +362,29 @@ void softmax_step(float* s, int64_t n, float scale, float& m, float& l, float* o
 // which the hardware prefetchers do not follow, so the kernels prefetch a sub-block ahead.
 //
 // Software prefetches ask for the line in L2 (kL2, prefetcht1), not L1, except the stream kernels'
-// near prefetch where a token's rows are small (stream_l1): the block-ahead bursts (256 tokens of a
-// head's rows and parameters) are several times the 32 KB L1 and, as prefetcht0, pushed the rows,
-// weights and accumulators being read out of it. Measured on the Zen 4 host of session 19 (one
-// thread, caches larger than L3): at 8 KV heads, d128, GQA 4 (32k) the L2 hint took 0.63-0.68x the
-// time of prefetcht0 for bf16, int8 kivi4 and int8 FP8 and 0.81-0.95x for the exact int caches;
+// near prefetch where a token's rows are small (with_stream_loc): the block-ahead bursts (256
+// tokens of a head's rows and parameters) are several times the 32 KB L1 and, as prefetcht0, pushed
+// the rows, weights and accumulators being read out of it. Measured on the Zen 4 host of session 19
+// (one thread, caches larger than L3): at 8 KV heads, d128, GQA 4 (32k) the L2 hint took 0.63-0.68x
+// the time of prefetcht0 for bf16, int8 kivi4 and int8 FP8 and 0.81-0.95x for the exact int caches;
 // prefetcht2 measured as prefetcht1. For bf16's near prefetch the L2 hint took 0.70-0.94x at shapes
 // (H,D,GQA) 8,64,4 8,128,4 3,128,3 2,128,4 4,64,4 8,64,3 and 1.00x at 6,64,3, but 1.09-1.30x at
-// 3,64,x (SmolLM2-135M's: a token's rows 384 bytes), hence stream_l1's threshold.
+// 3,64,x (SmolLM2-135M's: a token's rows 384 bytes), hence with_stream_loc's threshold.
 constexpr int kL1 = 3, kL2 = 2;  // __builtin_prefetch locality: prefetcht0, prefetcht1
 template <int kLoc = kL2>
 inline void prefetch_row(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, kLoc);
 }
-/// Whether a stream kernel's near prefetch goes to L1: a token's H rows of row_bytes under 512.
-inline bool stream_l1(int64_t H, int64_t row_bytes) { return H * row_bytes < 512; }
+/// Runs f.template operator()<kLoc>() with the stream kernels' near-prefetch hint: L1 where a
+/// token's H rows of row_bytes are under 512 bytes, else L2.
+template <class F>
+inline void with_stream_loc(int64_t H, int64_t row_bytes, F&& f) {
+  if (H * row_bytes < 512)
+    f.template operator()<kL1>();
+  else
+    f.template operator()<kL2>();
+}
 template <class L>
 concept Prefetchable = requires(const L& l) {
   l.prefetch(int64_t{0}, int64_t{0});
@@ -396,7 +403,7 @@ struct F32Rows {
   static constexpr int64_t kElemBytes = 4;
   template <int kLoc = kL2>
   void prefetch(int64_t j, int64_t D) const {
-    prefetch_row<kLoc>(base + j * stride, D * 4);
+    prefetch_row<kLoc>(base + j * stride, D * kElemBytes);
   }
   __m256 operator()(int64_t j, int64_t d) const { return _mm256_loadu_ps(base + j * stride + d); }
 #if KVQ_CPU_AVX512
@@ -409,7 +416,7 @@ struct Bf16Rows {
   static constexpr int64_t kElemBytes = 2;
   template <int kLoc = kL2>
   void prefetch(int64_t j, int64_t D) const {
-    prefetch_row<kLoc>(base + j * stride, D * 2);
+    prefetch_row<kLoc>(base + j * stride, D * kElemBytes);
   }
   __m256 operator()(int64_t j, int64_t d) const {
     return bf16_to_f32x8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + j * stride + d)));
@@ -427,7 +434,7 @@ struct Fp16Rows {
   static constexpr int64_t kElemBytes = 2;
   template <int kLoc = kL2>
   void prefetch(int64_t j, int64_t D) const {
-    prefetch_row<kLoc>(base + j * stride, D * 2);
+    prefetch_row<kLoc>(base + j * stride, D * kElemBytes);
   }
   __m256 operator()(int64_t j, int64_t d) const {
     return _mm256_cvtph_ps(
@@ -450,7 +457,7 @@ struct Fp8Rows {
   static constexpr int64_t kElemBytes = 1;
   template <int kLoc = kL2>
   void prefetch(int64_t j, int64_t D) const {
-    prefetch_row<kLoc>(base + j * stride, D);
+    prefetch_row<kLoc>(base + j * stride, D * kElemBytes);
   }
   __m256 operator()(int64_t j, int64_t d) const { return fp8_raw8<F, kNaN>(base + j * stride + d); }
 #if KVQ_CPU_AVX512
@@ -754,11 +761,12 @@ void dot_heads_stream_at(const float* q, int64_t H, int64_t D, int64_t n, const 
 template <int NQ, int TT, class L>
 void dot_heads_stream(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, float* s,
                       int64_t hs, int64_t lds, int64_t valid) {
-  if constexpr (Prefetchable<L>) {
-    if (stream_l1(H, D * L::kElemBytes))
-      return dot_heads_stream_at<kL1, NQ, TT>(q, H, D, n, ld, s, hs, lds, valid);
-  }
-  dot_heads_stream_at<kL2, NQ, TT>(q, H, D, n, ld, s, hs, lds, valid);
+  if constexpr (Prefetchable<L>)
+    with_stream_loc(H, D * L::kElemBytes, [&]<int kLoc>() {
+      dot_heads_stream_at<kLoc, NQ, TT>(q, H, D, n, ld, s, hs, lds, valid);
+    });
+  else
+    dot_heads_stream_at<kL2, NQ, TT>(q, H, D, n, ld, s, hs, lds, valid);
 }
 
 /// acc_heads for a stream read once: one row at a time in address order, prefetched as in
@@ -791,11 +799,12 @@ void acc_heads_stream_at(const float* p, int64_t hs, int64_t ldp, int64_t H, int
 template <int NQ, class L>
 void acc_heads_stream(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, int64_t n,
                       const L& ld, float* o, int64_t valid) {
-  if constexpr (Prefetchable<L>) {
-    if (stream_l1(H, D * L::kElemBytes))
-      return acc_heads_stream_at<kL1, NQ>(p, hs, ldp, H, D, n, ld, o, valid);
-  }
-  acc_heads_stream_at<kL2, NQ>(p, hs, ldp, H, D, n, ld, o, valid);
+  if constexpr (Prefetchable<L>)
+    with_stream_loc(H, D * L::kElemBytes, [&]<int kLoc>() {
+      acc_heads_stream_at<kLoc, NQ>(p, hs, ldp, H, D, n, ld, o, valid);
+    });
+  else
+    acc_heads_stream_at<kL2, NQ>(p, hs, ldp, H, D, n, ld, o, valid);
 }
 
 /// The stream or the cached variant; `valid`: rows that exist from the loader's base.
@@ -2301,12 +2310,14 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
         for (int64_t t = t0; t < t1; ++t)
           w.rowf[static_cast<size_t>(h * ldf + t - t0)] =
               (ch ? 1.0f : fp8_token_factor(k, t, h)) * back;
-      if (kStream && stream_l1(H, D))
-        fp8_dot_bf16<NQ, F, kStream, kL1>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row,
-                                          w.rowf.data(), ldf, s, hs, lds, (k.tokens - t0) * H);
+      auto keys = [&]<int kLoc>() {
+        fp8_dot_bf16<NQ, F, kStream, kLoc>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row,
+                                           w.rowf.data(), ldf, s, hs, lds, (k.tokens - t0) * H);
+      };
+      if constexpr (kStream)
+        with_stream_loc(H, D, keys);  // one byte a channel
       else
-        fp8_dot_bf16<NQ, F, kStream>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row, w.rowf.data(),
-                                     ldf, s, hs, lds, (k.tokens - t0) * H);
+        keys.template operator()<kL2>();
     });
     return;
   }
