@@ -1496,24 +1496,42 @@ void weights_sub(const float* p, int64_t ldp, const float* sc, const float* mn, 
   static_assert(kSubRows == 32);
   const __m512 s0 = _mm512_loadu_ps(sc), s1 = _mm512_loadu_ps(sc + 16);
   const __m512 n0 = _mm512_loadu_ps(mn), n1 = _mm512_loadu_ps(mn + 16);
+  __m512 w[NQ][2], inv[NQ];
   for (int i = 0; i < NQ; ++i) {
     const __m512 p0 = _mm512_loadu_ps(p + i * ldp), p1 = _mm512_loadu_ps(p + i * ldp + 16);
-    const __m512 w0 = _mm512_mul_ps(p0, s0), w1 = _mm512_mul_ps(p1, s1);
+    w[i][0] = _mm512_mul_ps(p0, s0);
+    w[i][1] = _mm512_mul_ps(p1, s1);
     float* mi = mv + i * mstride;
     _mm512_storeu_ps(mi, _mm512_fmadd_ps(p1, n1, _mm512_fmadd_ps(p0, n0, _mm512_loadu_ps(mi))));
-    const float wmax = hmax16(_mm512_maskz_max_ps(kAll16, w0, w1));
-    const __m512 inv = _mm512_set1_ps(wmax > 0 ? 255.0f / wmax : 0.0f);
+    const float wmax = hmax16(_mm512_maskz_max_ps(kAll16, w[i][0], w[i][1]));
+    inv[i] = _mm512_set1_ps(wmax > 0 ? 255.0f / wmax : 0.0f);
     fac[i] = wmax / 255.0f;
-    // rne, clamped below at 0 and saturated at 255: weight_bytes' packs give the same bytes for
-    // every value up to 32767, and w <= wmax keeps these at 255 or less
-    auto bytes = [&](__m512 x) {
+  }
+  // rne, then 0..255 by signed saturation (negative and NaN, which converts to INT_MIN, give 0):
+  // w <= wmax keeps the values at 255 or less, so the packs' saturation to 65535 and the 16-bit
+  // pack's sign never matter.
+  auto ints = [&](int i, int h) {
+    return _mm512_maskz_cvtps_epi32(kAll16, _mm512_mul_ps(w[i][h], inv[i]));
+  };
+  // Two heads' 64 bytes a store: after the packs, dword 4m + k of a 128-bit lane m holds tokens
+  // 4m .. 4m + 3 of (head, half) k = (i, 0), (i, 1), (i + 1, 0), (i + 1, 1); out dword j is in
+  // dword 4 (j % 4) + j / 4.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  int i = 0;
+  for (; i + 2 <= NQ; i += 2) {
+    const __m512i lo = _mm512_maskz_packus_epi32(kAll32, ints(i, 0), ints(i, 1));
+    const __m512i hi = _mm512_maskz_packus_epi32(kAll32, ints(i + 1, 0), ints(i + 1, 1));
+    _mm512_storeu_si512(
+        wb + i * kSubRows,
+        _mm512_maskz_permutexvar_epi32(kAll16, order, _mm512_maskz_packus_epi16(kAll64, lo, hi)));
+  }
+  if (i < NQ) {  // an odd last head
+    auto bytes = [&](int h) {
       return _mm512_maskz_cvtusepi32_epi8(
-          kAll16,
-          _mm512_maskz_max_epi32(kAll16, _mm512_maskz_cvtps_epi32(kAll16, _mm512_mul_ps(x, inv)),
-                                 _mm512_setzero_si512()));
+          kAll16, _mm512_maskz_max_epi32(kAll16, ints(i, h), _mm512_setzero_si512()));
     };
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(wb + i * kSubRows), bytes(w0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(wb + i * kSubRows + 16), bytes(w1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(wb + i * kSubRows), bytes(0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(wb + i * kSubRows + 16), bytes(1));
   }
 }
 
@@ -1563,7 +1581,8 @@ void acc_int8_rows(const uint8_t* wb, const float* fac, int64_t m, const TokenCo
 template <int NQ, int B>
 void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B>& ld,
                       const uint16_t* scales, const uint16_t* mins, int64_t pstride, float* o,
-                      int64_t D, Scratch& scr, bool int8, int64_t nmax, int64_t ahead) {
+                      int64_t D, Scratch& scr, bool int8, int64_t nmax, int64_t ahead,
+                      int64_t pf_step) {
   const int64_t G = ld.group, ncg = (D + G - 1) / G;  // the last group may be shorter
   float *pw = scr.pw.data(), *msum = scr.msum.data(), *sct = scr.sct.data(), *mnt = scr.mnt.data();
   const float sym_min = -static_cast<float>(kivi::sym_offset(B));
@@ -1577,10 +1596,12 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
     // A block ahead (rows up to nmax exist): the codes of one head's row are a line or less, a
     // block of rows apart from the next block's, whose lines the hardware prefetchers miss.
     prefetch_rows(ld, j0 + ahead, nmax, D);
-    for (int64_t j = j0 + ahead; j < std::min(nmax, j0 + ahead + kSubRows); ++j) {
-      prefetch_row(scales + j * pstride, 1);
-      if (mins) prefetch_row(mins + j * pstride, 1);
-    }
+    // The parameters: one prefetch a line (pf_step tokens), by the head that leads the line.
+    if (pf_step > 0)
+      for (int64_t j = j0 + ahead; j < std::min(nmax, j0 + ahead + kSubRows); j += pf_step) {
+        prefetch_row(scales + j * pstride, 1);
+        if (mins) prefetch_row(mins + j * pstride, 1);
+      }
     // This sub-block's scales and minima as floats, [c][j - j0], 8 tokens per conversion.
     auto eight = [pstride](const uint16_t* x) {  // x[0], x[pstride], ... x[7 * pstride]
       return _mm256_cvtph_ps(_mm_setr_epi16(
@@ -2213,10 +2234,14 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
         fail("cpu attention: 3-bit per-token values take the portable path");
       } else {
         const auto ld = TokenCodes<B>::at(v, L, t0, h);
+        // A token's parameters of all heads are contiguous (pstride halves): the first head whose
+        // parameters start a new 64-byte span prefetches them, one line every pf tokens.
+        const int64_t pstride = H * L.channel_groups(), hb = 2 * L.channel_groups();
+        const bool lead = h == 0 || (h * hb) / 64 != ((h - 1) * hb) / 64;
+        const int64_t pf = lead ? std::max<int64_t>(1, 64 / (2 * pstride)) : 0;
         acc_token_values<NQ, B>(p, ldp, te - t0, ld, v.scales + L.param_index(t0, h, 0),
-                                v.sym ? nullptr : v.mins + L.param_index(t0, h, 0),
-                                H * L.channel_groups(), o, D, w, int8_values(c.mode, v), qt - t0,
-                                c.block);
+                                v.sym ? nullptr : v.mins + L.param_index(t0, h, 0), pstride, o, D,
+                                w, int8_values(c.mode, v), qt - t0, c.block, pf);
       }
     };
     kivi::dispatch_bits(v.bits, run);
