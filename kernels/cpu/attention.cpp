@@ -95,6 +95,9 @@ struct Scratch {
   const float* qs_of = nullptr;  // fp8 keys, exact mode: the q that qs holds scaled (the same)
   std::vector<float> rowf;       // the factor of each row's scores
   std::vector<uint32_t> wp;      // and the weights as bf16 pairs
+  std::vector<uint32_t> qt;      // AMX: qb as tiles (fp8_query_tiles)
+  std::vector<uint16_t> ka;      // AMX: one head's keys as bf16 [kSubRows, D]
+  std::vector<uint32_t> vb;      // AMX: pairs of value rows as tiles [4, 16, 16]
 };
 
 bool is_dense(SchemeKind k) {
@@ -2063,16 +2066,16 @@ void fp8_acc_bf16(const uint32_t* wp, int64_t H, int64_t D, int64_t n, const uin
 }
 
 /// The weights of fp8_acc_bf16 from p[h * hs + i * ldp + t] (t < n) times f[h * n + t], rounded
-/// to bf16.
+/// to bf16, (h * NQ + i)'s pairs from wp + (h * NQ + i) * ldw (ldw >= (n + 1) / 2: pairs past the
+/// last written as 0 up to the next multiple of 16 within ldw).
 template <int NQ>
 void fp8_weights_bf16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t n, const float* f,
-                      uint32_t* wp) {
-  const int64_t np = (n + 1) / 2;
+                      uint32_t* wp, int64_t ldw) {
   for (int64_t h = 0; h < H; ++h)
     for (int i = 0; i < NQ; ++i) {
       const float* pi = p + h * hs + i * ldp;
       const float* fh = f + h * n;
-      uint32_t* w = wp + (h * NQ + i) * np;
+      uint32_t* w = wp + (h * NQ + i) * ldw;
       for (int64_t t = 0; t < n; t += 32) {
         const int64_t r = std::min<int64_t>(32, n - t);
         const __mmask16 m0 = r >= 16 ? kAll16 : static_cast<__mmask16>((1u << r) - 1);
@@ -2084,14 +2087,251 @@ void fp8_weights_bf16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_
         const __m512 hi = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, pi + t + 16),
                                         _mm512_maskz_loadu_ps(m1, fh + t + 16));
         const __m512bh b =
-            _mm512_maskz_cvtne2ps_pbh(kAll32, hi, lo);  // tokens t .. t + 31 in order
-        const int64_t pairs = (r + 1) / 2;
+            _mm512_maskz_cvtne2ps_pbh(kAll32, hi, lo);             // tokens t .. t + 31 in order
+        const int64_t pairs = std::min<int64_t>(16, ldw - t / 2);  // (r + 1) / 2 at least
         _mm512_mask_storeu_epi32(w + t / 2,
                                  pairs >= 16 ? kAll16 : static_cast<__mmask16>((1u << pairs) - 1),
                                  from_bh(b));
       }
     }
 }
+
+#if KVQ_CPU_AMX
+// ---- AMX tiles (fp8 sides in the int8 mode, where amx()) ---------------------------------------
+// The same bf16 operands as fp8_dot_bf16 / fp8_acc_bf16 (the codes' bits under a bf16's, q *
+// scale and the weights rounded to bf16, subnormal inputs and results flushed as vdpbf16ps does),
+// multiplied by tdpbf16ps: one instruction takes 16 x 32 x 16 bf16 products (each output a float
+// chain over 16 pairs), where vdpbf16ps takes 32. Keys put 16 tokens in the rows and the NQ
+// queries in the columns; values put the NQ queries in the rows and 16 channels in the columns.
+// On the session-21 Xeon a tdpbf16ps took ~17 ns whatever its shape (a zmm vdpbf16ps ~1 ns).
+
+/// A tile configuration (palette 1) as ldtilecfg reads it: rows and bytes per row of tmm0..7.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+/// Loads cfg into this thread's tiles unless they hold it already (id names the configuration;
+/// nothing in the process releases the tiles).
+inline void use_tiles(const TileConfig& cfg, int id) {
+  thread_local int held = -1;
+  if (held != id) {
+    _tile_loadconfig(&cfg);
+    held = id;
+  }
+}
+
+// The tile intrinsics name their registers in the instruction's text, so a tile number must be a
+// literal: these take one at run time (a constant once inlined).
+#define KVQ_TILE_SWITCH(t, op) \
+  switch (t) {                 \
+    case 0:                    \
+      op(0);                   \
+      break;                   \
+    case 1:                    \
+      op(1);                   \
+      break;                   \
+    case 2:                    \
+      op(2);                   \
+      break;                   \
+    case 3:                    \
+      op(3);                   \
+      break;                   \
+    case 4:                    \
+      op(4);                   \
+      break;                   \
+    case 5:                    \
+      op(5);                   \
+      break;                   \
+    case 6:                    \
+      op(6);                   \
+      break;                   \
+    default:                   \
+      op(7);                   \
+      break;                   \
+  }
+inline void tile_zero(int t) {
+#define KVQ_OP(T) _tile_zero(T)
+  KVQ_TILE_SWITCH(t, KVQ_OP)
+#undef KVQ_OP
+}
+inline void tile_load(int t, const void* p, int64_t stride) {
+#define KVQ_OP(T) _tile_loadd(T, p, stride)
+  KVQ_TILE_SWITCH(t, KVQ_OP)
+#undef KVQ_OP
+}
+inline void tile_store(int t, void* p, int64_t stride) {
+#define KVQ_OP(T) _tile_stored(T, p, stride)
+  KVQ_TILE_SWITCH(t, KVQ_OP)
+#undef KVQ_OP
+}
+/// tmm(c) += tmm(a) x tmm(3 + k) (fp8_dot_amx: c, a = 0, 2 or 1, 7).
+inline void tile_dp_keys(int k, bool second) {
+#define KVQ_OP(T)            \
+  if (second)                \
+    _tile_dpbf16ps(1, 7, T); \
+  else                       \
+    _tile_dpbf16ps(0, 2, T)
+  KVQ_TILE_SWITCH(3 + k, KVQ_OP)
+#undef KVQ_OP
+}
+/// tmm(c) += tmm4 x tmm(5 + c % 2) (fp8_acc_amx).
+inline void tile_dp_values(int c) {
+  switch (c) {
+    case 0:
+      _tile_dpbf16ps(0, 4, 5);
+      break;
+    case 1:
+      _tile_dpbf16ps(1, 4, 6);
+      break;
+    case 2:
+      _tile_dpbf16ps(2, 4, 5);
+      break;
+    default:
+      _tile_dpbf16ps(3, 4, 6);
+      break;
+  }
+}
+#undef KVQ_TILE_SWITCH
+
+/// fp8_dot_amx's query: qb's channel pairs as tdpbf16ps's second operand, per head and chunk of
+/// 32 channels 16 rows (pairs) of NQ dwords (queries): qt[((h * D / 32 + c) * 16 + r) * NQ + i] is
+/// pair 16c + r of query (h, i).
+template <int NQ>
+void fp8_query_tiles(const uint16_t* qb, int64_t H, int64_t D, uint32_t* qt) {
+  const int64_t C = D / 32;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t c = 0; c < C; ++c)
+      for (int r = 0; r < 16; ++r)
+        for (int i = 0; i < NQ; ++i)
+          std::memcpy(qt + ((h * C + c) * 16 + r) * NQ + i, qb + (h * NQ + i) * D + 32 * c + 2 * r,
+                      4);
+}
+
+/// fp8_dot_bf16's scores (the same arguments; n <= 32) from tiles: per head, its rows of the n
+/// tokens as bf16 in a ([32, D]), then per chunk of 32 channels a tdpbf16ps for each 16 tokens
+/// (tmm2 / tmm7) with the chunk's query tile (tmm3..6, four chunks at a time) into tmm0 / tmm1
+/// ([16 tokens, NQ]); the scores leave through a gather per query.
+template <int NQ, Fp8Format F, bool kPrefetch, int kLoc = kL2>
+void fp8_dot_amx(const uint32_t* qt, int64_t H, int64_t D, int64_t n, const uint8_t* base,
+                 const float* rowf, int64_t ldf, float* s, int64_t hs, int64_t lds, int64_t valid,
+                 uint16_t* a) {
+  static_assert(NQ >= 1 && NQ <= 16);
+  static const TileConfig cfg = [] {
+    TileConfig t;
+    for (int r : {0, 1, 3, 4, 5, 6}) t.rows[r] = 16, t.colsb[r] = 4 * NQ;
+    for (int r : {2, 7}) t.rows[r] = 16, t.colsb[r] = 64;
+    return t;
+  }();
+  use_tiles(cfg, NQ);
+  const int64_t C = D / 32, rs = H * D;
+  const __m512i gather =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(NQ));
+  alignas(64) float cb[2][16 * NQ];
+  for (int64_t h = 0; h < H; ++h) {
+    if constexpr (kPrefetch)  // this head's rows of the next n tokens
+      for (int64_t t = n; t < 2 * n; ++t)
+        if (t * H + h < valid) prefetch_row<kLoc>(base + (t * H + h) * D, D);
+    for (int64_t u = 0; u < n; ++u)
+      for (int64_t d = 0; d < D; d += 32)
+        _mm512_storeu_si512(a + u * D + d, fp8_bf16x32<F>(base + u * rs + h * D + d));
+    const bool two = n > 16;  // rows 16 .. 31 too (rows past n: finite leftovers, discarded)
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t c0 = 0; c0 < C; c0 += 4) {
+      const int m = static_cast<int>(std::min<int64_t>(4, C - c0));
+      const uint32_t* qh = qt + (h * C + c0) * 16 * NQ;
+      for (int k = 0; k < m; ++k) tile_load(3 + k, qh + k * 16 * NQ, 4 * NQ);
+      for (int k = 0; k < m; ++k) {
+        _tile_loadd(2, a + 32 * (c0 + k), 2 * D);
+        tile_dp_keys(k, false);
+        if (two) {
+          _tile_loadd(7, a + 16 * D + 32 * (c0 + k), 2 * D);
+          tile_dp_keys(k, true);
+        }
+      }
+    }
+    _tile_stored(0, cb[0], 4 * NQ);
+    if (two) _tile_stored(1, cb[1], 4 * NQ);
+    for (int j = 0; j <= static_cast<int>(two); ++j) {
+      const int64_t t0 = 16 * j, r = std::min<int64_t>(16, n - t0);
+      const __mmask16 keep = r >= 16 ? kAll16 : static_cast<__mmask16>((1u << r) - 1);
+      const __m512 f = _mm512_loadu_ps(rowf + h * ldf + t0);  // rowf padded by 16
+      for (int i = 0; i < NQ; ++i)
+        _mm512_mask_storeu_ps(
+            s + h * hs + i * lds + t0, keep,
+            _mm512_mul_ps(
+                _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll16, gather, cb[j] + i, 4), f));
+    }
+  }
+}
+
+/// fp8_acc_bf16's outputs (the same arguments; n <= 32) from tiles, the weights of (h, i) at
+/// wp + (h * NQ + i) * 16 (16 pairs, 0 past the last): per head, its weights in tmm4 ([NQ, 16
+/// pairs]); per 64 channels (32 where head_dim ends), the pairs of rows as tdpbf16ps's second
+/// operand in b ([4 x 16 channels][16 pairs][16 dwords], fp8_acc_slice's byte permutes), a
+/// tdpbf16ps for each 16 channels into tmm0..3 ([NQ, 16]), added to o at the end. Pairs past n
+/// hold finite leftovers against weights of 0.
+template <int NQ, Fp8Format F, bool kPrefetch>
+void fp8_acc_amx(const uint32_t* wp, int64_t H, int64_t D, int64_t n, const uint8_t* base, float* o,
+                 int64_t valid, uint32_t* b) {
+  static_assert(NQ >= 1 && NQ <= 16);
+  static const TileConfig cfg = [] {
+    TileConfig t;
+    for (int r = 0; r < 5; ++r) t.rows[r] = NQ, t.colsb[r] = 64;  // outputs, weights
+    for (int r : {5, 6}) t.rows[r] = 16, t.colsb[r] = 64;         // rows
+    return t;
+  }();
+  use_tiles(cfg, 32 + NQ);
+  const int64_t rs = H * D;
+  const __m512i mask = _mm512_set1_epi16(kBf16Mask<F>);
+  __m512i idx[4];
+  for (int k = 0; k < 4; ++k) idx[k] = _mm512_loadu_si512(kPairIndex.data() + 64 * k);
+  alignas(64) float cb[16 * NQ];
+  for (int64_t h = 0; h < H; ++h) {
+    if constexpr (kPrefetch)
+      for (int64_t t = n; t < 2 * n; ++t)
+        if (t * H + h < valid) prefetch_row(base + (t * H + h) * D, D);
+    _tile_loadd(4, wp + h * NQ * 16, 64);
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+      const int G = D - d0 >= 64 ? 4 : 2;
+      for (int64_t r = 0; 2 * r < n; ++r) {
+        const uint8_t* r0 = base + 2 * r * rs + h * D + d0;
+        const uint8_t* r1 = 2 * r + 1 < n ? r0 + rs : r0;  // odd n: read again, weight 0
+        auto load = [G](const uint8_t* p) {
+          return G == 4 ? _mm512_loadu_si512(p)
+                        : _mm512_maskz_inserti64x4(
+                              0xff, _mm512_setzero_si512(),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), 0);
+        };
+        const __m512i x0 = load(r0), x1 = load(r1);
+        for (int g = 0; g < G; ++g) {
+          const __m512i x = _mm512_maskz_permutex2var_epi8(kOddBytes, x0, idx[g], x1);
+          _mm512_storeu_si512(
+              b + (g * 16 + r) * 16,
+              _mm512_and_si512(_mm512_maskz_srai_epi16(kAll32, x, 8 - kBf16Shift<F>), mask));
+        }
+      }
+      for (int g = 0; g < G; ++g) tile_zero(g);
+      for (int g = 0; g < G; ++g) {
+        tile_load(5 + g % 2, b + g * 256, 64);
+        tile_dp_values(g);
+      }
+      for (int g = 0; g < G; ++g) {
+        tile_store(g, cb, 64);
+        for (int i = 0; i < NQ; ++i) {
+          float* oi = o + (h * NQ + i) * D + d0 + 16 * g;
+          _mm512_storeu_ps(oi, _mm512_add_ps(_mm512_loadu_ps(oi), _mm512_load_ps(cb + 16 * i)));
+        }
+      }
+    }
+  }
+}
+#endif  // KVQ_CPU_AMX
 
 #endif
 
@@ -2266,10 +2506,15 @@ void prepare(Scratch& w, const Call& c) {
   if (fp8_bf16(c.mode, c.k)) {
     grow(w.qb, c.q_heads * D);
     grow(w.rowf, (kSubRows + 16) * c.H);
+    if (amx()) {
+      grow(w.qt, c.q_heads * D / 2);
+      grow(w.ka, kSubRows * D);
+    }
   }
   if (fp8_bf16(c.mode, c.v)) {
     grow(w.wp, c.q_heads * kSubRows / 2);
     grow(w.rowf, kSubRows * c.H + 16);
+    if (amx()) grow(w.vb, 4 * 16 * 16);
   }
   if (c.v.kind == SchemeKind::Int) {
     const int64_t groups = D / c.v.group + 1;
@@ -2325,6 +2570,9 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
           const __m512bh b = _mm512_maskz_cvtne2ps_pbh(kAll32, hi, lo);
           _mm512_storeu_si512(w.qb.data() + j * D + d, from_bh(b));
         }
+#if KVQ_CPU_AMX
+      if (amx()) fp8_query_tiles<NQ>(w.qb.data(), H, D, w.qt.data());
+#endif
       w.qb_of = c.q;
     }
     with_fp8_format(k.format, [&]<Fp8Format F>() {
@@ -2336,6 +2584,12 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
           w.rowf[static_cast<size_t>(h * ldf + t - t0)] =
               (ch ? 1.0f : fp8_token_factor(k, t, h)) * back;
       auto keys = [&]<int kLoc>() {
+#if KVQ_CPU_AMX
+        if (amx())
+          return fp8_dot_amx<NQ, F, kStream, kLoc>(w.qt.data(), H, D, t1 - t0, k.codes + t0 * row,
+                                                   w.rowf.data(), ldf, s, hs, lds,
+                                                   (k.tokens - t0) * H, w.ka.data());
+#endif
         fp8_dot_bf16<NQ, F, kStream, kLoc>(w.qb.data(), H, D, t1 - t0, k.codes + t0 * row,
                                            w.rowf.data(), ldf, s, hs, lds, (k.tokens - t0) * H);
       };
@@ -2408,7 +2662,14 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
         for (int64_t h = 0; h < H; ++h)
           w.rowf[static_cast<size_t>(h * (t1 - t0) + t - t0)] =
               (ch ? 1.0f : fp8_token_factor(v, t, h)) * mul;
-      fp8_weights_bf16<NQ>(p, hs, ldp, H, t1 - t0, w.rowf.data(), w.wp.data());
+#if KVQ_CPU_AMX
+      if (amx()) {  // 16 pairs a head and query (fp8_acc_amx)
+        fp8_weights_bf16<NQ>(p, hs, ldp, H, t1 - t0, w.rowf.data(), w.wp.data(), kSubRows / 2);
+        return fp8_acc_amx<NQ, F, kStream>(w.wp.data(), H, D, t1 - t0, v.codes + t0 * row, o,
+                                           (v.tokens - t0) * H, w.vb.data());
+      }
+#endif
+      fp8_weights_bf16<NQ>(p, hs, ldp, H, t1 - t0, w.rowf.data(), w.wp.data(), (t1 - t0 + 1) / 2);
       fp8_acc_bf16<NQ, F, kStream>(w.wp.data(), H, D, t1 - t0, v.codes + t0 * row, o,
                                    (v.tokens - t0) * H);
     });

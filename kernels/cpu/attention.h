@@ -54,7 +54,12 @@
 //                      and the weights p * (token factor) rounded to bf16 (nearest-even), keys
 //                      summing pairs of channels and values pairs of tokens (counted from each
 //                      32-token run's start) in float; NaN codes (never written by the
-//                      saturating encoder) read as finite numbers here
+//                      saturating encoder) read as finite numbers here. Where the compiler
+//                      also targets AMX-TILE and AMX-BF16 and Linux grants the tiles
+//                      (isa.h's amx(); KVQ_AMX=0 turns them off), the same bf16 operands go
+//                      through tdpbf16ps (keys: 16 tokens by the NQ queries, values: NQ
+//                      queries by 16 channels, 16 pairs a chain): the same definition, the
+//                      float sums in another order
 //
 // Tolerances against the reference (tests/kernels/cpu/attention_test.cpp): Exact mode is float
 // arithmetic in another order (and a polynomial exp), max |o - o_ref| <= 2e-5 * max |V| (outputs

@@ -41,6 +41,21 @@
 #define KVQ_CPU_BF16DOT 0
 #endif
 
+// AMX tiles (tdpbf16ps; fp8 sides in the int8 mode, kernels/cpu/attention.cpp): where the
+// compiler targets AMX-TILE and AMX-BF16 beside the bf16 dot products. Linux lends the tiles to a
+// process that asks (arch_prctl ARCH_REQ_XCOMP_PERM); amx() says whether this one got them, and
+// the kernels fall back to vdpbf16ps where it did not.
+#if KVQ_CPU_BF16DOT && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define KVQ_CPU_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define KVQ_CPU_AMX 0
+#endif
+
+#include <cstdlib>
+#include <cstring>
+
 namespace kvq::cpu {
 
 /// \brief True when the AVX2+FMA+F16C kernels are compiled in.
@@ -66,10 +81,44 @@ inline constexpr bool kBf16Dot = KVQ_CPU_BF16DOT != 0;
 /// \brief True when the float row kernels also have their 512-bit form.
 inline constexpr bool kAvx512 = KVQ_CPU_AVX512 != 0;
 
-/// \brief The instruction set of the compiled kernels, for result rows and bench output.
+/// \brief True when the AMX kernels are compiled in (whether they run: amx()).
+inline constexpr bool kAmx = KVQ_CPU_AMX != 0;
+
+/// \brief Whether this process may use the AMX tiles: compiled in and granted by the kernel
+/// (asked once).
+inline bool amx_granted() {
+#if KVQ_CPU_AMX
+  static const bool granted =
+      syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+  return granted;
+#else
+  return false;
+#endif
+}
+namespace detail {
+inline bool& amx_switch() {
+  static bool on = [] {
+    const char* e = std::getenv("KVQ_AMX");  // KVQ_AMX=0: vdpbf16ps instead (A/B runs)
+    return amx_granted() && !(e != nullptr && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+}  // namespace detail
+/// \brief True when fp8 sides in the int8 mode take the AMX kernels: granted, and neither
+/// KVQ_AMX=0 in the environment nor set_amx(false).
+inline bool amx() { return detail::amx_switch(); }
+/// \brief Turns the AMX kernels on (where granted) or off, for tests and A/B runs; not while
+/// an attention call runs.
+inline void set_amx(bool on) { detail::amx_switch() = on && amx_granted(); }
+
+/// \brief The instruction set of the compiled kernels, for result rows and bench output ("+amx"
+/// where amx() holds).
 inline const char* isa() {
   if (!kAvx2) return "portable";
-  if (kAvx512) return kVnni ? "avx2+fma+f16c+vnni+avx512" : "avx2+fma+f16c+avx512";
+  if (kAvx512) {
+    if (amx()) return kVnni ? "avx2+fma+f16c+vnni+avx512+amx" : "avx2+fma+f16c+avx512+amx";
+    return kVnni ? "avx2+fma+f16c+vnni+avx512" : "avx2+fma+f16c+avx512";
+  }
   return kVnni ? "avx2+fma+f16c+vnni" : "avx2+fma+f16c";
 }
 

@@ -381,20 +381,32 @@ TEST_P(cpuDecodeAttentionFp8Bf16, int8Mode_equalsItsDefinition) {
     }
   }
   std::vector<float> got(want.size()), exact(want.size()), exact_mode(want.size());
-  cpu::decode_attention(q.data(), qh, ks, vs, got.data(), {c.threads, IntMode::Int8});
   cpu::decode_attention(q.data(), qh, ks, vs, exact_mode.data(), {c.threads, IntMode::Exact});
   decode_attention(q.data(), qh, *k, *v, exact.data());
-  double max_v = 0, err = 0, err_exact = 0;
+  double max_v = 0;
   for (float x : v->dequantize().data) max_v = std::max(max_v, std::fabs(static_cast<double>(x)));
-  for (size_t i = 0; i < want.size(); ++i) {
-    err = std::max(err, std::fabs(got[i] - want[i]) - ties[i]);
-    err_exact = std::max(err_exact, std::fabs(static_cast<double>(got[i]) - exact[i]));
-  }
-  RecordProperty("err_vs_exact_over_max_v", std::to_string(err_exact / max_v));
   RecordProperty("subnormal_key_codes", std::to_string(subnormal));
-  // the bf16 path really ran: not the exact mode's bits
-  EXPECT_NE(std::memcmp(got.data(), exact_mode.data(), got.size() * 4), 0);
-  EXPECT_LE(err, kExactTol * max_v) << "vs exact reference: " << err_exact / max_v;
+  // Both int8 kernels where the CPU has them: vdpbf16ps, then AMX tiles (tdpbf16ps, where
+  // cpu::amx_granted()) over the same bf16 operands; each sums in its own order, and each must
+  // meet the definition above.
+  const bool was = cpu::amx();
+  for (const bool tiles : {false, true}) {
+    if (tiles && !cpu::amx_granted()) continue;
+    SCOPED_TRACE(tiles ? "amx tiles" : "vdpbf16ps");
+    cpu::set_amx(tiles);
+    cpu::decode_attention(q.data(), qh, ks, vs, got.data(), {c.threads, IntMode::Int8});
+    double err = 0, err_exact = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      err = std::max(err, std::fabs(got[i] - want[i]) - ties[i]);
+      err_exact = std::max(err_exact, std::fabs(static_cast<double>(got[i]) - exact[i]));
+    }
+    RecordProperty(tiles ? "amx_err_vs_exact_over_max_v" : "err_vs_exact_over_max_v",
+                   std::to_string(err_exact / max_v));
+    // the bf16 path really ran: not the exact mode's bits
+    EXPECT_NE(std::memcmp(got.data(), exact_mode.data(), got.size() * 4), 0);
+    EXPECT_LE(err, kExactTol * max_v) << "vs exact reference: " << err_exact / max_v;
+  }
+  cpu::set_amx(was);
 }
 
 INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionFp8Bf16,
