@@ -13,18 +13,21 @@
 //   build/bench/bench_attention --benchmark_repetitions=3
 //   --benchmark_enable_random_interleaving=true
 // Flags of this program (before the benchmark ones): --backend=ref|cpu|both (default both),
-// --int-mode=exact|int8|both (backend cpu's kivi and fp8 codes; default both), --contexts=1024,4096,...,
+// --int-mode=exact|int8|both (backend cpu's kivi and fp8 codes; default both),
+// --contexts=1024,4096,...,
 // --shape=H,D,GQA (default 8,128,4; SmolLM2-135M's is 3,64,3)
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "bench/bench_ratio.h"
 #include "core/error.h"
@@ -107,7 +110,8 @@ void BM_Copy(benchmark::State& st) {
 // BM_ReadStream/threads:N reads the bf16 cache's bytes at 32k once with vector loads on N
 // threads; BM_FmaPeak, BM_DpbusdPeak and BM_Bf16DotPeak run 12 independent chains of vfmadd231ps
 // (fp32 lanes), vpdpbusd (4 byte products per 32-bit lane) or vdpbf16ps (2 bf16 products per
-// lane), 512-bit where the kernels are, on one core.
+// lane), 512-bit where the kernels are, on one core; BM_AmxPeak 4 chains of tdpbf16ps where
+// cpu::amx().
 void BM_ReadStream(benchmark::State& st, int threads) {
   const size_t n = static_cast<size_t>(32768 * kHeads * kDim * 2 * 2) / 64 * 64;
   static std::vector<uint64_t> buf;
@@ -153,15 +157,17 @@ constexpr int kPeakLanes = 16;
 constexpr int kPeakLanes = 8;
 #endif
 #define KVQ_PEAK_OP(op, i) op " " KVQ_PEAK_R(14) "," KVQ_PEAK_R(15) "," KVQ_PEAK_R(i) "\n\t"
-#define KVQ_PEAK_LOOP(op)                                                                     \
-  KVQ_PEAK_ZERO(0)                                                                            \
-  KVQ_PEAK_ZERO(1) KVQ_PEAK_ZERO(2) KVQ_PEAK_ZERO(3) KVQ_PEAK_ZERO(4) KVQ_PEAK_ZERO(5)        \
-      KVQ_PEAK_ZERO(6) KVQ_PEAK_ZERO(7) KVQ_PEAK_ZERO(8) KVQ_PEAK_ZERO(9) KVQ_PEAK_ZERO(10)   \
-          KVQ_PEAK_ZERO(11) KVQ_PEAK_ZERO(14) KVQ_PEAK_ZERO(15) "1:\n\t" KVQ_PEAK_OP(op, 0)   \
-              KVQ_PEAK_OP(op, 1) KVQ_PEAK_OP(op, 2) KVQ_PEAK_OP(op, 3) KVQ_PEAK_OP(op, 4)     \
-                  KVQ_PEAK_OP(op, 5) KVQ_PEAK_OP(op, 6) KVQ_PEAK_OP(op, 7) KVQ_PEAK_OP(op, 8) \
-                      KVQ_PEAK_OP(op, 9) KVQ_PEAK_OP(op, 10)                                  \
-                          KVQ_PEAK_OP(op, 11) "dec %[n]\n\tjnz 1b\n\t"
+#define KVQ_PEAK_LOOP(op)                                                                      \
+  KVQ_PEAK_ZERO(0)                                                                             \
+  KVQ_PEAK_ZERO(1)                                                                             \
+  KVQ_PEAK_ZERO(2)                                                                             \
+  KVQ_PEAK_ZERO(3)                                                                             \
+  KVQ_PEAK_ZERO(4) KVQ_PEAK_ZERO(5) KVQ_PEAK_ZERO(6) KVQ_PEAK_ZERO(7) KVQ_PEAK_ZERO(8)         \
+      KVQ_PEAK_ZERO(9) KVQ_PEAK_ZERO(10) KVQ_PEAK_ZERO(11) KVQ_PEAK_ZERO(14)                   \
+          KVQ_PEAK_ZERO(15) "1:\n\t" KVQ_PEAK_OP(op, 0) KVQ_PEAK_OP(op, 1) KVQ_PEAK_OP(op, 2)  \
+              KVQ_PEAK_OP(op, 3) KVQ_PEAK_OP(op, 4) KVQ_PEAK_OP(op, 5) KVQ_PEAK_OP(op, 6)      \
+                  KVQ_PEAK_OP(op, 7) KVQ_PEAK_OP(op, 8) KVQ_PEAK_OP(op, 9) KVQ_PEAK_OP(op, 10) \
+                      KVQ_PEAK_OP(op, 11) "dec %[n]\n\tjnz 1b\n\t"
 #define KVQ_PEAK_CLOBBERS                                                                  \
   "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
       "xmm11", "xmm14", "xmm15", "cc"
@@ -208,6 +214,47 @@ void BM_Bf16DotPeak(benchmark::State& st) {
 }
 #endif
 
+#if KVQ_CPU_AMX
+// tdpbf16ps (the int8 mode's fp8 kernels where cpu::amx()): 16 x 16 x 32 bf16 products an
+// instruction, 4 independent accumulator tiles (tmm0..3) of full size over tmm4, 5 x tmm6, 7. On a
+// thread of its own: a tile configuration is per thread, and the kernels keep theirs loaded.
+void BM_AmxPeak(benchmark::State& st) {
+  constexpr int64_t kSteps = 1 << 16;  // 4 instructions each
+  auto run = [] {
+    // palette 1; 16 rows of 64 bytes for tmm0..7. Static: GCC 12 drops stores to a local
+    // configuration that only ldtilecfg reads (it saw 32 of the 64 bytes).
+    alignas(64) static const std::array<uint8_t, 64> cfg = [] {
+      std::array<uint8_t, 64> c{};
+      c[0] = 1;
+      for (int t = 0; t < 8; ++t) {
+        c[16 + 2 * t] = 64;
+        c[48 + t] = 16;
+      }
+      return c;
+    }();
+    _tile_loadconfig(cfg.data());
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int64_t i = 0; i < kSteps; ++i) {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_release();
+  };
+  for (auto _ : st) std::thread(run).join();
+  st.counters["amx_products"] = benchmark::Counter(4.0 * 16 * 16 * 32 * kSteps * st.iterations(),
+                                                   benchmark::Counter::kIsRate);
+}
+#endif
+
 std::string case_name(const std::string& backend, const std::string& s, int64_t T, int threads) {
   return "BM_Decode/" + backend + "/" + s + "/T" + std::to_string(T) +
          "/threads:" + std::to_string(threads);
@@ -230,7 +277,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
                         ? r.GetAdjustedRealTime()
                         : r.GetAdjustedCPUTime();
       if (r.counters.count("bytes_per_second")) bw_[key] = r.counters.at("bytes_per_second");
-      for (const char* c : {"lane_fma", "products", "bf16_products"})
+      for (const char* c : {"lane_fma", "products", "bf16_products", "amx_products"})
         if (r.counters.count(c)) peak_[c] = r.counters.at(c);
       (void)n;
     }
@@ -247,7 +294,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
         "of_read = (stored bytes / time) / the read stream on as many threads; of_peak = the "
         "case's multiply-adds (2 T H D GQA: keys and values) / time over the threads' peak: "
         "fp32 FMA lanes (ref, cpu), byte products of vpdpbusd (cpu-int8 kivi), bf16 products of "
-        "vdpbf16ps (cpu-int8 fp8)\n");
+        "vdpbf16ps (cpu-int8 fp8; of tdpbf16ps where the ISA ends in +amx)\n");
     std::printf("%-9s %-22s %7s %3s %10s %8s %8s %8s %7s %7s %7s\n", "backend", "scheme", "context",
                 "thr", "us/query", "speedup", "cpu/ref", "GB/s", "of_copy", "of_read", "of_peak");
     for (int threads : {1, 2})
@@ -265,8 +312,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
             const double read_bw = bw_.count(rs) ? bw_[rs] : 0;
             const bool fp8 = s.rfind("fp8", 0) == 0;
             const auto pk = peak_.find(b != "cpu-int8" ? "lane_fma"
-                                       : fp8       ? "bf16_products"
-                                                   : "products");
+                                       : !fp8          ? "products"
+                                       : cpu::amx()    ? "amx_products"
+                                                       : "bf16_products");
             const double peak = pk == peak_.end() ? 0.0 : pk->second * threads;
             const double macs = 2.0 * static_cast<double>(T) * kHeads * kDim * kGqa;
             std::printf("%-9s %-22s %7ld %3d %10.1f %7.2fx %7.2fx %8.2f %6.0f%% %6.0f%% %6.0f%%\n",
@@ -287,6 +335,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
     if (peak_.count("bf16_products"))
       std::printf("vdpbf16ps peak, one core: %.1f G bf16 products/s\n",
                   peak_.at("bf16_products") / 1e9);
+    if (peak_.count("amx_products"))
+      std::printf("tdpbf16ps (AMX) peak, one core: %.1f G bf16 products/s\n",
+                  peak_.at("amx_products") / 1e9);
   }
 
  private:
@@ -361,6 +412,12 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("BM_Bf16DotPeak", BM_Bf16DotPeak)
       ->Unit(benchmark::kMicrosecond)
       ->MeasureProcessCPUTime();
+#endif
+#if KVQ_CPU_AMX
+  if (cpu::amx())
+    benchmark::RegisterBenchmark("BM_AmxPeak", BM_AmxPeak)
+        ->Unit(benchmark::kMicrosecond)
+        ->MeasureProcessCPUTime();
 #endif
 #endif
   for (int threads : {1, 2})
