@@ -2169,13 +2169,28 @@ inline void tile_store(int t, void* p, int64_t stride) {
 #undef KVQ_OP
 }
 /// tmm(c) += tmm(a) x tmm(3 + k) (fp8_dot_amx: c, a = 0, 2 or 1, 7).
+/// A switch over k alone: every case's registers distinct, which the assembler checks in each
+/// emitted case (unoptimized builds emit them all).
 inline void tile_dp_keys(int k, bool second) {
 #define KVQ_OP(T)            \
   if (second)                \
     _tile_dpbf16ps(1, 7, T); \
   else                       \
     _tile_dpbf16ps(0, 2, T)
-  KVQ_TILE_SWITCH(3 + k, KVQ_OP)
+  switch (k) {
+    case 0:
+      KVQ_OP(3);
+      break;
+    case 1:
+      KVQ_OP(4);
+      break;
+    case 2:
+      KVQ_OP(5);
+      break;
+    default:
+      KVQ_OP(6);
+      break;
+  }
 #undef KVQ_OP
 }
 /// tmm(c) += tmm4 x tmm(5 + c % 2) (fp8_acc_amx).
