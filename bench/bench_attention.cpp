@@ -221,18 +221,12 @@ void BM_Bf16DotPeak(benchmark::State& st) {
 void BM_AmxPeak(benchmark::State& st) {
   constexpr int64_t kSteps = 1 << 16;  // 4 instructions each
   auto run = [] {
-    // palette 1; 16 rows of 64 bytes for tmm0..7. Static: GCC 12 drops stores to a local
-    // configuration that only ldtilecfg reads (it saw 32 of the 64 bytes).
-    alignas(64) static const std::array<uint8_t, 64> cfg = [] {
-      std::array<uint8_t, 64> c{};
-      c[0] = 1;
-      for (int t = 0; t < 8; ++t) {
-        c[16 + 2 * t] = 64;
-        c[48 + t] = 16;
-      }
+    static const cpu::TileConfig cfg = [] {  // 16 rows of 64 bytes for tmm0..7
+      cpu::TileConfig c;
+      for (int t = 0; t < 8; ++t) c.shape(t, 16, 64);
       return c;
     }();
-    _tile_loadconfig(cfg.data());
+    _tile_loadconfig(&cfg);
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);

@@ -2105,15 +2105,6 @@ void fp8_weights_bf16(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_
 // queries in the columns; values put the NQ queries in the rows and 16 channels in the columns.
 // On the session-21 Xeon a tdpbf16ps took ~17 ns whatever its shape (a zmm vdpbf16ps ~1 ns).
 
-/// A tile configuration (palette 1) as ldtilecfg reads it: rows and bytes per row of tmm0..7.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-static_assert(sizeof(TileConfig) == 64);
-
 /// Loads cfg into this thread's tiles unless they hold it already (id names the configuration;
 /// nothing in the process releases the tiles).
 inline void use_tiles(const TileConfig& cfg, int id) {
@@ -2125,7 +2116,8 @@ inline void use_tiles(const TileConfig& cfg, int id) {
 }
 
 // The tile intrinsics name their registers in the instruction's text, so a tile number must be a
-// literal: these take one at run time (a constant once inlined).
+// literal: these take one at run time (a constant once inlined), tiles 0..6 (all the kernels
+// name this way).
 #define KVQ_TILE_SWITCH(t, op) \
   switch (t) {                 \
     case 0:                    \
@@ -2146,11 +2138,8 @@ inline void use_tiles(const TileConfig& cfg, int id) {
     case 5:                    \
       op(5);                   \
       break;                   \
-    case 6:                    \
-      op(6);                   \
-      break;                   \
     default:                   \
-      op(7);                   \
+      op(6);                   \
       break;                   \
   }
 inline void tile_zero(int t) {
@@ -2237,8 +2226,8 @@ void fp8_dot_amx(const uint32_t* qt, int64_t H, int64_t D, int64_t n, const uint
   static_assert(NQ >= 1 && NQ <= 16);
   static const TileConfig cfg = [] {
     TileConfig t;
-    for (int r : {0, 1, 3, 4, 5, 6}) t.rows[r] = 16, t.colsb[r] = 4 * NQ;
-    for (int r : {2, 7}) t.rows[r] = 16, t.colsb[r] = 64;
+    for (int r : {0, 1, 3, 4, 5, 6}) t.shape(r, 16, 4 * NQ);
+    for (int r : {2, 7}) t.shape(r, 16, 64);
     return t;
   }();
   use_tiles(cfg, NQ);
@@ -2297,8 +2286,8 @@ void fp8_acc_amx(const uint32_t* wp, int64_t H, int64_t D, int64_t n, const uint
   static_assert(NQ >= 1 && NQ <= 16);
   static const TileConfig cfg = [] {
     TileConfig t;
-    for (int r = 0; r < 5; ++r) t.rows[r] = NQ, t.colsb[r] = 64;  // outputs, weights
-    for (int r : {5, 6}) t.rows[r] = 16, t.colsb[r] = 64;         // rows
+    for (int r = 0; r < 5; ++r) t.shape(r, NQ, 64);  // outputs, weights
+    for (int r : {5, 6}) t.shape(r, 16, 64);         // rows
     return t;
   }();
   use_tiles(cfg, 32 + NQ);

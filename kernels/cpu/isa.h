@@ -53,6 +53,7 @@
 #define KVQ_CPU_AMX 0
 #endif
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -110,6 +111,25 @@ inline bool amx() { return detail::amx_switch(); }
 /// \brief Turns the AMX kernels on (where granted) or off, for tests and A/B runs; not while
 /// an attention call runs.
 inline void set_amx(bool on) { detail::amx_switch() = on && amx_granted(); }
+
+#if KVQ_CPU_AMX
+/// \brief A tile configuration (palette 1) as ldtilecfg reads it: rows and bytes per row of
+/// tmm0..7. Keep the object one ldtilecfg reads static (or otherwise visibly used): GCC 12 drops
+/// stores to a local configuration that only ldtilecfg reads.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  /// Gives tile t `r` rows of `bytes` bytes.
+  constexpr TileConfig& shape(int t, int r, int bytes) {
+    rows[t] = static_cast<uint8_t>(r);
+    colsb[t] = static_cast<uint16_t>(bytes);
+    return *this;
+  }
+};
+static_assert(sizeof(TileConfig) == 64);
+#endif
 
 /// \brief The instruction set of the compiled kernels, for result rows and bench output ("+amx"
 /// where amx() holds).
