@@ -2242,7 +2242,7 @@ void fp8_dot_amx(const uint32_t* qt, int64_t H, int64_t D, int64_t n, const uint
     // session 23 A/B at 32k: 0.80-0.82x time on one thread)
     for (int64_t u = 0; u < n; ++u) {
       if constexpr (kPrefetch)
-        if ((n + u) * H + h < valid) prefetch_row<kLoc>(base + ((n + u) * H + h) * D, D);
+        if ((n + u) * H + h < valid) prefetch_row<kLoc>(base + (n + u) * rs + h * D, D);
       for (int64_t d = 0; d < D; d += 32)
         _mm512_storeu_si512(a + u * D + d, fp8_bf16x32<F>(base + u * rs + h * D + d));
     }
@@ -2304,10 +2304,10 @@ void fp8_acc_amx(const uint32_t* wp, int64_t H, int64_t D, int64_t n, const uint
     for (int64_t d0 = 0; d0 < D; d0 += 64) {
       const int G = D - d0 >= 64 ? 4 : 2;
       for (int64_t r = 0; 2 * r < n; ++r) {
-        if constexpr (kPrefetch)  // this head's rows of tokens n + 2r and n + 2r + 1 (first pass)
+        if constexpr (kPrefetch)  // this head's rows of tokens n + 2r, n + 2r + 1 (< 2n)
           if (d0 == 0)
-            for (int64_t t = n + 2 * r; t < n + 2 * r + 2; ++t)
-              if (t * H + h < valid) prefetch_row(base + (t * H + h) * D, D);
+            for (int64_t t = n + 2 * r; t < std::min(n + 2 * r + 2, 2 * n); ++t)
+              if (t * H + h < valid) prefetch_row(base + t * rs + h * D, D);
         const uint8_t* r0 = base + 2 * r * rs + h * D + d0;
         const uint8_t* r1 = 2 * r + 1 < n ? r0 + rs : r0;  // odd n: read again, weight 0
         auto load = [G](const uint8_t* p) {
