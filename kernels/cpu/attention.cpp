@@ -2339,6 +2339,238 @@ void fp8_acc_amx(const uint32_t* wp, int64_t H, int64_t D, int64_t n, const uint
     }
   }
 }
+
+// ---- AMX tiles, the exact mode (fp8 sides where fp8_amx_exact) ---------------------------------
+// Every product exact: each code's value as a bf16 (fp8_bf16x64, exact for every code), the
+// other operand (q * per-channel scale, or the weights p * token factor, each a float) split
+// into three bf16 parts hi + mid + lo that sum to it exactly (bf16_split3), the parts side by side
+// as 3 NQ tile columns (keys) or rows (values), where tdpbf16ps costs the same as for NQ. A
+// score or an output is then (hi + mid) + lo of three float chains: float arithmetic in another
+// order, the exact mode's tolerance. The codes come in fp8_bf16x64's order (within each 64
+// channels a fixed permutation, kExactPerm), so the query is laid out in the same order and the
+// outputs are put back in place.
+
+/// x = hi + mid + lo exactly, each the nearest-even bf16 of what the parts before leave (8, 8 and
+/// 8 significant bits of x's 24; the differences are exact): part[k] holds 32 bf16 (lanes of a,
+/// then of b). Subnormal remainders read as 0 (vcvtne2ps2bf16, as the tiles read them), which
+/// only a |x| under 2^-110 or so would leave.
+inline void bf16_split3(__m512 a, __m512 b, __m512i* part) {
+  for (int k = 0; k < 3; ++k) {
+    const __m512i p = from_bh(_mm512_maskz_cvtne2ps_pbh(kAll32, b, a));
+    part[k] = p;
+    a = _mm512_sub_ps(a, bf16_to_f32x16(_mm512_maskz_extracti64x4_epi64(0xff, p, 0)));
+    b = _mm512_sub_ps(b, bf16_to_f32x16(_mm512_maskz_extracti64x4_epi64(0xff, p, 1)));
+  }
+}
+
+/// The channel (within its 64) whose code fp8_bf16x64 puts at position e of a row of 64:
+/// positions 0..31 from its first register, 32..63 from its second.
+constexpr std::array<int, 64> kExactPerm = [] {
+  std::array<int, 64> a{};
+  for (int e = 0; e < 64; ++e) a[e] = fp8_bf16x64_code(e / 32, e % 32);
+  return a;
+}();
+
+/// Whether a side's fp8 codes take the exact mode's AMX kernels: the exact mode, tiles granted,
+/// 3 NQ <= 16 (the parts' columns / rows), head_dim a multiple of 64 (whole fp8_bf16x64 rows),
+/// and no e4m3fnuz NaN code (fp8_bf16x64 reads it as -0).
+bool fp8_amx_exact(IntMode mode, const StoredSide& s, int64_t nq, int64_t D) {
+  return mode == IntMode::Exact && s.kind == SchemeKind::Fp8 && amx() && 3 * nq <= 16 &&
+         D % 64 == 0 && !(s.format == Fp8Format::E4M3FNUZ && s.fp8_nan);
+}
+
+/// fp8_dot_amx_exact's query: q * (per-channel scales, where given: scales[h * D + d]) in
+/// kExactPerm's order, split by bf16_split3, as tdpbf16ps's second operand per head and chunk
+/// of 32 positions: qt[((h * D / 32 + c) * 16 + r) * 3 NQ + k * NQ + i] is part k of query (h,
+/// i) at positions 32c + 2r, 32c + 2r + 1.
+template <int NQ>
+void fp8_query_tiles_exact(const float* q, const float* scales, int64_t H, int64_t D,
+                           uint32_t* qt) {
+  constexpr int NC = 3 * NQ;
+  const int64_t C = D / 32;
+  __m512i idx[2][2];  // chunk parity, half: kExactPerm's channels
+  for (int c = 0; c < 2; ++c)
+    for (int u = 0; u < 2; ++u)
+      idx[c][u] = _mm512_loadu_si512(kExactPerm.data() + 32 * c + 16 * u);
+  const __m512i rows = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(NC));
+  for (int64_t h = 0; h < H; ++h)
+    for (int i = 0; i < NQ; ++i) {
+      const float* qi = q + (h * NQ + i) * D;
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t d0 = 64 * (c / 2);
+        __m512 v[2];
+        for (int u = 0; u < 2; ++u) {
+          const __m512i ch = _mm512_add_epi32(idx[c % 2][u], _mm512_set1_epi32(static_cast<int>(d0)));
+          auto gather = [&ch](const float* x) {
+            return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll16, ch, x, 4);
+          };
+          v[u] = gather(qi);
+          if (scales) v[u] = _mm512_mul_ps(v[u], gather(scales + h * D));
+        }
+        __m512i part[3];
+        bf16_split3(v[0], v[1], part);
+        uint32_t* t = qt + (h * C + c) * 16 * NC + i;
+        for (int k = 0; k < 3; ++k) _mm512_i32scatter_epi32(t + k * NQ, rows, part[k], 4);
+      }
+    }
+}
+
+/// Exact-mode fp8 scores from tiles (fp8_dot_amx's arguments and steps; qt from
+/// fp8_query_tiles_exact, rowf the token factors): per head, its rows of the n tokens as exact
+/// bf16 in a (fp8_bf16x64, kExactPerm's order), a tdpbf16ps per 16 tokens and chunk of 32
+/// positions into tmm0 / tmm1 ([16 tokens, 3 NQ parts x queries]); a score is (hi + mid) + lo
+/// times its token factor.
+template <int NQ, Fp8Format F, bool kPrefetch, int kLoc = kL2>
+void fp8_dot_amx_exact(const uint32_t* qt, int64_t H, int64_t D, int64_t n, const uint8_t* base,
+                       const float* rowf, int64_t ldf, float* s, int64_t hs, int64_t lds,
+                       int64_t valid, uint16_t* a) {
+  constexpr int NC = 3 * NQ;
+  static_assert(NC <= 16);
+  static const TileConfig cfg = [] {
+    TileConfig t;
+    for (int r : {0, 1, 3, 4, 5, 6}) t.shape(r, 16, 4 * NC);
+    for (int r : {2, 7}) t.shape(r, 16, 64);
+    return t;
+  }();
+  use_tiles(cfg, 64 + NQ);
+  const Fp8Bf16Table& lut = fp8_bf16_table<F>();
+  const int64_t C = D / 32, rs = H * D;
+  const __m512i gather =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(NC));
+  alignas(64) float cb[2][16 * NC];
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t u = 0; u < n; ++u) {  // prefetch as fp8_dot_amx
+      if constexpr (kPrefetch)
+        if ((n + u) * H + h < valid) prefetch_row<kLoc>(base + (n + u) * rs + h * D, D);
+      for (int64_t d = 0; d < D; d += 64) {
+        __m512i x, y;
+        fp8_bf16x64(lut, _mm512_loadu_si512(base + u * rs + h * D + d), x, y);
+        _mm512_storeu_si512(a + u * D + d, x);
+        _mm512_storeu_si512(a + u * D + d + 32, y);
+      }
+    }
+    const bool two = n > 16;  // rows 16 .. 31 too (rows past n: leftovers, discarded)
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t c0 = 0; c0 < C; c0 += 4) {
+      const int m = static_cast<int>(std::min<int64_t>(4, C - c0));
+      const uint32_t* qh = qt + (h * C + c0) * 16 * NC;
+      for (int k = 0; k < m; ++k) tile_load(3 + k, qh + k * 16 * NC, 4 * NC);
+      for (int k = 0; k < m; ++k) {
+        _tile_loadd(2, a + 32 * (c0 + k), 2 * D);
+        tile_dp_keys(k, false);
+        if (two) {
+          _tile_loadd(7, a + 16 * D + 32 * (c0 + k), 2 * D);
+          tile_dp_keys(k, true);
+        }
+      }
+    }
+    _tile_stored(0, cb[0], 4 * NC);
+    if (two) _tile_stored(1, cb[1], 4 * NC);
+    for (int j = 0; j <= static_cast<int>(two); ++j) {
+      const int64_t t0 = 16 * j, r = std::min<int64_t>(16, n - t0);
+      const __mmask16 keep = r >= 16 ? kAll16 : static_cast<__mmask16>((1u << r) - 1);
+      const __m512 f = _mm512_loadu_ps(rowf + h * ldf + t0);  // rowf padded by 16
+      auto col = [&](int k) {
+        return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll16, gather, cb[j] + k, 4);
+      };
+      for (int i = 0; i < NQ; ++i)
+        _mm512_mask_storeu_ps(
+            s + h * hs + i * lds + t0, keep,
+            _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(col(i), col(NQ + i)), col(2 * NQ + i)), f));
+    }
+  }
+}
+
+/// The exact mode's weights for fp8_acc_amx_exact: w_t = p_t * f[h * n + t] (n <= 32) split by
+/// bf16_split3; part k of (h, i) at wp + (h * 3 NQ + k * NQ + i) * 16 (16 pairs of tokens, 0 past
+/// the last).
+template <int NQ>
+void fp8_weights_exact(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t n,
+                       const float* f, uint32_t* wp) {
+  const __mmask16 m0 = n >= 16 ? kAll16 : static_cast<__mmask16>((1u << n) - 1);
+  const __mmask16 m1 = n >= 32 ? kAll16 : n > 16 ? static_cast<__mmask16>((1u << (n - 16)) - 1) : 0;
+  for (int64_t h = 0; h < H; ++h) {
+    const float* fh = f + h * n;
+    const __m512 f0 = _mm512_maskz_loadu_ps(m0, fh), f1 = _mm512_maskz_loadu_ps(m1, fh + 16);
+    for (int i = 0; i < NQ; ++i) {
+      const float* pi = p + h * hs + i * ldp;
+      __m512i part[3];
+      bf16_split3(_mm512_mul_ps(_mm512_maskz_loadu_ps(m0, pi), f0),
+                  _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, pi + 16), f1), part);
+      for (int k = 0; k < 3; ++k) _mm512_storeu_si512(wp + (h * 3 * NQ + k * NQ + i) * 16, part[k]);
+    }
+  }
+}
+
+/// Exact-mode fp8 outputs from tiles (fp8_acc_amx's arguments and steps; wp from
+/// fp8_weights_exact): per head, its weights' parts in tmm4 ([3 NQ, 16 pairs]); per 64 channels
+/// the pairs of rows as exact bf16 (fp8_bf16x64, the two rows' words interleaved: tile g holds
+/// channels 16k + 4g .. 16k + 4g + 3 of k = 0..3), a tdpbf16ps per tile into tmm0..3; per query
+/// each tile's (hi + mid) + lo, its 128-bit lanes put back in channel order, added to o. Pairs
+/// past n hold zeros (a NaN left from another call would poison the weights of 0).
+template <int NQ, Fp8Format F, bool kPrefetch>
+void fp8_acc_amx_exact(const uint32_t* wp, int64_t H, int64_t D, int64_t n, const uint8_t* base,
+                       float* o, int64_t valid, uint32_t* b) {
+  constexpr int NR = 3 * NQ;
+  static_assert(NR <= 16);
+  static const TileConfig cfg = [] {
+    TileConfig t;
+    for (int r = 0; r < 5; ++r) t.shape(r, NR, 64);  // outputs, weights
+    for (int r : {5, 6}) t.shape(r, 16, 64);         // rows
+    return t;
+  }();
+  use_tiles(cfg, 96 + NQ);
+  alignas(64) static constexpr uint8_t kZero[64] = {};
+  const Fp8Bf16Table& lut = fp8_bf16_table<F>();
+  const int64_t rs = H * D, pairs = (n + 1) / 2;
+  alignas(64) float cb[4][16 * NR];
+  for (int64_t r = pairs; r < 16; ++r)
+    for (int g = 0; g < 4; ++g) _mm512_storeu_si512(b + (g * 16 + r) * 16, _mm512_setzero_si512());
+  for (int64_t h = 0; h < H; ++h) {
+    _tile_loadd(4, wp + h * NR * 16, 64);
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+      for (int64_t r = 0; r < pairs; ++r) {
+        if constexpr (kPrefetch)  // as fp8_acc_amx
+          if (d0 == 0)
+            for (int64_t t = n + 2 * r; t < std::min(n + 2 * r + 2, 2 * n); ++t)
+              if (t * H + h < valid) prefetch_row(base + t * rs + h * D, D);
+        const uint8_t* r0 = base + 2 * r * rs + h * D + d0;
+        const uint8_t* r1 = 2 * r + 1 < n ? r0 + rs : kZero;  // odd n: zeros, weight 0
+        __m512i a0, b0, a1, b1;
+        fp8_bf16x64(lut, _mm512_loadu_si512(r0), a0, b0);
+        fp8_bf16x64(lut, _mm512_loadu_si512(r1), a1, b1);
+        _mm512_storeu_si512(b + (0 * 16 + r) * 16, _mm512_unpacklo_epi16(a0, a1));
+        _mm512_storeu_si512(b + (1 * 16 + r) * 16, _mm512_unpackhi_epi16(a0, a1));
+        _mm512_storeu_si512(b + (2 * 16 + r) * 16, _mm512_unpacklo_epi16(b0, b1));
+        _mm512_storeu_si512(b + (3 * 16 + r) * 16, _mm512_unpackhi_epi16(b0, b1));
+      }
+      for (int g = 0; g < 4; ++g) tile_zero(g);
+      for (int g = 0; g < 4; ++g) {
+        tile_load(5 + g % 2, b + g * 256, 64);
+        tile_dp_values(g);
+      }
+      for (int g = 0; g < 4; ++g) tile_store(g, cb[g], 64);
+      for (int i = 0; i < NQ; ++i) {
+        __m512 t[4];  // tile g's (hi + mid) + lo: lane 4k + m is channel 16k + 4g + m
+        for (int g = 0; g < 4; ++g)
+          t[g] = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(cb[g] + 16 * i),
+                                             _mm512_load_ps(cb[g] + 16 * (NQ + i))),
+                               _mm512_load_ps(cb[g] + 16 * (2 * NQ + i)));
+        // out_k = [t0's lane k, t1's, t2's, t3's] (128-bit lanes): channels 16k .. 16k + 15
+        const __m512 u0 = _mm512_maskz_shuffle_f32x4(kAll16, t[0], t[1], 0x44), u1 = _mm512_maskz_shuffle_f32x4(kAll16, t[0], t[1], 0xee);
+        const __m512 u2 = _mm512_maskz_shuffle_f32x4(kAll16, t[2], t[3], 0x44), u3 = _mm512_maskz_shuffle_f32x4(kAll16, t[2], t[3], 0xee);
+        const __m512 out[4] = {_mm512_maskz_shuffle_f32x4(kAll16, u0, u2, 0x88), _mm512_maskz_shuffle_f32x4(kAll16, u0, u2, 0xdd),
+                               _mm512_maskz_shuffle_f32x4(kAll16, u1, u3, 0x88), _mm512_maskz_shuffle_f32x4(kAll16, u1, u3, 0xdd)};
+        float* oi = o + (h * NQ + i) * D + d0;
+        for (int k = 0; k < 4; ++k)
+          _mm512_storeu_ps(oi + 16 * k, _mm512_add_ps(_mm512_loadu_ps(oi + 16 * k), out[k]));
+      }
+    }
+  }
+}
 #endif  // KVQ_CPU_AMX
 
 #endif
@@ -2524,6 +2756,18 @@ void prepare(Scratch& w, const Call& c) {
     grow(w.rowf, kSubRows * c.H + 16);
     if (amx()) grow(w.vb, 4 * 16 * 16);
   }
+#if KVQ_CPU_AMX
+  if (fp8_amx_exact(c.mode, c.k, c.nq, D)) {
+    grow(w.qt, 3 * c.q_heads * D / 2);
+    grow(w.ka, kSubRows * D);
+    grow(w.rowf, (kSubRows + 16) * c.H);
+  }
+  if (fp8_amx_exact(c.mode, c.v, c.nq, D)) {
+    grow(w.wp, 3 * c.q_heads * kSubRows / 2);
+    grow(w.rowf, kSubRows * c.H + 16);
+    grow(w.vb, 4 * 16 * 16);
+  }
+#endif
   if (c.v.kind == SchemeKind::Int) {
     const int64_t groups = D / c.v.group + 1;
     grow(w.pw, c.nq * kSubRows * groups);
@@ -2609,6 +2853,34 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
     return;
   }
 #endif
+#if KVQ_CPU_AMX
+  if constexpr (3 * NQ <= 16) {
+    if (fp8_amx_exact(c.mode, k, NQ, D)) {  // exact products on tiles
+      const bool ch = k.gran == Granularity::Channel;
+      if (w.qb_of != c.q) {  // not yet laid out in this block
+        fp8_query_tiles_exact<NQ>(c.q, ch ? k.fp8_scales : nullptr, H, D, w.qt.data());
+        w.qb_of = c.q;
+      }
+      KVQ_CHECK(t1 - t0 <= kSubRows, "cpu attention: fp8 keys of {} tokens at once", t1 - t0);
+      const int64_t ldf = kSubRows + 16;  // rowf[h * ldf + t - t0], 16 floats of padding
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = t0; t < t1; ++t)
+          w.rowf[static_cast<size_t>(h * ldf + t - t0)] = ch ? 1.0f : fp8_token_factor(k, t, h);
+      with_fp8_format(k.format, [&]<Fp8Format F>() {
+        auto keys = [&]<int kLoc>() {
+          fp8_dot_amx_exact<NQ, F, kStream, kLoc>(w.qt.data(), H, D, t1 - t0, k.codes + t0 * row,
+                                                  w.rowf.data(), ldf, s, hs, lds,
+                                                  (k.tokens - t0) * H, w.ka.data());
+        };
+        if constexpr (kStream)
+          with_stream_loc(H, D, keys);
+        else
+          keys.template operator()<kL2>();
+      });
+      return;
+    }
+  }
+#endif
   // q times the per-channel scales, times the loader's power of two (Fp8Rows)
   with_fp8_format(k.format, [&]<Fp8Format F>() {
     if (w.qs_of != c.q) {  // not yet scaled in this block
@@ -2685,6 +2957,24 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
   }
 #else
   (void)w;
+#endif
+#if KVQ_CPU_AMX
+  if constexpr (3 * NQ <= 16) {
+    if (fp8_amx_exact(c.mode, v, NQ, D)) {  // exact products on tiles
+      KVQ_CHECK(t1 - t0 <= kSubRows, "cpu attention: fp8 values of {} tokens at once", t1 - t0);
+      const bool ch = v.gran == Granularity::Channel;  // (per-channel scales: the final output)
+      const int64_t n = t1 - t0;
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t h = 0; h < H; ++h)
+          w.rowf[static_cast<size_t>(h * n + t - t0)] = ch ? 1.0f : fp8_token_factor(v, t, h);
+      fp8_weights_exact<NQ>(p, hs, ldp, H, n, w.rowf.data(), w.wp.data());
+      with_fp8_format(v.format, [&]<Fp8Format F>() {
+        fp8_acc_amx_exact<NQ, F, kStream>(w.wp.data(), H, D, n, v.codes + t0 * row, o,
+                                          (v.tokens - t0) * H, w.vb.data());
+      });
+      return;
+    }
+  }
 #endif
   // the weights times the token factors (per-channel scales multiply the final output) and the
   // loader's power of two (Fp8Rows)

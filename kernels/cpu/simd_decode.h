@@ -106,6 +106,46 @@ inline __m512i fp8_bf16x32(const uint8_t* p) {
 }
 #endif
 
+#if KVQ_CPU_AVX512 && defined(__AVX512VBMI__)
+/// fp8 codes as their values exactly in bf16 (the exact mode's AMX kernels, which read bf16
+/// subnormals as 0): every finite fp8 value of these formats is zero or a normal bf16 (at most 3
+/// mantissa bits, exponents far inside bf16's), infinities and NaNs are bf16's. A byte table
+/// (vpermi2b: 128 entries in two registers, indexed by a code's low 7 bits) gives each code's low
+/// and high bf16 byte; the code's sign bit is then set on the high byte, so code c >= 128 reads
+/// as -(code c - 128), which every format defines except e4m3fnuz's 0x80 (its NaN; -0 here: the
+/// kernels take this path only where the side holds no NaN code).
+struct Fp8Bf16Table {
+  __m512i lo0, lo1, hi0, hi1;  // bytes of codes 0..63 and 64..127
+};
+template <Fp8Format F>
+const Fp8Bf16Table& fp8_bf16_table() {
+  static const Fp8Bf16Table t = [] {
+    alignas(64) uint8_t lo[128], hi[128];
+    for (int c = 0; c < 128; ++c) {
+      const uint16_t b = float_to_bf16_bits(fp8::decode<F>(static_cast<uint8_t>(c)));
+      lo[c] = static_cast<uint8_t>(b & 0xff);
+      hi[c] = static_cast<uint8_t>(b >> 8);
+    }
+    return Fp8Bf16Table{_mm512_load_si512(lo), _mm512_load_si512(lo + 64), _mm512_load_si512(hi),
+                        _mm512_load_si512(hi + 64)};
+  }();
+  return t;
+}
+/// 64 fp8 codes (c: byte e is code e) as bf16 in two registers, in the order of vpunpck's
+/// 128-bit lanes: word e of a is code 16 (e / 8) + e % 8, word e of b is code 16 (e / 8) + 8 +
+/// e % 8.
+inline void fp8_bf16x64(const Fp8Bf16Table& t, __m512i c, __m512i& a, __m512i& b) {
+  const __m512i lo = _mm512_permutex2var_epi8(t.lo0, c, t.lo1);
+  const __m512i hi = _mm512_ternarylogic_epi32(  // hi | (c & 0x80)
+      _mm512_permutex2var_epi8(t.hi0, c, t.hi1), c, _mm512_set1_epi8(static_cast<char>(0x80)),
+      0xf8);
+  a = _mm512_unpacklo_epi8(lo, hi);
+  b = _mm512_unpackhi_epi8(lo, hi);
+}
+/// The code (of the 64) whose value fp8_bf16x64 puts in word e of a (w = 0) or b (w = 1).
+constexpr int fp8_bf16x64_code(int w, int e) { return 16 * (e / 8) + 8 * w + e % 8; }
+#endif
+
 }  // namespace kvq::cpu
 
 #endif  // KVQ_CPU_AVX2

@@ -114,6 +114,46 @@ TEST(cpuSimdDecode, fp8Bf16x32_every256Codes_everyFormat_equalsFp8Decode) {
 }
 #endif
 
+#if KVQ_CPU_AVX512 && defined(__AVX512VBMI__)
+// fp8_bf16x64 (the exact mode's AMX kernels): every code's bf16 equals fp8::decode bit for bit
+// (NaN for NaN), in the documented word order, which the test spells out from vpunpcklbw /
+// vpunpckhbw's definition (each 128-bit lane interleaves the low / high 8 bytes of the lane's 16
+// codes): word e of the first register is code 16 (e / 8) + e % 8, of the second that + 8. One
+// exception, documented: e4m3fnuz's NaN code 0x80 reads as -0 (the kernels send sides that hold
+// a NaN code elsewhere).
+template <Fp8Format F>
+void check_bf16x64_every_code() {
+  std::vector<uint8_t> codes(256);
+  for (int c = 0; c < 256; ++c) codes[c] = static_cast<uint8_t>(c);
+  std::vector<float> want(256), got(256);
+  for (int c = 0; c < 256; ++c) want[c] = fp8::decode<F>(codes[c]);
+  for (int v = 0; v < 256; v += 64) {
+    __m512i a, b;
+    fp8_bf16x64(fp8_bf16_table<F>(), _mm512_loadu_si512(codes.data() + v), a, b);
+    uint16_t wa[32], wb[32];
+    _mm512_storeu_si512(wa, a);
+    _mm512_storeu_si512(wb, b);
+    for (int e = 0; e < 32; ++e) {
+      got[v + 16 * (e / 8) + e % 8] = bits_float(static_cast<uint32_t>(wa[e]) << 16);
+      got[v + 16 * (e / 8) + 8 + e % 8] = bits_float(static_cast<uint32_t>(wb[e]) << 16);
+    }
+  }
+  if constexpr (F == Fp8Format::E4M3FNUZ) {
+    EXPECT_TRUE(std::isnan(want[0x80]));
+    EXPECT_EQ(float_bits(got[0x80]), float_bits(-0.0f));
+    got[0x80] = want[0x80];
+  }
+  std::string why;
+  EXPECT_EQ(mismatches(want, got, why), 0) << "fp8_bf16x64, format " << static_cast<int>(F) << why;
+}
+
+TEST(cpuSimdDecode, fp8Bf16x64_every256Codes_everyFormat_equalsFp8Decode) {
+  check_bf16x64_every_code<Fp8Format::E4M3>();
+  check_bf16x64_every_code<Fp8Format::E4M3FNUZ>();
+  check_bf16x64_every_code<Fp8Format::E5M2>();
+}
+#endif
+
 TEST(cpuSimdDecode, bf16x8_every65536Patterns_equalsTheDefinition) {
   std::vector<uint16_t> bits(65536);
   std::vector<float> want(65536), got(65536);
