@@ -2390,10 +2390,10 @@ void fp8_query_tiles_exact(const float* q, const float* scales, int64_t H, int64
   const int64_t C = D / 32;
   __m512i idx[2][2];  // chunk parity, half: kExactPerm's channels
   for (int c = 0; c < 2; ++c)
-    for (int u = 0; u < 2; ++u)
-      idx[c][u] = _mm512_loadu_si512(kExactPerm.data() + 32 * c + 16 * u);
-  const __m512i rows = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(NC));
+    for (int u = 0; u < 2; ++u) idx[c][u] = _mm512_loadu_si512(kExactPerm.data() + 32 * c + 16 * u);
+  const __m512i rows =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(NC));
   for (int64_t h = 0; h < H; ++h)
     for (int i = 0; i < NQ; ++i) {
       const float* qi = q + (h * NQ + i) * D;
@@ -2401,7 +2401,8 @@ void fp8_query_tiles_exact(const float* q, const float* scales, int64_t H, int64
         const int64_t d0 = 64 * (c / 2);
         __m512 v[2];
         for (int u = 0; u < 2; ++u) {
-          const __m512i ch = _mm512_add_epi32(idx[c % 2][u], _mm512_set1_epi32(static_cast<int>(d0)));
+          const __m512i ch =
+              _mm512_add_epi32(idx[c % 2][u], _mm512_set1_epi32(static_cast<int>(d0)));
           auto gather = [&ch](const float* x) {
             return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll16, ch, x, 4);
           };
@@ -2556,14 +2557,18 @@ void fp8_acc_amx_exact(const uint32_t* wp, int64_t H, int64_t D, int64_t n, cons
       for (int i = 0; i < NQ; ++i) {
         __m512 t[4];  // tile g's (hi + mid) + lo: lane 4k + m is channel 16k + 4g + m
         for (int g = 0; g < 4; ++g)
-          t[g] = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(cb[g] + 16 * i),
-                                             _mm512_load_ps(cb[g] + 16 * (NQ + i))),
-                               _mm512_load_ps(cb[g] + 16 * (2 * NQ + i)));
+          t[g] = _mm512_add_ps(
+              _mm512_add_ps(_mm512_load_ps(cb[g] + 16 * i), _mm512_load_ps(cb[g] + 16 * (NQ + i))),
+              _mm512_load_ps(cb[g] + 16 * (2 * NQ + i)));
         // out_k = [t0's lane k, t1's, t2's, t3's] (128-bit lanes): channels 16k .. 16k + 15
-        const __m512 u0 = _mm512_maskz_shuffle_f32x4(kAll16, t[0], t[1], 0x44), u1 = _mm512_maskz_shuffle_f32x4(kAll16, t[0], t[1], 0xee);
-        const __m512 u2 = _mm512_maskz_shuffle_f32x4(kAll16, t[2], t[3], 0x44), u3 = _mm512_maskz_shuffle_f32x4(kAll16, t[2], t[3], 0xee);
-        const __m512 out[4] = {_mm512_maskz_shuffle_f32x4(kAll16, u0, u2, 0x88), _mm512_maskz_shuffle_f32x4(kAll16, u0, u2, 0xdd),
-                               _mm512_maskz_shuffle_f32x4(kAll16, u1, u3, 0x88), _mm512_maskz_shuffle_f32x4(kAll16, u1, u3, 0xdd)};
+        const __m512 u0 = _mm512_maskz_shuffle_f32x4(kAll16, t[0], t[1], 0x44),
+                     u1 = _mm512_maskz_shuffle_f32x4(kAll16, t[0], t[1], 0xee);
+        const __m512 u2 = _mm512_maskz_shuffle_f32x4(kAll16, t[2], t[3], 0x44),
+                     u3 = _mm512_maskz_shuffle_f32x4(kAll16, t[2], t[3], 0xee);
+        const __m512 out[4] = {_mm512_maskz_shuffle_f32x4(kAll16, u0, u2, 0x88),
+                               _mm512_maskz_shuffle_f32x4(kAll16, u0, u2, 0xdd),
+                               _mm512_maskz_shuffle_f32x4(kAll16, u1, u3, 0x88),
+                               _mm512_maskz_shuffle_f32x4(kAll16, u1, u3, 0xdd)};
         float* oi = o + (h * NQ + i) * D + d0;
         for (int k = 0; k < 4; ++k)
           _mm512_storeu_ps(oi + 16 * k, _mm512_add_ps(_mm512_loadu_ps(oi + 16 * k), out[k]));
