@@ -23,6 +23,12 @@
 //                        (512-bit: 16 channels a step where head_dim is a multiple of 16)
 //   fp8 (all formats, every granularity)   exact mode: codes decoded arithmetically (exact:
 //                        fp8::decode; 512-bit: through binary16, kernels/cpu/simd_decode.h);
+//                        where amx() holds, GQA <= 5 and head_dim is a multiple of 64 (and no
+//                        e4m3fnuz NaN code is stored), AMX tiles with exact products instead:
+//                        each code's value as a bf16 (a byte table, fp8_bf16x64), q * scale and
+//                        the weights split into three bf16 parts that sum to them exactly,
+//                        multiplied by tdpbf16ps (the parts as 3 GQA tile columns or rows), each
+//                        score or output the sum of its three float chains;
 //                        int8 mode: bf16 dot products (below)
 //   int: keys per-channel (2/3/4/8 bits) or per-token (2/4/8 bits, G a multiple of 8: llama.cpp's
 //     and HF QuantizedCache's layout), values per-token (2/4/8 bits, G a multiple of 8), the exact
@@ -63,7 +69,8 @@
 //
 // Tolerances against the reference (tests/kernels/cpu/attention_test.cpp): Exact mode is float
 // arithmetic in another order (and a polynomial exp), max |o - o_ref| <= 2e-5 * max |V| (outputs
-// are convex combinations of V rows; observed <= 1.5e-6). Int8 mode equals its own definition
+// are convex combinations of V rows; observed <= 1.5e-6; the AMX tiles' exact products and the
+// vector kernels both tested). Int8 mode equals its own definition
 // (the rounded q * scale and weights, integer sums; for fp8 the bf16 roundings) within the same
 // tolerance; its distance to the exact reference is the rounding of q * scale and of the weights
 // (docs/benchmarks.md; for fp8 0.03-0.35% of max |V| on the test grid, and the model's mean KLD
