@@ -91,7 +91,7 @@ struct Scratch {
   std::vector<float> fac;        // and their factors
   std::vector<float> mv;         // and 16-lane sums of p * min
   std::vector<uint16_t> qb;      // fp8 in the int8 mode: q as bf16 [H, NQ, D]
-  const float* qb_of = nullptr;  // the q that qb holds (reset at each block)
+  const float* qb_of = nullptr;  // the q that qb holds (reset at each segment, run_segment)
   const float* qs_of = nullptr;  // fp8 keys, exact mode: the q that qs holds scaled (the same)
   std::vector<float> rowf;       // the factor of each row's scores
   std::vector<uint32_t> wp;      // and the weights as bf16 pairs
@@ -2813,7 +2813,7 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
   if (fp8_bf16(c.mode, k)) {  // q (times the per-channel scales) * 2^kFp8QShift as bf16
     const __m512 mul = _mm512_set1_ps(pow2(kFp8QShift));
     const bool ch = k.gran == Granularity::Channel;
-    if (w.qb_of != c.q) {  // not yet converted in this block
+    if (w.qb_of != c.q) {  // not yet converted in this segment
       for (int64_t j = 0; j < H * NQ; ++j)
         for (int64_t d = 0; d < D; d += 32) {
           const float* qj = c.q + j * D + d;
@@ -2862,7 +2862,7 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
   if constexpr (3 * NQ <= 16) {
     if (fp8_amx_exact(c.mode, k, NQ, D)) {  // exact products on tiles
       const bool ch = k.gran == Granularity::Channel;
-      if (w.qb_of != c.q) {  // not yet laid out in this block
+      if (w.qb_of != c.q) {  // not yet laid out in this segment
         fp8_query_tiles_exact<NQ>(c.q, ch ? k.fp8_scales : nullptr, H, D, w.qt.data());
         w.qb_of = c.q;
       }
@@ -2888,7 +2888,7 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
 #endif
   // q times the per-channel scales, times the loader's power of two (Fp8Rows)
   with_fp8_format(k.format, [&]<Fp8Format F>() {
-    if (w.qs_of != c.q) {  // not yet scaled in this block
+    if (w.qs_of != c.q) {  // not yet scaled in this segment
       const float restore = fp8_restore<F>();
       float* qs = w.qs.data();
       if (k.gran == Granularity::Channel) {
@@ -3014,7 +3014,6 @@ void simd_tile_block(std::span<const TileSlot> slots, Scratch& w) {
   // One position streams its rows from memory once; several reuse them from cache.
   const bool stream = slots.size() == 1;
   int64_t longest = 0;
-  w.qb_of = w.qs_of = nullptr;  // a new block: a call's q may have changed (kvq model reuses it)
   for (const TileSlot& x : slots) {
     prepare(w, *x.c);
     longest = std::max(longest, x.t1 - x.t0);
@@ -3353,6 +3352,9 @@ struct Member {
 /// with others, so a decode step (one member) and a prefill tile give the same bits.
 void run_segment(std::span<const Member> ms, int64_t a, int64_t seg, Scratch& w) {
   const int64_t block = ms[0].c->block;
+  // A new segment: a member's q may hold another query at the same address (kvq model reuses
+  // it); within the segment it does not change, so its converted forms serve every block.
+  w.qb_of = w.qs_of = nullptr;
   for (int64_t t0 = a; t0 < a + seg; t0 += block) {
     w.slots.clear();
     for (const Member& x : ms) {
