@@ -2201,6 +2201,34 @@ inline void tile_dp_values(int c) {
 }
 #undef KVQ_TILE_SWITCH
 
+/// Lane l holds l * k (gather and scatter indices: one element every k).
+inline __m512i lanes_times(int k) {
+  return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                            _mm512_set1_epi32(k));
+}
+
+/// The key tiles' products of one head: tmm0 = a's rows 0..15 ([kSubRows, D] bf16, a row every D)
+/// times the head's query tiles (qh: per chunk of 32 channels 16 rows of `cols` dwords), chunk by
+/// chunk in tmm3..6, four chunks at a time; where `two`, tmm1 the same for rows 16..31.
+inline void key_tile_products(const uint32_t* qh, int cols, int64_t D, const uint16_t* a,
+                              bool two) {
+  const int64_t C = D / 32;
+  _tile_zero(0);
+  _tile_zero(1);
+  for (int64_t c0 = 0; c0 < C; c0 += 4) {
+    const int m = static_cast<int>(std::min<int64_t>(4, C - c0));
+    for (int k = 0; k < m; ++k) tile_load(3 + k, qh + (c0 + k) * 16 * cols, 4 * cols);
+    for (int k = 0; k < m; ++k) {
+      _tile_loadd(2, a + 32 * (c0 + k), 2 * D);
+      tile_dp_keys(k, false);
+      if (two) {
+        _tile_loadd(7, a + 16 * D + 32 * (c0 + k), 2 * D);
+        tile_dp_keys(k, true);
+      }
+    }
+  }
+}
+
 /// fp8_dot_amx's query: qb's channel pairs as tdpbf16ps's second operand, per head and chunk of
 /// 32 channels 16 rows (pairs) of NQ dwords (queries): qt[((h * D / 32 + c) * 16 + r) * NQ + i] is
 /// pair 16c + r of query (h, i).
@@ -2232,9 +2260,7 @@ void fp8_dot_amx(const uint32_t* qt, int64_t H, int64_t D, int64_t n, const uint
   }();
   use_tiles(cfg, NQ);
   const int64_t C = D / 32, rs = H * D;
-  const __m512i gather =
-      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                         _mm512_set1_epi32(NQ));
+  const __m512i gather = lanes_times(NQ);
   alignas(64) float cb[2][16 * NQ];
   for (int64_t h = 0; h < H; ++h) {
     // this head's row of token n + u prefetched beside the conversion of token u's: spread over
@@ -2247,21 +2273,7 @@ void fp8_dot_amx(const uint32_t* qt, int64_t H, int64_t D, int64_t n, const uint
         _mm512_storeu_si512(a + u * D + d, fp8_bf16x32<F>(base + u * rs + h * D + d));
     }
     const bool two = n > 16;  // rows 16 .. 31 too (rows past n: finite leftovers, discarded)
-    _tile_zero(0);
-    _tile_zero(1);
-    for (int64_t c0 = 0; c0 < C; c0 += 4) {
-      const int m = static_cast<int>(std::min<int64_t>(4, C - c0));
-      const uint32_t* qh = qt + (h * C + c0) * 16 * NQ;
-      for (int k = 0; k < m; ++k) tile_load(3 + k, qh + k * 16 * NQ, 4 * NQ);
-      for (int k = 0; k < m; ++k) {
-        _tile_loadd(2, a + 32 * (c0 + k), 2 * D);
-        tile_dp_keys(k, false);
-        if (two) {
-          _tile_loadd(7, a + 16 * D + 32 * (c0 + k), 2 * D);
-          tile_dp_keys(k, true);
-        }
-      }
-    }
+    key_tile_products(qt + h * C * 16 * NQ, NQ, D, a, two);
     _tile_stored(0, cb[0], 4 * NQ);
     if (two) _tile_stored(1, cb[1], 4 * NQ);
     for (int j = 0; j <= static_cast<int>(two); ++j) {
@@ -2391,9 +2403,7 @@ void fp8_query_tiles_exact(const float* q, const float* scales, int64_t H, int64
   __m512i idx[2][2];  // chunk parity, half: kExactPerm's channels
   for (int c = 0; c < 2; ++c)
     for (int u = 0; u < 2; ++u) idx[c][u] = _mm512_loadu_si512(kExactPerm.data() + 32 * c + 16 * u);
-  const __m512i rows =
-      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                         _mm512_set1_epi32(NC));
+  const __m512i rows = lanes_times(NC);
   for (int64_t h = 0; h < H; ++h)
     for (int i = 0; i < NQ; ++i) {
       const float* qi = q + (h * NQ + i) * D;
@@ -2437,9 +2447,7 @@ void fp8_dot_amx_exact(const uint32_t* qt, int64_t H, int64_t D, int64_t n, cons
   use_tiles(cfg, 64 + NQ);
   const Fp8Bf16Table& lut = fp8_bf16_table<F>();
   const int64_t C = D / 32, rs = H * D;
-  const __m512i gather =
-      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                         _mm512_set1_epi32(NC));
+  const __m512i gather = lanes_times(NC);
   alignas(64) float cb[2][16 * NC];
   for (int64_t h = 0; h < H; ++h) {
     for (int64_t u = 0; u < n; ++u) {  // prefetch as fp8_dot_amx
@@ -2453,21 +2461,7 @@ void fp8_dot_amx_exact(const uint32_t* qt, int64_t H, int64_t D, int64_t n, cons
       }
     }
     const bool two = n > 16;  // rows 16 .. 31 too (rows past n: leftovers, discarded)
-    _tile_zero(0);
-    _tile_zero(1);
-    for (int64_t c0 = 0; c0 < C; c0 += 4) {
-      const int m = static_cast<int>(std::min<int64_t>(4, C - c0));
-      const uint32_t* qh = qt + (h * C + c0) * 16 * NC;
-      for (int k = 0; k < m; ++k) tile_load(3 + k, qh + k * 16 * NC, 4 * NC);
-      for (int k = 0; k < m; ++k) {
-        _tile_loadd(2, a + 32 * (c0 + k), 2 * D);
-        tile_dp_keys(k, false);
-        if (two) {
-          _tile_loadd(7, a + 16 * D + 32 * (c0 + k), 2 * D);
-          tile_dp_keys(k, true);
-        }
-      }
-    }
+    key_tile_products(qt + h * C * 16 * NC, NC, D, a, two);
     _tile_stored(0, cb[0], 4 * NC);
     if (two) _tile_stored(1, cb[1], 4 * NC);
     for (int j = 0; j <= static_cast<int>(two); ++j) {
