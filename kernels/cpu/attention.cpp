@@ -2246,22 +2246,26 @@ void fp8_query_tiles(const uint16_t* qb, int64_t H, int64_t D, uint32_t* qt) {
 /// fp8_dot_bf16's scores (the same arguments; n <= 32) from tiles: per head, its rows of the n
 /// tokens as bf16 in a ([32, D]), then per chunk of 32 channels a tdpbf16ps for each 16 tokens
 /// (tmm2 / tmm7) with the chunk's query tile (tmm3..6, four chunks at a time) into tmm0 / tmm1
-/// ([16 tokens, NQ]); the scores leave through a gather per query.
-template <int NQ, Fp8Format F, bool kPrefetch, int kLoc = kL2>
+/// ([16 tokens, NQ]); the scores leave through a gather per query. kExact (the exact mode,
+/// fp8_amx_exact): the rows as exact bf16 (fp8_bf16x64, kExactPerm's order), qt from
+/// fp8_query_tiles_exact (3 NQ columns: the query's three parts), a score (hi + mid) + lo.
+template <int NQ, Fp8Format F, bool kPrefetch, int kLoc = kL2, bool kExact = false>
 void fp8_dot_amx(const uint32_t* qt, int64_t H, int64_t D, int64_t n, const uint8_t* base,
                  const float* rowf, int64_t ldf, float* s, int64_t hs, int64_t lds, int64_t valid,
                  uint16_t* a) {
-  static_assert(NQ >= 1 && NQ <= 16);
+  constexpr int NC = kExact ? 3 * NQ : NQ;  // the query tiles' columns
+  static_assert(NQ >= 1 && NC <= 16);
   static const TileConfig cfg = [] {
     TileConfig t;
-    for (int r : {0, 1, 3, 4, 5, 6}) t.shape(r, 16, 4 * NQ);
+    for (int r : {0, 1, 3, 4, 5, 6}) t.shape(r, 16, 4 * NC);
     for (int r : {2, 7}) t.shape(r, 16, 64);
     return t;
   }();
-  use_tiles(cfg, NQ);
+  use_tiles(cfg, kExact ? 64 + NQ : NQ);
   const int64_t C = D / 32, rs = H * D;
-  const __m512i gather = lanes_times(NQ);
-  alignas(64) float cb[2][16 * NQ];
+  const __m512i gather = lanes_times(NC);
+  const Fp8Bf16Table* lut = kExact ? &fp8_bf16_table<F>() : nullptr;
+  alignas(64) float cb[2][16 * NC];
   for (int64_t h = 0; h < H; ++h) {
     // this head's row of token n + u prefetched beside the conversion of token u's: spread over
     // the conversion, not one burst of 2n lines before it (a burst stalled on the fill buffers;
@@ -2269,22 +2273,34 @@ void fp8_dot_amx(const uint32_t* qt, int64_t H, int64_t D, int64_t n, const uint
     for (int64_t u = 0; u < n; ++u) {
       if constexpr (kPrefetch)
         if ((n + u) * H + h < valid) prefetch_row<kLoc>(base + (n + u) * rs + h * D, D);
-      for (int64_t d = 0; d < D; d += 32)
-        _mm512_storeu_si512(a + u * D + d, fp8_bf16x32<F>(base + u * rs + h * D + d));
+      if constexpr (kExact) {
+        for (int64_t d = 0; d < D; d += 64) {
+          __m512i x, y;
+          fp8_bf16x64(*lut, _mm512_loadu_si512(base + u * rs + h * D + d), x, y);
+          _mm512_storeu_si512(a + u * D + d, x);
+          _mm512_storeu_si512(a + u * D + d + 32, y);
+        }
+      } else {
+        for (int64_t d = 0; d < D; d += 32)
+          _mm512_storeu_si512(a + u * D + d, fp8_bf16x32<F>(base + u * rs + h * D + d));
+      }
     }
-    const bool two = n > 16;  // rows 16 .. 31 too (rows past n: finite leftovers, discarded)
-    key_tile_products(qt + h * C * 16 * NQ, NQ, D, a, two);
-    _tile_stored(0, cb[0], 4 * NQ);
-    if (two) _tile_stored(1, cb[1], 4 * NQ);
+    const bool two = n > 16;  // rows 16 .. 31 too (rows past n: leftovers, discarded)
+    key_tile_products(qt + h * C * 16 * NC, NC, D, a, two);
+    _tile_stored(0, cb[0], 4 * NC);
+    if (two) _tile_stored(1, cb[1], 4 * NC);
     for (int j = 0; j <= static_cast<int>(two); ++j) {
       const int64_t t0 = 16 * j, r = std::min<int64_t>(16, n - t0);
       const __mmask16 keep = r >= 16 ? kAll16 : static_cast<__mmask16>((1u << r) - 1);
       const __m512 f = _mm512_loadu_ps(rowf + h * ldf + t0);  // rowf padded by 16
-      for (int i = 0; i < NQ; ++i)
-        _mm512_mask_storeu_ps(
-            s + h * hs + i * lds + t0, keep,
-            _mm512_mul_ps(
-                _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll16, gather, cb[j] + i, 4), f));
+      auto col = [&](int k) {
+        return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll16, gather, cb[j] + k, 4);
+      };
+      for (int i = 0; i < NQ; ++i) {
+        __m512 x = col(i);
+        if constexpr (kExact) x = _mm512_add_ps(_mm512_add_ps(x, col(NQ + i)), col(2 * NQ + i));
+        _mm512_mask_storeu_ps(s + h * hs + i * lds + t0, keep, _mm512_mul_ps(x, f));
+      }
     }
   }
 }
@@ -2391,10 +2407,10 @@ bool fp8_amx_exact(IntMode mode, const StoredSide& s, int64_t nq, int64_t D) {
          D % 64 == 0 && !(s.format == Fp8Format::E4M3FNUZ && s.fp8_nan);
 }
 
-/// fp8_dot_amx_exact's query: q * (per-channel scales, where given: scales[h * D + d]) in
-/// kExactPerm's order, split by bf16_split3, as tdpbf16ps's second operand per head and chunk
-/// of 32 positions: qt[((h * D / 32 + c) * 16 + r) * 3 NQ + k * NQ + i] is part k of query (h,
-/// i) at positions 32c + 2r, 32c + 2r + 1.
+/// The exact mode's query tiles (fp8_dot_amx with kExact): q * (per-channel scales, where given:
+/// scales[h * D + d]) in kExactPerm's order, split by bf16_split3, as tdpbf16ps's second operand
+/// per head and chunk of 32 positions: qt[((h * D / 32 + c) * 16 + r) * 3 NQ + k * NQ + i] is part
+/// k of query (h, i) at positions 32c + 2r, 32c + 2r + 1.
 template <int NQ>
 void fp8_query_tiles_exact(const float* q, const float* scales, int64_t H, int64_t D,
                            uint32_t* qt) {
@@ -2425,58 +2441,6 @@ void fp8_query_tiles_exact(const float* q, const float* scales, int64_t H, int64
         for (int k = 0; k < 3; ++k) _mm512_i32scatter_epi32(t + k * NQ, rows, part[k], 4);
       }
     }
-}
-
-/// Exact-mode fp8 scores from tiles (fp8_dot_amx's arguments and steps; qt from
-/// fp8_query_tiles_exact, rowf the token factors): per head, its rows of the n tokens as exact
-/// bf16 in a (fp8_bf16x64, kExactPerm's order), a tdpbf16ps per 16 tokens and chunk of 32
-/// positions into tmm0 / tmm1 ([16 tokens, 3 NQ parts x queries]); a score is (hi + mid) + lo
-/// times its token factor.
-template <int NQ, Fp8Format F, bool kPrefetch, int kLoc = kL2>
-void fp8_dot_amx_exact(const uint32_t* qt, int64_t H, int64_t D, int64_t n, const uint8_t* base,
-                       const float* rowf, int64_t ldf, float* s, int64_t hs, int64_t lds,
-                       int64_t valid, uint16_t* a) {
-  constexpr int NC = 3 * NQ;
-  static_assert(NC <= 16);
-  static const TileConfig cfg = [] {
-    TileConfig t;
-    for (int r : {0, 1, 3, 4, 5, 6}) t.shape(r, 16, 4 * NC);
-    for (int r : {2, 7}) t.shape(r, 16, 64);
-    return t;
-  }();
-  use_tiles(cfg, 64 + NQ);
-  const Fp8Bf16Table& lut = fp8_bf16_table<F>();
-  const int64_t C = D / 32, rs = H * D;
-  const __m512i gather = lanes_times(NC);
-  alignas(64) float cb[2][16 * NC];
-  for (int64_t h = 0; h < H; ++h) {
-    for (int64_t u = 0; u < n; ++u) {  // prefetch as fp8_dot_amx
-      if constexpr (kPrefetch)
-        if ((n + u) * H + h < valid) prefetch_row<kLoc>(base + (n + u) * rs + h * D, D);
-      for (int64_t d = 0; d < D; d += 64) {
-        __m512i x, y;
-        fp8_bf16x64(lut, _mm512_loadu_si512(base + u * rs + h * D + d), x, y);
-        _mm512_storeu_si512(a + u * D + d, x);
-        _mm512_storeu_si512(a + u * D + d + 32, y);
-      }
-    }
-    const bool two = n > 16;  // rows 16 .. 31 too (rows past n: leftovers, discarded)
-    key_tile_products(qt + h * C * 16 * NC, NC, D, a, two);
-    _tile_stored(0, cb[0], 4 * NC);
-    if (two) _tile_stored(1, cb[1], 4 * NC);
-    for (int j = 0; j <= static_cast<int>(two); ++j) {
-      const int64_t t0 = 16 * j, r = std::min<int64_t>(16, n - t0);
-      const __mmask16 keep = r >= 16 ? kAll16 : static_cast<__mmask16>((1u << r) - 1);
-      const __m512 f = _mm512_loadu_ps(rowf + h * ldf + t0);  // rowf padded by 16
-      auto col = [&](int k) {
-        return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll16, gather, cb[j] + k, 4);
-      };
-      for (int i = 0; i < NQ; ++i)
-        _mm512_mask_storeu_ps(
-            s + h * hs + i * lds + t0, keep,
-            _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(col(i), col(NQ + i)), col(2 * NQ + i)), f));
-    }
-  }
 }
 
 /// The exact mode's weights for fp8_acc_amx_exact: w_t = p_t * f[h * n + t] (n <= 32) split by
@@ -2867,7 +2831,7 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
           w.rowf[static_cast<size_t>(h * ldf + t - t0)] = ch ? 1.0f : fp8_token_factor(k, t, h);
       with_fp8_format(k.format, [&]<Fp8Format F>() {
         auto keys = [&]<int kLoc>() {
-          fp8_dot_amx_exact<NQ, F, kStream, kLoc>(w.qt.data(), H, D, t1 - t0, k.codes + t0 * row,
+          fp8_dot_amx<NQ, F, kStream, kLoc, true>(w.qt.data(), H, D, t1 - t0, k.codes + t0 * row,
                                                   w.rowf.data(), ldf, s, hs, lds,
                                                   (k.tokens - t0) * H, w.ka.data());
         };
