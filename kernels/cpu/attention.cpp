@@ -1256,7 +1256,9 @@ void dot_int8_group(const uint32_t* words, int64_t D, int64_t wpg, const int8_t*
       }
       for (int i = 0; i < NH; ++i) {
         alignas(64) float t[32];
-        K::scores(acc + i * P, qscale[i0 + i], base[i0 + i], t);
+        typename K::Acc sums[P];  // a copy: acc's address not taken (GCC 12 then kept acc in
+        for (int r = 0; r < P; ++r) sums[r] = acc[i * P + r];  // memory, a store a dot product)
+        K::scores(sums, qscale[i0 + i], base[i0 + i], t);
         float* si = s + (i0 + i) * lds;
         for (int64_t jj = a; jj < b; ++jj) si[jj - j0] = t[jj - sl * 32];
       }
@@ -1322,7 +1324,7 @@ struct Int8Keys512 {
   static Acc zero() { return _mm512_setzero_si512(); }
   static void codes(const uint32_t* w, int64_t wpg, Acc* c) { key_tokens<B>(w, wpg, c); }
   static Acc bcast(int32_t q) { return _mm512_set1_epi32(q); }
-  static Acc dp(Acc acc, Acc c, Acc q) { return _mm512_dpbusd_epi32(acc, c, q); }
+  static Acc dp(Acc acc, Acc c, Acc q) { return dpbusd512(acc, c, q); }
   static void scores(const Acc* acc, float qs, float bs, float* t) {
     for (int u = 0; u < 2; ++u)
       _mm512_storeu_ps(t + 16 * u, _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, acc[u]),
@@ -1467,7 +1469,7 @@ inline void int8_block(const uint8_t* col, int64_t tstride, int64_t m, const uin
       for (int s = 0; s < NS; ++s) {
         const __m512i wv = _mm512_set1_epi32(static_cast<int>(load_u32(wr[i * NS + s] + x)));
         for (int z = 2 * s; z < 2 * s + 2; ++z)
-          acc[i * Z + z] = _mm512_dpbusd_epi32(acc[i * Z + z], wv, code[z]);
+          acc[i * Z + z] = dpbusd512(acc[i * Z + z], wv, code[z]);
       }
   };
   int64_t x = 0;
