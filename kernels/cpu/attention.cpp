@@ -1,6 +1,7 @@
 #include "kernels/cpu/attention.h"
 
 #include <omp.h>
+#include <unistd.h>  // sysconf: the L3 size (beyond_l3)
 
 #include <algorithm>
 #include <array>
@@ -68,6 +69,7 @@ struct Call {
   const StoredSide& v;
   IntMode mode;
   int64_t block;  // tokens per block
+  bool ahead;     // int sides prefetch a block / a key group ahead (beyond_l3)
 };
 
 /// One position's share of a tile's block (simd_tile_block): its call, partial, score rows
@@ -2587,7 +2589,7 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
     const uint32_t* words = k.words + L.word_index(g, h, 0);
     float* sg = s + (a - t0);
     const int jj0 = static_cast<int>(a - g * G);
-    if ((g + 1) * G < qt) {  // the next group's parameters and codes (this head's next call)
+    if (c.ahead && (g + 1) * G < qt) {  // the next group's parameters and codes (next call)
       const int64_t pn = L.param_index(g + 1, h, 0);
       prefetch_row(k.scales + pn, D * 2);
       if (!k.sym) prefetch_row(k.mins + pn, D * 2);
@@ -2683,10 +2685,10 @@ void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t 
         // parameters start a new 64-byte span prefetches them, one line every pf tokens.
         const int64_t pstride = H * L.channel_groups(), hb = 2 * L.channel_groups();
         const bool lead = h == 0 || (h * hb) / 64 != ((h - 1) * hb) / 64;
-        const int64_t pf = lead ? std::max<int64_t>(1, 64 / (2 * pstride)) : 0;
+        const int64_t pf = lead && c.ahead ? std::max<int64_t>(1, 64 / (2 * pstride)) : 0;
         acc_token_values<NQ, B>(p, ldp, te - t0, ld, v.scales + L.param_index(t0, h, 0),
                                 v.sym ? nullptr : v.mins + L.param_index(t0, h, 0), pstride, o, D,
-                                w, int8_values(c.mode, v), qt - t0, c.block, pf);
+                                w, int8_values(c.mode, v), (c.ahead ? qt : te) - t0, c.block, pf);
       }
     };
     kivi::dispatch_bits(v.bits, run);
@@ -3296,6 +3298,32 @@ CausalAttention::Position CausalAttention::position(int64_t p) const {
 }
 
 namespace {
+/// The bytes a call reads of an int side, approximately: codes, fp16 parameters (scale, and min
+/// unless sym: one each per G elements on either axis) and the exact window as floats.
+double int_side_bytes(const StoredSide& s) {
+  const double elems = static_cast<double>(s.heads * s.dim);
+  return static_cast<double>(s.quantized_tokens) * elems *
+             (s.bits / 8.0 + (s.sym ? 2.0 : 4.0) / std::max(1, s.group)) +
+         static_cast<double>(s.tokens - s.quantized_tokens) * elems * 4.0;
+}
+
+/// Whether a call's int sides prefetch ahead (per-token values a block of rows and their
+/// parameters, per-channel keys the next group): where their bytes exceed half the L3 (or its size
+/// is unknown). Session 12 (a Zen 5 VM, 32 MB L3) measured the prefetch making int8 kivi4 at 32k
+/// (40 MB) 1.2-1.4x faster and costing 3-8% at 4k (within the L3); session 26 (a Xeon VM, 480 MB
+/// L3) measured it costing 3-7% at 4k and 32k alike.
+bool beyond_l3(const StoredSide& k, const StoredSide& v) {
+  if (k.kind != SchemeKind::Int && v.kind != SchemeKind::Int) return false;
+  static const double l3 = [] {
+    const long b = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return b > 0 ? static_cast<double>(b) : 0.0;
+  }();
+  double bytes = 0;
+  for (const StoredSide* s : {&k, &v})
+    if (s->kind == SchemeKind::Int) bytes += int_side_bytes(*s);
+  return bytes > l3 / 2;
+}
+
 Call make_call(const CausalInput& in, int64_t p, const StoredSide& k, const StoredSide& v,
                int64_t block) {
   const int64_t D = k.dim;
@@ -3308,7 +3336,8 @@ Call make_call(const CausalInput& in, int64_t p, const StoredSide& k, const Stor
               k,
               v,
               in.int_mode,
-              block};
+              block,
+              beyond_l3(k, v)};
 }
 
 /// One position of a segment run: its call, whether the SIMD path takes it, its end (t + 1), its
