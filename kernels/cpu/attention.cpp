@@ -3308,10 +3308,12 @@ double int_side_bytes(const StoredSide& s) {
 }
 
 /// Whether a call's int sides prefetch ahead (per-token values a block of rows and their
-/// parameters, per-channel keys the next group): where their bytes exceed half the L3 (or its size
-/// is unknown). Session 12 (a Zen 5 VM, 32 MB L3) measured the prefetch making int8 kivi4 at 32k
-/// (40 MB) 1.2-1.4x faster and costing 3-8% at 4k (within the L3); session 26 (a Xeon VM, 480 MB
-/// L3) measured it costing 3-7% at 4k and 32k alike.
+/// parameters, per-channel keys the next group): where their bytes exceed a sixth of the L3 the
+/// system reports (or its size is unknown). Both hosts measured with and without (A/B in one
+/// run): a Zen 5 VM (32 MB L3, session 12/14) ran int8 kivi4 at 32k (42 MB) 1.2-1.4x faster with
+/// it and 4k (5 MB) 3-8% slower; a Xeon VM (480 MB reported, shared, session 26) ran int8 kivi at
+/// 4k-64k (3-84 MB) 0.89-1.0x the time without it, but kivi2 / kivi4 at 128k (101 / 168 MB)
+/// 1.04-1.08x / 1.20-1.29x the time: a VM's share of the L3 is well under its size.
 bool beyond_l3(const StoredSide& k, const StoredSide& v) {
   if (k.kind != SchemeKind::Int && v.kind != SchemeKind::Int) return false;
   static const double l3 = [] {
@@ -3321,7 +3323,7 @@ bool beyond_l3(const StoredSide& k, const StoredSide& v) {
   double bytes = 0;
   for (const StoredSide* s : {&k, &v})
     if (s->kind == SchemeKind::Int) bytes += int_side_bytes(*s);
-  return bytes > l3 / 2;
+  return bytes > l3 / 6;
 }
 
 Call make_call(const CausalInput& in, int64_t p, const StoredSide& k, const StoredSide& v,
