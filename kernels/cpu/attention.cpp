@@ -69,7 +69,7 @@ struct Call {
   const StoredSide& v;
   IntMode mode;
   int64_t block;  // tokens per block
-  bool ahead;     // int sides prefetch a block / a key group ahead (beyond_l3)
+  bool ahead;     // the sides stream from memory (beyond_l3): prefetch ahead
 };
 
 /// One position's share of a tile's block (simd_tile_block): its call, partial, score rows
@@ -591,10 +591,12 @@ inline void dot_core(const float* const* q, const int64_t* rows, int64_t D, cons
 
 /// s[i * lds + j] = <q_i, row j> for j < n, i < NQ; q is [NQ, D]. TT tokens at a time, so NQ * TT
 /// independent accumulators hide the FMA latency.
+// The row kernels' step lambdas are always_inline: GCC 12 once left acc_heads_w's out of line
+// after an unrelated change to simd_tile_block (bf16 at 32k 1.10-1.15x the time, session 26).
 template <int NQ, int TT, class L>
 void dot_rows(const float* q, int64_t D, int64_t n, const L& ld, float* s, int64_t lds) {
   int64_t j = 0;
-  auto step = [&]<int U>() {
+  auto step = [&]<int U>() __attribute__((always_inline)) {
     if constexpr (Prefetchable<L>) {
       if (j % kSubRows < U) prefetch_rows(ld, j / kSubRows * kSubRows + kSubRows, n, D);
     }
@@ -656,7 +658,7 @@ template <int NQ, int TT, class L>
 void dot_heads(const float* q, int64_t H, int64_t D, int64_t n, const L& ld, float* s, int64_t hs,
                int64_t lds) {
   int64_t t = 0;
-  auto step = [&]<int U>() {
+  auto step = [&]<int U>() __attribute__((always_inline)) {
     for (int64_t h = 0; h < H; ++h) {
       const float* qs[U];
       int64_t rows[U];
@@ -692,7 +694,7 @@ void acc_heads_w(const float* p, int64_t hs, int64_t ldp, int64_t H, int64_t D, 
                  const L& ld, float* o, int64_t valid) {
   using V = FVec<W>;
   int64_t t = 0;
-  auto step = [&]<int U>() {
+  auto step = [&]<int U>() __attribute__((always_inline)) {
     for (int64_t h = 0; h < H; ++h) {
       if constexpr (kPrefetch && Prefetchable<L>)
         for (int u = 0; u < U; ++u)
@@ -744,7 +746,7 @@ void dot_heads_stream_at(const float* q, int64_t H, int64_t D, int64_t n, const 
                          int64_t hs, int64_t lds, int64_t valid) {
   const int64_t rows = n * H;
   int64_t r = 0, t = 0, h = 0;  // row r's token and head
-  auto step = [&]<int U>() {
+  auto step = [&]<int U>() __attribute__((always_inline)) {
     if constexpr (Prefetchable<L>)
       for (int u = 0; u < U; ++u)
         if (r + u + kStreamAhead < valid) ld.template prefetch<kLoc>(r + u + kStreamAhead, D);
@@ -2973,8 +2975,12 @@ void simd_tile_block(std::span<const TileSlot> slots, Scratch& w) {
   const int64_t D = c0.D, H = c0.H, lds = c0.block + 8, hs = NQ * lds;
   const int64_t sub =
       c0.k.kind == SchemeKind::Int ? std::max<int64_t>(kSubRows, c0.k.group) : kSubRows;
-  // One position streams its rows from memory once; several reuse them from cache.
-  const bool stream = slots.size() == 1;
+  // One position streams its rows from memory once where they do not stay in the L3 (fp8 rows
+  // always); several reuse them from cache.
+  auto streams = [&](const StoredSide& x) {
+    return slots.size() == 1 && (c0.ahead || x.kind == SchemeKind::Fp8);
+  };
+  const bool stream_k = streams(c0.k), stream_v = streams(c0.v);
   int64_t longest = 0;
   for (const TileSlot& x : slots) {
     prepare(w, *x.c);
@@ -2985,7 +2991,7 @@ void simd_tile_block(std::span<const TileSlot> slots, Scratch& w) {
       const int64_t a = x.t0 + u, b = std::min(x.t1, a + sub);
       if (a >= b) continue;
       if (row_kind(x.c->k.kind)) {
-        if (stream)
+        if (stream_k)
           scores_rows<NQ, true>(*x.c, a, b, x.s + u, hs, lds, w);
         else
           scores_rows<NQ, false>(*x.c, a, b, x.s + u, hs, lds, w);
@@ -3007,7 +3013,7 @@ void simd_tile_block(std::span<const TileSlot> slots, Scratch& w) {
       const int64_t a = x.t0 + u, b = whole ? x.t1 : std::min(x.t1, a + kSubRows);
       if (a >= b) continue;
       if (row_kind(x.c->v.kind)) {
-        if (stream)
+        if (stream_v)
           values_rows<NQ, true>(*x.c, a, b, x.s + u, hs, lds, x.P->o.data(), w);
         else
           values_rows<NQ, false>(*x.c, a, b, x.s + u, hs, lds, x.P->o.data(), w);
@@ -3298,32 +3304,49 @@ CausalAttention::Position CausalAttention::position(int64_t p) const {
 }
 
 namespace {
-/// The bytes a call reads of an int side, approximately: codes, fp16 parameters (scale, and min
-/// unless sym: one each per G elements on either axis) and the exact window as floats.
-double int_side_bytes(const StoredSide& s) {
+/// The bytes a call reads of a side, approximately: dense elements, fp8 codes, or int codes with
+/// their fp16 parameters (scale, and min unless sym: one each per G elements on either axis) and
+/// the exact window as floats.
+double side_bytes(const StoredSide& s) {
   const double elems = static_cast<double>(s.heads * s.dim);
-  return static_cast<double>(s.quantized_tokens) * elems *
-             (s.bits / 8.0 + (s.sym ? 2.0 : 4.0) / std::max(1, s.group)) +
-         static_cast<double>(s.tokens - s.quantized_tokens) * elems * 4.0;
+  switch (s.kind) {
+    case SchemeKind::Fp32:
+      return static_cast<double>(s.tokens) * elems * 4.0;
+    case SchemeKind::Int:
+      return static_cast<double>(s.quantized_tokens) * elems *
+                 (s.bits / 8.0 + (s.sym ? 2.0 : 4.0) / std::max(1, s.group)) +
+             static_cast<double>(s.tokens - s.quantized_tokens) * elems * 4.0;
+    case SchemeKind::Fp8:
+      return static_cast<double>(s.tokens) * elems;
+    default:  // bf16, fp16
+      return static_cast<double>(s.tokens) * elems * 2.0;
+  }
 }
 
-/// Whether a call's int sides prefetch ahead (per-token values a block of rows and their
-/// parameters, per-channel keys the next group): where their bytes exceed a sixth of the L3 the
-/// system reports (or its size is unknown). Both hosts measured with and without (A/B in one
-/// run): a Zen 5 VM (32 MB L3, session 12/14) ran int8 kivi4 at 32k (42 MB) 1.2-1.4x faster with
-/// it and 4k (5 MB) 3-8% slower; a Xeon VM (480 MB reported, shared, session 26) ran int8 kivi at
-/// 4k-64k (3-84 MB) 0.89-1.0x the time without it, but kivi2 / kivi4 at 128k (101 / 168 MB)
-/// 1.04-1.08x / 1.20-1.29x the time: a VM's share of the L3 is well under its size.
+/// Whether a call's sides are read as streams from memory, which the system's L3 does not hold
+/// between calls: their bytes exceed a sixth of the L3 it reports (or its size is unknown). Then
+/// int sides prefetch ahead (per-token values a block of rows and their parameters, per-channel
+/// keys the next group) and dense sides of one position take the address-order stream kernels
+/// (prefetching kStreamAhead rows), else the cached kernels, without prefetch (fp8 sides take their
+/// prefetch either way: without, 1.03-1.10x the time at 4k and 32k, session 26). Both hosts
+/// measured with and without (A/B in one run):
+/// - a Zen 5 VM (32 MB L3, sessions 12 and 14): int8 kivi4 at 32k (42 MB) 1.2-1.4x faster with the
+///   prefetch, at 4k (5 MB) 3-8% slower;
+/// - a Xeon VM (480 MB reported, shared; session 26): int8 kivi at 4k-64k (3-84 MB) 0.89-1.0x the
+///   time without the prefetch, at 128k (101 / 168 MB) kivi2 / kivi4 1.04-1.08x / 1.20-1.29x; bf16
+///   with the cached kernels at 1k-16k (4-67 MB) 0.73-0.93x the time, at 32k (134 MB) 1.56-1.78x.
+///   A VM's share of the L3 is well under its size.
+int64_t& l3_override() {
+  static int64_t bytes = -1;  // set_l3_bytes
+  return bytes;
+}
 bool beyond_l3(const StoredSide& k, const StoredSide& v) {
-  if (k.kind != SchemeKind::Int && v.kind != SchemeKind::Int) return false;
-  static const double l3 = [] {
+  static const double system_l3 = [] {
     const long b = sysconf(_SC_LEVEL3_CACHE_SIZE);
     return b > 0 ? static_cast<double>(b) : 0.0;
   }();
-  double bytes = 0;
-  for (const StoredSide* s : {&k, &v})
-    if (s->kind == SchemeKind::Int) bytes += int_side_bytes(*s);
-  return bytes > l3 / 6;
+  const double l3 = l3_override() >= 0 ? static_cast<double>(l3_override()) : system_l3;
+  return side_bytes(k) + side_bytes(v) > l3 / 6;
 }
 
 Call make_call(const CausalInput& in, int64_t p, const StoredSide& k, const StoredSide& v,
@@ -3480,6 +3503,8 @@ void CausalAttention::merge(int64_t m, float* out) const {
          in_.k.dim);
   finish(position(p), p, acc, out);
 }
+
+void set_l3_bytes(int64_t bytes) { l3_override() = bytes < 0 ? -1 : bytes; }
 
 void causal_attention(const CausalInput& in, float* out, int threads) {
   const int nt = threads > 0 ? threads : omp_get_max_threads();

@@ -116,6 +116,28 @@ TEST_P(cpuDecodeAttention, exactMode_withinTolOfReference) {
   cpu::set_amx(was);
 }
 
+// Where a call's sides exceed a sixth of the L3 (cpu::set_l3_bytes), a decode step streams them
+// (dense sides through the address-order kernels with prefetch, int sides prefetching ahead);
+// else it reads them as cached. The same arithmetic in another order of reads
+// (kernels/cpu/attention.h): equal outputs, bit for bit, in both modes.
+TEST_P(cpuDecodeAttention, streamedAndCached_sameBits) {
+  const Case c = GetParam();
+  const auto [k, v] = case_sides(c);
+  const int64_t qh = c.heads * c.gqa;
+  const auto q = random_q(qh * c.dim, 3);
+  for (const IntMode mode : {IntMode::Exact, IntMode::Int8}) {
+    std::vector<float> streamed(static_cast<size_t>(qh * c.dim)), cached(streamed.size());
+    cpu::set_l3_bytes(0);  // every call streams
+    cpu::decode_attention(q.data(), qh, k->stored(), v->stored(), streamed.data(),
+                          {c.threads, mode});
+    cpu::set_l3_bytes(int64_t{1} << 50);  // no call does
+    cpu::decode_attention(q.data(), qh, k->stored(), v->stored(), cached.data(), {c.threads, mode});
+    cpu::set_l3_bytes(-1);
+    EXPECT_EQ(0, std::memcmp(streamed.data(), cached.data(), streamed.size() * sizeof(float)))
+        << (mode == IntMode::Int8 ? "int8 mode" : "exact mode");
+  }
+}
+
 std::vector<Case> grid() {
   std::vector<Case> v;
   const char* fast_specs[] = {"fp32", "bf16", "fp16", "fp8_e4m3:gran=token", "fp8_e4m3:gran=tensor",
