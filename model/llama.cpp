@@ -335,6 +335,9 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
     const auto [e0, e1] = ThreadTeam::split(n * c.ffn, me, nt);
     std::vector<float> scratch;
     cpu::CausalAttention::Workspace workspace;
+    // What a layer's attention call sees pass through the caches before the next call on the same
+    // sides: every layer's K/V and the weights (before this chunk's appends: close enough).
+    const double kv_bytes = cache.bytes() + static_cast<double>(weight_bytes());
     for (int l = 0; l < c.layers; ++l) {
       const Block& b = blocks_[static_cast<size_t>(l)];
       auto& side = cache.layers()[static_cast<size_t>(l)];
@@ -378,6 +381,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
               cpu_causal_input(q.data(), n, c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
                                {vtail.data(), vbeg}, cpu_buf);
           if (backend_ == AttentionBackend::kCpuInt8) in.int_mode = cpu::IntMode::Int8;
+          in.working_set = kv_bytes;
           call = std::make_unique<cpu::CausalAttention>(in, nt);
         }
         next_item.store(0);

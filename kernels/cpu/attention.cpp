@@ -3340,13 +3340,13 @@ int64_t& l3_override() {
   static int64_t bytes = -1;  // set_l3_bytes
   return bytes;
 }
-bool beyond_l3(const StoredSide& k, const StoredSide& v) {
+bool beyond_l3(const StoredSide& k, const StoredSide& v, double working_set) {
   static const double system_l3 = [] {
     const long b = sysconf(_SC_LEVEL3_CACHE_SIZE);
     return b > 0 ? static_cast<double>(b) : 0.0;
   }();
   const double l3 = l3_override() >= 0 ? static_cast<double>(l3_override()) : system_l3;
-  return side_bytes(k) + side_bytes(v) > l3 / 6;
+  return std::max(side_bytes(k) + side_bytes(v), working_set) > l3 / 6;
 }
 
 Call make_call(const CausalInput& in, int64_t p, const StoredSide& k, const StoredSide& v,
@@ -3362,7 +3362,7 @@ Call make_call(const CausalInput& in, int64_t p, const StoredSide& k, const Stor
               v,
               in.int_mode,
               block,
-              beyond_l3(k, v)};
+              beyond_l3(k, v, in.working_set)};
 }
 
 /// One position of a segment run: its call, whether the SIMD path takes it, its end (t + 1), its

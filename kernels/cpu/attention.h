@@ -131,6 +131,10 @@ struct CausalInput {
   ExactTail k_exact, v_exact;
   std::span<const int64_t> k_quantized, v_quantized;
   IntMode int_mode = IntMode::Exact;
+  /// Bytes the caller reads between two calls over these sides (a model: every layer's cache);
+  /// 0: the sides' own. With them the kernels decide whether the sides stream from memory
+  /// (set_l3_bytes).
+  double working_set = 0;
 };
 
 struct Partial;
