@@ -78,7 +78,8 @@ Timing time_decode(const SchemeSpec& spec, const ThroughputInput& in, int64_t ba
   while (static_cast<int64_t>(pool.size()) < n) pool.push_back(build(spec, in, kern));
   const int64_t q_heads = in.shape.heads * in.shape.gqa;
   std::vector<float> out(static_cast<size_t>(q_heads * in.shape.head_dim));
-  const cpu::DecodeOptions dopt{opt.threads, opt.int_mode};
+  // the pool passes through the caches between two steps on one cache: the kernels stream it
+  const cpu::DecodeOptions dopt{opt.threads, opt.int_mode, seq_bytes * static_cast<double>(n)};
   int64_t next = 0;
   std::vector<float> qr;
   auto step = [&] {

@@ -3545,6 +3545,7 @@ void decode_attention(const float* q, int64_t q_heads, const StoredSide& k, cons
   in.k = k;
   in.v = v;
   in.int_mode = opt.int_mode;
+  in.working_set = opt.working_set;
   causal_attention(in, out, opt.threads);
 }
 

@@ -107,6 +107,7 @@ void set_l3_bytes(int64_t bytes);
 struct DecodeOptions {
   int threads = 1;  ///< 0: all cores
   IntMode int_mode = IntMode::Exact;
+  double working_set = 0;  ///< CausalInput::working_set
 };
 
 /// \brief o = softmax(q K^T / sqrt(d)) V over all tokens of k and v; q and out are
