@@ -14,8 +14,11 @@
 // through each block together, so its K/V comes from cache for all but the first), so the
 // arithmetic of a position depends on neither the thread count nor the other positions of the
 // call: chunked prefill and token-by-token decode give bit-identical outputs on this backend.
-// Dense and fp8 sides read every kv head of a block in address order (row (t, h) is row t*H + h;
-// a decode step streams them with a software prefetch ahead); int sides go head by head.
+// Dense and fp8 sides read every kv head of a block (row (t, h) is row t*H + h); int sides go head
+// by head. A decode step whose sides (or CausalInput::working_set) exceed a sixth of the L3
+// streams them: dense rows in address order with a software prefetch ahead, int sides prefetching
+// a block ahead; below that the L3 holds them between calls and they are read as cached (dense
+// rows in token pairs, no prefetch; the same bits). fp8 rows always stream.
 //
 // Paths (AVX2+FMA+F16C; anything else takes the portable path, same results within tolerance;
 // where the compiler also targets AVX-512 F/BW/VL, 512-bit forms as marked):
