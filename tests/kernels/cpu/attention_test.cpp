@@ -616,6 +616,37 @@ TEST(cpuDpbusd, bothForms_equalTheDefinition) {
 }
 #endif
 
+#if KVQ_CPU_AVX512 && defined(__AVX512VNNI__)
+// isa.h's dpbusd512 (vpdpbusd in an asm statement, the accumulator its destination) against the
+// definition: acc + the four products u8 x s8 of each 32-bit lane, over full-range bytes, chained
+// three deep as the kernels carry their accumulators.
+TEST(cpuDpbusd, inPlace512_equalsTheDefinition) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 5000; ++trial) {
+    alignas(64) uint8_t u[3][64];
+    alignas(64) int8_t s8[3][64];
+    alignas(64) int32_t acc[16], got[16];
+    for (int k = 0; k < 3; ++k)
+      for (int i = 0; i < 64; ++i) {
+        const bool ext = trial < 2;  // every operand at its extreme
+        u[k][i] = static_cast<uint8_t>(ext ? 255 : rng() % 256);
+        s8[k][i] = static_cast<int8_t>(ext ? (trial == 0 ? -128 : 127)
+                                           : static_cast<int>(rng() % 256) - 128);
+      }
+    for (int l = 0; l < 16; ++l) acc[l] = static_cast<int32_t>(rng() % 2000001) - 1000000;
+    __m512i a = _mm512_load_si512(acc);
+    for (int k = 0; k < 3; ++k) a = dpbusd512(a, _mm512_load_si512(u[k]), _mm512_load_si512(s8[k]));
+    _mm512_store_si512(got, a);
+    for (int l = 0; l < 16; ++l) {
+      int64_t want = acc[l];
+      for (int k = 0; k < 3; ++k)
+        for (int b = 0; b < 4; ++b) want += u[k][4 * l + b] * s8[k][4 * l + b];
+      ASSERT_EQ(got[l], want) << "trial " << trial << " lane " << l;
+    }
+  }
+}
+#endif
+
 TEST(cpuDecodeAttentionErrors, mismatchedSidesAndBadGqa_throw) {
   const auto k = make_side(parse_spec("bf16"), Role::Key, synthetic_kv({{8, 2, 64}, 0, 1.0f, 1}));
   const auto v = make_side(parse_spec("bf16"), Role::Value, synthetic_kv({{9, 2, 64}, 0, 1.0f, 1}));
