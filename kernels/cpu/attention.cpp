@@ -589,10 +589,11 @@ inline void dot_core(const float* const* q, const int64_t* rows, int64_t D, cons
   }
 }
 
-/// s[i * lds + j] = <q_i, row j> for j < n, i < NQ; q is [NQ, D]. TT tokens at a time, so NQ * TT
-/// independent accumulators hide the FMA latency.
 // The row kernels' step lambdas are always_inline: GCC 12 once left acc_heads_w's out of line
 // after an unrelated change to simd_tile_block (bf16 at 32k 1.10-1.15x the time, session 26).
+
+/// s[i * lds + j] = <q_i, row j> for j < n, i < NQ; q is [NQ, D]. TT tokens at a time, so NQ * TT
+/// independent accumulators hide the FMA latency.
 template <int NQ, int TT, class L>
 void dot_rows(const float* q, int64_t D, int64_t n, const L& ld, float* s, int64_t lds) {
   int64_t j = 0;
