@@ -52,6 +52,14 @@ inline void add_exact(Footprint& f, int64_t elements) {
 /// per-channel: floor(T / B) * B with B = R if R > 0 else G; per-token: max(T - R, 0).
 int64_t quantized_tokens(const IntSpec& q, Axis axis, int64_t tokens);
 
+struct StoredSide;  // core/stored_side.h
+
+/// \brief What a stored view holds (core/stored_side.h), by the rules footprint(spec, ...) applies
+/// to the scheme that wrote it: its quantized tokens' codes, scales and minima, and its exact tokens
+/// (window and sinks) at kResidualBytesPerElement (the view's own exact rows are float32). The bytes
+/// the cpu kernels weigh against the L3 (kernels/cpu/attention.cpp, beyond_l3).
+Footprint footprint(const StoredSide& side);
+
 /// \brief Storage of `spec` for a tensor `shape` in role `role`. sink=S tokens count as exact
 /// tokens (kResidualBytesPerElement each element); rot= stores nothing (the signs follow the seed).
 /// A per-layer spec (SPEC@L=SPEC) is an error: ask for one layer's (SchemeSpec::for_layer).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/footprint.h"
 #include "core/half.h"
 #include "fp8/format.h"
 #include "fp8/scale.h"
@@ -3305,25 +3306,6 @@ CausalAttention::Position CausalAttention::position(int64_t p) const {
 }
 
 namespace {
-/// The bytes a call reads of a side, approximately: dense elements, fp8 codes, or int codes with
-/// their fp16 parameters (scale, and min unless sym: one each per G elements on either axis) and
-/// the exact window as floats.
-double side_bytes(const StoredSide& s) {
-  const double elems = static_cast<double>(s.heads * s.dim);
-  switch (s.kind) {
-    case SchemeKind::Fp32:
-      return static_cast<double>(s.tokens) * elems * 4.0;
-    case SchemeKind::Int:
-      return static_cast<double>(s.quantized_tokens) * elems *
-                 (s.bits / 8.0 + (s.sym ? 2.0 : 4.0) / std::max(1, s.group)) +
-             static_cast<double>(s.tokens - s.quantized_tokens) * elems * 4.0;
-    case SchemeKind::Fp8:
-      return static_cast<double>(s.tokens) * elems;
-    default:  // bf16, fp16
-      return static_cast<double>(s.tokens) * elems * 2.0;
-  }
-}
-
 /// Whether a call's sides are read as streams from memory, which the system's L3 does not hold
 /// between calls: their bytes exceed a sixth of the L3 it reports (or its size is unknown). Then
 /// int sides prefetch ahead (per-token values a block of rows and their parameters, per-channel
@@ -3347,7 +3329,7 @@ bool beyond_l3(const StoredSide& k, const StoredSide& v, double working_set) {
     return b > 0 ? static_cast<double>(b) : 0.0;
   }();
   const double l3 = l3_override() >= 0 ? static_cast<double>(l3_override()) : system_l3;
-  return std::max(side_bytes(k) + side_bytes(v), working_set) > l3 / 6;
+  return std::max(footprint(k).total_bytes() + footprint(v).total_bytes(), working_set) > l3 / 6;
 }
 
 Call make_call(const CausalInput& in, int64_t p, const StoredSide& k, const StoredSide& v,

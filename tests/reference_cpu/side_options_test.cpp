@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/footprint.h"
+#include "core/stored_side.h"
 #include "experiments/synthetic.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/kv_cache.h"
@@ -69,6 +71,36 @@ TEST(Sinks, FirstTokensExactRestAsSchemeFromTokenS) {
       const RoundTrip r = round_trip(with, role, x);
       EXPECT_TRUE(same_bits(r.values.data.data(), got.data.data(), 70 * row));
     }
+}
+
+// core/footprint.h: what a stored view holds, counted from the view alone (the cpu kernels' L3
+// rule), equals what the spec form counts for the scheme that wrote it, field by field, at a token
+// count that leaves a partial window (the spec form is checked by hand in tests/core).
+TEST(Footprint, StoredViewCountsWhatItsSpecCounts) {
+  const Tensor3 x = synthetic_kv({{77, 2, 64}, 2, 12.0f, 5});
+  for (const char* spec :
+       {"fp32", "bf16", "fp16", "kivi2", "kivi4:g=32,r=64,sym", "kivi2:g=8,r=8,sink=5",
+        "int4:k=token,v=token,g=16", "int8:k=token,v=token,g=32,sym", "fp8_e4m3:gran=token",
+        "fp8_e5m2:gran=channel,first=16", "fp8_e4m3:gran=head,first=8,sink=3",
+        "fp8_e4m3:gran=tensor,first=40", "fp8_e4m3:gran=token,scale=1"})
+    for (Role role : {Role::Key, Role::Value}) {
+      SCOPED_TRACE(std::string(spec) + (role == Role::Key ? " key" : " value"));
+      const SchemeSpec sp = parse_spec(spec);
+      auto s = make_side(sp, role, 2, 64);
+      feed(*s, x, {5, 30});
+      const Footprint got = footprint(s->stored()), want = footprint(sp, role, x.shape);
+      EXPECT_EQ(got.code_bytes, want.code_bytes);
+      EXPECT_EQ(got.scale_bytes, want.scale_bytes);
+      EXPECT_EQ(got.zero_bytes, want.zero_bytes);
+      EXPECT_EQ(got.residual_bytes, want.residual_bytes);
+      EXPECT_EQ(got.quantized_elements, want.quantized_elements);
+      EXPECT_EQ(got.residual_elements, want.residual_elements);
+    }
+  // Dynamic fp8 scales of a granularity wider than a token hold their first tokens exact until
+  // `first` have arrived: the view then holds floats, by hand 10 x 2 x 64 x 4 B.
+  auto p = make_side(parse_spec("fp8_e4m3:gran=channel,first=16"), Role::Key, 2, 64);
+  p->append(x.data.data(), 10);
+  EXPECT_EQ(footprint(p->stored()).total_bytes(), 5120.0);
 }
 
 TEST(Rotation, RoundTripEqualsStreamingSide) {
