@@ -122,6 +122,8 @@ TEST_P(cpuDecodeAttention, exactMode_withinTolOfReference) {
 // (kernels/cpu/attention.h): equal outputs, bit for bit, in both modes.
 TEST_P(cpuDecodeAttention, streamedAndCached_sameBits) {
   const Case c = GetParam();
+  if (!kAvx2 || !c.fast)
+    GTEST_SKIP() << "the portable path has one order of reads: nothing to compare";
   const auto [k, v] = case_sides(c);
   const int64_t qh = c.heads * c.gqa;
   const auto q = random_q(qh * c.dim, 3);
