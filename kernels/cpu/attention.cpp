@@ -1546,6 +1546,96 @@ void weights_sub(const float* p, int64_t ldp, const float* sc, const float* mn, 
   }
 }
 
+/// weights_sub4's byte permute: byte 32 g + 4 k + t of its output is the byte of group g, token 4 k
+/// + t of the sub-block, from two packed vectors (index 64 on: the second) whose byte 16 t + 4 k +
+/// g holds quad k (of four) token t, group g.
+inline constexpr auto kWeightIndex = [] {
+  std::array<uint8_t, 128> a{};
+  for (int h = 0; h < 2; ++h)  // output vector h: groups 2 h, 2 h + 1
+    for (int g = 0; g < 2; ++g)
+      for (int k = 0; k < 8; ++k)
+        for (int t = 0; t < 4; ++t)
+          a[64 * h + 32 * g + 4 * k + t] =
+              static_cast<uint8_t>(64 * (k / 4) + 16 * t + 4 * (k % 4) + 2 * h + g);
+  return a;
+}();
+
+/// Int8 mode, 512-bit, four channel groups a head (ncg == 4) and a whole sub-block: weights_sub's
+/// bytes (wb), factors (fac) and p * min sums of every group at once, straight from the fp16
+/// parameters (scales and mins of sub-block token 0, pstride halves a token; mins null: symmetric,
+/// min = sym_min * scale). A vector holds four tokens' four groups as they are stored (lane 4 t +
+/// g), so no float copies (sct, mnt) are made; the products, maxima, divisions and roundings are
+/// weights_sub's, so the bytes and factors are the same. The p * min sums go to mv[16 i + 4 t + g]
+/// (summed over t once, after the last sub-block: acc_token_values).
+template <int NQ>
+void weights_sub4(const float* p, int64_t ldp, const uint16_t* scales, const uint16_t* mins,
+                  float sym_min, int64_t pstride, uint8_t* wb, float* fac, float* mv) {
+  static_assert(kSubRows == 32);
+  auto params = [&](const uint16_t* x, int64_t k) {  // tokens 4k .. 4k + 3, their four groups
+    const uint16_t* r = x + 4 * k * pstride;
+    const __m128i lo =
+        _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r)),
+                           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + pstride)));
+    const __m128i hi =
+        _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + 2 * pstride)),
+                           _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + 3 * pstride)));
+    return _mm512_maskz_cvtph_ps(kAll16, _mm256_set_m128i(hi, lo));
+  };
+  __m512 sc[8], mn[8];
+  for (int64_t k = 0; k < 8; ++k) {
+    sc[k] = params(scales, k);
+    mn[k] = mins ? params(mins, k) : _mm512_mul_ps(_mm512_set1_ps(sym_min), sc[k]);
+  }
+  // lane 4 t + g of quad k (of a 16-token half) takes token 4 k + t's weight
+  const __m512i spread[4] = {
+      _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+      _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7),
+      _mm512_setr_epi32(8, 8, 8, 8, 9, 9, 9, 9, 10, 10, 10, 10, 11, 11, 11, 11),
+      _mm512_setr_epi32(12, 12, 12, 12, 13, 13, 13, 13, 14, 14, 14, 14, 15, 15, 15, 15)};
+  const __m512i i0 = _mm512_loadu_si512(kWeightIndex.data()),
+                i1 = _mm512_loadu_si512(kWeightIndex.data() + 64);
+  for (int i = 0; i < NQ; ++i) {
+    const __m512 ph[2] = {_mm512_loadu_ps(p + i * ldp), _mm512_loadu_ps(p + i * ldp + 16)};
+    __m512 w[8], mx = _mm512_setzero_ps(), ms = _mm512_loadu_ps(mv + 16 * i);
+    for (int k = 0; k < 8; ++k) {
+      const __m512 pk = _mm512_maskz_permutexvar_ps(kAll16, spread[k % 4], ph[k / 4]);
+      w[k] = _mm512_mul_ps(pk, sc[k]);
+      mx = _mm512_maskz_max_ps(kAll16, mx, w[k]);
+      ms = _mm512_fmadd_ps(pk, mn[k], ms);
+    }
+    _mm512_storeu_ps(mv + 16 * i, ms);
+    // each group's maximum over the four tokens of a 128-bit lane and the four lanes
+    mx = _mm512_maskz_max_ps(kAll16, mx, _mm512_maskz_shuffle_f32x4(kAll16, mx, mx, 0x4E));
+    mx = _mm512_maskz_max_ps(kAll16, mx, _mm512_maskz_shuffle_f32x4(kAll16, mx, mx, 0xB1));
+    const __m128 wmax = _mm512_maskz_extractf32x4_ps(0xf, mx, 0);
+    const __m128 inv4 =
+        _mm_and_ps(_mm_cmpgt_ps(wmax, _mm_setzero_ps()), _mm_div_ps(_mm_set1_ps(255.0f), wmax));
+    alignas(16) float f[4];
+    _mm_store_ps(f, _mm_div_ps(wmax, _mm_set1_ps(255.0f)));
+    for (int g = 0; g < 4; ++g) fac[g * NQ + i] = f[g];
+    const __m512 inv = _mm512_maskz_broadcast_f32x4(kAll16, inv4);
+    __m512i u[8];
+    for (int k = 0; k < 8; ++k) u[k] = _mm512_maskz_cvtps_epi32(kAll16, _mm512_mul_ps(w[k], inv));
+    // rne, then 0..255 by unsigned saturation as weights_sub: byte 16 t + 4 k + g of x / y holds
+    // quad k (0-3 / 4-7), token t, group g
+    const __m512i x =
+        _mm512_maskz_packus_epi16(kAll64, _mm512_maskz_packus_epi32(kAll32, u[0], u[1]),
+                                  _mm512_maskz_packus_epi32(kAll32, u[2], u[3]));
+    const __m512i y =
+        _mm512_maskz_packus_epi16(kAll64, _mm512_maskz_packus_epi32(kAll32, u[4], u[5]),
+                                  _mm512_maskz_packus_epi32(kAll32, u[6], u[7]));
+    const __m512i g01 = _mm512_maskz_permutex2var_epi8(kAll64, x, i0, y);
+    const __m512i g23 = _mm512_maskz_permutex2var_epi8(kAll64, x, i1, y);
+    auto put = [&](int g, __m256i b) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wb + (g * NQ + i) * kSubRows), b);
+    };
+    put(0, _mm512_maskz_extracti64x4_epi64(0xff, g01, 0));
+    put(1, _mm512_maskz_extracti64x4_epi64(0xff, g01, 1));
+    put(2, _mm512_maskz_extracti64x4_epi64(0xff, g23, 0));
+    put(3, _mm512_maskz_extracti64x4_epi64(0xff, g23, 1));
+  }
+}
+
 /// Int8 mode, 512-bit (AVX-512 VBMI + VNNI): acc_int8_group's sums for every channel group of rows
 /// [j0, j0 + m) (m <= kSubRows) at once, wb / fac: weight_bytes of group c at c * NQ * kSubRows /
 /// c * NQ. Passes of one 32-channel slice (NS = 1; see below), per four tokens: one byte
@@ -1621,6 +1711,16 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
           static_cast<int16_t>(x[4 * pstride]), static_cast<int16_t>(x[5 * pstride]),
           static_cast<int16_t>(x[6 * pstride]), static_cast<int16_t>(x[7 * pstride])));
     };
+#if KVQ_INT8_512
+    if constexpr (B == 2 || B == 4) {
+      if (int8 && m == kSubRows && ncg == 4) {  // the weights' bytes straight from the fp16 params
+        weights_sub4<NQ>(p + j0, ldp, scales + j0 * pstride, mins ? mins + j0 * pstride : nullptr,
+                         sym_min, pstride, scr.wb.data(), scr.fac.data(), mv);
+        acc_int8_rows<NQ, B>(scr.wb.data(), scr.fac.data(), m, ld, j0, o, D);
+        continue;
+      }
+    }
+#endif
     int64_t x0 = 0;  // tokens whose parameters are already in sct / mnt
 #if KVQ_CPU_AVX512
     if (ncg == 4) {  // 8 tokens' four groups (one 64-bit load each), converted, then transposed
@@ -1760,8 +1860,19 @@ void acc_token_values(const float* p, int64_t ldp, int64_t n, const TokenCodes<B
     }
   }
 #if KVQ_INT8_512
-  if (int8)
+  if (int8 && ncg == 4 && (B == 2 || B == 4)) {  // weights_sub4's sums, mv[16 i + 4 t + g]
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 a = _mm512_loadu_ps(mv + 16 * i);
+      const __m512 b = _mm512_add_ps(a, _mm512_maskz_shuffle_f32x4(kAll16, a, a, 0x4E));
+      alignas(16) float t[4];
+      _mm_store_ps(t,
+                   _mm512_maskz_extractf32x4_ps(
+                       0xf, _mm512_add_ps(b, _mm512_maskz_shuffle_f32x4(kAll16, b, b, 0xB1)), 0));
+      for (int64_t c = 0; c < 4; ++c) msum[i * 4 + c] += t[c];
+    }
+  } else if (int8) {
     for (int64_t k = 0; k < NQ * ncg; ++k) msum[k] += hsum16(_mm512_loadu_ps(mv + 16 * k));
+  }
 #endif
   for (int i = 0; i < NQ; ++i)
     for (int64_t c = 0; c < ncg; ++c) {

@@ -313,6 +313,11 @@ INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionInt8,
                                            Case{"kivi2", 555, 3, 64, 8, 1, true},
                                            Case{"kivi4:g=64,r=64,sym", 300, 2, 128, 3, 2, true},
                                            Case{"kivi2", 700, 1, 256, 2, 2, true},
+                                           // four value groups a head (weights_sub4): sym,
+                                           // GQA 3, 8 and 1
+                                           Case{"kivi2:g=32,r=32,sym", 333, 2, 128, 3, 1, true},
+                                           Case{"kivi4:g=32,r=64", 500, 1, 128, 8, 2, true},
+                                           Case{"kivi2", 300, 2, 128, 1, 1, true},
                                            // int8 keys beside exact values (g=16)
                                            Case{"k=kivi2;v=kivi2:g=16", 300, 2, 64, 4, 1, true},
                                            // exact per-token keys beside int8 values
