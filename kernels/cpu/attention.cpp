@@ -1307,8 +1307,12 @@ void dot_int8_group(const uint32_t* words, int64_t D, int64_t wpg, const int8_t*
         alignas(64) float t[32];
         typename K::Acc sums[P];  // a copy: acc's address not taken (GCC 12 then kept acc in
         for (int r = 0; r < P; ++r) sums[r] = acc[i * P + r];  // memory, a store a dot product)
-        K::scores(sums, qscale[i0 + i], base[i0 + i], t);
         float* si = s + (i0 + i) * lds;
+        if (b - a == 32) {  // a whole slice: straight to the scores (GCC made the copy below a
+          K::scores(sums, qscale[i0 + i], base[i0 + i], si + (a - j0));  // memcpy call)
+          continue;
+        }
+        K::scores(sums, qscale[i0 + i], base[i0 + i], t);
         for (int64_t jj = a; jj < b; ++jj) si[jj - j0] = t[jj - sl * 32];
       }
     };
