@@ -306,8 +306,8 @@ inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
-/// softmax_step_scalar on 16 lanes (AVX-512) or 8; s has room for n rounded up to 8.
-void softmax_step(float* s, int64_t n, float scale, float& m, float& l, float* o, int64_t D) {
+/// softmax_step's first pass: s *= scale in place; returns the largest.
+float softmax_scale(float* s, int64_t n, float scale) {
   const __m256 sc = _mm256_set1_ps(scale);
   __m256 mx = _mm256_set1_ps(-INFINITY);
   int64_t t = 0;
@@ -328,12 +328,17 @@ void softmax_step(float* s, int64_t n, float scale, float& m, float& l, float* o
   }
   float mb = hmax8(mx);
   for (; t < n; ++t) mb = std::max(mb, s[t] *= scale);
+  return mb;
+}
+
+/// The rest of softmax_step, from the first pass's largest score mb.
+void softmax_finish(float* s, int64_t n, float mb, float& m, float& l, float* o, int64_t D) {
   const float mn = std::max(m, mb);
   if (all_minus_inf_step(s, n, mn, l, o, D)) return;
   const float alpha = m == -INFINITY ? 0.0f : std::exp(m - mn);
   const __m256 mv = _mm256_set1_ps(mn);
   __m256 sum = _mm256_setzero_ps();
-  t = 0;
+  int64_t t = 0;
 #if KVQ_CPU_AVX512
   __m512 sum16 = _mm512_setzero_ps();
   for (; t + 16 <= n; t += 16) {
@@ -361,6 +366,74 @@ void softmax_step(float* s, int64_t n, float scale, float& m, float& l, float* o
       _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), a));
   }
   m = mn;
+}
+
+/// softmax_step_scalar on 16 lanes (AVX-512) or 8 (softmax_scale, then softmax_finish); s has
+/// room for n rounded up to 8.
+void softmax_step(float* s, int64_t n, float scale, float& m, float& l, float* o, int64_t D) {
+  softmax_finish(s, n, softmax_scale(s, n, scale), m, l, o, D);
+}
+
+/// softmax_step for NQ query heads (rows of s lds apart; m, l, o: the heads' in order, o rows D
+/// apart). With AVX-512 and n a multiple of 16, the heads' passes run interleaved, each head's
+/// arithmetic exactly softmax_step's (the same values, bits included): the heads' chains of
+/// reductions and their scalar exps overlap instead of following one another.
+template <int NQ>
+void softmax_rows(float* s, int64_t lds, int64_t n, float scale, float* m, float* l, float* o,
+                  int64_t D) {
+#if KVQ_CPU_AVX512
+  if (n > 0 && n % 16 == 0) {
+    __m512 acc[NQ];
+    float mb[NQ], mn[NQ], alpha[NQ];
+    for (auto& x : acc) x = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < n; t += 16)
+      for (int i = 0; i < NQ; ++i) {
+        float* si = s + i * lds + t;
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(si), _mm512_set1_ps(scale));
+        _mm512_storeu_ps(si, v);
+        acc[i] = _mm512_maskz_max_ps(kAll16, acc[i], v);
+      }
+    bool all_finite = true;
+    for (int i = 0; i < NQ; ++i) {
+      mb[i] = hmax8(_mm256_max_ps(_mm512_maskz_extractf32x8_ps(0xff, acc[i], 0),
+                                  _mm512_maskz_extractf32x8_ps(0xff, acc[i], 1)));
+      mn[i] = std::max(m[i], mb[i]);
+      all_finite = all_finite && mn[i] != -INFINITY;
+    }
+    if (!all_finite) {  // a head whose scores are all -inf so far: softmax_finish handles it
+      for (int i = 0; i < NQ; ++i) softmax_finish(s + i * lds, n, mb[i], m[i], l[i], o + i * D, D);
+      return;
+    }
+    for (int i = 0; i < NQ; ++i) {
+      alpha[i] = m[i] == -INFINITY ? 0.0f : std::exp(m[i] - mn[i]);
+      acc[i] = _mm512_setzero_ps();
+    }
+    for (int64_t t = 0; t < n; t += 16)
+      for (int i = 0; i < NQ; ++i) {
+        float* si = s + i * lds + t;
+        const __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(si), _mm512_set1_ps(mn[i])));
+        _mm512_storeu_ps(si, p);
+        acc[i] = _mm512_add_ps(acc[i], p);
+      }
+    for (int i = 0; i < NQ; ++i) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, acc[i], 0),
+                                           _mm512_maskz_extractf32x8_ps(0xff, acc[i], 1)));
+      const float total = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) +
+                          ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+      l[i] = l[i] * alpha[i] + total;
+      if (alpha[i] != 1.0f) {
+        const __m256 a = _mm256_set1_ps(alpha[i]);
+        float* oi = o + i * D;
+        for (int64_t d = 0; d < D; d += 8)
+          _mm256_storeu_ps(oi + d, _mm256_mul_ps(_mm256_loadu_ps(oi + d), a));
+      }
+      m[i] = mn[i];
+    }
+    return;
+  }
+#endif
+  for (int i = 0; i < NQ; ++i) softmax_step(s + i * lds, n, scale, m[i], l[i], o + i * D, D);
 }
 
 // Loaders: row j of a call (token t0 + j), channels d .. d + 7, as 8 floats. Token-major rows of
@@ -3161,12 +3234,8 @@ void simd_tile_block(std::span<const TileSlot> slots, Scratch& w) {
     }
   for (const TileSlot& x : slots)
     for (int64_t h = 0; h < H; ++h)
-      for (int i = 0; i < NQ; ++i) {
-        const int64_t j = h * NQ + i;
-        softmax_step(x.s + h * hs + i * lds, x.t1 - x.t0, x.c->scale,
-                     x.P->m[static_cast<size_t>(j)], x.P->l[static_cast<size_t>(j)],
-                     x.P->o.data() + j * D, D);
-      }
+      softmax_rows<NQ>(x.s + h * hs, lds, x.t1 - x.t0, x.c->scale, x.P->m.data() + h * NQ,
+                       x.P->l.data() + h * NQ, x.P->o.data() + h * NQ * D, D);
   const bool whole = c0.v.kind == SchemeKind::Int;
   for (int64_t u = 0; u < longest; u += whole ? longest : kSubRows)
     for (const TileSlot& x : slots) {
