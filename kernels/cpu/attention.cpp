@@ -1684,8 +1684,9 @@ inline constexpr auto kWeightIndex = [] {
 /// bytes (wb), factors (fac) and p * min sums of every group at once, straight from the fp16
 /// parameters (scales and mins of sub-block token 0, pstride halves a token; mins null: symmetric,
 /// min = sym_min * scale). A vector holds four tokens' four groups as they are stored (lane 4 t +
-/// g), so no float copies (sct, mnt) are made; the products, maxima, divisions and roundings are
-/// weights_sub's, so the bytes and factors are the same. The p * min sums go to mv[16 i + 4 t + g]
+/// g), so no float copies (sct, mnt) are made; the products, divisions and roundings are
+/// weights_sub's, and so are the maxima of the weights (which are >= 0), so the bytes and factors
+/// are the same. The p * min sums go to mv[16 i + 4 t + g]
 /// (summed over t once, after the last sub-block: acc_token_values).
 template <int NQ>
 void weights_sub4(const float* p, int64_t ldp, const uint16_t* scales, const uint16_t* mins,
