@@ -78,6 +78,9 @@ Calibration parse_calibration(const std::string& text, const std::string& path) 
   if (!j.contains("layers") || !j["layers"].is_array() || j["layers"].empty())
     fail("{}: \"layers\" must be a non-empty array", path);
   Calibration c;
+  for (const char* key : {"model", "source"})
+    if (j.contains(key) && !j[key].is_string())
+      fail("{}: \"{}\" must be a string, not {}", path, key, j[key].dump());
   c.model = j.value("model", "");
   c.source = j.value("source", "");
   size_t heads = 0;

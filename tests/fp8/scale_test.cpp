@@ -496,6 +496,14 @@ TEST_F(Calib, RejectsMalformedFiles) {
       {"k_v_heads_differ",
        R"({"kvq_calibration": 1, "layers": [{"k_amax": [1, 2], "v_amax": [1]}]})",
        "layers[0].v_amax has 1 heads"},
+      // fuzz finding (session 27): a number where the model's name goes threw nlohmann's
+      // type_error, not kvq::Error
+      {"model_not_string",
+       R"({"kvq_calibration": 1, "model": 2.0, "layers": [{"k_amax": [1], "v_amax": [1]}]})",
+       "\"model\" must be a string"},
+      {"source_not_string",
+       R"({"kvq_calibration": 1, "source": [1], "layers": [{"k_amax": [1], "v_amax": [1]}]})",
+       "\"source\" must be a string"},
   };
   int checked = 0;
   for (const Bad& b : bad) {
@@ -506,7 +514,7 @@ TEST_F(Calib, RejectsMalformedFiles) {
   }
   const std::string missing = (dir_ / "missing.json").string();
   expect_error([&] { read_calibration(missing); }, {missing});
-  EXPECT_EQ(checked, 15);
+  EXPECT_EQ(checked, 17);
 }
 
 // Expected: calibration misuse is rejected naming the value: layer out of range, head count
