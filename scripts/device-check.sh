@@ -17,7 +17,9 @@
 # under 8 minutes.
 #
 # Without a GPU (no nvidia-smi, or it lists none) it writes a report saying so and exits 2.
-# Environment: KVQ_DC_FORCE=1 carries on without a GPU (to exercise the build and report here);
+# Environment: KVQ_DC_PREBUILT=DIR runs the binaries under DIR/tests/cuda and DIR/bench and
+# builds nothing (for a GPU machine without the packages: build here with scripts/device-pack.sh,
+# which also says how to run them there); KVQ_DC_FORCE=1 carries on without a GPU (to exercise the build and report here);
 # KVQ_DC_FULL=1 adds the full test tier; KVQ_DC_JOBS overrides the build parallelism;
 # KVQ_DC_NO_CMAKE=1 takes the nvcc-only fallback directly (to exercise it); KVQ_DC_BUDGET_S
 # (default 450) is the time the steps are capped to.
@@ -122,7 +124,11 @@ configure() {  # $1: label, rest: extra cmake args. The first try keeps an earli
   timeout "$(cap 120)" cmake -S . -B "$BUILD" "${GEN_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON \
     "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" "$@" >"$LOGS/configure-$label.log" 2>&1
 }
-if [[ "${KVQ_DC_NO_CMAKE:-0}" == 1 ]]; then
+if [[ -n "${KVQ_DC_PREBUILT:-}" ]]; then
+  MODE=prebuilt
+  BUILD="$(cd "$KVQ_DC_PREBUILT" && pwd)" || exit 64
+  note "KVQ_DC_PREBUILT: nothing built here; binaries from $KVQ_DC_PREBUILT (tests/cuda/, bench/)."
+elif [[ "${KVQ_DC_NO_CMAKE:-0}" == 1 ]]; then
   MODE=nvcc
   note "KVQ_DC_NO_CMAKE=1: skipping CMake; CUDA benches built with nvcc directly, no tests."
 elif configure full -DKVQ_BUILD_TESTS=ON -DKVQ_BUILD_BENCH=ON; then
@@ -148,7 +154,9 @@ done < <(grep -oE 'kvq_test\((cuda_[A-Za-z0-9_]+)' tests/cuda/CMakeLists.txt | s
 for f in bench/bench_*_cuda.cu; do [[ -e "$f" ]] && BENCH_TARGETS+=("$(basename "$f" .cu)"); done
 
 declare -A BENCH_BIN=()
-if [[ "$MODE" != nvcc ]]; then
+if [[ "$MODE" == prebuilt ]]; then
+  for b in "${BENCH_TARGETS[@]}"; do [[ -x "$BUILD/bench/$b" ]] && BENCH_BIN[$b]="$BUILD/bench/$b"; done
+elif [[ "$MODE" != nvcc ]]; then
   targets=("${TEST_TARGETS[@]}")
   [[ "$MODE" == cmake ]] && targets+=("${BENCH_TARGETS[@]}")
   t0=$(elapsed)
@@ -170,7 +178,7 @@ fi
 # matter unless a bench needs it.
 need_nvcc=()
 for b in "${BENCH_TARGETS[@]}"; do [[ -z "${BENCH_BIN[$b]:-}" ]] && need_nvcc+=("$b"); done
-if (( ${#need_nvcc[@]} > 0 )); then
+if [[ "$MODE" != prebuilt ]] && (( ${#need_nvcc[@]} > 0 )); then
   rm -rf "$NVBUILD"
   mkdir -p "$NVBUILD"
   archflags=(-arch=native)
@@ -351,6 +359,7 @@ write_header
   case "$MODE" in
     cmake) echo "- Build mode: cmake (tests and benches, build/device-check)" ;;
     cmake-tests) echo "- Build mode: cmake-tests (tests by CMake; CUDA benches by nvcc directly)" ;;
+    prebuilt) echo "- Build mode: prebuilt (binaries from KVQ_DC_PREBUILT=$KVQ_DC_PREBUILT, built elsewhere)" ;;
     *) echo "- Build mode: nvcc (CMake could not configure: CUDA benches only, no tests)" ;;
   esac
   echo "- Wall time: $(elapsed) s"

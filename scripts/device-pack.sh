@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the CUDA test and bench binaries on this machine (which has the packages) for a GPU
+# machine that has a driver but none of the packages (the device tool's bare image), and gathers
+# them with the shared libraries they need in one folder:
+#
+#   scripts/device-pack.sh [DIR] [ARCH]      # DIR defaults to .device-pack, ARCH to 90
+#
+# Then, on the GPU machine, from the repo root with DIR beside it:
+#
+#   LD_LIBRARY_PATH=$PWD/DIR/lib KVQ_DC_PREBUILT=DIR scripts/device-check.sh OUTDIR
+#
+# Host code is built for AVX2+FMA+F16C (not -march=native): the GPU machine's CPU is not this one.
+# DIR should be ignored by git (.git/info/exclude) so that it travels only when asked for.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DIR=${1:-.device-pack}
+ARCH=${2:-90}
+cd "$ROOT"
+BUILD=build/device-pack
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" \
+  -DKVQ_NATIVE=OFF "-DCMAKE_CXX_FLAGS=-mavx2 -mfma -mf16c" >/dev/null
+tests=$(grep -oE 'kvq_test\((cuda_[A-Za-z0-9_]+)' tests/cuda/CMakeLists.txt | sed 's/kvq_test(//' | sort -u)
+benches=$(for f in bench/bench_*_cuda.cu; do basename "$f" .cu; done)
+# shellcheck disable=SC2086
+cmake --build "$BUILD" -j "$(nproc)" --target $tests $benches
+rm -rf "$DIR"
+mkdir -p "$DIR/tests/cuda" "$DIR/bench" "$DIR/lib"
+for t in $tests; do cp "$BUILD/tests/cuda/$t" "$DIR/tests/cuda/"; done
+for b in $benches; do cp "$BUILD/bench/$b" "$DIR/bench/"; done
+# Every shared library the binaries load except the C library's own and the driver's.
+for f in "$DIR"/tests/cuda/* "$DIR"/bench/*; do
+  ldd "$f" | awk '$3 ~ /^\// {print $3}'
+done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/libcuda\.so' |
+  while read -r l; do cp -L "$l" "$DIR/lib/"; done
+du -sh "$DIR"
+echo "device-pack: on the GPU machine run: LD_LIBRARY_PATH=\$PWD/$DIR/lib KVQ_DC_PREBUILT=$DIR scripts/device-check.sh OUTDIR"
