@@ -243,6 +243,24 @@ float fp8_token_factor(const StoredSide& s, int64_t t, int64_t h) {
   return s.fp8_scales[fp8::scale_index(s.gran, t, h, 0, s.heads, s.dim)];
 }
 
+#if KVQ_CPU_BF16DOT
+/// f[h * ld + t - t0] = fp8_token_factor(s, t, h) * mul for tokens [t0, t1) of every head: the
+/// same products, one loop per granularity instead of an index per element (a gather of 16 tokens'
+/// scales per token measured the same as this loop, session 28).
+void fp8_row_factors(const StoredSide& s, int64_t t0, int64_t t1, float mul, float* f, int64_t ld) {
+  const int64_t H = s.heads, n = t1 - t0;
+  for (int64_t h = 0; h < H; ++h) {
+    float* fh = f + h * ld;
+    if (s.gran == Granularity::Token) {
+      const float* sc = s.fp8_scales + t0 * H + h;  // scale_index: t * heads + h
+      for (int64_t u = 0; u < n; ++u) fh[u] = sc[u * H] * mul;
+    } else {
+      std::fill(fh, fh + n, fp8_token_factor(s, t0, h) * mul);  // one factor a head
+    }
+  }
+}
+#endif
+
 // ---- AVX2 path ---------------------------------------------------------------------------------
 
 // e^x (Cephes expf: range reduction by ln 2 in two parts, degree-6 polynomial); x clamped to
@@ -2447,6 +2465,43 @@ inline __m512i lanes_times(int k) {
                             _mm512_set1_epi32(k));
 }
 
+/// tile_columns' permute indices: lane r of column k's reads element (r * NC + k) % 32 of a pair
+/// of vectors, and kColHigh[k] marks the lanes whose element is 32 or past (the second pair).
+template <int NC>
+inline constexpr auto kColIndex = [] {
+  std::array<std::array<int32_t, 16>, NC> a{};
+  for (int k = 0; k < NC; ++k)
+    for (int r = 0; r < 16; ++r) a[k][r] = (r * NC + k) % 32;
+  return a;
+}();
+template <int NC>
+inline constexpr auto kColHigh = [] {
+  std::array<__mmask16, NC> a{};
+  for (int k = 0; k < NC; ++k)
+    for (int r = 0; r < 16; ++r)
+      if (r * NC + k >= 32) a[k] = static_cast<__mmask16>(a[k] | (1u << r));
+  return a;
+}();
+
+/// Column k of a stored [16, NC] float tile (cb, NC floats a row): the 16 values cb[r * NC + k].
+/// NC <= 4: from the tile's NC vectors by two-source permutes (two and a blend at most), the same
+/// values as the gather that serves wider tiles.
+template <int NC>
+inline __m512 tile_column(const float* cb, int k) {
+  if constexpr (NC == 1) {
+    return _mm512_loadu_ps(cb);
+  } else if constexpr (NC <= 4) {
+    const __m512i idx = _mm512_loadu_si512(kColIndex<NC>[k].data());
+    const __m512 a = _mm512_permutex2var_ps(_mm512_loadu_ps(cb), idx, _mm512_loadu_ps(cb + 16));
+    if constexpr (NC == 2) return a;
+    const __m512 b =
+        _mm512_permutex2var_ps(_mm512_loadu_ps(cb + 32), idx, _mm512_loadu_ps(cb + 16 * (NC - 1)));
+    return _mm512_mask_blend_ps(kColHigh<NC>[k], a, b);
+  } else {
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll16, lanes_times(NC), cb + k, 4);
+  }
+}
+
 /// The key tiles' products of one head: tmm0 = a's rows 0..15 ([kSubRows, D] bf16, a row every D)
 /// times the head's query tiles (qh: per chunk of 32 channels 16 rows of `cols` dwords), chunk by
 /// chunk in tmm3..6, four chunks at a time; where `two`, tmm1 the same for rows 16..31.
@@ -2486,7 +2541,7 @@ void fp8_query_tiles(const uint16_t* qb, int64_t H, int64_t D, uint32_t* qt) {
 /// fp8_dot_bf16's scores (the same arguments; n <= 32) from tiles: per head, its rows of the n
 /// tokens as bf16 in a ([32, D]), then per chunk of 32 channels a tdpbf16ps for each 16 tokens
 /// (tmm2 / tmm7) with the chunk's query tile (tmm3..6, four chunks at a time) into tmm0 / tmm1
-/// ([16 tokens, NQ]); the scores leave through a gather per query. kExact (the exact mode,
+/// ([16 tokens, NQ]); the scores leave by tile_column per query. kExact (the exact mode,
 /// fp8_amx_exact): the rows as exact bf16 (fp8_bf16x64, kExactPerm's order), qt from
 /// fp8_query_tiles_exact (3 NQ columns: the query's three parts), a score (hi + mid) + lo.
 template <int NQ, Fp8Format F, bool kPrefetch, int kLoc = kL2, bool kExact = false>
@@ -2503,7 +2558,6 @@ void fp8_dot_amx(const uint32_t* qt, int64_t H, int64_t D, int64_t n, const uint
   }();
   use_tiles(cfg, kExact ? 64 + NQ : NQ);
   const int64_t C = D / 32, rs = H * D;
-  const __m512i gather = lanes_times(NC);
   const Fp8Bf16Table* lut = kExact ? &fp8_bf16_table<F>() : nullptr;
   alignas(64) float cb[2][16 * NC];
   for (int64_t h = 0; h < H; ++h) {
@@ -2533,9 +2587,7 @@ void fp8_dot_amx(const uint32_t* qt, int64_t H, int64_t D, int64_t n, const uint
       const int64_t t0 = 16 * j, r = std::min<int64_t>(16, n - t0);
       const __mmask16 keep = r >= 16 ? kAll16 : static_cast<__mmask16>((1u << r) - 1);
       const __m512 f = _mm512_loadu_ps(rowf + h * ldf + t0);  // rowf padded by 16
-      auto col = [&](int k) {
-        return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll16, gather, cb[j] + k, 4);
-      };
+      auto col = [&](int k) { return tile_column<NC>(cb[j], k); };
       for (int i = 0; i < NQ; ++i) {
         __m512 x = col(i);
         if constexpr (kExact) x = _mm512_add_ps(_mm512_add_ps(x, col(NQ + i)), col(2 * NQ + i));
@@ -3034,10 +3086,7 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
       const float back = pow2(127 - fp8::Traits<F>::kBias - kFp8QShift);
       const int64_t ldf = kSubRows + 16;  // rowf[h * ldf + t - t0], 16 floats of padding
       KVQ_CHECK(t1 - t0 <= kSubRows, "cpu attention: fp8 keys of {} tokens at once", t1 - t0);
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = t0; t < t1; ++t)
-          w.rowf[static_cast<size_t>(h * ldf + t - t0)] =
-              (ch ? 1.0f : fp8_token_factor(k, t, h)) * back;
+      fp8_row_factors(k, t0, t1, back, w.rowf.data(), ldf);
       auto keys = [&]<int kLoc>() {
 #if KVQ_CPU_AMX
         if (amx())
@@ -3066,9 +3115,7 @@ void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, in
       }
       KVQ_CHECK(t1 - t0 <= kSubRows, "cpu attention: fp8 keys of {} tokens at once", t1 - t0);
       const int64_t ldf = kSubRows + 16;  // rowf[h * ldf + t - t0], 16 floats of padding
-      for (int64_t h = 0; h < H; ++h)
-        for (int64_t t = t0; t < t1; ++t)
-          w.rowf[static_cast<size_t>(h * ldf + t - t0)] = ch ? 1.0f : fp8_token_factor(k, t, h);
+      fp8_row_factors(k, t0, t1, 1.0f, w.rowf.data(), ldf);
       with_fp8_format(k.format, [&]<Fp8Format F>() {
         auto keys = [&]<int kLoc>() {
           fp8_dot_amx<NQ, F, kStream, kLoc, true>(w.qt.data(), H, D, t1 - t0, k.codes + t0 * row,
@@ -3140,11 +3187,7 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
       // each row's factor (its token factor; per-channel scales multiply the final output)
       // times 2^(127 - kBias - kFp8OShift), per head: f[h * n + t - t0]
       const float mul = pow2(127 - fp8::Traits<F>::kBias - kFp8OShift);
-      const bool ch = v.gran == Granularity::Channel;
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t h = 0; h < H; ++h)
-          w.rowf[static_cast<size_t>(h * (t1 - t0) + t - t0)] =
-              (ch ? 1.0f : fp8_token_factor(v, t, h)) * mul;
+      fp8_row_factors(v, t0, t1, mul, w.rowf.data(), t1 - t0);
 #if KVQ_CPU_AMX
       if (amx()) {  // 16 pairs a head and query (fp8_acc_amx)
         fp8_weights_bf16<NQ>(p, hs, ldp, H, t1 - t0, w.rowf.data(), w.wp.data(), kSubRows / 2);
@@ -3165,11 +3208,8 @@ void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, in
   if constexpr (3 * NQ <= 16) {
     if (fp8_amx_exact(c.mode, v, NQ, D)) {  // exact products on tiles
       KVQ_CHECK(t1 - t0 <= kSubRows, "cpu attention: fp8 values of {} tokens at once", t1 - t0);
-      const bool ch = v.gran == Granularity::Channel;  // (per-channel scales: the final output)
-      const int64_t n = t1 - t0;
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t h = 0; h < H; ++h)
-          w.rowf[static_cast<size_t>(h * n + t - t0)] = ch ? 1.0f : fp8_token_factor(v, t, h);
+      const int64_t n = t1 - t0;  // (per-channel scales: the final output)
+      fp8_row_factors(v, t0, t1, 1.0f, w.rowf.data(), n);
       fp8_weights_exact<NQ>(p, hs, ldp, H, n, w.rowf.data(), w.wp.data());
       with_fp8_format(v.format, [&]<Fp8Format F>() {
         fp8_acc_amx_exact<NQ, F, kStream>(w.wp.data(), H, D, n, v.codes + t0 * row, o,
