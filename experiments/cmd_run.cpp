@@ -106,8 +106,16 @@ class ResultTable {
     });
     const auto p = dir_ / (task_ + ".jsonl");
     if (std::filesystem::exists(p))
-      for (auto& l : read_jsonl(p.string(), "; delete the file or the line to rerun"))
+      for (auto& l : read_jsonl(p.string(), "; delete the file or the line to rerun")) {
+        // find() and --merge read "key" and "settings" of every row: a hand-edited row of another
+        // shape is named here, before any work, instead of failing later in nlohmann's words.
+        const json& r = l.value;
+        KVQ_CHECK(r.is_object() && (!r.contains("key") || r["key"].is_string()),
+                  "{}:{}: not a kvq run row (an object whose \"key\" is a string); delete the file "
+                  "or the line to rerun",
+                  p.string(), l.line);
         rows_.push_back(std::move(l.value));
+      }
   }
   const std::vector<json>& rows() const { return rows_; }
   // The stored row with this key and these settings, if any.

@@ -75,6 +75,32 @@ TEST_F(BadInputs, FileSizeLimit_writeFailsWithALine_rowsKept_rerunResumes) {
   for (const auto& row : after) EXPECT_TRUE(keys.insert(row["key"]).second) << row["key"];
 }
 
+// A results file whose rows kvq did not write: a line that is not JSON, a row that is not an
+// object, and one whose "key" is a number. One line naming the file and the line, and the file
+// untouched (expected from the contract in docs/bad-inputs.md; before session 28 the last two
+// gave nlohmann's type_error text without the file).
+TEST_F(BadInputs, ResultsRowOfAnotherShape_oneLineNamingFileAndLine_fileKept) {
+  const std::string out = (dir_ / "out").string();
+  const std::string cfg = synthetic_config(out, 1);
+  std::filesystem::create_directories(out);
+  const auto rows = std::filesystem::path(out) / "synthetic.jsonl";
+  const std::pair<std::string, std::string> cases[] = {
+      {"{not json", ":1: not a JSON line; delete the file or the line to rerun"},
+      {"7", ":1: not a kvq run row"},
+      {R"({"key": 5, "settings": {}})", ":1: not a kvq run row"}};
+  for (const auto& [bad, want] : cases) {
+    std::ofstream(rows) << bad << "\n";
+    const auto r = run_kvq("run " + cfg);
+    EXPECT_EQ(r.status, 1) << bad;
+    // the plan's line ("kvq run: 1 synthetic ... rows -> DIR") and one error line
+    EXPECT_LE(r.err_lines(), 2) << r.err;
+    EXPECT_NE(r.err.find("kvq: error: " + rows.string() + want), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("kvq: error:"), r.err.rfind("kvq: error:")) << r.err;
+    EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
+    EXPECT_EQ(testing::slurp(rows), bad + "\n");
+  }
+}
+
 // No model where kvq looks for it: the message names the path and the command that fetches it.
 TEST_F(BadInputs, ModelDirectoryWithoutTheModel_namesPathAndFetchScript) {
   const auto r = run_kvq("model generate --prompt hi", "KVQ_MODEL_DIR='" + dir_.string() + "'");
