@@ -2465,8 +2465,8 @@ inline __m512i lanes_times(int k) {
                             _mm512_set1_epi32(k));
 }
 
-/// tile_columns' permute indices: lane r of column k's reads element (r * NC + k) % 32 of a pair
-/// of vectors, and kColHigh[k] marks the lanes whose element is 32 or past (the second pair).
+/// tile_column's permute indices: lane r of column k reads element (r * NC + k) % 32 of a pair of
+/// vectors; kColHigh[k] marks the lanes whose element is 32 or past (the second pair).
 template <int NC>
 inline constexpr auto kColIndex = [] {
   std::array<std::array<int32_t, 16>, NC> a{};
