@@ -15,13 +15,16 @@
 // Flags of this program (before the benchmark ones): --backend=ref|cpu|both (default both),
 // --int-mode=exact|int8|both (backend cpu's kivi and fp8 codes; default both),
 // --contexts=1024,4096,...,
-// --shape=H,D,GQA (default 8,128,4; SmolLM2-135M's is 3,64,3)
+// --shape=H,D,GQA (default 8,128,4; SmolLM2-135M's is 3,64,3),
+// --l3-bytes=N (the L3 size backend cpu assumes when it picks streamed or cache-resident reads,
+// cpu::set_l3_bytes: 0 streams every call; default -1, the size the system reports)
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -347,6 +350,19 @@ int main(int argc, char** argv) {
   const std::string contexts = kvq::bench::take_flag(argc, argv, "contexts", "");
   const std::string shape = kvq::bench::take_flag(argc, argv, "shape", "");
   const std::string kv = kvq::bench::take_flag(argc, argv, "kv", "");
+  const std::string l3 = kvq::bench::take_flag(argc, argv, "l3-bytes", "-1");
+  {
+    char* end = nullptr;
+    const long long b = std::strtoll(l3.c_str(), &end, 10);
+    if (l3.empty() || *end != '\0' || b < -1) {
+      std::fprintf(stderr,
+                   "bench_attention: --l3-bytes=%s: expected a byte count, or -1 for the "
+                   "system's L3\n",
+                   l3.c_str());
+      return 2;
+    }
+    cpu::set_l3_bytes(b);
+  }
   if (!kv.empty()) {  // specs hold commas: '|' separates them
     kSchemes.clear();
     std::stringstream ss(kv);
@@ -370,7 +386,18 @@ int main(int argc, char** argv) {
   if (!contexts.empty()) {
     g_contexts.clear();
     std::stringstream ss(contexts);
-    for (std::string x; std::getline(ss, x, ',');) g_contexts.push_back(std::stoll(x));
+    for (std::string x; std::getline(ss, x, ',');) {
+      char* end = nullptr;
+      const long long t = std::strtoll(x.c_str(), &end, 10);
+      if (x.empty() || *end != '\0' || t < 1) {
+        std::fprintf(stderr,
+                     "bench_attention: --contexts=%s: expected token counts >= 1, "
+                     "for example --contexts=1024,4096\n",
+                     contexts.c_str());
+        return 2;
+      }
+      g_contexts.push_back(t);
+    }
   }
   std::vector<std::string> backends;
   if (backend == "ref" || backend == "both") backends.push_back("ref");

@@ -42,11 +42,15 @@ Footprint fp8_footprint(Granularity gran, bool constant, Shape3 s) {
   Footprint f;
   f.code_bytes = 1.0 * static_cast<double>(s.numel());
   f.quantized_elements = s.numel();
-  int64_t scales = 1;
-  if (constant) scales = 1;
-  else if (gran == Granularity::Head) scales = s.heads;
-  else if (gran == Granularity::Token) scales = s.tokens * s.heads;
-  else if (gran == Granularity::Channel) scales = s.heads * s.dim;
+  int64_t scales = 1;  // a constant scale, or Granularity::Tensor
+  if (!constant) {
+    if (gran == Granularity::Head)
+      scales = s.heads;
+    else if (gran == Granularity::Token)
+      scales = s.tokens * s.heads;
+    else if (gran == Granularity::Channel)
+      scales = s.heads * s.dim;
+  }
   f.scale_bytes = 4.0 * static_cast<double>(scales);
   return f;
 }

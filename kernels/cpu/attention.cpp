@@ -2474,6 +2474,13 @@ inline constexpr auto kColIndex = [] {
     for (int r = 0; r < 16; ++r) a[k][r] = (r * NC + k) % 32;
   return a;
 }();
+/// The gather's indices for wider tiles: lane r reads element r * NC (lanes_times(NC), made once).
+template <int NC>
+inline constexpr auto kColStride = [] {
+  std::array<int32_t, 16> a{};
+  for (int r = 0; r < 16; ++r) a[r] = r * NC;
+  return a;
+}();
 template <int NC>
 inline constexpr auto kColHigh = [] {
   std::array<__mmask16, NC> a{};
@@ -2498,7 +2505,8 @@ inline __m512 tile_column(const float* cb, int k) {
         _mm512_permutex2var_ps(_mm512_loadu_ps(cb + 32), idx, _mm512_loadu_ps(cb + 16 * (NC - 1)));
     return _mm512_mask_blend_ps(kColHigh<NC>[k], a, b);
   } else {
-    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll16, lanes_times(NC), cb + k, 4);
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll16,
+                                    _mm512_loadu_si512(kColStride<NC>.data()), cb + k, 4);
   }
 }
 
@@ -3586,7 +3594,12 @@ namespace {
 /// - a Xeon VM (480 MB reported, shared; session 26): int8 kivi at 4k-64k (3-84 MB) 0.89-1.0x the
 ///   time without the prefetch, at 128k (101 / 168 MB) kivi2 / kivi4 1.04-1.08x / 1.20-1.29x; bf16
 ///   with the cached kernels at 1k-16k (4-67 MB) 0.73-0.93x the time, at 32k (134 MB) 1.56-1.78x.
-///   A VM's share of the L3 is well under its size.
+///   A VM's share of the L3 is well under its size, and it moves with the neighbours' load: on a
+///   slow memory day (session 29) that VM held 25-34 MB between calls, not 42 (kivi4 at 32k: exact
+///   one thread 1.6-1.7x the time without the prefetch, two threads up to 1.8x; bf16 with the
+///   cached kernels at 16k, 67 MB: 2.5x), while streaming what it held cost 1.0-1.1x. Missing
+///   the L3 costs more than streaming needlessly, so the size assumed is at most kMaxL3Share.
+constexpr double kMaxL3Share = 192.0 * (1 << 20);
 int64_t& l3_override() {
   static int64_t bytes = -1;  // set_l3_bytes
   return bytes;
@@ -3596,7 +3609,8 @@ bool beyond_l3(const StoredSide& k, const StoredSide& v, double working_set) {
     const long b = sysconf(_SC_LEVEL3_CACHE_SIZE);
     return b > 0 ? static_cast<double>(b) : 0.0;
   }();
-  const double l3 = l3_override() >= 0 ? static_cast<double>(l3_override()) : system_l3;
+  const double l3 =
+      l3_override() >= 0 ? static_cast<double>(l3_override()) : std::min(system_l3, kMaxL3Share);
   return std::max(footprint(k).total_bytes() + footprint(v).total_bytes(), working_set) > l3 / 6;
 }
 
