@@ -1,6 +1,7 @@
 #include "kernels/cpu/kivi.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
@@ -247,6 +248,23 @@ inline __m128i lane_sums4(__m256i a, __m256i b, __m256i c, __m256i d) {
   return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
 }
 
+#if defined(__BMI2__)
+// 3-bit codes, ten a word at bits 3i (kivi::pack): len codes as bytes in b, then zero bytes up to
+// b[len + 16) (the empty fields of a short last word); each word from the low 3 bits of 8 + 2
+// bytes by two pext.
+inline void pack3_bytes(uint8_t* b, int len, uint32_t* words) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(b + len), _mm_setzero_si128());
+  for (int w = 0; w * 10 < len; ++w) {
+    uint64_t x8;
+    uint16_t x2;
+    std::memcpy(&x8, b + 10 * w, 8);
+    std::memcpy(&x2, b + 10 * w + 8, 2);
+    words[w] = static_cast<uint32_t>(_pext_u64(x8, 0x0707070707070707ull) |
+                                     (_pext_u32(x2, 0x0707u) << 24));
+  }
+}
+#endif
+
 // Packs len codes (len a multiple of 8; k[v] holds codes 8v .. 8v+7) into words_for(len, B)
 // words, as kivi::pack does.
 template <int B>
@@ -284,6 +302,21 @@ inline __attribute__((always_inline)) void pack_vectors(const __m256i* k, int le
       }
     }
   } else {
+#if defined(__BMI2__)
+    if constexpr (B == 3) {
+      alignas(32) uint8_t b[256 + 16];
+      const __m256i low =
+          _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
+                           -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+      const __m256i join = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+      for (int v = 0; v < nv; ++v)
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(b + 8 * v),
+                         _mm256_castsi256_si128(
+                             _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(k[v], low), join)));
+      pack3_bytes(b, len, words);
+      return;
+    }
+#endif
     alignas(32) uint32_t codes[256];
     for (int v = 0; v < nv; ++v)
       _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 8 * v), k[v]);
@@ -684,7 +717,8 @@ inline void pack16(__m512i k, uint32_t* words) {
 }
 
 // row8 with 16 groups per parameter computation, each group 16 channels a step (groups whose
-// length is a multiple of 16, up to 256; the others through the reference). B = 2, 4, 8.
+// length is a multiple of 16, up to 256; the others through the reference). B = 2, 4, 8, and 3
+// where the target has BMI2 (pack3_bytes).
 // NV > 0: the row's groups are NV * 16 long (the loops unroll; a shorter last group goes through
 // the reference); NV = 0: any multiple of 16, counted at run time.
 template <int B, bool S, int NV>
@@ -776,9 +810,19 @@ void row16(const float* x, int64_t dim, int group, uint32_t* words, uint16_t* sc
           continue;
         }
       }
-      int v = 0;
-      for (; v + 2 <= nv; v += 2) pack32<B>(k[v], k[v + 1], wout + v * (16 * B / 32));
-      if (v < nv) pack16<B>(k[v], wout + v * (16 * B / 32));
+      if constexpr (B == 3) {
+#if defined(__BMI2__)
+        alignas(64) uint8_t b[256 + 16];
+        for (int v = 0; v < nv; ++v)
+          _mm_store_si128(reinterpret_cast<__m128i*>(b + 16 * v),
+                          _mm512_maskz_cvtepi32_epi8(kAll16, k[v]));
+        pack3_bytes(b, len, wout);
+#endif
+      } else {
+        int v = 0;
+        for (; v + 2 <= nv; v += 2) pack32<B>(k[v], k[v + 1], wout + v * (16 * B / 32));
+        if (v < nv) pack16<B>(k[v], wout + v * (16 * B / 32));
+      }
     }
   }
 }
@@ -798,9 +842,14 @@ template <int B, bool S>
 void row_t(const float* x, int64_t dim, int group, uint32_t* words, uint16_t* scales,
            uint16_t* mins) {
 #if KVQ_CPU_AVX512
-  // 16-lane groups where the group is a multiple of 16 channels and a word holds 16, 8 or 4
-  // codes (3-bit words hold 10: row8 packs those through kivi::pack); row8 otherwise.
-  if constexpr (B != 3) {
+  // 16-lane groups where the group is a multiple of 16 channels (3-bit codes, ten a word, packed
+  // by pext where the target has BMI2); row8 otherwise.
+#if defined(__BMI2__)
+  constexpr bool kRow16 = true;
+#else
+  constexpr bool kRow16 = B != 3;
+#endif
+  if constexpr (kRow16) {
     if (group % 16 == 0) {
       switch (group / 16) {
         case 1:
