@@ -146,12 +146,14 @@ else
   fi
 fi
 
+# shellcheck source=scripts/cuda-targets.sh
+source scripts/cuda-targets.sh
 TEST_TARGETS=() BENCH_TARGETS=()
 while read -r t; do
   [[ -z "$t" || ( "$t" == *_full_test && "${KVQ_DC_FULL:-0}" != 1 ) ]] && continue
   TEST_TARGETS+=("$t")
-done < <(grep -oE 'kvq_test\((cuda_[A-Za-z0-9_]+)' tests/cuda/CMakeLists.txt | sed 's/kvq_test(//' | sort -u)
-for f in bench/bench_*_cuda.cu; do [[ -e "$f" ]] && BENCH_TARGETS+=("$(basename "$f" .cu)"); done
+done < <(cuda_test_targets)
+while read -r b; do [[ -n "$b" ]] && BENCH_TARGETS+=("$b"); done < <(cuda_bench_targets)
 
 declare -A BENCH_BIN=()
 if [[ "$MODE" == prebuilt ]]; then

@@ -19,8 +19,10 @@ cd "$ROOT"
 BUILD=build/device-pack
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" \
   -DKVQ_NATIVE=OFF "-DCMAKE_CXX_FLAGS=-mavx2 -mfma -mf16c" >/dev/null
-tests=$(grep -oE 'kvq_test\((cuda_[A-Za-z0-9_]+)' tests/cuda/CMakeLists.txt | sed 's/kvq_test(//' | sort -u)
-benches=$(for f in bench/bench_*_cuda.cu; do basename "$f" .cu; done)
+# shellcheck source=scripts/cuda-targets.sh
+source scripts/cuda-targets.sh
+tests=$(cuda_test_targets)
+benches=$(cuda_bench_targets)
 # shellcheck disable=SC2086
 cmake --build "$BUILD" -j "$(nproc)" --target $tests $benches
 rm -rf "$DIR"
