@@ -206,6 +206,9 @@ std::vector<Case> grid() {
         v.push_back({bits, sym, Axis::Token, {10, 3, 64}, 16, data});  // one vector a group
         v.push_back({bits, sym, Axis::Token, {6, 2, 128}, 64, data});  // four vectors a group
         v.push_back({bits, sym, Axis::Token, {5, 2, 96}, 48, data});  // three (counted at run time)
+        // 8-channel vectors, not 16 (row8 on a 512-bit build too); 3-bit: 3 and 4 words a group
+        v.push_back({bits, sym, Axis::Token, {6, 3, 72}, 24, data});
+        v.push_back({bits, sym, Axis::Token, {7, 2, 80}, 40, data});
         v.push_back({bits, sym, Axis::Channel, {13, 3, 40}, 6, data});  // 6 rows; 120 = 7 x 16 + 8
         v.push_back({bits, sym, Axis::Channel, {130, 2, 64}, 64, data});  // 64-row groups
       }
