@@ -3596,7 +3596,7 @@ namespace {
 ///   with the cached kernels at 1k-16k (4-67 MB) 0.73-0.93x the time, at 32k (134 MB) 1.56-1.78x.
 ///   A VM's share of the L3 is well under its size, and it moves with the neighbours' load: on a
 ///   slow memory day (session 29) that VM held 25-34 MB between calls, not 42 (kivi4 at 32k: exact
-///   one thread 1.6-1.7x the time without the prefetch, two threads up to 1.8x; bf16 with the
+///   one thread 1.5-1.9x the time without the prefetch, two threads up to 1.8x; bf16 with the
 ///   cached kernels at 16k, 67 MB: 2.5x), while streaming what it held cost 1.0-1.1x. Missing
 ///   the L3 costs more than streaming needlessly, so the size assumed is at most kMaxL3Share.
 constexpr double kMaxL3Share = 192.0 * (1 << 20);
