@@ -24,16 +24,17 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
 
 #include "bench/bench_ratio.h"
 #include "core/error.h"
+#include "experiments/commands.h"
 #include "experiments/synthetic.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
@@ -352,16 +353,15 @@ int main(int argc, char** argv) {
   const std::string kv = kvq::bench::take_flag(argc, argv, "kv", "");
   const std::string l3 = kvq::bench::take_flag(argc, argv, "l3-bytes", "-1");
   {
-    char* end = nullptr;
-    const long long b = std::strtoll(l3.c_str(), &end, 10);
-    if (l3.empty() || *end != '\0' || b < -1) {
+    const std::optional<long long> b = kvq::cli::whole_number(l3);
+    if (!b || *b < -1) {
       std::fprintf(stderr,
                    "bench_attention: --l3-bytes=%s: expected a byte count, or -1 for the "
                    "system's L3\n",
                    l3.c_str());
       return 2;
     }
-    cpu::set_l3_bytes(b);
+    cpu::set_l3_bytes(*b);
   }
   if (!kv.empty()) {  // specs hold commas: '|' separates them
     kSchemes.clear();
@@ -387,16 +387,15 @@ int main(int argc, char** argv) {
     g_contexts.clear();
     std::stringstream ss(contexts);
     for (std::string x; std::getline(ss, x, ',');) {
-      char* end = nullptr;
-      const long long t = std::strtoll(x.c_str(), &end, 10);
-      if (x.empty() || *end != '\0' || t < 1) {
+      const std::optional<long long> t = kvq::cli::whole_number(x);
+      if (!t || *t < 1) {
         std::fprintf(stderr,
                      "bench_attention: --contexts=%s: expected token counts >= 1, "
                      "for example --contexts=1024,4096\n",
                      contexts.c_str());
         return 2;
       }
-      g_contexts.push_back(t);
+      g_contexts.push_back(*t);
     }
   }
   std::vector<std::string> backends;

@@ -14,15 +14,20 @@
 
 namespace kvq::cli {
 
+std::optional<long long> whole_number(const std::string& s) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE) return std::nullopt;
+  return v;
+}
+
 CLI::Validator at_least(long long min) {
   return CLI::Validator(
       [min](std::string& s) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const long long v = std::strtoll(s.c_str(), &end, 10);
-        if (s.empty() || *end != '\0' || errno == ERANGE)
-          return fmt::format("must be a whole number, got '{}'", s);
-        if (v < min) return fmt::format("must be at least {}, got {}", min, s);
+        const std::optional<long long> v = whole_number(s);
+        if (!v) return fmt::format("must be a whole number, got '{}'", s);
+        if (*v < min) return fmt::format("must be at least {}, got {}", min, s);
         return {};
       },
       fmt::format("INT >= {}", min));

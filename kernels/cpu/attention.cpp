@@ -2459,11 +2459,14 @@ inline void tile_dp_values(int c) {
 }
 #undef KVQ_TILE_SWITCH
 
-/// Lane l holds l * k (gather and scatter indices: one element every k).
-inline __m512i lanes_times(int k) {
-  return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                            _mm512_set1_epi32(k));
-}
+/// Lane r holds r * K (gather and scatter indices: one element every K), loaded as
+/// _mm512_loadu_si512(kLanesTimes<K>.data()).
+template <int K>
+inline constexpr auto kLanesTimes = [] {
+  std::array<int32_t, 16> a{};
+  for (int r = 0; r < 16; ++r) a[r] = r * K;
+  return a;
+}();
 
 /// tile_column's permute indices: lane r of column k reads element (r * NC + k) % 32 of a pair of
 /// vectors; kColHigh[k] marks the lanes whose element is 32 or past (the second pair).
@@ -2472,13 +2475,6 @@ inline constexpr auto kColIndex = [] {
   std::array<std::array<int32_t, 16>, NC> a{};
   for (int k = 0; k < NC; ++k)
     for (int r = 0; r < 16; ++r) a[k][r] = (r * NC + k) % 32;
-  return a;
-}();
-/// The gather's indices for wider tiles: lane r reads element r * NC (lanes_times(NC), made once).
-template <int NC>
-inline constexpr auto kColStride = [] {
-  std::array<int32_t, 16> a{};
-  for (int r = 0; r < 16; ++r) a[r] = r * NC;
   return a;
 }();
 template <int NC>
@@ -2506,7 +2502,7 @@ inline __m512 tile_column(const float* cb, int k) {
     return _mm512_mask_blend_ps(kColHigh<NC>[k], a, b);
   } else {
     return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), kAll16,
-                                    _mm512_loadu_si512(kColStride<NC>.data()), cb + k, 4);
+                                    _mm512_loadu_si512(kLanesTimes<NC>.data()), cb + k, 4);
   }
 }
 
@@ -2719,7 +2715,7 @@ void fp8_query_tiles_exact(const float* q, const float* scales, int64_t H, int64
   __m512i idx[2][2];  // chunk parity, half: kExactPerm's channels
   for (int c = 0; c < 2; ++c)
     for (int u = 0; u < 2; ++u) idx[c][u] = _mm512_loadu_si512(kExactPerm.data() + 32 * c + 16 * u);
-  const __m512i rows = lanes_times(NC);
+  const __m512i rows = _mm512_loadu_si512(kLanesTimes<NC>.data());
   for (int64_t h = 0; h < H; ++h)
     for (int i = 0; i < NQ; ++i) {
       const float* qi = q + (h * NQ + i) * D;
