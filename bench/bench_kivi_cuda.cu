@@ -1,6 +1,7 @@
-// CUDA bench: KIVI quantize + pack throughput (kvq::cuda::kivi_quantize, kernels/cuda/kivi_kernels.cu)
-// for kivi2 / kivi4 (asymmetric, G = 32), both axes, on one layer's [32768 tokens, 8 heads,
-// 128 dim] float32 tensor, against a device-to-device copy of the same tensor in the same run.
+// CUDA bench: KIVI quantize + pack throughput (kvq::cuda::kivi_quantize,
+// kernels/cuda/kivi_kernels.cu) for kivi2 / kivi4 (asymmetric, G = 32), both axes, on one layer's
+// [32768 tokens, 8 heads, 128 dim] float32 tensor, against a device-to-device copy of the same
+// tensor in the same run.
 //
 // Reported per case (STYLE 10): the bytes it moves (input read + packed words + fp16 scales and
 // minima written), the median kernel time over --runs runs timed with cudaEvents, each run after
@@ -11,7 +12,9 @@
 // r=128, each prefilled with 1000 tokens): one token appended to every request's K and V, by
 // one KiviSideCache::append per cache and by one append_batch per side; the host wall time of the
 // step until the stream is idle (planning, launches and kernels), median of --runs steps.
-// Without a CUDA device it prints "no CUDA device" and exits 0.
+// Without a CUDA device (none present, or none visible: CUDA_VISIBLE_DEVICES="") it prints one
+// line, "bench_kivi_cuda: no CUDA device: <the runtime's reason>", on stderr and exits 2 (1 is any
+// other error); with --json it still writes a record that it measured nothing.
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -34,6 +37,8 @@
 #include "kivi/layout.h"
 
 namespace {
+
+constexpr int kNoDeviceExit = 2;  // exit status without a CUDA device (scripts/device-check.sh)
 
 using kvq::Axis;
 using kvq::Shape3;
@@ -129,7 +134,8 @@ int run(int argc, char** argv) {
   app.add_option("--json", json_path, "write the results as JSON to this path");
   app.add_option("--peak-gbps", peak_flag, "peak DRAM bandwidth in GB/s (default: from the device)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--runs", runs, "timed runs per case (median reported)")->check(CLI::Range(1, 10000));
+  app.add_option("--runs", runs, "timed runs per case (median reported)")
+      ->check(CLI::Range(1, 10000));
   app.add_option("--tokens", tokens, "tokens T")->check(CLI::PositiveNumber);
   app.add_option("--heads", heads, "kv heads H")->check(CLI::PositiveNumber);
   app.add_option("--dim", dim, "head_dim D")->check(CLI::PositiveNumber);
@@ -139,14 +145,17 @@ int run(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("no CUDA device\n");
+  const cudaError_t count_err = cudaGetDeviceCount(&count);
+  if (count_err != cudaSuccess || count == 0) {
+    std::fprintf(
+        stderr, "bench_kivi_cuda: no CUDA device: %s\n",
+        count_err != cudaSuccess ? cudaGetErrorString(count_err) : "cudaGetDeviceCount returned 0");
     if (!json_path.empty()) {  // a record that the bench ran and measured nothing
       std::ofstream out(json_path);
       out << nlohmann::json{{"bench", "bench_kivi_cuda"}, {"skipped", "no CUDA device"}}.dump(2)
           << "\n";
     }
-    return 0;
+    return kNoDeviceExit;
   }
   if (tokens % group != 0 || group > dim)
     throw kvq::Error("--tokens must be a multiple of --group and --group <= --dim (got T=" +
@@ -247,8 +256,7 @@ int run(int argc, char** argv) {
       }
     }
     KVQ_CUDA_CHECK(cudaDeviceSynchronize());
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-        .count();
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   };
   std::vector<double> each_us, batch_us;
   (void)step_us(false);  // warm-up
@@ -275,10 +283,10 @@ int run(int argc, char** argv) {
     std::printf("%-22s %12.2f %10.4f %9.1f %8.1f %8.2f\n", r.name.c_str(), r.bytes / 1e6,
                 r.median_ms, r.gbps, r.pct_peak, r.vs_copy);
 
-  std::printf("serving step, %d requests x 1 token, kivi2 K and V (prefill %lld): per-request "
-              "appends %.1f us, append_batch %.1f us (%.2fx)\n",
-              requests, static_cast<long long>(kPrefill), each_med, batch_med,
-              each_med / batch_med);
+  std::printf(
+      "serving step, %d requests x 1 token, kivi2 K and V (prefill %lld): per-request "
+      "appends %.1f us, append_batch %.1f us (%.2fx)\n",
+      requests, static_cast<long long>(kPrefill), each_med, batch_med, each_med / batch_med);
 
   if (!json_path.empty()) {
     nlohmann::json j;
