@@ -12,9 +12,13 @@
 # it builds only the CUDA benches with nvcc directly (from the repo's kernels and whichever
 # scheme-library sources compile without the missing packages) and says so in the report. Test binaries (tests/cuda: cuda_*) run directly with JSON output
 # (their ctest names are gtest names, which do not carry the binary name); the `full`-labelled
-# binaries run only with KVQ_DC_FULL=1. After the benches, a split-size sweep (bench_attention_cuda
-# --split-tokens 128..1024, tiled, bf16 and kivi2 at 32k). Bench repetitions are capped so the whole run stays
-# under 8 minutes.
+# binaries run only with KVQ_DC_FULL=1. After the benches: PyTorch's SDPA at the bench's shapes
+# (bench/torch_sdpa_peer.py, skipped where python3 has no torch), the goals against it from the
+# same run (bench/attention_goals.py), a split-size sweep (bench_attention_cuda --split-tokens
+# 128..1024, tiled, bf16 and kivi2 at 32k), Nsight Compute on the main decode kernels at one shape
+# (when ncu is present; scripts/ncu_table.py), and compute-sanitizer memcheck and racecheck on the
+# named subsets SAN_MEMCHECK and SAN_RACECHECK below. Bench repetitions and every step are capped
+# so the whole run stays under 8 minutes.
 #
 # Without a GPU (no nvidia-smi, or it lists none) it writes a report saying so and exits 2.
 # Environment: KVQ_DC_PREBUILT=DIR runs the binaries under DIR/tests/cuda and DIR/bench and
@@ -64,6 +68,16 @@ NVCC=$(command -v nvcc || true)
 [[ -z "$NVCC" && -x /usr/local/cuda/bin/nvcc ]] && NVCC=/usr/local/cuda/bin/nvcc
 NVCC_VERSION=$([[ -n "$NVCC" ]] && "$NVCC" --version | grep -o 'release [0-9.]*' | head -1)
 PY=$(command -v python3 || true)
+tool() { command -v "$1" 2>/dev/null || { [[ -x /usr/local/cuda/bin/$1 ]] && echo "/usr/local/cuda/bin/$1"; } || true; }
+NCU=$(tool ncu)
+SANITIZER=$(tool compute-sanitizer)
+# The benches' contexts and the shape ncu profiles (the goals read these).
+BENCH_CONTEXTS=1024,4096,8192,32768,131072
+# compute-sanitizer's subsets of cuda_attention_kernel_test (gtest filters): memcheck on every
+# case of the tensor-core kernel (DecodeKernel::Mma) and the tiled batch cases; racecheck on the
+# Mma sweep at T=4099 (several tiles and splits per block) and the Mma batch cases.
+SAN_MEMCHECK='*_mma:*DecodeAttentionBatch.*_tiled'
+SAN_RACECHECK='Sweep/DecodeAttention.MatchesCpuReference/*_T4099_*_mma:*DecodeAttentionBatch.*_mma'
 
 write_header() {
   {
@@ -263,29 +277,111 @@ BENCH_ORDER=()
 for b in "${BENCH_TARGETS[@]}"; do
   [[ -z "${BENCH_BIN[$b]:-}" ]] && continue
   args=(--json "$OUT/$b.json")
-  # both split kernels (baseline, tiled) at the contexts the goals and the docs' tables read
-  [[ "$b" == bench_attention_cuda ]] && args+=(--reps 7 --warmup 2 --contexts 1024,8192,32768,131072)
+  # every split kernel at both shapes (8x128x4, SmolLM2's 3x64x3) and the contexts the goals read
+  [[ "$b" == bench_attention_cuda ]] && args+=(--reps 7 --warmup 2 --contexts "$BENCH_CONTEXTS")
   t0=$(elapsed)
   timeout "$(cap 200)" "${BENCH_BIN[$b]}" "${args[@]}" >"$OUT/$b.md" 2>"$LOGS/$b.stderr"
   rc=$?
-  (( rc != 0 )) && { STATUS=1; note "$b exited with $rc after $(( $(elapsed) - t0 )) s (stderr: logs/$b.stderr)."; }
+  # Exit 2: the bench saw no CUDA device (one line on stderr). Expected under KVQ_DC_FORCE=1
+  # without a GPU; on a GPU machine it is a failure (the GPU is not visible to the process).
+  if (( rc == 2 )) && [[ -z "$GPU_NAME" ]]; then
+    note "$b: skipped, no CUDA device ($(head -1 "$LOGS/$b.stderr"))."
+    continue
+  fi
+  (( rc != 0 )) && { STATUS=1; note "$b exited with $rc after $(( $(elapsed) - t0 )) s: $(head -1 "$LOGS/$b.stderr") (stderr: logs/$b.stderr)."; }
   (( rc == 0 )) && note "$b ran in $(( $(elapsed) - t0 )) s."
   BENCH_ORDER+=("$b")
 done
 
+# PyTorch's SDPA over a bf16 cache at the bench's shapes and contexts, timed the same way (issue 46);
+# exit 2: no torch or no device visible to it (skipped, said in the report).
+PEER=0
+if [[ -z "$PY" ]]; then
+  note "PyTorch peer: skipped, no python3."
+else
+  t0=$(elapsed)
+  timeout "$(cap 150)" "$PY" bench/torch_sdpa_peer.py "$OUT/torch_sdpa_peer.json" --contexts "$BENCH_CONTEXTS" \
+    --batches 1,16,64 --reps 7 --warmup 2 --budget-s "$(cap 120)" >"$OUT/torch_sdpa_peer.md" 2>"$LOGS/torch_sdpa_peer.stderr"
+  rc=$?
+  if (( rc == 0 )); then
+    PEER=1
+    note "PyTorch peer (bench/torch_sdpa_peer.py) ran in $(( $(elapsed) - t0 )) s."
+  elif (( rc == 2 )); then
+    note "PyTorch peer: skipped: $(tail -1 "$LOGS/torch_sdpa_peer.stderr")"
+  else
+    STATUS=1
+    note "PyTorch peer failed (exit $rc after $(( $(elapsed) - t0 )) s): $(tail -1 "$LOGS/torch_sdpa_peer.stderr") (logs/torch_sdpa_peer.stderr)."
+  fi
+fi
+
 # Split sizes (DecodeShape::split_tokens): the tiled kernel, bf16 and kivi2 at 32k, batch 1 and 16,
 # each fixed size against the plan's choice in the run above (wave tails; issue 12). Seconds.
 SPLITS=()
-if [[ -n "${BENCH_BIN[bench_attention_cuda]:-}" ]]; then
+if [[ " ${BENCH_ORDER[*]} " == *" bench_attention_cuda "* ]]; then
   for st in 128 256 512 1024; do
     (( $(left) < 60 )) && { note "split sweep stopped at $st: the budget is nearly spent."; break; }
-    if timeout "$(cap 60)" "${BENCH_BIN[bench_attention_cuda]}" --contexts 32768 --batches 1,16 \
+    if timeout "$(cap 60)" "${BENCH_BIN[bench_attention_cuda]}" --shapes 8x128x4 --contexts 32768 --batches 1,16 \
         --kinds bf16,kivi2 --kernels tiled --reps 5 --warmup 1 --split-tokens "$st" \
         --json "$OUT/split_$st.json" >"$OUT/split_$st.md" 2>>"$LOGS/split.stderr"; then
       SPLITS+=("$st")
     else
       note "bench_attention_cuda --split-tokens $st failed (stderr: logs/split.stderr)."
     fi
+  done
+fi
+
+# Nsight Compute on the main decode kernels at one shape (8x128x4, 32k, batch 16): each split
+# kernel of tiled and mma for bf16, fp8 per tensor, kivi4 and kivi2, one launch each.
+NCU_MD=""
+if [[ -z "$NCU" ]]; then
+  note "ncu: not found; no profile."
+elif [[ " ${BENCH_ORDER[*]} " != *" bench_attention_cuda "* || -z "$PY" ]]; then
+  note "ncu: skipped (bench_attention_cuda did not run, or no python3 for the table)."
+elif (( $(left) < 90 )); then
+  note "ncu: skipped, the budget is nearly spent."
+else
+  t0=$(elapsed)
+  if timeout "$(cap 120)" "$NCU" --csv --page raw --metrics "$("$PY" scripts/ncu_table.py --metrics)" \
+      --kernel-name regex:split_kernel --log-file "$OUT/ncu.csv" \
+      "${BENCH_BIN[bench_attention_cuda]}" --shapes 8x128x4 --contexts 32768 --batches 16 \
+      --kinds bf16,fp8_e4m3_tensor,kivi4,kivi2 --kernels tiled --reps 1 --warmup 0 \
+      >"$LOGS/ncu-bench.md" 2>"$LOGS/ncu.stderr" &&
+      "$PY" scripts/ncu_table.py "$OUT/ncu.csv" >"$OUT/ncu.md" 2>>"$LOGS/ncu.stderr"; then
+    NCU_MD="$OUT/ncu.md"
+    note "ncu ran in $(( $(elapsed) - t0 )) s (ncu.csv, ncu.md)."
+  else
+    note "ncu failed after $(( $(elapsed) - t0 )) s: $(tail -1 "$LOGS/ncu.stderr") (logs/ncu.stderr); not counted as a failure."
+  fi
+fi
+
+# compute-sanitizer on the named subsets (SAN_MEMCHECK, SAN_RACECHECK) of the attention test.
+SAN_MD=()
+ATT_BIN="$BUILD/tests/cuda/cuda_attention_kernel_test"
+if [[ -z "$SANITIZER" ]]; then
+  note "compute-sanitizer: not found; not run."
+elif [[ ! -x "$ATT_BIN" ]]; then
+  note "compute-sanitizer: cuda_attention_kernel_test not built; not run."
+elif [[ -z "$GPU_NAME" ]]; then
+  note "compute-sanitizer: no GPU; not run."
+else
+  for tl in memcheck racecheck; do
+    filter=$SAN_MEMCHECK
+    [[ $tl == racecheck ]] && filter=$SAN_RACECHECK
+    if (( $(left) < 40 )); then
+      SAN_MD+=("| $tl | \`$filter\` | not run: the budget is nearly spent | | |")
+      continue
+    fi
+    t0=$(elapsed)
+    timeout "$(cap 100)" "$SANITIZER" --tool "$tl" --error-exitcode 86 "$ATT_BIN" --gtest_brief=1 \
+      "--gtest_filter=$filter" >"$LOGS/sanitizer-$tl.log" 2>&1
+    rc=$?
+    passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$LOGS/sanitizer-$tl.log" | grep -oE '[0-9]+$' | tail -1)
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitizer-$tl.log" | tail -1 | sed 's/^========= //')
+    state=clean
+    (( rc == 124 )) && state="timed out"
+    (( rc != 0 && rc != 124 )) && state="failed (exit $rc)"
+    (( rc != 0 && rc != 124 )) && STATUS=1
+    SAN_MD+=("| $tl | \`$filter\` | $state in $(( $(elapsed) - t0 )) s | ${passed:-0} | ${summary:--} |")
   done
 fi
 
@@ -296,6 +392,17 @@ goals_md() {
     echo "python3 is not available: goals are not evaluated from the JSON here; bench_attention_cuda's"
     echo "own goal table is in its section above."
     return
+  fi
+  # Against PyTorch's SDPA in this run (issue 46): bench/attention_goals.py's own table.
+  if [[ -s "$OUT/bench_attention_cuda.json" ]]; then
+    echo "### Against PyTorch SDPA bf16 (issue 46)"
+    echo
+    local peer="$OUT/torch_sdpa_peer.json"
+    [[ -s "$peer" ]] || peer=-
+    "$PY" bench/attention_goals.py "$OUT/bench_attention_cuda.json" "$peer" --json "$OUT/attention_goals.json" 2>&1
+    echo
+    echo "### kvq against itself, and the quantize kernels"
+    echo
   fi
   "$PY" - "$OUT" <<'EOF'
 import glob, json, os, re, statistics, sys
@@ -310,7 +417,7 @@ if os.path.exists(att):
             unit = "%" if g.get("metric") == "pct_peak" else "x"
             rows.append((g["goal"], "not measured" if v is None else f"{v:.2f}{unit}",
                          "-" if v is None else ("met" if g.get("met") else "missed")))
-        for kern in ("tiled", "baseline"):
+        for kern in ("mma", "tiled", "baseline"):
             bf = [r["pct_peak"] for r in data.get("results", [])
                   if r["kind"] == "bf16" and r.get("kernel", "baseline") == kern]
             if bf:
@@ -318,7 +425,8 @@ if os.path.exists(att):
     except Exception as e:  # a truncated file from a timed-out run
         rows.append(("attention goals", f"unreadable JSON: {e}", "-"))
 else:
-    for name in ("kivi2 >= 3x bf16", "kivi4 >= 2x bf16", "fp8_e4m3 >= 1.7x bf16", "bf16 kernel >= 75% of peak"):
+    for name in ("kivi2 >= 3x kvq's bf16", "kivi4 >= 2x kvq's bf16", "fp8_e4m3 >= 1.7x kvq's bf16",
+                 "kvq's bf16 kernel >= 75% of peak"):
         rows.append((name + " (tiled, ctx 32k, batch 1 and 16)", "not measured (no bench_attention_cuda.json)", "-"))
 # Quantize kernels: any other bench JSON; every number under a key that names a fraction of peak,
 # except in records of a baseline (a name with "copy" / "memcpy" / "baseline").
@@ -399,7 +507,7 @@ write_header
   echo "## Benchmarks"
   if (( ${#BENCH_ORDER[@]} == 0 )); then
     echo
-    echo "No CUDA bench was built."
+    echo "No CUDA bench ran (see the build section)."
   fi
   for b in "${BENCH_ORDER[@]}"; do
     echo
@@ -407,6 +515,16 @@ write_header
     echo
     sed 's/^# /#### /; s/^## /#### /' "$OUT/$b.md"
   done
+  echo
+  echo "### PyTorch SDPA peer (bench/torch_sdpa_peer.py)"
+  echo
+  if (( PEER == 1 )); then
+    sed 's/^# /#### /' "$OUT/torch_sdpa_peer.md"
+    echo
+    echo "All backends and both ways of asking: torch_sdpa_peer.json."
+  else
+    echo "Not measured: $(tail -1 "$LOGS/torch_sdpa_peer.stderr" 2>/dev/null || echo 'no python3')"
+  fi
   if (( ${#SPLITS[@]} > 0 )); then
     echo
     echo "### Split sizes (tiled, 32k, bf16 and kivi2; the plan's own choice is in the table above)"
@@ -416,6 +534,28 @@ write_header
       echo
       sed 's/^#\+ /##### /' "$OUT/split_$st.md"
     done
+  fi
+  echo
+  echo "## Nsight Compute (8x128x4, ctx 32k, batch 16; one launch per split kernel)"
+  echo
+  if [[ -n "$NCU_MD" ]]; then
+    cat "$NCU_MD"
+    echo
+    echo "Raw metrics: ncu.csv (scripts/ncu_table.py makes this table)."
+  else
+    echo "Not profiled (see the build section)."
+  fi
+  echo
+  echo "## compute-sanitizer (cuda_attention_kernel_test)"
+  echo
+  if (( ${#SAN_MD[@]} > 0 )); then
+    echo "| tool | subset (gtest filter) | result | tests passed | summary |"
+    echo "|---|---|---|---:|---|"
+    for l in "${SAN_MD[@]}"; do echo "$l"; done
+    echo
+    echo "Logs: logs/sanitizer-*.log."
+  else
+    echo "Not run (see the build section)."
   fi
   echo
   echo "## Goals"
