@@ -1159,16 +1159,30 @@ void register_run(CLI::App& app) {
           "interrupted (Ctrl-C): every finished row is in {}/; run the same command again to resume", out));
     }
     std::signal(SIGINT, SIG_DFL);
-    std::string tables, plots;
+    // The tables written and, per task, the script that draws it (each writes its figures beside
+    // the results); a shard's rows are plotted after --merge, from the merged folder.
+    std::string tables;
+    std::vector<std::string> scripts;
     for (const auto& [on, t, plot] : {std::tuple{bool(sp), "synthetic", "plot_results.py"},
-                                      std::tuple{bool(mp), "model", ""}, std::tuple{bool(np), "needle", "plot_needle.py"},
+                                      std::tuple{bool(mp), "model", "plot_results.py"},
+                                      std::tuple{mp && mp->ctxs.size() > 1, "", "plot_context.py"},
+                                      std::tuple{bool(np), "needle", "plot_needle.py"},
                                       std::tuple{bool(tp), "throughput", "plot_throughput.py"}})
       if (on) {
-        tables += fmt::format("{}{}.csv", tables.empty() ? "" : ", ", t);
-        if (*plot) plots += fmt::format("{}experiments/plots/{} {}", plots.empty() ? "" : ", ", plot, out);
+        if (*t) tables += fmt::format("{}{}.csv", tables.empty() ? "" : ", ", t);
+        if (std::find(scripts.begin(), scripts.end(), plot) == scripts.end())
+          scripts.push_back(plot);
       }
-    if (mp && !sp) plots = fmt::format("experiments/plots/plot_results.py {}{}{}", out, plots.empty() ? "" : ", ", plots);
-    fmt::print("results in {}/ ({}; plot: {})\n", out, tables, plots);
+    std::string plots;
+    for (const auto& sc : scripts)
+      plots += fmt::format("{}.venv/bin/python experiments/plots/{} {}", plots.empty() ? "" : "; ",
+                           sc, base);
+    if (shard.n > 1)
+      fmt::print(
+          "results in {}/ ({}; when every shard is done: kvq run {}{} --merge, then plot: {})\n",
+          out, tables, o->config, o->out.empty() ? "" : " --out " + base, plots);
+    else
+      fmt::print("results in {}/ ({}; plot: {})\n", out, tables, plots);
   });
 }
 

@@ -4,7 +4,7 @@ largest magnitude each channel reaches over the tokens of a text, keys (post-RoP
 below. Keys have a few outlier channels; values have none, which is why KIVI quantizes keys per
 channel and values per token. Uses the kvq Python package (kvq.Model.dump_kv).
 
-    .venv/bin/python experiments/plots/channel_magnitudes.py --out docs/img   # ~10 s
+    .venv/bin/python experiments/plots/channel_magnitudes.py   # ~10 s; into results/channel_magnitudes/ (--out DIR)
 """
 import argparse
 
@@ -26,7 +26,8 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=kvq.DEFAULT_MAX_TOKENS)
     ap.add_argument("--layers", type=int, nargs="+", default=[2, 15, 28])
     ap.add_argument("--head", type=int, default=0)
-    ap.add_argument("--out", default="docs/img", help="output folder (PNG and PDF)")
+    ap.add_argument("--out", default="results/channel_magnitudes",
+                    help="output folder (PNG and PDF; default: results/channel_magnitudes)")
     a = ap.parse_args()
     model = kvq.Model()
     layers = model.dump_kv(kvq.read_text(a.text), max_tokens=a.max_tokens)

@@ -3,7 +3,7 @@
 of a text (kvq.Model.dump_kv) quantized under each scheme (kvq.compare), SNR per layer, one line
 per scheme, keys left and values right. Uses the kvq Python package.
 
-    .venv/bin/python experiments/plots/granularity_layers.py --out docs/img   # ~30 s
+    .venv/bin/python experiments/plots/granularity_layers.py   # ~30 s; into results/granularity_layers/ (--out DIR)
 """
 import argparse
 import csv
@@ -31,7 +31,8 @@ def main():
     ap.add_argument("--text", default="kjv", help="text file, or 'kjv' (default)")
     ap.add_argument("--max-tokens", type=int, default=kvq.DEFAULT_MAX_TOKENS)
     ap.add_argument("--kv", nargs="+", default=SCHEMES, help="schemes, one line each")
-    ap.add_argument("--out", default="docs/img", help="output folder (PNG, PDF and a CSV)")
+    ap.add_argument("--out", default="results/granularity_layers",
+                    help="output folder (PNG, PDF and a CSV; default: results/granularity_layers)")
     a = ap.parse_args()
     specs = [kvq.parse_spec(s) for s in a.kv]  # every spec checked before the model loads
     model = kvq.Model()

@@ -3,7 +3,7 @@
 fp32 cache, per scheme, from a `kvq run` whose [model] has a list of window lengths
 (experiments/configs/context.toml).
 
-    .venv/bin/python experiments/plots/plot_context.py results/context --out docs/img
+    .venv/bin/python experiments/plots/plot_context.py results/context   # figures beside the results; make-figures.sh adds --out docs/img
 """
 import argparse
 
@@ -18,8 +18,9 @@ MARKERS = ["o", "s", "^", "d", "v", "x", "*"]
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="a kvq run output folder holding model.csv")
-    ap.add_argument("--out", default="docs/img", help="output folder (PNG and PDF)")
+    ap.add_argument("--out", help="output folder (PNG and PDF; default: the results folder)")
     a = ap.parse_args()
+    out = a.out or a.results
     path, rows = results_table(a.results, "model", "experiments/configs/context.toml")
     if "settings.ctx" not in rows[0]:
         raise SystemExit(f"{path}: no settings.ctx column; is it a kvq run model table?")
@@ -49,7 +50,7 @@ def main():
     fig.suptitle(f"SmolLM2-135M on {tokens} tokens of {text}: damage against window length", fontsize=10)
     footer(fig, f"{path}; experiments/plots/plot_context.py")
     fig.tight_layout(rect=(0, 0.02, 1, 0.95))
-    save(fig, a.out, "context")
+    save(fig, out, "context")
 
 if __name__ == "__main__":
     main()

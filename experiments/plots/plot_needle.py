@@ -3,7 +3,7 @@
 greedy answer reproduces the pass key, per context length and needle depth, from a `kvq run`
 with a [needle] table (experiments/configs/needle.toml).
 
-    .venv/bin/python experiments/plots/plot_needle.py results/needle --out docs/img
+    .venv/bin/python experiments/plots/plot_needle.py results/needle   # figures beside the results; make-figures.sh adds --out docs/img
 """
 import argparse
 
@@ -17,8 +17,9 @@ from figures import footer, results_table, save  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="a kvq run output folder holding needle.csv")
-    ap.add_argument("--out", default="docs/img", help="output folder (PNG and PDF)")
+    ap.add_argument("--out", help="output folder (PNG and PDF; default: the results folder)")
     a = ap.parse_args()
+    out = a.out or a.results
     path, rows = results_table(a.results, "needle", "experiments/configs/needle.toml")
     ctxs = sorted({int(r["settings.ctx"]) for r in rows})
     depths = sorted({float(r["settings.depth"]) for r in rows})
@@ -46,7 +47,7 @@ def main():
                  fontsize=9)
     footer(fig, f"{path}; experiments/plots/plot_needle.py")
     fig.tight_layout(rect=(0, 0.03, 1, 0.93))
-    save(fig, a.out, "needle")
+    save(fig, out, "needle")
 
 
 if __name__ == "__main__":

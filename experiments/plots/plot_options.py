@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """The issue-15 studies: rotation before quantization, exact attention sinks, per-layer precision.
 
-    .venv/bin/python experiments/plots/plot_options.py rotation results/rotation --out docs/img
-    .venv/bin/python experiments/plots/plot_options.py sinks results/sinks --out docs/img
+    .venv/bin/python experiments/plots/plot_options.py rotation results/rotation
+    .venv/bin/python experiments/plots/plot_options.py sinks results/sinks
     .venv/bin/python experiments/plots/plot_options.py allocate results/layer_sensitivity \\
         > experiments/configs/layer_allocation.toml
     .venv/bin/python experiments/plots/plot_options.py layers results/layer_sensitivity \\
-        results/layer_allocation --out docs/img
+        results/layer_allocation
+
+Each figure goes beside its results (the allocation folder for `layers`) unless --out DIR says
+otherwise (scripts/make-figures.sh gives --out docs/img).
 
 `allocate` turns the one-layer-at-a-time kivi2 rows into kivi2/kivi4 mixes: for each budget of k
 layers in kivi4, the k layers whose kivi2 hurt most (greedy by measured sensitivity; every layer
@@ -208,15 +211,17 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name, fn in [("rotation", rotation), ("sinks", sinks), ("allocate", allocate)]:
         p = sub.add_parser(name)
-        p.add_argument("results")
-        p.add_argument("--out", default="docs/img")
+        p.add_argument("results", help="a kvq run output folder")
+        p.add_argument("--out", help="output folder (PNG and PDF; default: the results folder)")
         p.set_defaults(fn=fn)
     p = sub.add_parser("layers")
-    p.add_argument("results")
-    p.add_argument("allocation")
-    p.add_argument("--out", default="docs/img")
+    p.add_argument("results", help="the layer_sensitivity.toml run's folder")
+    p.add_argument("allocation", help="the layer_allocation.toml run's folder")
+    p.add_argument("--out", help="output folder (PNG and PDF; default: the allocation folder)")
     p.set_defaults(fn=layers)
     a = ap.parse_args()
+    if a.out is None:
+        a.out = getattr(a, "allocation", a.results)
     a.fn(a)
 
 

@@ -3,7 +3,8 @@
 one panel per decode context (the batch is capped by what fits in the KV memory, so a line stops
 rising where its format runs out of memory).
 
-Usage: .venv/bin/python experiments/plots/plot_plan.py SWEEP.csv [--out plan_sweep.png]
+Usage: .venv/bin/python experiments/plots/plot_plan.py SWEEP.csv [--out DIR/NAME.png]
+(default: plan_sweep.png, and .pdf, beside SWEEP.csv)
 """
 import argparse
 import csv
@@ -20,8 +21,9 @@ from figures import save  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep", help="a CSV written by kvq plan --sweep-csv")
-    ap.add_argument("--out", default="plan_sweep.png")
+    ap.add_argument("--out", help="output PNG (a PDF beside it; default: plan_sweep.png beside the CSV)")
     a = ap.parse_args()
+    out = a.out or os.path.join(os.path.dirname(a.sweep), "plan_sweep.png")
     with open(a.sweep) as f:
         rows = list(csv.DictReader(f))
     if not rows:
@@ -46,7 +48,7 @@ def main():
     fig.suptitle(f"kvq plan sweep: KV memory {float(r0['mem_bytes']) / 1e9:.1f} GB, weights "
                  f"{float(r0['weight_bytes']) / 1e9:.2f} GB ({a.sweep})", fontsize=9)
     fig.tight_layout()
-    root, _ = os.path.splitext(a.out)
+    root, _ = os.path.splitext(out)
     save(fig, os.path.dirname(root) or ".", os.path.basename(root))  # PNG and PDF
 
 

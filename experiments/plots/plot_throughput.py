@@ -3,7 +3,7 @@
 decode-step time and speed-up over bf16 for each batch, and prefill-quantize bandwidth as a
 share of memcpy, from a `kvq run` with a [throughput] table (experiments/configs/throughput.toml).
 
-    .venv/bin/python experiments/plots/plot_throughput.py results/throughput --out docs/img
+    .venv/bin/python experiments/plots/plot_throughput.py results/throughput   # figures beside the results; make-figures.sh adds --out docs/img
 """
 import argparse
 
@@ -20,8 +20,9 @@ DASHES = ["-", "--", ":", "-."]
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="a kvq run output folder holding throughput.csv")
-    ap.add_argument("--out", default="docs/img", help="output folder (PNG and PDF)")
+    ap.add_argument("--out", help="output folder (PNG and PDF; default: the results folder)")
     a = ap.parse_args()
+    out = a.out or a.results
     path, rows = results_table(a.results, "throughput", "experiments/configs/throughput.toml")
     for col in ("op", "backend", "context", "batch", "time_us", "of_memcpy"):
         if col not in rows[0]:
@@ -72,7 +73,7 @@ def main():
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.01, 1, 0.97))
     footer(fig, path)
-    save(fig, a.out, "throughput")
+    save(fig, out, "throughput")
 
 
 if __name__ == "__main__":

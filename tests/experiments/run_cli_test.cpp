@@ -214,6 +214,53 @@ TEST_F(RunCli, ModelScoreFrom_scoresTheWindowTailAndIsASetting) {
   EXPECT_NE(bad.err.find("[model].score_from must be between 0 and ctx - 2 = 62"), std::string::npos) << bad.err;
 }
 
+// Issue 50: a model row records how much of the K/V its scored positions read quantized, warns when
+// that is under 20% (kivi2's 128-token window covers 64-token windows: nothing), and carries a 95%
+// interval of every statistic; `kvq advise` then skips the row that measured nothing instead of
+// recommending its KLD of 0. By hand for kivi2:g=32,r=0: window position p attends p + 1 tokens,
+// keys per channel hold floor((p + 1) / 32) * 32 of them quantized, values per token all.
+TEST_F(RunCli, ModelRowsRecordTheQuantizedFractionAndIntervals_warnWhenNothingWasQuantized) {
+  if (!std::filesystem::exists(cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf") ||
+      !std::filesystem::exists(cli::model_dir() + "/kjv.txt"))
+    GTEST_SKIP() << "model or text not fetched (scripts/fetch-model.sh, scripts/fetch-text.sh)";
+  const auto p = dir_ / "m.toml";
+  std::ofstream(p) << "name = \"m\"\nout = \"" << (dir_ / "out").string()
+                   << "\"\nschemes = [\"kivi2\", \"kivi2:g=32,r=0\", \"fp32\"]\n[model]\nctx = 64\n"
+                      "max_tokens = 128\n";
+  const auto r = run_kvq("run " + p.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(
+      r.err.find("kvq run: warning: kivi2:g=32,r=128 at ctx 64: only 0.0% of the K/V the scored "
+                 "positions attend was stored quantized"),
+      std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("warning: kivi2:g=32,r=0"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("warning: fp32"), std::string::npos) << "exact by design: " << r.err;
+  const auto rows = jsonl(dir_ / "out" / "model.jsonl");
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0]["quantized"], 0.0);
+  double want = 0;
+  for (int q = 0; q < 63; ++q) want += ((q + 1) / 32 * 32 / (q + 1.0) + 1.0) / 2 / 63;
+  EXPECT_NEAR(rows[1]["quantized"].get<double>(), want, 1e-12);
+  EXPECT_EQ(rows[2]["quantized"], 0.0);
+  const auto& r0 = rows[1];
+  EXPECT_EQ(r0["ci_blocks"], 4) << "2 windows of 63 scored positions, blocks of 32 and 31";
+  for (const char* k : {"ppl", "ppl_fp32", "delta_ppl", "kld", "top1"}) {
+    const std::string lo = std::string(k) + "_lo", hi = std::string(k) + "_hi";
+    ASSERT_TRUE(r0[lo].is_number() && r0[hi].is_number()) << k << ": " << r0.dump();
+    EXPECT_LE(r0[lo].get<double>(), r0[k].get<double>()) << k;
+    EXPECT_GE(r0[hi].get<double>(), r0[k].get<double>()) << k;
+  }
+  EXPECT_LT(r0["kld_lo"].get<double>(), r0["kld_hi"].get<double>());
+  EXPECT_NE(testing::slurp(dir_ / "out" / "model.csv").find(",kld_lo,kld_hi,"), std::string::npos);
+  const auto a = run_kvq("advise --max-kld 0.05 --results " + (dir_ / "out").string());
+  ASSERT_EQ(a.status, 0) << a.err;
+  EXPECT_NE(a.out.find("skipped    1 row (under 20% of the attended K/V quantized)"),
+            std::string::npos)
+      << a.out;
+  EXPECT_EQ(a.out.find("answer     kivi2"), std::string::npos) << a.out;
+}
+
 // Issue 11: `ctx = [a, b]` in [model] gives one set of rows per window length, ctx a setting of
 // each; a rerun skips them all. By hand: 128 tokens in windows of 32 are 4 windows of 31 scored
 // positions (124); in windows of 64, 2 of 63 (126).
@@ -232,6 +279,14 @@ TEST_F(RunCli, ModelCtxList_rowsPerWindowLength) {
   EXPECT_EQ(rows[0]["scored"], 124);
   EXPECT_EQ(rows[1]["settings"]["ctx"], 64);
   EXPECT_EQ(rows[1]["scored"], 126);
+  // Issue 50: rows per window length are drawn by plot_context.py, named beside plot_results.py.
+  const std::string out = (dir_ / "out").string();
+  EXPECT_NE(r.out.find(fmt::format(
+                "(model.csv; plot: .venv/bin/python experiments/plots/plot_results.py {}; "
+                ".venv/bin/python experiments/plots/plot_context.py {})",
+                out, out)),
+            std::string::npos)
+      << r.out;
   r = run_kvq("run " + p.string());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("all 2 rows done already"), std::string::npos) << r.err;
@@ -255,10 +310,21 @@ TEST_F(RunCli, ShardsThenMerge_sameRowsAsOneRun) {
     r = run_kvq(fmt::format("run --shard {}/3 {}", i, config(schemes)));
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(jsonl(dir_ / "out" / fmt::format("shard-{}-of-3", i) / "synthetic.jsonl").size(), i < 3 ? 2u : 1u);
+    // Issue 50: a shard is plotted after the merge, from the merged folder.
+    EXPECT_NE(r.out.find(fmt::format(
+                  "(synthetic.csv; when every shard is done: kvq run {} --merge, then plot: "
+                  ".venv/bin/python experiments/plots/plot_results.py {})",
+                  (dir_ / "c.toml").string(), (dir_ / "out").string())),
+              std::string::npos)
+        << r.out;
   }
   r = run_kvq("run --merge " + config(schemes));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("5 synthetic rows from 3 shard folders"), std::string::npos) << r.err;
+  // Issue 50: --merge names the tables it wrote, not every task's (it listed four before)
+  EXPECT_NE(r.out.find("results in " + (dir_ / "out").string() + "/ (synthetic.csv)\n"),
+            std::string::npos)
+      << r.out;
   auto a = jsonl(whole / "synthetic.jsonl"), b = jsonl(dir_ / "out" / "synthetic.jsonl");
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
@@ -288,7 +354,12 @@ TEST_F(RunCli, Throughput_rowsPerCase_bf16Baseline_resumesAndShards) {
   EXPECT_NE(r.out.find(": 36 rows"), std::string::npos) << r.out;
   r = run_kvq("run " + p.string());
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.out.find("throughput.csv; plot: experiments/plots/plot_throughput.py"), std::string::npos) << r.out;
+  // Issue 50: the hint is a command that runs as printed (the scripts are not executable).
+  EXPECT_NE(
+      r.out.find("throughput.csv; plot: .venv/bin/python experiments/plots/plot_throughput.py " +
+                 (dir_ / "tp").string() + ")"),
+      std::string::npos)
+      << r.out;
   const auto rows = jsonl(dir_ / "tp" / "throughput.jsonl");
   ASSERT_EQ(rows.size(), 36u);
   for (size_t i = 0; i < rows.size(); ++i) {

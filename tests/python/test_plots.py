@@ -1,0 +1,107 @@
+"""The figure scripts in experiments/plots/ (issue 50): each writes beside the results it draws
+(or, for the ones that compute from the model, into its own results/ folder), never into
+docs/img unless --out says so, and every figure of one small `kvq run` with every task draws."""
+import subprocess
+import sys
+
+import pytest
+
+import kvq
+from conftest import REPO
+
+PLOTS = REPO / "experiments" / "plots"
+
+
+def snapshot(folder):
+    """{name: (size, mtime)} of a folder's files: what "left untouched" compares."""
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
+def plot(script, *args, cwd):
+    """Runs one plot script with this venv's Python from `cwd`; returns its stdout."""
+    r = subprocess.run([sys.executable, str(PLOTS / script), *map(str, args)], cwd=cwd,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{script} {args}: {r.stderr}"
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def run_dir(cli, tmp_path_factory):
+    """One small `kvq run` with every task: synthetic, model rows at two window lengths (with a
+    one-layer spec, as layer_sensitivity.toml has), needle and throughput."""
+    try:
+        kvq.model_path()
+    except kvq.Error as e:
+        pytest.skip(f"no model: {e}")
+    d = tmp_path_factory.mktemp("plots")
+    (d / "c.toml").write_text(f"""name = "plots"
+out = "{d / 'out'}"
+schemes = ["kivi2:g=16,r=16", "kivi4:g=16,r=16"]
+[synthetic]
+tokens = 96
+heads = 2
+head_dim = 64
+queries = 2
+[model]
+ctx = [32, 64]
+max_tokens = 128
+schemes = ["kivi2:g=16,r=16", "kivi4:g=16,r=16", "fp32@1=kivi2"]
+[needle]
+ctx = [256]
+depth = [0.5]
+trials = 1
+[throughput]
+contexts = [64]
+batch = [1]
+backends = ["ref"]
+heads = 2
+head_dim = 32
+gqa = 2
+repeats = 1
+""")
+    r = cli("run", d / "c.toml")
+    assert "plot: " in r.stdout, r.stdout
+    return d
+
+
+def test_each_figure_lands_beside_its_results_and_docs_img_is_untouched(run_dir, cli, tmp_path):
+    docs = snapshot(REPO / "docs" / "img")
+    out = run_dir / "out"
+    # From another folder, so that a relative default (docs/img) would show up there too.
+    plot("plot_results.py", out, cwd=tmp_path)
+    plot("plot_context.py", out, cwd=tmp_path)
+    plot("plot_needle.py", out, cwd=tmp_path)
+    plot("plot_throughput.py", out, cwd=tmp_path)
+    plot("plot_options.py", "rotation", out, cwd=tmp_path)
+    plot("plot_options.py", "sinks", out, cwd=tmp_path)
+    plot("plot_options.py", "layers", out, out, cwd=tmp_path)
+    for name in ("synthetic_snr", "synthetic_attention", "model_kld", "context", "needle",
+                 "throughput", "rotation", "sinks", "per_layer"):
+        for ext in ("png", "pdf"):
+            assert (out / f"{name}.{ext}").stat().st_size > 0, f"{name}.{ext} not beside the results"
+    sweep = run_dir / "plan" / "sweep.csv"
+    sweep.parent.mkdir()
+    cli("plan", "--kv", "bf16", "kivi2", "--sweep-csv", sweep, "--sweep-batch", 1, 8,
+        "--sweep-ctx", 4096)
+    plot("plot_plan.py", sweep, cwd=tmp_path)
+    assert (sweep.parent / "plan_sweep.png").exists()
+    assert list(tmp_path.iterdir()) == [], "a script wrote into the folder it was run from"
+    # --out still sends a figure where it is asked to (what scripts/make-figures.sh does).
+    plot("plot_needle.py", out, "--out", tmp_path / "elsewhere", cwd=tmp_path)
+    assert (tmp_path / "elsewhere" / "needle.png").exists()
+    assert snapshot(REPO / "docs" / "img") == docs, "a plot script changed docs/img"
+
+
+def test_model_scripts_write_into_their_own_results_folder(tmp_path):
+    try:
+        kvq.model_path()
+    except kvq.Error as e:
+        pytest.skip(f"no model: {e}")
+    docs = snapshot(REPO / "docs" / "img")
+    plot("channel_magnitudes.py", "--max-tokens", 64, cwd=tmp_path)
+    plot("granularity_layers.py", "--max-tokens", 64, "--kv", "fp8", "kivi4", cwd=tmp_path)
+    assert (tmp_path / "results" / "channel_magnitudes" / "channel_magnitudes.png").exists()
+    for name in ("granularity_layers.png", "granularity_layers.csv"):
+        assert (tmp_path / "results" / "granularity_layers" / name).exists()
+    assert not (tmp_path / "docs").exists()
+    assert snapshot(REPO / "docs" / "img") == docs, "a plot script changed docs/img"
