@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/io.h"
 #include "core/spec.h"
+#include "experiments/model_eval.h"
 #include "experiments/report.h"
 
 namespace kvq::advisor {
@@ -39,7 +40,21 @@ std::vector<Quality> read_quality(const std::vector<std::string>& dirs) {
         q.kld = j.at("kld").get<double>();
         q.delta_ppl = j.at("delta_ppl").get<double>();
         q.top1 = j.value("top1", 0.0);
+        if (j.contains("quantized") && j["quantized"].is_number()) {
+          q.quantized = j["quantized"].get<double>();
+        } else if (!spec.layered()) {
+          // An older row: the fraction from its settings (the windows kvq run scored; the text
+          // is assumed to hold settings.max_tokens tokens; one layer stands for all, the spec
+          // being the same in each). Without max_tokens it stays unknown.
+          eval::PplOptions o;
+          o.ctx = static_cast<int>(q.ctx);
+          o.stride = st.value("stride", 0);
+          o.score_from = st.value("score_from", 0);
+          const int64_t n = st.value("max_tokens", int64_t{0});
+          if (o.ctx >= 2 && n >= o.ctx) q.quantized = eval::quantized_fraction(spec, o, n, 1);
+        }
         q.source = path;
+        q.line = l.line;
         out.push_back(q);
       } catch (const nlohmann::json::exception& e) {
         fail("{}:{}: not a kvq run model row ({})", path, l.line, e.what());
@@ -79,21 +94,33 @@ Advice advise(planner::PlanInput in, const std::vector<Quality>& rows, const Bud
             "give a quality budget: --max-kld (nats per token against the fp32 cache) and/or "
             "--max-dppl (perplexity increase)");
   const std::string bf16 = parse_spec("bf16").canonical();
+  Advice a;
+  // Rows that quantized too little of what their positions read measure the exact window, not the
+  // scheme: left out, each with its reason (an all-fp32 row quantizes nothing by design).
+  std::vector<Quality> kept;
+  for (const Quality& q : rows) {
+    if (q.quantized && *q.quantized < eval::kMinQuantizedFraction &&
+        !eval::exact_by_design(parse_spec(q.scheme))) {
+      a.skipped.push_back(fmt::format("{}:{}: {}", q.source, q.line,
+                                      eval::little_quantized(q.scheme, q.ctx, *q.quantized)));
+      continue;
+    }
+    kept.push_back(q);
+  }
   std::vector<std::string> schemes{bf16};
   // Per-layer specs (SPEC@L=SPEC) are a study of one model's layers, not a serving choice for
   // another model: left out.
-  for (const Quality& q : rows)
+  for (const Quality& q : kept)
     if (std::find(schemes.begin(), schemes.end(), q.scheme) == schemes.end() &&
         !parse_spec(q.scheme).layered())
       schemes.push_back(q.scheme);
   in.kv = schemes;
-  Advice a;
   a.plan = planner::make_plan(in);
   for (size_t i = 0; i < schemes.size(); ++i) {
     Candidate c;
     c.scheme = schemes[i];
     c.plan = a.plan.rows[i];
-    c.quality = nearest(rows, c.scheme, in.decode_ctx);
+    c.quality = nearest(kept, c.scheme, in.decode_ctx);
     if (c.scheme == bf16) {
       c.eligible = true;  // the baseline: what a serving engine stores without quantization
       c.why = "-";
@@ -195,6 +222,12 @@ std::string format_advice(const Advice& a, const Budget& b) {
                     c.scheme.size() > 40 ? c.scheme.substr(0, 37) + "..." : c.scheme, kld, ctx,
                     dppl, c.plan.bytes_per_token / 1024.0, c.plan.decode_batch, c.plan.tokens_per_s,
                     c.plan.speedup, c.eligible ? "yes" : "no: ", c.eligible ? "" : c.why);
+  }
+  if (!a.skipped.empty()) {
+    s += fmt::format("\nskipped    {} row{} (under {:.0f}% of the attended K/V quantized):\n",
+                     a.skipped.size(), a.skipped.size() == 1 ? "" : "s",
+                     100.0 * eval::kMinQuantizedFraction);
+    for (const std::string& k : a.skipped) s += "  - " + k + "\n";
   }
   s += fmt::format("\nanswer     {}\n", a.quantize ? a.choice : "do not quantize (bf16)");
   for (const std::string& r : a.reasons) s += "  - " + r + "\n";

@@ -209,17 +209,61 @@ void register_ppl(CLI::App* model) {
     fmt::print("attention   backend {}\n", o->backend);
     fmt::print("fp32 cache  ppl {:.4f}\n", r.ppl_ref);
     nlohmann::json rows = nlohmann::json::array();
-    fmt::print("{:<44} {:>9} {:>9} {:>10} {:>10} {:>8}\n", "kv" + mods, "ppl", "delta", "mean KLD", "KLD p99", "top-1");
+    // Each statistic over its 95% interval (eval::kCiBlock's block bootstrap; "-" when unknown).
+    const auto ci = [](const eval::Interval& i, const char* spec, double scale = 1.0) {
+      return i.known() ? fmt::format(fmt::runtime(fmt::format("{{:{0}}}..{{:{0}}}", spec)),
+                                     scale * i.lo, scale * i.hi)
+                       : std::string("-");
+    };
+    fmt::print("{:<44} {:>15} {:>17} {:>17} {:>10} {:>11} {:>10}\n", "kv" + mods, "ppl", "delta",
+               "mean KLD", "KLD p99", "top-1", "quantized");
+    std::vector<std::string> warnings;
     for (size_t i = 0; i < cos.size(); ++i) {
       const eval::PplResult& x = rs[i];
-      fmt::print("{:<44} {:>9.4f} {:>+9.4f} {:>10.6f} {:>10.6f} {:>7.2f}%\n", cos[i].spec.canonical(), x.ppl,
-                 x.ppl - x.ppl_ref, x.kld, x.kld_p99, 100.0 * x.top1);
-      rows.push_back({{"kv", cos[i].spec.canonical()}, {"backend", o->backend}, {"pre_rope", o->pre_rope}, {"hadamard", o->hadamard},
-                      {"text", o->text}, {"ctx", o->p.ctx}, {"score_from", o->p.score_from}, {"stride", o->p.stride},
-                      {"windows", x.windows}, {"scored", x.scored}, {"ppl", x.ppl}, {"ppl_fp32", x.ppl_ref},
-                      {"kld", x.kld}, {"kld_p99", x.kld_p99}, {"top1", x.top1}, {"seconds", x.seconds}});
+      fmt::print("{:<44} {:>15.4f} {:>+17.4f} {:>17.6f} {:>10.6f} {:>10.2f}% {:>9.1f}%\n",
+                 cos[i].spec.canonical(), x.ppl, x.ppl - x.ppl_ref, x.kld, x.kld_p99,
+                 100.0 * x.top1, 100.0 * x.quantized);
+      fmt::print("{:<44} {:>15} {:>17} {:>17} {:>10} {:>11}\n", "  95% interval",
+                 ci(x.ppl_ci, ".3f"), ci(x.delta_ppl_ci, "+.3f"), ci(x.kld_ci, ".4f"), "",
+                 ci(x.top1_ci, ".1f", 100.0));
+      if (!eval::exact_by_design(cos[i].spec) && x.quantized < eval::kMinQuantizedFraction)
+        warnings.push_back(eval::little_quantized(cos[i].spec.canonical(), o->p.ctx, x.quantized));
+      rows.push_back({{"kv", cos[i].spec.canonical()},
+                      {"backend", o->backend},
+                      {"pre_rope", o->pre_rope},
+                      {"hadamard", o->hadamard},
+                      {"text", o->text},
+                      {"ctx", o->p.ctx},
+                      {"score_from", o->p.score_from},
+                      {"stride", o->p.stride},
+                      {"windows", x.windows},
+                      {"scored", x.scored},
+                      {"ppl", x.ppl},
+                      {"ppl_lo", x.ppl_ci.lo},
+                      {"ppl_hi", x.ppl_ci.hi},
+                      {"ppl_fp32", x.ppl_ref},
+                      {"ppl_fp32_lo", x.ppl_ref_ci.lo},
+                      {"ppl_fp32_hi", x.ppl_ref_ci.hi},
+                      {"delta_ppl", x.ppl - x.ppl_ref},
+                      {"delta_ppl_lo", x.delta_ppl_ci.lo},
+                      {"delta_ppl_hi", x.delta_ppl_ci.hi},
+                      {"kld", x.kld},
+                      {"kld_lo", x.kld_ci.lo},
+                      {"kld_hi", x.kld_ci.hi},
+                      {"kld_p99", x.kld_p99},
+                      {"top1", x.top1},
+                      {"top1_lo", x.top1_ci.lo},
+                      {"top1_hi", x.top1_ci.hi},
+                      {"quantized", x.quantized},
+                      {"ci_blocks", x.ci_blocks},
+                      {"seconds", x.seconds}});
     }
+    fmt::print("intervals   95%, block bootstrap over the scored positions ({} blocks of up to {} "
+               "tokens, {} resamples)\n",
+               r.ci_blocks, eval::kCiBlock, eval::kCiResamples);
     fmt::print("time        {:.1f} s\n", r.seconds);
+    std::fflush(stdout);  // the warnings after the table they refer to
+    for (const std::string& w : warnings) fmt::print(stderr, "warning: {}\n", w);
     write_json(o->json, rows.size() == 1 ? rows[0] : nlohmann::json{{"rows", rows}});
   });
 }

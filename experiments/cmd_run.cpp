@@ -540,12 +540,40 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard
       const eval::PplResult& r = results[i];
       // K and V of a ctx-token window summed over the layers (each layer's own scheme)
       const planner::RequestFootprint f = planner::request_footprint(
-          planner::ModelDims{"model", m.config().layers, m.config().kv_heads, m.config().head_dim, 0.0}, *s, o.ctx);
-      table.add({{"key", s->canonical()}, {"scheme", s->canonical()}, {"settings", settings},
+          planner::ModelDims{"model", m.config().layers, m.config().kv_heads, m.config().head_dim,
+                             0.0},
+          *s, o.ctx);
+      // Each statistic with its 95% interval (x_lo, x_hi: null when it could not be estimated) and
+      // the fraction of the attended K/V that was quantized (eval::quantized_fraction).
+      table.add({{"key", s->canonical()},
+                 {"scheme", s->canonical()},
+                 {"settings", settings},
                  {"bits", (f.key.effective_bits() + f.value.effective_bits()) / 2},
                  {"bytes_per_token", f.total_bytes() / o.ctx},
-                 {"ppl", r.ppl}, {"ppl_fp32", r.ppl_ref}, {"delta_ppl", r.ppl - r.ppl_ref}, {"kld", r.kld},
-                 {"kld_p99", r.kld_p99}, {"top1", r.top1}, {"scored", r.scored}, {"seconds", r.seconds}});
+                 {"ppl", r.ppl},
+                 {"ppl_lo", r.ppl_ci.lo},
+                 {"ppl_hi", r.ppl_ci.hi},
+                 {"ppl_fp32", r.ppl_ref},
+                 {"ppl_fp32_lo", r.ppl_ref_ci.lo},
+                 {"ppl_fp32_hi", r.ppl_ref_ci.hi},
+                 {"delta_ppl", r.ppl - r.ppl_ref},
+                 {"delta_ppl_lo", r.delta_ppl_ci.lo},
+                 {"delta_ppl_hi", r.delta_ppl_ci.hi},
+                 {"kld", r.kld},
+                 {"kld_lo", r.kld_ci.lo},
+                 {"kld_hi", r.kld_ci.hi},
+                 {"kld_p99", r.kld_p99},
+                 {"top1", r.top1},
+                 {"top1_lo", r.top1_ci.lo},
+                 {"top1_hi", r.top1_ci.hi},
+                 {"quantized", r.quantized},
+                 {"scored", r.scored},
+                 {"ci_blocks", r.ci_blocks},
+                 {"seconds", r.seconds}});
+      fmt::print(stderr, "[{}] {}: {}\n", tag, s->canonical(), eval::format_result(r));
+      if (!eval::exact_by_design(*s) && r.quantized < eval::kMinQuantizedFraction)
+        fmt::print(stderr, "kvq run: warning: {}\n",
+                   eval::little_quantized(s->canonical(), ctx, r.quantized));
     }
   }
 }
@@ -987,21 +1015,24 @@ void register_run(CLI::App& app) {
     if (want_syn) {
       sp = plan_synthetic(*syn, Where{o->config, "synthetic"});
       sp->specs = fitting(rows, "synthetic", sp->ks.shape.heads, sp->ks.shape.dim, errors);
-      for (const SchemeSpec& s : sp->specs) {
-        const auto nothing = [&](Role r) {
-          const SchemeSpec& x = s.side(r);
-          return x.kind == SchemeKind::Int && quantized_tokens(x.q, x.q.axis(r), sp->ks.shape.tokens) == 0;
-        };
-        if (nothing(Role::Key) && nothing(Role::Value))
-          fmt::print(stderr, "kvq run: warning: {} quantizes nothing of [synthetic] tokens = {} (all within its window or "
-                     "short of a key group); its rows will read exact values\n", s.canonical(), sp->ks.shape.tokens);
-      }
     }
     if (sp && o->smoke) {
       sp->ks.shape.tokens = std::min<int64_t>(sp->ks.shape.tokens, 256);
       sp->settings["tokens"] = sp->ks.shape.tokens;
       sp->settings["smoke"] = true;
     }
+    if (sp)  // the model rows' rule (eval::quantized_tokens_of) on one tensor quantized at once
+      for (const SchemeSpec& s : sp->specs) {
+        const auto nothing = [&](Role r) {
+          return eval::quantized_tokens_of(s, r, sp->ks.shape.tokens, 0, false) == 0;
+        };
+        if (!eval::exact_by_design(s) && nothing(Role::Key) && nothing(Role::Value))
+          fmt::print(stderr,
+                     "kvq run: warning: {} quantizes nothing of [synthetic] tokens = {} (all "
+                     "within its window or sinks, or short of a key group); its rows will read "
+                     "exact values\n",
+                     s.canonical(), sp->ks.shape.tokens);
+      }
     // The model's shape from the GGUF's metadata alone, read once for the tasks that need it.
     std::optional<LlamaConfig> lc;
     auto model_config = [&]() -> const LlamaConfig& {

@@ -8,6 +8,8 @@
 #include <span>
 
 #include "core/error.h"
+#include "core/footprint.h"
+#include "core/splitmix.h"
 #include "fmt/format.h"
 
 namespace kvq::eval {
@@ -30,7 +32,168 @@ void run_chunks(const LlamaModel& m, LlamaCache& cache, const int32_t* tokens, i
   }
 }
 
+// The first position perplexity() scores in window w: positions first .. ctx-2 predict tokens
+// first+1 .. ctx-1: the whole window at first (and for non-overlapping windows), then only the
+// last `stride` tokens of overlapping ones.
+int64_t first_scored(const PplOptions& o, int stride, int64_t w) {
+  return std::max<int64_t>(o.score_from, w == 0 ? 0 : std::max<int64_t>(0, o.ctx - stride - 1));
+}
+
+// quantized_tokens_of for one layer's one-side spec.
+int64_t side_quantized(const SchemeSpec& side, Role role, int64_t t, bool streamed) {
+  if (t <= side.sink) return 0;  // sink=S: the first S exact; the scheme holds the rest
+  t -= side.sink;
+  switch (side.kind) {
+    case SchemeKind::Fp32:
+      return 0;
+    case SchemeKind::Bf16:
+    case SchemeKind::Fp16:
+      return t;
+    case SchemeKind::Fp8: {
+      const Fp8Spec& f = side.fp8;
+      const bool waits =
+          streamed && f.source == ScaleSource::Dynamic && f.gran != Granularity::Token;
+      return waits && t < f.first ? 0 : t;
+    }
+    case SchemeKind::Int:  // (g=dim groups channels: only a per-token side has it)
+      return quantized_tokens(side.q, side.q.axis(role), t);
+  }
+  return 0;
+}
+
+// A block bootstrap statistic's 2.5th and 97.5th percentiles.
+Interval percentile_interval(std::vector<double>& v) {
+  std::sort(v.begin(), v.end());
+  const auto at = [&](double p) {  // linear interpolation between order statistics
+    const double x = p * static_cast<double>(v.size() - 1);
+    const size_t i = static_cast<size_t>(std::floor(x));
+    const size_t j = std::min(i + 1, v.size() - 1);
+    return v[i] + (x - static_cast<double>(i)) * (v[j] - v[i]);
+  };
+  return {at(0.025), at(0.975)};
+}
+
 }  // namespace
+
+int64_t quantized_tokens_of(const SchemeSpec& spec, Role role, int64_t tokens, int layer,
+                            bool streamed) {
+  return side_quantized(spec.for_layer(layer).side(role), role, tokens, streamed);
+}
+
+bool exact_by_design(const SchemeSpec& spec) {
+  for (const SchemeSpec& one : spec.distinct_layer_specs())
+    for (Role r : {Role::Key, Role::Value})
+      if (one.side(r).kind != SchemeKind::Fp32) return false;
+  return true;
+}
+
+std::string format_result(const PplResult& r) {
+  const auto ci = [](const Interval& i, const char* spec, double scale = 1.0) {
+    return i.known() ? fmt::format(fmt::runtime(fmt::format(" [{{:{0}}}, {{:{0}}}]", spec)),
+                                   scale * i.lo, scale * i.hi)
+                     : std::string(" [-]");
+  };
+  return fmt::format(
+      "ppl {:.4f}{}, delta {:+.4f}{}, KLD {:.5f}{}, top-1 {:.2f}%{}, quantized {:.1f}%", r.ppl,
+      ci(r.ppl_ci, ".4f"), r.ppl - r.ppl_ref, ci(r.delta_ppl_ci, "+.4f"), r.kld,
+      ci(r.kld_ci, ".5f"), 100.0 * r.top1, ci(r.top1_ci, ".2f", 100.0), 100.0 * r.quantized);
+}
+
+std::string little_quantized(const std::string& scheme, int64_t ctx, double quantized) {
+  return fmt::format(
+      "{} at ctx {}: only {:.1f}% of the K/V the scored positions attend was stored quantized "
+      "(under {:.0f}%: its exact window or FP8 first-N prefix covers most of each window), so the "
+      "row measures little of the scheme; score longer windows",
+      scheme, ctx, 100.0 * quantized, 100.0 * kMinQuantizedFraction);
+}
+
+double quantized_fraction(const SchemeSpec& spec, const PplOptions& o, int64_t text_tokens,
+                          int layers) {
+  KVQ_CHECK(layers >= 1 && o.ctx >= 2 && text_tokens >= o.ctx,
+            "quantized_fraction: {} layers, ctx {}, {} tokens", layers, o.ctx, text_tokens);
+  const int stride = o.stride > 0 ? o.stride : o.ctx;
+  // share[t]: the quantized part of a t-token cache, summed over the sides that quantize.
+  std::vector<double> share(static_cast<size_t>(o.ctx), 0.0);
+  int sides = 0;
+  for (int l = 0; l < layers; ++l) {
+    const SchemeSpec one = spec.for_layer(l);
+    for (Role r : {Role::Key, Role::Value}) {
+      const SchemeSpec& side = one.side(r);
+      if (side.kind == SchemeKind::Fp32) continue;  // exact by design: not in the mean
+      ++sides;
+      for (int64_t t = 1; t < o.ctx; ++t)
+        share[static_cast<size_t>(t)] +=
+            static_cast<double>(side_quantized(side, r, t, true)) / static_cast<double>(t);
+    }
+  }
+  if (sides == 0) return 0.0;
+  for (double& x : share) x /= sides;
+  // Windows after the first all score the same positions: weigh them by their count.
+  const int64_t windows = (text_tokens - o.ctx) / stride + 1;
+  double sum = 0, n = 0;
+  for (int64_t w = 0; w < std::min<int64_t>(windows, 2); ++w) {
+    const double weight = w == 0 ? 1.0 : static_cast<double>(windows - 1);
+    for (int64_t p = first_scored(o, stride, w); p < o.ctx - 1; ++p) {
+      sum += weight * share[static_cast<size_t>(p + 1)];
+      n += weight;
+    }
+  }
+  return n > 0 ? sum / n : 0.0;
+}
+
+void bootstrap_intervals(const PositionScores& s, PplResult& r) {
+  const size_t n = s.nll.size();
+  KVQ_CHECK(s.nll_ref.size() == n && s.kl.size() == n && s.agree.size() == n,
+            "bootstrap_intervals: score arrays of different lengths");
+  // Per block: sums of each score and its length; blocks never cross a window.
+  struct Block {
+    double nll_ref = 0, nll = 0, kl = 0, agree = 0, count = 0;
+  };
+  std::vector<Block> blocks;
+  for (size_t w = 0; w < s.window_begin.size(); ++w) {
+    const size_t end = w + 1 < s.window_begin.size() ? s.window_begin[w + 1] : n;
+    for (size_t a = s.window_begin[w]; a < end; a += kCiBlock) {
+      Block b;
+      for (size_t i = a; i < std::min<size_t>(a + kCiBlock, end); ++i) {
+        b.nll_ref += s.nll_ref[i];
+        b.nll += s.nll[i];
+        b.kl += s.kl[i];
+        b.agree += s.agree[i];
+        b.count += 1;
+      }
+      blocks.push_back(b);
+    }
+  }
+  r.ci_blocks = static_cast<int64_t>(blocks.size());
+  r.ppl_ci = r.ppl_ref_ci = r.delta_ppl_ci = r.kld_ci = r.top1_ci = Interval{};
+  if (blocks.size() < 2) return;
+  std::vector<double> ppl, ppl_ref, dppl, kld, top1;
+  uint64_t state = kCiSeed;
+  const auto nb = static_cast<unsigned __int128>(blocks.size());
+  for (int k = 0; k < kCiResamples; ++k) {
+    Block t;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      // A uniform block index: the high word of a 64 x 64-bit product (Lemire's map).
+      const Block& b = blocks[static_cast<size_t>((splitmix64(state) * nb) >> 64)];
+      t.nll_ref += b.nll_ref;
+      t.nll += b.nll;
+      t.kl += b.kl;
+      t.agree += b.agree;
+      t.count += b.count;
+    }
+    const double p = std::exp(t.nll / t.count), pr = std::exp(t.nll_ref / t.count);
+    ppl.push_back(p);
+    ppl_ref.push_back(pr);
+    dppl.push_back(p - pr);
+    kld.push_back(t.kl / t.count);
+    top1.push_back(t.agree / t.count);
+  }
+  r.ppl_ci = percentile_interval(ppl);
+  r.ppl_ref_ci = percentile_interval(ppl_ref);
+  r.delta_ppl_ci = percentile_interval(dppl);
+  r.kld_ci = percentile_interval(kld);
+  r.top1_ci = percentile_interval(top1);
+}
 
 std::vector<double> log_softmax(const float* logits, int64_t n) {
   const double mx = *std::max_element(logits, logits + n);
@@ -67,6 +230,7 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
   const size_t S = caches.size();
   std::vector<double> nll(S, 0.0), agree(S, 0.0);
   std::vector<std::vector<double>> klds(S);
+  std::vector<PositionScores> scores(S);
   double nll_ref = 0;
   std::vector<float> lr;
   std::vector<std::vector<float>> lq(S);
@@ -78,10 +242,8 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
     LlamaCache ref(m.config(), ref_opts);
     std::vector<LlamaCache> test;
     for (const CacheOptions& c : caches) test.emplace_back(m.config(), c);
-    // Positions first .. ctx-2 predict tokens first+1 .. ctx-1: the whole window at first (and
-    // for non-overlapping windows), then only the last `stride` tokens of overlapping ones.
-    const int64_t first =
-        std::max<int64_t>(o.score_from, w == 0 ? 0 : std::max<int64_t>(0, o.ctx - stride - 1));
+    const int64_t first = first_scored(o, stride, w);
+    for (PositionScores& sc : scores) sc.window_begin.push_back(sc.nll.size());
     // Chunk by chunk, every cache in step: the reference logits of a chunk are computed once and
     // every scheme is scored against them, holding (schemes + 1) x chunk x vocab floats.
     for (int64_t a = 0; a < o.ctx; a += o.chunk) {
@@ -123,6 +285,11 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
           nll[s] += q_nll[at];
           klds[s].push_back(q_kl[at]);
           agree[s] += q_agree[at];
+          PositionScores& sc = scores[s];
+          sc.nll_ref.push_back(r_nll[static_cast<size_t>(i)]);
+          sc.nll.push_back(q_nll[at]);
+          sc.kl.push_back(q_kl[at]);
+          sc.agree.push_back(q_agree[at]);
         }
       }
     }
@@ -158,6 +325,8 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
         std::min<double>(static_cast<double>(klds[s].size() - 1),
                          std::floor(0.99 * static_cast<double>(klds[s].size()))))];
     r.top1 = agree[s] / static_cast<double>(r.scored);
+    bootstrap_intervals(scores[s], r);
+    r.quantized = quantized_fraction(caches[s].spec, o, n, m.config().layers);
     r.seconds = seconds;
   }
   return out;
@@ -245,7 +414,8 @@ NeedleCase needle_case(const Tokenizer& tok, const NeedleText& t, int ctx, doubl
       tok.encode(fmt::format("\nThe pass key is {}. Remember it. {} is the pass key.\n", key, key));
   NeedleCase c;
   c.answer = tok.encode(fmt::format(" {}", key));
-  const int64_t fill = ctx - static_cast<int64_t>(t.intro.size() + needle.size() + t.question.size());
+  const int64_t fill =
+      ctx - static_cast<int64_t>(t.intro.size() + needle.size() + t.question.size());
   KVQ_CHECK(fill > 0 && fill <= static_cast<int64_t>(t.hay.size()),
             "needle: ctx {} leaves no room for the haystack", ctx);
   const int64_t at = static_cast<int64_t>(std::llround(depth * static_cast<double>(fill)));
@@ -319,6 +489,74 @@ std::vector<LayerKv> dump_kv(const LlamaModel& m, const std::vector<int32_t>& id
     if (poll) poll();
   }
   return out;
+}
+
+std::vector<NeedleRow> needle_grid(const LoadedModel& L, const std::string& hay_text,
+                                   const CacheOptions& ref, const CacheOptions& test,
+                                   const NeedleGrid& g,
+                                   const std::function<void(const NeedleRow&)>& on_row,
+                                   const Progress& progress) {
+  const NeedleText text = needle_text(L.tok, hay_text);
+  uint64_t state = needle_seed(g.seed);
+  std::vector<NeedleRow> rows;
+  for (int ctx : g.ctxs)
+    for (double depth : g.depths)
+      for (int trial = 0; trial < g.trials; ++trial) {
+        NeedleRow r{ctx, depth, trial, needle_key(state), {}, {}};
+        const NeedleCase c = needle_case(L.tok, text, ctx, depth, r.key);
+        const auto show = [&](const CacheOptions& co) -> Progress {
+          if (!progress) return {};
+          return [&, name = co.spec.canonical()](const std::string& msg) {
+            progress(fmt::format("[needle ctx {} depth {} {}] {}", ctx, depth, name, msg));
+          };
+        };
+        r.ref = needle_trial(L.model, ref, c.prompt, c.answer, 256, g.threads, show(ref));
+        r.test = needle_trial(L.model, test, c.prompt, c.answer, 256, g.threads, show(test));
+        r.ref.depth = r.test.depth = depth;
+        rows.push_back(r);
+        if (on_row) on_row(rows.back());
+      }
+  return rows;
+}
+
+fp8::Calibration calibrate(const LoadedModel& L, const std::string& text, const CalibrateOptions& o,
+                           const Progress& progress) {
+  std::vector<int32_t> ids = L.tok.encode_first(text, o.max_tokens > 0 ? o.skip + o.max_tokens : 0);
+  KVQ_CHECK(static_cast<int64_t>(ids.size()) > o.skip,
+            "calibrate: the text has {} tokens, --skip-tokens {} leaves none", ids.size(), o.skip);
+  ids.erase(ids.begin(), ids.begin() + o.skip);
+  const LlamaConfig& cfg = L.model.config();
+  const int64_t H = cfg.kv_heads, D = cfg.head_dim;
+  fp8::Calibration cal;
+  cal.model = "SmolLM2-135M-Instruct.Q4_1";
+  cal.source = fmt::format("{}: {} tokens{}, windows of {}{}", o.text_name, ids.size(),
+                           o.skip > 0 ? fmt::format(" after the first {}", o.skip) : std::string(),
+                           o.ctx, o.pre_rope ? ", pre-RoPE keys" : "");
+  cal.k_amax.assign(static_cast<size_t>(cfg.layers),
+                    std::vector<float>(static_cast<size_t>(H), 0.0f));
+  cal.v_amax = cal.k_amax;
+  std::vector<float> logits;
+  for (size_t w = 0; w < ids.size(); w += static_cast<size_t>(o.ctx)) {
+    LlamaCache cache(cfg, CacheOptions{parse_spec("fp32")});
+    const size_t len = std::min<size_t>(static_cast<size_t>(o.ctx), ids.size() - w);
+    for (size_t a = 0; a < len; a += 256) {
+      L.model.forward(
+          {ids.data() + w + a, std::min<size_t>(256, len - a)}, cache, logits, false, o.threads,
+          [&](int l, int64_t, int64_t n, const float* kpre, const float* k, const float* v) {
+            const float* kk = o.pre_rope ? kpre : k;
+            for (int64_t i = 0; i < n * H * D; ++i) {
+              const auto h = static_cast<size_t>(i / D % H);
+              auto& ka = cal.k_amax[static_cast<size_t>(l)][h];
+              auto& va = cal.v_amax[static_cast<size_t>(l)][h];
+              ka = std::max(ka, std::fabs(kk[i]));
+              va = std::max(va, std::fabs(v[i]));
+            }
+          });
+      if (o.poll) o.poll();
+    }
+    if (progress) progress(fmt::format("[calibrate] {}/{} tokens", w + len, ids.size()));
+  }
+  return cal;
 }
 
 }  // namespace kvq::eval

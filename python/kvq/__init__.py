@@ -401,7 +401,10 @@ class Model:
 
         ``text`` is a string (or token ids); windows of ``ctx`` tokens, ``stride`` apart
         (0: ctx), over the first ``max_tokens`` tokens (0: all; default 2,048, as the CLI). Returns a dict (one spec) or a
-        list of dicts (kv, ppl, ppl_fp32, kld, kld_p99, top1, windows, scored, seconds).
+        list of dicts (kv, ppl, ppl_fp32, delta_ppl, kld, kld_p99, top1, windows, scored, seconds;
+        X_lo and X_hi: the 95% interval of ppl, ppl_fp32, delta_ppl, kld and top1, a block
+        bootstrap over the scored positions with ci_blocks blocks, None when unknown; quantized:
+        the fraction of the attended K/V stored quantized, as ``kvq run``'s model rows).
         ``backend``: attention on "cpu" (SIMD kernels), "cpu-int8" (their reduced-precision dot
         products on 2/4-bit and FP8 codes) or "ref" (the scalar reference), as ``kvq model
         --backend``.

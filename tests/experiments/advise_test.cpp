@@ -143,6 +143,43 @@ TEST_F(Advise, QualityFromTheNearestContext) {
   EXPECT_EQ(far.kld, 0.09);
 }
 
+// Issue 50: a row whose scored positions read (almost) nothing quantized measured the exact window,
+// not the scheme: kivi2 (r=128) in 128-token windows reads KLD 0. Such rows are skipped with their
+// reason, from the row's "quantized" or, for a row written before kvq recorded it, from its
+// settings (FP8's first 128 tokens cover 128-token windows: 0). The answer is then kivi4, the
+// fastest scheme whose rows measured it.
+TEST_F(Advise, RowsThatQuantizedTooLittleAreSkippedWithTheirReason) {
+  std::filesystem::create_directories(dir_ / "w");
+  std::ofstream(dir_ / "w" / "model.jsonl")
+      << "{\"scheme\":\"kivi2\",\"settings\":{\"ctx\":128,\"stride\":0,\"max_tokens\":256},"
+         "\"kld\":0.0,\"delta_ppl\":0.0,\"quantized\":0.0}\n"
+      << "{\"scheme\":\"kivi4\",\"settings\":{\"ctx\":2048},\"kld\":0.02,\"delta_ppl\":0.05,"
+         "\"quantized\":0.81}\n"
+      << "{\"scheme\":\"fp8_e4m3\",\"settings\":{\"ctx\":128,\"stride\":0,\"max_tokens\":256},"
+         "\"kld\":0.0,\"delta_ppl\":0.0}\n"
+      << "{\"scheme\":\"fp32\",\"settings\":{\"ctx\":128,\"stride\":0,\"max_tokens\":256},"
+         "\"kld\":0.0,\"delta_ppl\":0.0,\"quantized\":0.0}\n";
+  const auto q = read_quality({(dir_ / "w").string()});
+  ASSERT_EQ(q.size(), 4u);
+  ASSERT_TRUE(q[2].quantized.has_value());
+  EXPECT_EQ(*q[2].quantized, 0.0);
+  const Advice a = advise(workload(), q, Budget{0.05, {}});
+  EXPECT_EQ(a.choice, "kivi4:g=32,r=128");
+  ASSERT_EQ(a.skipped.size(), 2u) << "kivi2 and fp8; fp32 quantizes nothing by design";
+  EXPECT_NE(a.skipped[0].find("model.jsonl:1: kivi2:g=32,r=128 at ctx 128: only 0.0% of the K/V"),
+            std::string::npos)
+      << a.skipped[0];
+  EXPECT_NE(a.skipped[1].find("model.jsonl:3: fp8_e4m3:gran=tensor,scale=dynamic at ctx 128"),
+            std::string::npos)
+      << a.skipped[1];
+  for (const Candidate& c : a.table)
+    EXPECT_NE(c.scheme, "kivi2:g=32,r=128") << "a skipped row is no measurement";
+  const std::string t = format_advice(a, Budget{0.05, {}});
+  EXPECT_NE(t.find("skipped    2 rows (under 20% of the attended K/V quantized)"),
+            std::string::npos)
+      << t;
+}
+
 TEST_F(Advise, BadInputsAreOneLineErrors) {
   EXPECT_THROW((void)advise(workload(), quality(), Budget{}), Error);
   try {
