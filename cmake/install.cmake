@@ -16,10 +16,11 @@ if(KVQ_HAVE_CUDA)
   list(APPEND kvq_header_dirs kernels/cuda)
 endif()
 # The package that defines each imported target the libraries link, as kvqConfig.cmake finds it
-# (target=find_package arguments; PCRE2 is pkg-config's libpcre2-8, found by kvqConfig.cmake).
+# (target=find_package arguments; PCRE2 is pkg-config's libpcre2-8, found by kvqConfig.cmake;
+# every CUDA::* target comes from CUDAToolkit).
 set(kvq_packages "fmt::fmt=fmt" "nlohmann_json::nlohmann_json=nlohmann_json 3.10"
                  "Eigen3::Eigen=Eigen3 3.4 NO_MODULE" "Threads::Threads=Threads"
-                 "OpenMP::OpenMP_CXX=OpenMP" "PkgConfig::PCRE2=PCRE2" "CUDA::cudart=CUDAToolkit")
+                 "OpenMP::OpenMP_CXX=OpenMP" "PkgConfig::PCRE2=PCRE2")
 
 set(kvq_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/kvq)
 set(kvq_components "")
@@ -51,6 +52,9 @@ foreach(pair IN LISTS kvq_exported)
       continue()
     endif()
     set(found "")
+    if(lib MATCHES "^CUDA::")
+      set(found CUDAToolkit)
+    endif()
     foreach(entry IN LISTS kvq_packages)
       if(entry MATCHES "^([^=]+)=(.+)$" AND CMAKE_MATCH_1 STREQUAL lib)
         set(found "${CMAKE_MATCH_2}")
