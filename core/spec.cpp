@@ -250,6 +250,9 @@ SchemeSpec parse_spec(std::string_view text) {
     fail("bad scheme spec '{}': a split spec names the keys first: k=KEY_SPEC;v=VALUE_SPEC", text);
   const size_t colon = text.find(':');
   std::string_view name = text.substr(0, colon);
+  if (const size_t comma = name.find(','); comma != std::string_view::npos)  // kivi2,rot=...
+    fail("bad scheme spec '{}': parameters follow a ':' after the name ({}:{})", text,
+         name.substr(0, comma), text.substr(comma + 1));
   if (name == "fp8") name = "fp8_e4m3";  // vLLM's --kv-cache-dtype fp8 is E4M3
   const std::string_view params = colon == std::string_view::npos ? "" : text.substr(colon + 1);
   if (name == "hf") return parse_hf(text, params);

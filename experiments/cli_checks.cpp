@@ -6,10 +6,12 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
 
+#include "core/error.h"
 #include "experiments/commands.h"
 
 namespace kvq::cli {
@@ -44,6 +46,54 @@ CLI::Validator above_zero() {
         return {};
       },
       "NUMBER > 0");
+}
+
+namespace {
+
+// The file an input argument reads: FILE.safetensors:TENSOR -> FILE.safetensors.
+std::string_view input_file(std::string_view arg) {
+  const size_t p = arg.rfind(".safetensors:");
+  return p == std::string_view::npos ? arg : arg.substr(0, p + 12);
+}
+
+// Whether two paths name one file: the same file on disk (links, "./" and ".." included), or the
+// same absolute path when it does not exist yet.
+bool same_file(std::string_view a, std::string_view b) {
+  namespace fs = std::filesystem;
+  std::error_code ea, eb;
+  const fs::path pa(a), pb(b);
+  if (fs::exists(pa, ea) && fs::exists(pb, eb)) return fs::equivalent(pa, pb, ea);
+  return fs::weakly_canonical(pa, ea) == fs::weakly_canonical(pb, eb);
+}
+
+}  // namespace
+
+void check_outputs(std::initializer_list<std::string_view> inputs,
+                   std::initializer_list<OutputFile> outputs) {
+  for (auto o = outputs.begin(); o != outputs.end(); ++o) {
+    if (o->path.empty()) continue;
+    const std::string_view p = o->path;
+    bool named = false;  // ends in one of the extensions ("|" separates them)
+    for (std::string_view rest = o->ext; !rest.empty() && !named;) {
+      const std::string_view e = rest.substr(0, rest.find('|'));
+      named = p.size() > e.size() && p.substr(p.size() - e.size()) == e;
+      rest = e.size() < rest.size() ? rest.substr(e.size() + 1) : std::string_view{};
+    }
+    if (!named) {
+      const std::string_view first = o->ext.substr(0, o->ext.find('|'));
+      throw Error(fmt::format("{} '{}': the file is written as {}; name it FILE{}", o->what, p,
+                              first.substr(1), first));
+    }
+    for (std::string_view in : inputs)
+      if (!in.empty() && same_file(p, input_file(in)))
+        throw Error(fmt::format("{} '{}' is the input '{}': writing it would replace the data "
+                                "being read; name another file",
+                                o->what, p, in));
+    for (auto e = outputs.begin(); e != o; ++e)
+      if (!e->path.empty() && same_file(p, e->path))
+        throw Error(
+            fmt::format("{} and {} both name '{}': give each its own file", e->what, o->what, p));
+  }
 }
 
 namespace {

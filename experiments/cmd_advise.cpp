@@ -20,7 +20,6 @@ void register_advise(CLI::App& app) {
     std::vector<std::string> results{"results/default"};
     std::string gguf;
     double max_kld = 0, max_dppl = 0, min_gain = 1.10;
-    int64_t ctx = 2000, batch = 64;
   };
   auto o = std::make_shared<Opts>();
   auto* c = app.add_subcommand(
@@ -48,13 +47,6 @@ void register_advise(CLI::App& app) {
   auto* dppl = c->add_option("--max-dppl", o->max_dppl,
                              "quality budget: perplexity increase over the fp32 cache (e.g. 0.1)")
                    ->check(above_zero());
-  c->add_option("--ctx", o->ctx,
-                "tokens of context per request (the quality rows nearest it are used)")
-      ->check(at_least(1))
-      ->capture_default_str();
-  c->add_option("--batch", o->batch, "concurrent requests decoding together")
-      ->check(at_least(1))
-      ->capture_default_str();
   c->add_option("--min-gain", o->min_gain,
                 "smallest decode speed-up over bf16 worth quantizing for when bf16 fits")
       ->check(above_zero())
@@ -65,11 +57,12 @@ void register_advise(CLI::App& app) {
     if (dppl->count()) b.max_dppl = o->max_dppl;
     planner::PlanInput in = flags.resolve();
     if (gguf->count()) {
-      KVQ_CHECK(!flags.model->count() && !flags.layers->count() && !flags.kv_heads->count() &&
-                    !flags.head_dim->count() && !flags.params->count() && !flags.weights->count() &&
-                    !flags.weights_dtype->count(),
-                "--gguf gives the model and its weight bytes; leave out --model, --layers, "
-                "--kv-heads, --head-dim, --params, --weights-bytes and --weights-dtype");
+      if (flags.model->count() || flags.layers->count() || flags.kv_heads->count() ||
+          flags.head_dim->count() || flags.params->count() || flags.weights->count() ||
+          flags.weights_dtype->count())
+        usage_error(
+            "--gguf gives the model and its weight bytes; leave out --model, --layers, "
+            "--kv-heads, --head-dim, --params, --weights-bytes and --weights-dtype");
       const auto f = gguf::GgufFile::open(model_path(o->gguf));
       const LlamaConfig cfg = LlamaModel::read_config(f);
       double bytes = 0;
@@ -83,8 +76,6 @@ void register_advise(CLI::App& app) {
                 "--gguf: give --mem (the KV memory) or --gpu (90% of its memory minus the "
                 "weights)");
     }
-    in.ctx = in.decode_ctx = o->ctx;
-    in.batch = o->batch;
     const auto rows = advisor::read_quality(o->results);
     fmt::print("{}", advisor::format_advice(advisor::advise(in, rows, b, o->min_gain), b));
   });

@@ -39,6 +39,7 @@ void register_synth(CLI::App& app) {
   add_synth_options(c, *s);
   c->add_option("output", *out, "output npy")->required();
   c->callback([s, out] {
+    check_outputs({}, {{"output", *out, ".npy"}});
     const Tensor3 x = synthetic_kv(*s);
     write_npy(*out, {x.shape.tokens, x.shape.heads, x.shape.dim}, x.data.data());
     fmt::print("wrote {} [{}, {}, {}]\n", *out, x.shape.tokens, x.shape.heads, x.shape.dim);
@@ -76,6 +77,7 @@ void register_compare(CLI::App& app) {
       "input npy or FILE.safetensors:TENSOR, [tokens, heads, head_dim] or [tokens, head_dim]");
   add_synth_options(c, o->synth);
   c->callback([o] {
+    check_outputs({o->in}, {{"--json", o->json, ".json|.jsonl"}});
     const Tensor3 x = o->in.empty() ? synthetic_kv(o->synth) : load_kv(o->in).tensor;
     const Role role = o->role == "key" ? Role::Key : Role::Value;
     std::vector<SchemeSpec> specs;
@@ -91,19 +93,29 @@ void register_compare(CLI::App& app) {
       fmt::print("input: {} [{} tokens, {} heads, {} dim]\n", o->in, x.shape.tokens, x.shape.heads,
                  x.shape.dim);
     fmt::print("role: {}\n\n", o->role);
-    fmt::print("{:<40} {:>7} {:>11} {:>8} {:>10} {:>10}\n", "scheme", "bits", "nmse", "snr_db",
-               "max_err", "cosine");
+    fmt::print("{:<40} {:>7} {:>11} {:>8} {:>10} {:>10}  {}\n", "scheme", "bits", "nmse", "snr_db",
+               "max_err", "cosine", "scales from");
     std::string lines;
+    bool prefix = false;  // a dynamic scale read fewer tokens than the tensor has
     for (const auto& spec : specs) {
       const RoundTrip r = round_trip(spec, role, x);
       const auto j = error_report(spec, role, x, r);
       lines += j.dump() + "\n";
-      fmt::print("{:<40} {:>7.3f} {:>11.3e} {:>8} {:>10.4g} {:>10.6f}\n", spec.canonical(),
+      prefix = prefix || scales_from_prefix(spec, role, x.shape.tokens);
+      fmt::print("{:<40} {:>7.3f} {:>11.3e} {:>8} {:>10.4g} {:>10.6f}  {}\n", spec.canonical(),
                  j["effective_bits"].get<double>(), j["nmse"].get<double>(),
                  j["snr_db"].is_null() ? std::string("exact")
                                        : fmt::format("{:.2f}", j["snr_db"].get<double>()),
-                 j["max_abs_err"].get<double>(), j["cosine"].get<double>());
+                 j["max_abs_err"].get<double>(), j["cosine"].get<double>(),
+                 j["scales_from"].get<std::string>());
     }
+    if (prefix)
+      fmt::print(
+          "\nnote: dynamic FP8 tensor/head/channel scales come from the first `first` tokens "
+          "(default {}), as a\nserving engine sets them from the prefill; the tokens after them can "
+          "exceed that range and clip.\nfirst={} makes every token count (an offline bound, not what "
+          "a streaming cache can do).\n",
+          Fp8Spec::kFp8FirstDefault, x.shape.tokens);
     if (!o->json.empty()) write_file_atomic(o->json, lines);
   });
 }

@@ -86,6 +86,14 @@ PlanFlags add_plan_flags(CLI::App* c, PlanFlags::Values& o) {
            "int4 (0.5 + a bf16 scale per 128 weights)")
           ->check(CLI::IsMember({"bf16", "fp16", "fp8", "int4"}))
           ->capture_default_str();
+  // The workload: one name, meaning and default in kvq plan and kvq advise.
+  c->add_option("--ctx", o.in.ctx, "tokens per request, for capacity: how many requests fit")
+      ->capture_default_str();
+  c->add_option("--batch", o.in.batch, "requests in the decode batch")->capture_default_str();
+  c->add_option("--decode-ctx", o.in.decode_ctx,
+                "tokens of context per decode-batch request (kvq advise: the quality rows nearest "
+                "it are used)")
+      ->capture_default_str();
   f.values = &o;
   return f;
 }
@@ -125,11 +133,6 @@ void register_plan(CLI::App& app) {
   c->footer(plan_footer());
   const PlanFlags flags = add_plan_flags(c, o->v);
   c->add_option("--kv", o->v.in.kv, "KV formats, space separated, one row each (see below)")
-      ->capture_default_str();
-  c->add_option("--ctx", o->v.in.ctx, "tokens per request for the capacity columns")
-      ->capture_default_str();
-  c->add_option("--batch", o->v.in.batch, "requests in the decode batch")->capture_default_str();
-  c->add_option("--decode-ctx", o->v.in.decode_ctx, "tokens of context per decode-batch request")
       ->capture_default_str();
   auto* json = c->add_option("--json", o->json,
                              "write the plan as JSON to FILE (no FILE or '-': print it instead of "

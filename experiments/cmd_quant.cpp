@@ -147,8 +147,7 @@ void register_quant(CLI::App& app) {
                 "output npy: float32, same shape, the values the cache reads back")
       ->required();
   c->callback([o] {
-    KVQ_CHECK(!o->scheme.empty(),
-              "--kv is required: the scheme spec, e.g. --kv kivi2 (see --help)");
+    if (o->scheme.empty()) usage_error("--kv is required: the scheme spec, e.g. --kv kivi2");
     const SchemeSpec spec = parse_spec(o->scheme).for_layer(o->layer);  // SPEC@L=..: --layer's
     const Role role = o->role == "key" ? Role::Key : Role::Value;
     const SchemeSpec& own = spec.side(role);
@@ -157,6 +156,9 @@ void register_quant(CLI::App& app) {
           "--codes writes one scheme's stored bytes; {} has {}, which the file layout does not "
           "describe yet (drop it for --codes)",
           own.canonical(), own.rot.on ? "rot=" : "sink=");
+    check_outputs({o->in}, {{"output", o->out, ".npy"},
+                            {"--codes", o->codes, ".safetensors"},
+                            {"--json", o->stats, ".json"}});
     const KvInput in = load_kv(o->in);
     const RoundTrip r = round_trip(spec, role, in.tensor, o->layer);
     const nlohmann::json j = error_report(spec, role, in.tensor, r);

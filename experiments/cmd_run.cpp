@@ -414,7 +414,7 @@ ModelPlan plan_model(const toml::table& mt, const Where& w, const std::string& m
   } catch (const Error& e) {
     fail("{}: {}: {}", w.file, w.key("backend"), e.what());
   }
-  (void)text_path(p.text);  // the files exist before any work starts
+  (void)read_text(p.text);  // the files exist and are text before any work starts
   (void)model_path(model_flag);  // the model file exists before any work starts
   p.settings = {{"text", p.text}, {"ctx", p.o.ctx}, {"stride", p.o.stride}, {"max_tokens", p.o.max_tokens},
                 {"pre_rope", p.pre}, {"backend", p.backend}};
@@ -468,9 +468,15 @@ void run_synthetic(const SyntheticPlan& p, const std::filesystem::path& out, con
                 {"key_snr_db", snr(mk.snr_db)}, {"value_snr_db", snr(mv.snr_db)},
                 {"key_nmse", mk.nmse}, {"value_nmse", mv.nmse}, {"key_max_abs_err", mk.max_abs_err},
                 {"value_max_abs_err", mv.max_abs_err}, {"attn_kl", am.kl}, {"attn_output_nmse", am.output_nmse},
-                {"attn_top32_overlap", am.topk_overlap}};
-    fmt::print(stderr, "[synthetic {}/{}] {}: key SNR {:.2f} dB, value SNR {:.2f} dB, attention KL {:.3g}\n", i,
-               specs.size(), key, mk.snr_db, mv.snr_db, am.kl);
+                {"attn_top32_overlap", am.topk_overlap},
+                {"key_scales_from", scales_from(spec, Role::Key, ks.shape.tokens)},
+                {"value_scales_from", scales_from(spec, Role::Value, ks.shape.tokens)}};
+    const bool kp = scales_from_prefix(spec, Role::Key, ks.shape.tokens),
+               vp = scales_from_prefix(spec, Role::Value, ks.shape.tokens);
+    fmt::print(stderr, "[synthetic {}/{}] {}: key SNR {:.2f} dB, value SNR {:.2f} dB, attention KL {:.3g}{}\n", i,
+               specs.size(), key, mk.snr_db, mv.snr_db, am.kl,
+               kp || vp ? fmt::format(" (scales from {})", row[kp ? "key_scales_from" : "value_scales_from"].get<std::string>())
+                        : "");
     table.add(std::move(row));
   }
 }
@@ -513,7 +519,7 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard
   }
   const eval::LoadedModel& L = source.get(attn);
   const LlamaModel& m = L.model;
-  const std::vector<int32_t> ids = L.tok.encode_first(read_file(text_path(p.text)), p.o.max_tokens);
+  const std::vector<int32_t> ids = L.tok.encode_first(read_text(p.text), p.o.max_tokens);
   for (const auto& entry : todo) {  // not a structured binding: a lambda below captures rows
     const auto& ctx = entry.first;
     const auto& rows = entry.second;
@@ -630,7 +636,7 @@ NeedlePlan plan_needle(const toml::table& nt, const Where& w, const std::string&
   } catch (const Error& e) {
     fail("{}: {}: {}", w.file, w.key("backend"), e.what());
   }
-  (void)text_path(p.text);
+  (void)read_text(p.text);
   (void)model_path(model_flag);  // the model file exists before any work starts
   p.settings = {{"text", p.text}, {"seed", p.seed}, {"backend", p.backend}};
   return p;
@@ -662,7 +668,7 @@ void run_needle(const NeedlePlan& p, const std::filesystem::path& out, const Sha
         check_stop();
         if (!L) {  // at the first case that needs it
           L = &source.get(parse_backend(p.backend));
-          text = eval::needle_text(L->tok, read_file(text_path(p.text)));
+          text = eval::needle_text(L->tok, read_text(p.text));
         }
         const LlamaModel& m = L->model;
         const eval::NeedleCase c = eval::needle_case(L->tok, text, ctx, depth, key);
@@ -831,16 +837,19 @@ void run_throughput(const ThroughputPlan& p, const std::filesystem::path& out, c
 
 // --merge: the rows of every OUT/shard-I-of-N/ folder into OUT, in the config's row order; rows a
 // shard holds that the config no longer names come after them. Nothing already in OUT is lost.
-void merge_shards(const std::optional<SyntheticPlan>& sp, const std::optional<ModelPlan>& mp,
-                  const std::optional<NeedlePlan>& np, const std::optional<ThroughputPlan>& tp,
-                  const std::filesystem::path& out) {
+// Returns the tables it wrote ("model.csv, needle.csv"): the config's tasks, not every name.
+std::string merge_shards(const std::optional<SyntheticPlan>& sp, const std::optional<ModelPlan>& mp,
+                         const std::optional<NeedlePlan>& np, const std::optional<ThroughputPlan>& tp,
+                         const std::filesystem::path& out) {
   std::vector<std::filesystem::path> shards;
   if (std::filesystem::is_directory(out))
     for (const auto& e : std::filesystem::directory_iterator(out))
       if (e.is_directory() && e.path().filename().string().rfind("shard-", 0) == 0) shards.push_back(e.path());
   std::sort(shards.begin(), shards.end());
   KVQ_CHECK(!shards.empty(), "{}: no shard-I-of-N folders to merge (run with --shard I/N first)", out.string());
+  std::string tables;
   auto merge = [&](const char* task, const std::vector<std::pair<std::string, json>>& plan) {
+    tables += fmt::format("{}{}.csv", tables.empty() ? "" : ", ", task);
     std::vector<json> found;
     for (const auto& d : shards)
       if (std::filesystem::exists(d / (std::string(task) + ".jsonl"))) {
@@ -902,6 +911,7 @@ void merge_shards(const std::optional<SyntheticPlan>& sp, const std::optional<Mo
       for (const auto& s : tp->specs) plan.emplace_back(s.canonical(), tp->case_settings(c));
     merge("throughput", plan);
   }
+  return tables;
 }
 
 }  // namespace
@@ -1168,8 +1178,8 @@ void register_run(CLI::App& app) {
       write_file_atomic(saved.string(), config_text);
     }
     if (o->merge) {
-      merge_shards(sp, mp, np, tp, out);
-      fmt::print("results in {}/ (synthetic.csv, model.csv, needle.csv, throughput.csv)\n", out);
+      const std::string tables = merge_shards(sp, mp, np, tp, out);
+      fmt::print("results in {}/ ({})\n", out, tables);
       return;
     }
     fmt::print(stderr, "kvq run: {} synthetic + {} model + {} needle + {} throughput rows{} -> {}\n",

@@ -3,6 +3,8 @@
 // channels.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -73,7 +75,7 @@ void register_stats(CLI::App& app) {
     KVQ_CHECK(!o->in.empty() || !o->text.empty(),
               "give an input file (a dump, FILE.safetensors:TENSOR, an npy) or --text FILE|kjv");
     if (!o->text.empty()) {
-      const std::string text = read_file(text_path(o->text)), path = model_path(o->model_file);
+      const std::string text = read_text(o->text), path = model_path(o->model_file);
       const eval::LoadedModel L = eval::load_model(path);
       const auto ids = L.tok.encode_first(text, o->max_tokens);
       fmt::print(stderr, "kvq stats: {} over {} tokens of {}\n", path, ids.size(), o->text);
@@ -146,6 +148,16 @@ void register_stats(CLI::App& app) {
     }
     fmt::print("{} outlier channel{} of {} (threshold {:g}x the head's median amax)\n", n_out,
                n_out == 1 ? "" : "s", n_ch, o->threshold);
+    // A channel's amax and kurtosis over a handful of tokens is noise, not an outlier channel.
+    constexpr int64_t kFewTokens = 64;
+    int64_t fewest = INT64_MAX;
+    for (const auto& t : ts) fewest = std::min(fewest, t.second.shape.tokens);
+    if (fewest < kFewTokens)
+      fmt::print(stderr,
+                 "kvq stats: warning: a tensor has only {} token{}: channel amax and kurtosis over "
+                 "fewer than {} tokens say little, so the outlier count above is not a finding; "
+                 "give more tokens\n",
+                 fewest, fewest == 1 ? "" : "s", kFewTokens);
     if (!o->json_out.empty())
       write_file_atomic(
           o->json_out, json{{"threshold", o->threshold}, {"heads", std::move(doc)}}.dump(1) + "\n");

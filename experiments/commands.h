@@ -2,9 +2,14 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "experiments/defaults.h"
 #include "experiments/planner.h"
@@ -41,6 +46,13 @@ PlanFlags add_plan_flags(CLI::App* c, PlanFlags::Values& v);
 /// \brief kvq plan's footer: how the numbers are made, the model and GPU presets, examples.
 std::string plan_footer();
 
+/// \brief A bad command line found after parsing (a flag missing or two that conflict): one line
+/// naming the command's --help and exit status 2, as CLI11's own usage errors.
+template <typename... A>
+[[noreturn]] void usage_error(fmt::format_string<A...> f, A&&... a) {
+  throw CLI::ValidationError(fmt::format(f, std::forward<A>(a)...));
+}
+
 /// \brief Thrown when the user stops a long command (Ctrl-C); main prints it and exits 130.
 struct Interrupted : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -60,5 +72,19 @@ std::optional<long long> whole_number(const std::string& s);
 CLI::Validator at_least(long long min);
 /// \brief A number > 0, with a plain message.
 CLI::Validator above_zero();
+
+/// \brief A file a command writes: the flag or argument that names it, its path (empty: not asked
+/// for) and the extension its format needs (".npy", ".safetensors", ".json", ".csv").
+struct OutputFile {
+  std::string_view what;
+  const std::string& path;
+  std::string_view ext;
+};
+/// \brief Before any work: every output asked for ends in its extension and names neither an input
+/// (FILE.safetensors:TENSOR counts as FILE; the same file under another name or a hard link
+/// counts) nor another output; kvq::Error naming both otherwise. Nothing already written is lost
+/// to a slip of the argument order.
+void check_outputs(std::initializer_list<std::string_view> inputs,
+                   std::initializer_list<OutputFile> outputs);
 
 }  // namespace kvq::cli

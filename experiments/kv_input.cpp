@@ -12,12 +12,19 @@
 namespace kvq::cli {
 namespace {
 
-// "FILE.safetensors:TENSOR" -> {FILE.safetensors, TENSOR}; a plain path -> {path, ""}.
+// "FILE.safetensors:TENSOR" -> {FILE.safetensors, TENSOR}; "FILE:TENSOR" where FILE exists and
+// the whole argument names no file -> {FILE, TENSOR} (a safetensors file under another name: its
+// header is checked as one); a plain path -> {path, ""}.
 std::pair<std::string, std::string> split_tensor(const std::string& arg) {
   const std::string ext = ".safetensors";
   const size_t p = arg.rfind(ext + ":");
   if (p != std::string::npos)
     return {arg.substr(0, p + ext.size()), arg.substr(p + ext.size() + 1)};
+  std::error_code ec;
+  const size_t c = arg.rfind(':');
+  if (c != std::string::npos && c > 0 && !std::filesystem::exists(arg, ec) &&
+      std::filesystem::is_regular_file(arg.substr(0, c), ec))
+    return {arg.substr(0, c), arg.substr(c + 1)};
   return {arg, ""};
 }
 
@@ -73,7 +80,7 @@ KvInput load_kv(const std::string& arg) {
   const auto [file, tensor] = split_tensor(arg);
   std::vector<int64_t> s;
   std::vector<float> data;
-  if (is_safetensors(file)) {
+  if (is_safetensors(file) || file != arg) {  // FILE:TENSOR reads FILE as safetensors
     NamedTensor t = pick_tensor(file, tensor);
     s = t.shape;
     data = std::move(t.data);

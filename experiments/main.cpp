@@ -3,10 +3,51 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "core/error.h"
 #include "experiments/commands.h"
 #include "experiments/version.h"
+
+namespace {
+
+// "kvq model ppl": the deepest command the command line reached, for the help a usage error
+// points to.
+std::string command_of(const CLI::App& app) {
+  std::string s = "kvq";
+  const CLI::App* a = &app;
+  for (auto subs = a->get_subcommands(); !subs.empty(); subs = a->get_subcommands()) {
+    a = subs.front();
+    s += " " + a->get_name();
+  }
+  return s;
+}
+
+// A word where a command is expected that names none ("kvq nosuchcmd", "kvq model nosuch"): the
+// one-line error that names it and the commands there are; empty when every word is known.
+std::string unknown_command(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* at = &app;
+  std::string path = "kvq";
+  for (int i = 1; i < argc; ++i) {
+    const std::string w = argv[i];
+    const auto subs = at->get_subcommands([](const CLI::App*) { return true; });
+    if (w.empty() || w[0] == '-' || subs.empty()) break;
+    const CLI::App* next = nullptr;
+    std::string names;
+    for (const CLI::App* s : subs) {
+      if (s->check_name(w)) next = s;
+      names += (names.empty() ? "" : ", ") + s->get_name();
+    }
+    if (!next)
+      return "kvq: unknown command '" + path + " " + w + "' (commands: " + names + "; see '" +
+             path + " --help')";
+    at = next;
+    path += " " + next->get_name();
+  }
+  return {};
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -29,6 +70,10 @@ int main(int argc, char** argv) {
   kvq::cli::register_run(app);
   kvq::cli::register_stats(app);
   kvq::cli::register_advise(app);
+  if (const std::string e = unknown_command(app, argc, argv); !e.empty()) {
+    std::fprintf(stderr, "%s\n", e.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -38,7 +83,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "kvq: %s (see 'kvq --help')\n", e.what());
+    std::fprintf(stderr, "kvq: %s (see '%s --help')\n", e.what(), command_of(app).c_str());
     return 2;
   } catch (const kvq::cli::Interrupted& e) {
     std::fprintf(stderr, "kvq: %s\n", e.what());

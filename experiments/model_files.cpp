@@ -1,9 +1,14 @@
 #include "experiments/model_files.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/io.h"
+#include "model/tokenizer.h"
 
 namespace kvq::cli {
 
@@ -25,6 +30,19 @@ std::string text_path(const std::string& arg) {
   if (!std::filesystem::exists(p))
     fail("text file {} not found{}", p, arg == "kjv" ? "; run scripts/fetch-text.sh" : "");
   return p;
+}
+
+std::string read_text(const std::string& arg) {
+  const std::string p = text_path(arg);
+  std::string text = read_file(p);
+  const size_t nul = text.find('\0'), bad = invalid_utf8_at(text);
+  if (nul != std::string::npos || bad != std::string::npos) {
+    const size_t at = std::min(nul, bad);
+    fail("{}: not UTF-8 text (byte 0x{:02x} at offset {}); --text takes a text file, such as "
+         "--text kjv",
+         p, static_cast<unsigned>(static_cast<unsigned char>(text[at])), at);
+  }
+  return text;
 }
 
 }  // namespace kvq::cli

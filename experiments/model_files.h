@@ -13,5 +13,8 @@ std::string model_dir();
 std::string model_path(const std::string& flag);
 /// \brief A text file argument; "kjv" names the King James Bible in model_dir().
 std::string text_path(const std::string& arg);
+/// \brief The text text_path(arg) names, checked to be text: a file with a NUL byte or bytes
+/// that are not UTF-8 (an npy, a GGUF given by mistake) throws naming the file and the offset.
+std::string read_text(const std::string& arg);
 
 }  // namespace kvq::cli

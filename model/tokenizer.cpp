@@ -115,6 +115,14 @@ uint64_t pair_key(int32_t left, int32_t right) {
 
 }  // namespace
 
+size_t invalid_utf8_at(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t at = i;
+    if (next_codepoint(s, i) < 0) return at;
+  }
+  return std::string_view::npos;
+}
+
 struct Tokenizer::Regexes {
   pcre2_code* digit = nullptr;
   pcre2_code* gpt2 = nullptr;

@@ -17,6 +17,10 @@
 
 namespace kvq {
 
+/// \brief Offset of the first byte of `s` that does not start a well-formed UTF-8 sequence, or
+/// npos when all of it is UTF-8 (the tokenizer's own decoding rule).
+size_t invalid_utf8_at(std::string_view s);
+
 /// \brief SmolLM2's tokenizer. Immutable after construction; encode/decode are thread-safe.
 /// Any byte string encodes (invalid UTF-8 included) and decode(encode(s)) == s, except that bytes
 /// with no token of their own (see encodable) are dropped, as `tokenizers` and llama.cpp do.

@@ -169,6 +169,11 @@ TEST(Spec, ErrorsNameTheBadPartAndListAllowed) {
             std::string::npos);
   EXPECT_NE(error_of("kivi2:g=32,g=64").find("given twice"), std::string::npos);
   EXPECT_NE(error_of("kivi2:").find("nothing after ':'"), std::string::npos);
+  // Issue 50 item 14: a comma for the colon read as "2,rot=hadamard bits not supported"
+  EXPECT_NE(error_of("kivi2,rot=hadamard").find("parameters follow a ':' after the name "
+                                                "(kivi2:rot=hadamard)"),
+            std::string::npos);
+  EXPECT_NE(error_of("fp8_e4m3,gran=head").find("(fp8_e4m3:gran=head)"), std::string::npos);
   EXPECT_NE(error_of("").find("empty scheme spec"), std::string::npos);
   EXPECT_NE(error_of("kivi2:r=abc").find("r=abc is not an integer"), std::string::npos);
   // Per-token-only schemes need no R multiple of G.
