@@ -18,6 +18,29 @@ def results_table(results, task, config):
     return path, rows
 
 
+def interval(r, key, value=None, scale=1.0, floor=None):
+    """(below, above): how far the 95% interval KEY_lo .. KEY_hi of a `kvq run` model row reaches
+    below and above VALUE (default: the row's KEY), times SCALE; (0, 0) for a row without one (rows
+    from before the intervals, or an interval that could not be estimated). FLOOR: the lowest
+    value the axis can show (a log axis), where the bar stops. Rows may come from the .jsonl
+    (numbers, None) or the .csv (strings, "null")."""
+    def num(v):
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            return None
+        return x if x == x else None
+    y = num(r.get(key)) if value is None else value
+    lo, hi = num(r.get(f"{key}_lo")), num(r.get(f"{key}_hi"))
+    if y is None or lo is None or hi is None:
+        return 0.0, 0.0
+    lo, hi = lo * scale, hi * scale
+    y = y * scale if value is None else y
+    if floor is not None:
+        lo = max(lo, floor)
+    return max(y - lo, 0.0), max(hi - y, 0.0)
+
+
 def commit():
     """The checkout's commit (12 hex digits), or "unknown" outside a git checkout."""
     try:

@@ -11,7 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from figures import footer, results_table, save  # noqa: E402
+from figures import footer, interval, results_table, save  # noqa: E402
 
 MARKERS = ["o", "s", "^", "d", "v", "x", "*"]
 
@@ -32,9 +32,11 @@ def main():
         label = s.replace(",scale=dynamic", "")
         style = dict(marker=MARKERS[i % len(MARKERS)], color=str(0.1 + 0.15 * (i % 5)),
                      linestyle=["-", "--", ":", "-."][i % 4], label=label)
-        axes[0].plot(x, [float(p[1]["kld"]) for p in pts], **style)
-        axes[1].plot(x, [100 * float(p[1]["top1"]) for p in pts], **style)
-        axes[2].plot(x, [float(p[1]["delta_ppl"]) for p in pts], **style)
+        # Error bars: each row's 95% interval (block bootstrap over the scored positions).
+        for ax, key, scale in [(axes[0], "kld", 1), (axes[1], "top1", 100), (axes[2], "delta_ppl", 1)]:
+            err = list(zip(*[interval(p[1], key, scale=scale) for p in pts]))
+            ax.errorbar(x, [scale * float(p[1][key]) for p in pts], yerr=err, capsize=2,
+                        elinewidth=0.8, **style)
     for ax, (title, unit) in zip(axes, [("mean KL(fp32 || scheme)", "nats"),
                                         ("top-1 agreement with fp32", "%"),
                                         ("perplexity - fp32 perplexity", "")]):

@@ -25,7 +25,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
-from figures import save  # noqa: E402
+from figures import interval, save  # noqa: E402
 
 FONT = 6.5
 
@@ -206,6 +206,20 @@ def plot_model(rs, out, where):
         sub = [r for r in rs if r.get("settings", {}).get("ctx") == ctx]
         for ax, key in zip(axes, ["kld", "delta_ppl"]):
             pts, b = scatter(ax, sub, col, lambda r: x_of(r), lambda r: max(abs(r[key]), 1e-6))
+            # Error bars: each row's 95% interval (block bootstrap over the scored positions), of
+            # |delta ppl| for a negative delta; a bar stops at the axis floor.
+            for r in sub:
+                fam = family(r["scheme"])
+                if fam not in col:
+                    continue
+                y = max(abs(r[key]), 1e-6)
+                below, above = interval(r, key)
+                if r[key] < 0:
+                    below, above = above, below
+                below = min(below, y - 1e-6)
+                if below or above:
+                    ax.errorbar([x_of(r)[0]], [y], yerr=[[below], [above]], fmt="none",
+                                ecolor=col[fam], elinewidth=0.8, capsize=2)
             by_bytes = by_bytes and b
             ax.set_yscale("log")
             bytes_axis(ax, b)
