@@ -340,33 +340,20 @@ void register_needle(CLI::App* model) {
     for (int cx : o->ctx) KVQ_CHECK(cx >= 256 && cx <= context, "--ctx {} outside [256, {}]", cx, context);
     check_cache_options(test, model_config(*o));
     const Loaded& L = load(*o);
-    const eval::NeedleText nt = eval::needle_text(L.tok, hay_text);
     nlohmann::json rows = nlohmann::json::array();
     fmt::print("{:>6} {:>6} {:>7}  {:>8} {:>9}  {:>8} {:>9}\n", "ctx", "depth", "key", "fp32", "logprob", "scheme", "logprob");
-    uint64_t st = eval::needle_seed(o->seed);
     std::map<int, std::pair<int, int>> acc;  // ctx -> (fp32 correct, scheme correct)
-    for (int cx : o->ctx)
-      for (double d : o->depth)
-        for (int trial = 0; trial < o->trials; ++trial) {
-          const int key = eval::needle_key(st);
-          const eval::NeedleCase nc = eval::needle_case(L.tok, nt, cx, d, key);
-          const auto& p = nc.prompt;
-          const auto& answer = nc.answer;
-          auto show = [&](const CacheOptions& co) {
-            return [&, name = co.spec.canonical()](const std::string& msg) {
-              fmt::print(stderr, "[needle ctx {} depth {} {}] {}\n", cx, d, name, msg);
-            };
-          };
-          const auto a = eval::needle_trial(L.model, ref, p, answer, 256, o->threads, show(ref));
-          const auto b = eval::needle_trial(L.model, test, p, answer, 256, o->threads, show(test));
-          acc[cx].first += a.correct;
-          acc[cx].second += b.correct;
-          fmt::print("{:>6} {:>6.2f} {:>7}  {:>8} {:>9.3f}  {:>8} {:>9.3f}\n", cx, d, key, a.correct ? "yes" : "no",
-                     a.logprob, b.correct ? "yes" : "no", b.logprob);
-          std::fflush(stdout);
-          rows.push_back({{"ctx", cx}, {"depth", d}, {"key", key}, {"fp32_correct", a.correct}, {"fp32_logprob", a.logprob},
-                          {"correct", b.correct}, {"logprob", b.logprob}});
-        }
+    const auto on_row = [&](const eval::NeedleRow& r) {
+      acc[r.ctx].first += r.ref.correct;
+      acc[r.ctx].second += r.test.correct;
+      fmt::print("{:>6} {:>6.2f} {:>7}  {:>8} {:>9.3f}  {:>8} {:>9.3f}\n", r.ctx, r.depth, r.key, r.ref.correct ? "yes" : "no",
+                 r.ref.logprob, r.test.correct ? "yes" : "no", r.test.logprob);
+      std::fflush(stdout);
+      rows.push_back({{"ctx", r.ctx}, {"depth", r.depth}, {"key", r.key}, {"fp32_correct", r.ref.correct},
+                      {"fp32_logprob", r.ref.logprob}, {"correct", r.test.correct}, {"logprob", r.test.logprob}});
+    };
+    eval::needle_grid(L, hay_text, ref, test, {o->ctx, o->depth, o->trials, o->seed, o->threads}, on_row,
+                      [](const std::string& msg) { fmt::print(stderr, "{}\n", msg); });
     const int per = static_cast<int>(o->depth.size()) * o->trials;
     for (const auto& [cx, ab] : acc)
       fmt::print("ctx {:>5}: accuracy fp32 {}/{}, {} {}/{}\n", cx, ab.first, per, test.spec.canonical(), ab.second, per);
@@ -438,38 +425,18 @@ void register_calibrate(CLI::App* model) {
     KVQ_CHECK(o->ctx <= model_config(*o).context, "--ctx {} exceeds the model's context {}", o->ctx,
               model_config(*o).context);
     const Loaded& L = load(*o);
-    auto ids = L.tok.encode_first(text, o->skip + o->tokens);
-    KVQ_CHECK(static_cast<int64_t>(ids.size()) > o->skip, "calibrate: the text has {} tokens, --skip-tokens {} leaves none",
-              ids.size(), o->skip);
-    ids.erase(ids.begin(), ids.begin() + o->skip);
-    const auto& cfg = L.model.config();
-    const int64_t H = cfg.kv_heads, D = cfg.head_dim;
-    fp8::Calibration cal;
-    cal.model = "SmolLM2-135M-Instruct.Q4_1";
-    cal.source = fmt::format("{}: {} tokens{}, windows of {}{}", o->text, ids.size(),
-                             o->skip > 0 ? fmt::format(" after the first {}", o->skip) : std::string(), o->ctx,
-                             o->pre_rope ? ", pre-RoPE keys" : "");
-    cal.k_amax.assign(static_cast<size_t>(cfg.layers), std::vector<float>(static_cast<size_t>(H), 0.0f));
-    cal.v_amax = cal.k_amax;
-    std::vector<float> logits;
-    for (size_t w = 0; w < ids.size(); w += static_cast<size_t>(o->ctx)) {
-      LlamaCache cache(cfg, cache_options("fp32", false));
-      const size_t len = std::min<size_t>(static_cast<size_t>(o->ctx), ids.size() - w);
-      for (size_t a = 0; a < len; a += 256)
-        L.model.forward({ids.data() + w + a, std::min<size_t>(256, len - a)}, cache, logits, false, o->threads,
-                        [&](int l, int64_t, int64_t n, const float* kpre, const float* k, const float* v) {
-                          const float* kk = o->pre_rope ? kpre : k;
-                          for (int64_t i = 0; i < n * H * D; ++i) {
-                            auto& ka = cal.k_amax[static_cast<size_t>(l)][static_cast<size_t>(i / D % H)];
-                            auto& va = cal.v_amax[static_cast<size_t>(l)][static_cast<size_t>(i / D % H)];
-                            ka = std::max(ka, std::fabs(kk[i]));
-                            va = std::max(va, std::fabs(v[i]));
-                          }
-                        });
-      fmt::print(stderr, "[calibrate] {}/{} tokens\n", w + len, ids.size());
-    }
+    eval::CalibrateOptions co;
+    co.text_name = o->text;
+    co.max_tokens = o->tokens;
+    co.skip = o->skip;
+    co.ctx = o->ctx;
+    co.pre_rope = o->pre_rope;
+    co.threads = o->threads;
+    const fp8::Calibration cal =
+        eval::calibrate(L, text, co, [](const std::string& msg) { fmt::print(stderr, "{}\n", msg); });
     fp8::write_calibration(o->out, cal);
-    fmt::print("wrote {}: {} layers x {} heads (K and V amax)\n", o->out, cfg.layers, H);
+    fmt::print("wrote {}: {} layers x {} heads (K and V amax)\n", o->out, L.model.config().layers,
+               L.model.config().kv_heads);
   });
 }
 

@@ -32,6 +32,7 @@
 #include "experiments/model_files.h"
 #include "experiments/planner.h"
 #include "experiments/report.h"
+#include "fp8/scale.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/kivi.h"
@@ -408,6 +409,116 @@ class Model {
           {"windows", r[i].windows},
           {"scored", r[i].scored},
           {"ctx", ctx},
+  // Every position's next-token logits with the cache in `kv`, [T, vocab], as `kvq model logits`
+  // (one forward pass over the whole text).
+  FloatOut logits(const std::vector<int32_t>& ids, const std::string& kv, int threads,
+                  const std::string& backend) {
+    const CacheOptions co{parse_spec(kv)};
+    const AttentionBackend b = parse_backend(backend);
+    const LlamaConfig& c = m_->model.config();
+    KVQ_CHECK(!ids.empty(), "the text is empty after tokenization");
+    KVQ_CHECK(static_cast<int64_t>(ids.size()) <= c.context,
+              "{} tokens exceed the model's context {}; give max_tokens <= {}", ids.size(),
+              c.context, c.context);
+    std::vector<float> out;
+    {
+      nb::gil_scoped_release release;
+      m_->model.set_backend(b);
+      LlamaCache cache(c, co);
+      m_->model.forward(ids, cache, out, true, threads);
+    }
+    return to_numpy(std::move(out), {static_cast<int64_t>(ids.size()), c.vocab});
+  }
+
+  // Greedy outputs of two caches side by side, as `kvq model diverge` (its --json object).
+  std::string diverge(const std::vector<int32_t>& prompt, const std::string& kv,
+                      const std::string& vs, int n, int threads, const std::string& backend) {
+    const CacheOptions test{parse_spec(kv)}, ref{parse_spec(vs)};
+    const AttentionBackend b = parse_backend(backend);
+    const int context = m_->model.config().context;
+    KVQ_CHECK(n >= 1, "n must be at least 1, got {}", n);
+    KVQ_CHECK(n < context, "n = {} leaves no room for a prompt in the model's context {}", n,
+              context);
+    eval::DivergeResult r;
+    {
+      nb::gil_scoped_release release;
+      m_->model.set_backend(b);
+      r = eval::diverge(m_->model, ref, test, prompt, n, threads);
+    }
+    return nlohmann::json{{"kv", test.spec.canonical()},
+                          {"vs", ref.spec.canonical()},
+                          {"backend", backend},
+                          {"prompt_tokens", prompt.size()},
+                          {"ref", r.ref},
+                          {"test", r.test},
+                          {"first_diff", r.first_diff},
+                          {"top1", r.top1}}
+        .dump();
+  }
+
+  // Passkey retrieval over ctx x depth x trials, as `kvq model needle` (its --json rows).
+  std::vector<std::string> needle(const std::string& kv, const std::vector<int>& ctxs,
+                                  const std::vector<double>& depths, int trials, uint64_t seed,
+                                  const std::string& hay_text, int threads,
+                                  const std::string& backend) {
+    const CacheOptions test{parse_spec(kv)}, ref{parse_spec("fp32")};
+    const AttentionBackend b = parse_backend(backend);
+    const int context = m_->model.config().context;
+    KVQ_CHECK(!ctxs.empty() && !depths.empty(), "ctx and depth: give at least one value each");
+    for (int c : ctxs) KVQ_CHECK(c >= 256 && c <= context, "ctx {} outside [256, {}]", c, context);
+    for (double d : depths) KVQ_CHECK(d >= 0 && d <= 1, "depth {} outside [0, 1]", d);
+    KVQ_CHECK(trials >= 1, "trials must be at least 1, got {}", trials);
+    std::vector<std::string> rows;
+    nb::gil_scoped_release release;
+    m_->model.set_backend(b);
+    eval::needle_grid(*m_, hay_text, ref, test, {ctxs, depths, trials, seed, threads},
+                      [&](const eval::NeedleRow& r) {
+                        rows.push_back(nlohmann::json{{"ctx", r.ctx},
+                                                      {"depth", r.depth},
+                                                      {"key", r.key},
+                                                      {"fp32_correct", r.ref.correct},
+                                                      {"fp32_logprob", r.ref.logprob},
+                                                      {"correct", r.test.correct},
+                                                      {"logprob", r.test.logprob}}
+                                           .dump());
+                        poll_signals();  // Ctrl-C between cases
+                      });
+    return rows;
+  }
+
+  // Per-layer, per-head amax of K and V, as `kvq model calibrate`: (model, source, k_amax [layers,
+  // heads], v_amax); written to `out` (the CLI's file, byte for byte) when it is not empty.
+  std::tuple<std::string, std::string, FloatOut, FloatOut> calibrate(
+      const std::string& text, const std::string& text_name, int64_t max_tokens, int64_t skip,
+      int ctx, bool pre_rope, int threads, const std::string& backend, const std::string& out) {
+    const AttentionBackend b = parse_backend(backend);
+    const int context = m_->model.config().context;
+    KVQ_CHECK(ctx >= 1 && ctx <= context, "ctx {} outside [1, {}]", ctx, context);
+    KVQ_CHECK(max_tokens >= 0 && skip >= 0, "max_tokens and skip_tokens must be 0 or more");
+    eval::CalibrateOptions o;
+    o.text_name = text_name;
+    o.max_tokens = max_tokens;
+    o.skip = skip;
+    o.ctx = ctx;
+    o.pre_rope = pre_rope;
+    o.threads = threads;
+    o.poll = poll_signals;
+    fp8::Calibration cal;
+    {
+      nb::gil_scoped_release release;
+      m_->model.set_backend(b);
+      cal = eval::calibrate(*m_, text, o);
+      if (!out.empty()) fp8::write_calibration(out, cal);
+    }
+    const auto table = [](const std::vector<std::vector<float>>& t) {
+      std::vector<float> flat;
+      for (const auto& row : t) flat.insert(flat.end(), row.begin(), row.end());
+      return to_numpy(std::move(flat),
+                      {static_cast<int64_t>(t.size()), static_cast<int64_t>(t.at(0).size())});
+    };
+    return {cal.model, cal.source, table(cal.k_amax), table(cal.v_amax)};
+  }
+
           {"seconds",
            r[i].seconds}}.dump());
     return rows;
@@ -489,5 +600,9 @@ NB_MODULE(_kvq, m) {
       .def_prop_ro("eos", &Model::eos)
       .def("ppl", &Model::ppl)
       .def("generate", &Model::generate)
-      .def("dump_kv", &Model::dump_kv);
+      .def("dump_kv", &Model::dump_kv)
+      .def("logits", &Model::logits)
+      .def("diverge", &Model::diverge)
+      .def("needle", &Model::needle)
+      .def("calibrate", &Model::calibrate);
 }

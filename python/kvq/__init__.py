@@ -9,8 +9,10 @@ for bit. Schemes are named by the spec grammar the CLI uses (``kvq quant --help`
     kivi<B>[:g=G,r=R,sym]      (= int<B>:k=channel,v=token with g=32, r=128)
     fp8 (= fp8_e4m3), int<B> (= int<B>:k=channel,v=token)
 
-Arrays are numpy arrays of float32 or float16 in C order; anything else raises kvq.Error saying
-how to convert. K/V tensors are [tokens, kv_heads, head_dim] (or [tokens, head_dim] for one head).
+Arrays are numpy arrays of float32, float16 or float64 in C order (float16 and float64 are
+converted to float32, float64 to the nearest float32 value, as ``kvq quant`` reads a float64 npy);
+anything else raises kvq.Error saying how to convert. K/V tensors are [tokens, kv_heads, head_dim]
+(or [tokens, head_dim] for one head).
 Errors are kvq.Error (a ValueError) with the one-line message the CLI prints.
 
 Example::
@@ -111,12 +113,14 @@ def _spec_of(info: dict) -> Spec:
 
 
 def _array(a: Any, name: str, ndims: Sequence[int]) -> np.ndarray:
-    """float32 C-order view of `a` (float16 is converted: the one copy), or kvq.Error."""
+    """float32 C-order view of `a` (float16 and float64 are converted: the one copy), or
+    kvq.Error. float64 rounds to the nearest float32, as the CLI reads a float64 npy; a finite
+    value beyond float32's range would read as inf, and is refused here as the CLI refuses it."""
     if not isinstance(a, np.ndarray):
         raise Error(f"{name}: expected a numpy array, got {type(a).__name__} "
                     f"(np.asarray({name}, dtype=np.float32) converts it)")
-    if a.dtype not in (np.float32, np.float16):
-        raise Error(f"{name}: dtype {a.dtype} is not supported; pass float32 or float16 "
+    if a.dtype not in (np.float32, np.float16, np.float64):
+        raise Error(f"{name}: dtype {a.dtype} is not supported; pass float32, float16 or float64 "
                     f"({name}.astype(np.float32))")
     if not a.flags.c_contiguous:
         raise Error(f"{name}: the array is not in C order (a transpose or a strided slice?); "
@@ -124,6 +128,15 @@ def _array(a: Any, name: str, ndims: Sequence[int]) -> np.ndarray:
     if a.ndim not in ndims:
         want = " or ".join(f"{d}-D" for d in ndims)
         raise Error(f"{name}: expected a {want} array, got shape {a.shape}")
+    if a.dtype == np.float64:
+        with np.errstate(over="ignore"):
+            f = a.astype(np.float32)
+        over = np.isinf(f) & np.isfinite(a)
+        if over.any():
+            i = np.unravel_index(int(np.argmax(over)), a.shape)
+            raise Error(f"{name}: float64 value {float(a[i])!r} at index {tuple(map(int, i))} is "
+                        "beyond float32's range (it would read as inf); KV caches must be finite")
+        return f
     return a.astype(np.float32) if a.dtype == np.float16 else a
 
 
@@ -457,6 +470,100 @@ class Model:
         ids = self._ids(text, max_tokens)
         return [{"k": k, "k_pre": kp, "v": v} for k, kp, v in self._m.dump_kv(ids, _int(threads, "threads"))]
 
+    def logits(self, text: Union[str, Sequence[int]], kv: SpecLike = DEFAULT_KV,
+               max_tokens: int = DEFAULT_MAX_TOKENS, threads: int = 0,
+               backend: str = "cpu") -> np.ndarray:
+        """Next-token logits of every position of ``text`` (a string or token ids; the first
+        ``max_tokens``) with the cache in scheme ``kv``: float32 [tokens, vocab], bit-identical to
+        the npy ``kvq model logits --kv KV --out l.npy`` writes. ``encode(text, max_tokens)``
+        gives the ids (``--ids-out``). One forward pass: Ctrl-C waits for it.
+
+        Example::
+
+            >>> l = m.logits(kvq.read_text("kjv"), kv="fp32", max_tokens=300)
+            >>> l.shape
+            (300, 49152)
+        """
+        ids = self._ids(text, max_tokens)
+        return self._m.logits(ids, _spec_text(kv, "kv"), _int(threads, "threads"), backend)
+
+    def diverge(self, prompt: Union[str, Sequence[int]], kv: SpecLike = DEFAULT_KV,
+                vs: SpecLike = "fp32", n: int = 64, chat: bool = False, threads: int = 0,
+                backend: str = "cpu") -> dict:
+        """Greedy outputs of the cache in ``vs`` (the reference) and in ``kv`` side by side, as
+        ``kvq model diverge`` (its --json object): kv, vs, backend, prompt_tokens, ref and test
+        (the generated token ids), first_diff (the first step where they differ, -1 if none) and
+        top1 (teacher-forced agreement of the kv cache's argmax with the reference's next token).
+        ``prompt`` is text (``chat`` wraps it in the instruct template) or token ids. Ctrl-C
+        waits for the n steps.
+
+        Example::
+
+            >>> r = m.diverge("The capital of France is", kv="kivi2", n=32)
+            >>> r["first_diff"], m.decode(r["test"])
+        """
+        if isinstance(prompt, str):
+            ids = self.encode(prompt, chat=chat)
+        else:
+            ids = [int(i) for i in prompt]
+        if not ids:
+            raise Error("the prompt is empty after tokenization")
+        return json.loads(self._m.diverge(ids, _spec_text(kv, "kv"), _spec_text(vs, "vs"),
+                                          _int(n, "n"), _int(threads, "threads"), backend))
+
+    def needle(self, kv: SpecLike = DEFAULT_KV,
+               ctx: Union[int, Sequence[int]] = (1024, 2048, 4096, 8192),
+               depth: Union[float, Sequence[float]] = (0.1, 0.5, 0.9), trials: int = 1,
+               seed: int = 1, text: Optional[str] = None, threads: int = 0,
+               backend: str = "cpu") -> list[dict]:
+        """Passkey retrieval, as ``kvq model needle`` (the same prompts, keys and rows as its
+        --json): a 5-digit pass key hidden at each ``depth`` (0 to 1) of a haystack of ``ctx``
+        tokens (256 to the model's context), ``trials`` keys per cell from ``seed``, answered
+        greedily with the fp32 cache and with ``kv``. One dict per case, in ctx x depth x trial
+        order: ctx, depth, key, fp32_correct, fp32_logprob, correct, logprob (the mean
+        log-probability of the key's tokens). ``text`` is the haystack (default: the King James
+        Bible). Ctrl-C stops it between cases.
+
+        Example::
+
+            >>> rows = m.needle(kv="kivi2", ctx=[1024], depth=[0.5], trials=2)
+            >>> sum(r["correct"] for r in rows), sum(r["fp32_correct"] for r in rows)
+        """
+        ctxs = [ctx] if isinstance(ctx, (int, np.integer)) else list(ctx)
+        depths = [depth] if isinstance(depth, (int, float, np.number)) else list(depth)
+        hay = read_text("kjv") if text is None else str(text)
+        rows = self._m.needle(_spec_text(kv, "kv"), [_int(c, "ctx") for c in ctxs],
+                              [_num(d, "depth") for d in depths], _int(trials, "trials"),
+                              _int(seed, "seed"), hay, _int(threads, "threads"), backend)
+        return [json.loads(r) for r in rows]
+
+    def calibrate(self, text: Optional[str] = None, max_tokens: int = DEFAULT_MAX_TOKENS,
+                  skip_tokens: int = 0, ctx: int = 1024, pre_rope: bool = False,
+                  out: Union[None, str, os.PathLike] = None, text_name: Optional[str] = None,
+                  threads: int = 0, backend: str = "cpu") -> dict:
+        """Per-layer, per-head amax of K (post-RoPE; pre-RoPE with ``pre_rope``) and V over
+        ``max_tokens`` tokens of ``text`` after the first ``skip_tokens``, in windows of ``ctx``
+        tokens, as ``kvq model calibrate``: a dict with model, source, k_amax and v_amax (float32
+        [layers, kv_heads]). With ``out`` it also writes the calibration file FP8
+        ``scale=calib:FILE`` reads, byte for byte the CLI's (``text_name`` is how its source line
+        names the text: default "kjv" for the default text, else "text"). Ctrl-C stops it
+        between chunks.
+
+        Example::
+
+            >>> c = m.calibrate(skip_tokens=100000, max_tokens=8192, out="scales.json")
+            >>> c["k_amax"].shape
+            (30, 3)
+            >>> m.ppl(kvq.read_text("kjv"), kv="fp8:gran=head,scale=calib:scales.json")
+        """
+        name = text_name if text_name is not None else ("kjv" if text is None else "text")
+        body = read_text("kjv") if text is None else str(text)
+        model, source, k, v = self._m.calibrate(
+            body, str(name), _int(max_tokens, "max_tokens"), _int(skip_tokens, "skip_tokens"),
+            _int(ctx, "ctx"), bool(pre_rope), _int(threads, "threads"), backend,
+            os.fspath(out) if out is not None else "")
+        return {"model": model, "source": source, "k_amax": k, "v_amax": v}
+
     def _ids(self, text: Union[str, Sequence[int]], max_tokens: int) -> list[int]:
         if isinstance(text, str):
             return self.encode(text, _int(max_tokens, "max_tokens"))
@@ -469,15 +576,24 @@ class Model:
                 f"{c['head_dim']})")
 
 
-def read_results(directory: Union[str, os.PathLike]) -> Any:
-    """The rows of a ``kvq run`` output directory (every <task>.jsonl: synthetic, model), each
-    with its ``task``: a pandas DataFrame when pandas is installed, else a list of dicts.
+def read_results(directory: Union[str, os.PathLike]) -> "pandas.DataFrame":
+    """The rows of a ``kvq run`` output directory (every <task>.jsonl: synthetic, model, needle,
+    throughput) as one pandas DataFrame, a row per result row, with a ``task`` column; nested
+    objects are flattened into dotted columns as in the CSV files (``settings.ctx``,
+    ``machine.cpu``, ...), and a column a task does not have is NaN in its rows. pandas is in the
+    project's venv (python/requirements.txt).
 
     Example::
 
         >>> df = kvq.read_results("results/default")
-        >>> df[df.task == "model"][["scheme", "kld"]]
+        >>> df[df.task == "model"][["scheme", "settings.ctx", "kld"]]
     """
+    try:
+        import pandas as pd
+    except ImportError:
+        raise Error("read_results returns a pandas DataFrame: pip install pandas (the project's "
+                    "venv has it, python/requirements.txt)") from None
+
     d = os.fspath(directory)
     if not os.path.isdir(d):
         raise Error(f"{d}: not a directory (give a kvq run output directory, e.g. results/default)")
@@ -495,9 +611,7 @@ def read_results(directory: Union[str, os.PathLike]) -> Any:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise Error(f"{os.path.join(d, f)}:{n}: not a JSON row ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise Error(f"{os.path.join(d, f)}:{n}: not a JSON object")
                 rows.append({"task": task, **row})
-    try:
-        import pandas as pd  # optional
-    except ImportError:
-        return rows
-    return pd.DataFrame(rows)
+    return pd.json_normalize(rows)

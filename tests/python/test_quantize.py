@@ -78,7 +78,7 @@ def test_compare_rows_are_quantize_reports(rng):
 
 @pytest.mark.parametrize("bad,match", [
     ([[1.0, 2.0]], "expected a numpy array"),
-    (np.zeros((4, 2, 8)), "dtype float64"),
+    (np.full((4, 2, 8), 1e39), "beyond float32.s range"),  # float64 is read; this overflows
     (np.zeros((4, 2, 8), dtype=np.int32), "dtype int32"),
     (np.zeros((8, 2, 4), dtype=np.float32).transpose(2, 1, 0), "not in C order"),
     (np.zeros((2, 2, 2, 8), dtype=np.float32), "2-D or 3-D"),
