@@ -1,6 +1,7 @@
 // Decode attention on the GPU (kernels/cuda/attention_kernels.cu): time, bytes read, effective
 // GB/s, fraction of peak bandwidth and speedup over kvq's bf16 cache at the same (shape, context,
-// batch, kernel), for each split kernel (DecodeKernel: baseline, tiled; both by default).
+// batch, kernel), for each split kernel (DecodeKernel: baseline, tiled, mma; all by default; mma
+// runs the tiled kernel on caches other than bf16).
 //
 // A plain program (no Google Benchmark, so it builds with nvcc alone:
 //   nvcc -std=c++20 -O3 -arch=native -I. kernels/cuda/attention_kernels.cu
@@ -67,7 +68,7 @@ struct Options {
   std::vector<int64_t> contexts{1024, 4096, 16384, 32768, 65536, 131072};
   std::vector<int> batches{1, 16, 64};
   std::vector<std::string> kinds{"bf16", "fp8_e4m3_token", "fp8_e4m3_tensor", "kivi4", "kivi2"};
-  std::vector<DecodeKernel> kernels{DecodeKernel::Baseline, DecodeKernel::Tiled};
+  std::vector<DecodeKernel> kernels{DecodeKernel::Baseline, DecodeKernel::Tiled, DecodeKernel::Mma};
   int reps = 10;
   int warmup = 2;
   int64_t split_tokens = 0;  ///< DecodeShape::split_tokens of every case (0: the plan's choice)
@@ -102,7 +103,7 @@ void usage() {
       "                     [--shapes 8x128x4,3x64x3] [--contexts 1024,4096,...]\n"
       "                     [--batches 1,16,64]\n"
       "                     [--kinds bf16,fp8_e4m3_token,fp8_e4m3_tensor,kivi4,kivi2]\n"
-      "                     [--kernels baseline,tiled] [--split-tokens N]\n"
+      "                     [--kernels baseline,tiled,mma] [--split-tokens N]\n"
       "Decode attention per shape (kv heads x head_dim x GQA; default 8x128x4 and SmolLM2's\n"
       "3x64x3), cache kind and split kernel\n"
       "(kernels/cuda/attention_kernels.cuh, DecodeKernel); bf16 always runs first at each\n"
@@ -164,8 +165,10 @@ Options parse_args(int argc, char** argv) {
           o.kernels.push_back(DecodeKernel::Baseline);
         else if (k == "tiled")
           o.kernels.push_back(DecodeKernel::Tiled);
+        else if (k == "mma")
+          o.kernels.push_back(DecodeKernel::Mma);
         else
-          throw Error("--kernels: unknown kernel '" + k + "' (baseline, tiled)");
+          throw Error("--kernels: unknown kernel '" + k + "' (baseline, tiled, mma)");
       }
     } else {
       throw Error("unknown argument '" + a + "' (see --help)");

@@ -75,9 +75,9 @@ SANITIZER=$(tool compute-sanitizer)
 BENCH_CONTEXTS=1024,4096,8192,32768,131072
 # compute-sanitizer's subsets of cuda_attention_kernel_test (gtest filters): memcheck on every
 # case of the tensor-core kernel (DecodeKernel::Mma) and the tiled batch cases; racecheck on the
-# Mma sweep at T=4099 (several tiles and splits per block) and the Mma batch cases.
+# Mma sweep at T=4099, the Mma batch cases and the long splits (the multi-tile cp.async pipeline).
 SAN_MEMCHECK='*_mma:*DecodeAttentionBatch.*_tiled'
-SAN_RACECHECK='Sweep/DecodeAttention.MatchesCpuReference/*_T4099_*_mma:*DecodeAttentionBatch.*_mma'
+SAN_RACECHECK='Sweep/DecodeAttention.MatchesCpuReference/*_T4099_*_mma:*DecodeAttentionBatch.*_mma:*DecodeAttentionLongSplits.*_mma'
 
 write_header() {
   {
@@ -344,7 +344,7 @@ else
   if timeout "$(cap 120)" "$NCU" --csv --page raw --metrics "$("$PY" scripts/ncu_table.py --metrics)" \
       --kernel-name regex:split_kernel --log-file "$OUT/ncu.csv" \
       "${BENCH_BIN[bench_attention_cuda]}" --shapes 8x128x4 --contexts 32768 --batches 16 \
-      --kinds bf16,fp8_e4m3_tensor,kivi4,kivi2 --kernels tiled --reps 1 --warmup 0 \
+      --kinds bf16,fp8_e4m3_tensor,kivi4,kivi2 --kernels tiled,mma --reps 1 --warmup 0 \
       >"$LOGS/ncu-bench.md" 2>"$LOGS/ncu.stderr" &&
       "$PY" scripts/ncu_table.py "$OUT/ncu.csv" >"$OUT/ncu.md" 2>>"$LOGS/ncu.stderr"; then
     NCU_MD="$OUT/ncu.md"

@@ -39,6 +39,7 @@
 #include "core/half.h"
 #include "fp8/format.h"
 #include "kernels/cuda/attention_kernels.cuh"
+#include "kernels/cuda/attention_split.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/unpack.h"
 #include "kivi/layout.h"
@@ -48,17 +49,16 @@
 namespace kvq::cuda {
 namespace {
 
-constexpr int kThreads = 128;               // threads per split block
+constexpr int kThreads = 128;  // threads per split block
 constexpr int kWarps = kThreads / 32;
-constexpr int kScoreFloats = 4096;          // shared scores per block: nq * split_tokens <= this
-constexpr int64_t kTargetBlocks = 1024;     // splits aim for this many blocks per launch
-constexpr int64_t kMinSplit = 64;           // ... but no split shorter than this
-constexpr int kKChunk = 8;                  // channels per step of a token-major score row
-constexpr int kVChunk = 4;                  // channels per lane in a token-major value row
-constexpr int kIntUnroll = 2;               // value rows in flight per warp, int caches (bf16 /
-                                            // fp8: 4; more would cost int kernels occupancy)
+constexpr int kScoreFloats = 4096;       // shared scores per block: nq * split_tokens <= this
+constexpr int64_t kTargetBlocks = 1024;  // splits aim for this many blocks per launch
+constexpr int64_t kMinSplit = 64;        // ... but no split shorter than this
+constexpr int kKChunk = 8;               // channels per step of a token-major score row
+constexpr int kVChunk = 4;               // channels per lane in a token-major value row
+constexpr int kIntUnroll = 2;            // value rows in flight per warp, int caches (bf16 /
+                                         // fp8: 4; more would cost int kernels occupancy)
 constexpr unsigned kFullMask = 0xffffffffu;
-
 
 // ---- parameters ------------------------------------------------------------------------------
 
@@ -70,21 +70,7 @@ constexpr unsigned kFullMask = 0xffffffffu;
 #endif
 constexpr int kMinDriver = 12010;  // cudaDriverGetVersion's 12.1
 
-/// Everything a split block reads; per-sequence views travel in the kernel's parameter space
-/// (__grid_constant__: read in place, never copied to local memory).
-template <class View>
-struct SplitParams {
-  View k[kMaxBatch];
-  View v[kMaxBatch];
-  const float* q;   // [batch, q_heads, D]
-  float* part_o;    // [batch, q_heads, splits, D]
-  float* part_ml;   // [batch, q_heads, splits, 2]: m, l
-  int64_t split_tokens;
-  int splits;
-  int kv_heads;
-  int nq;
-  float inv_sqrt_d;
-};
+using detail::SplitParams;  // (attention_split.cuh: shared with attention_mma.cu)
 
 struct MergeParams {
   int64_t tokens[kMaxBatch];
@@ -108,11 +94,11 @@ constexpr int kStageWords = 1024;  // 4 KB per warp: a per-channel group's words
 struct Block {
   int64_t s0 = 0, s1 = 0;  // tokens [s0, s1) of the sequence
   int h = 0, H = 0, nq = 0;
-  int ld = 0;              // row stride of `scores` (split_tokens)
+  int ld = 0;  // row stride of `scores` (split_tokens)
   float inv_sqrt_d = 0;
-  float* q_s = nullptr;      // [nq, D]: q of the GQA group (key-channel scales folded in)
-  float* scratch = nullptr;  // [kWarps, nq, D]: per-warp folded q (phase 1), partial o (phase 3)
-  float* scores = nullptr;   // [nq, ld]: scores, then e^(s - m)
+  float* q_s = nullptr;       // [nq, D]: q of the GQA group (key-channel scales folded in)
+  float* scratch = nullptr;   // [kWarps, nq, D]: per-warp folded q (phase 1), partial o (phase 3)
+  float* scores = nullptr;    // [nq, ld]: scores, then e^(s - m)
   uint32_t* stage = nullptr;  // tiled int kernels: [kWarps, kStageWords] staged per-channel words
   int tid = 0, lane = 0, warp = 0;
 };
@@ -219,8 +205,8 @@ __device__ void scores_rows(const Block& bk, int64_t t0, int64_t t1, RowDot row)
 /// scratch[warp] (which the caller zeroed).
 template <int D, int kUnroll = 4, class Vals>
 __device__ void values_rows(const Block& bk, int64_t t0, int64_t t1, Vals vals) {
-  constexpr int kLanes = D / kVChunk;          // lanes per token: 16 or 32
-  constexpr int kPerWarp = 32 / kLanes;        // tokens per warp step: 2 or 1
+  constexpr int kLanes = D / kVChunk;    // lanes per token: 16 or 32
+  constexpr int kPerWarp = 32 / kLanes;  // tokens per warp step: 2 or 1
   constexpr int kSlots = kWarps * kPerWarp;
   static_assert(kLanes <= 32 && 32 % kLanes == 0, "a token's lanes sit in one warp");
   const int d0 = (bk.lane % kLanes) * kVChunk;
@@ -230,8 +216,8 @@ __device__ void values_rows(const Block& bk, int64_t t0, int64_t t1, Vals vals) 
   for (int i = 0; i < kMaxGqa; ++i)
 #pragma unroll
     for (int c = 0; c < kVChunk; ++c) acc[i][c] = 0.0f;
-  // Unrolled so each warp has several rows' loads in flight (one 256-byte bf16 row per warp
-  // step would leave the loop latency-bound).
+      // Unrolled so each warp has several rows' loads in flight (one 256-byte bf16 row per warp
+      // step would leave the loop latency-bound).
 #pragma unroll kUnroll
   for (int64_t t = t0 + slot; t < t1; t += kSlots) {
     float v[kVChunk];
@@ -268,7 +254,7 @@ __device__ void values_rows(const Block& bk, int64_t t0, int64_t t1, Vals vals) 
 template <int D>
 __device__ void scores_residual(const Block& bk, const float* residual, int64_t first, int64_t t0,
                                 int64_t t1) {
-  scores_rows(bk, t0, t1, [&](int64_t t, float (&acc)[kMaxGqa]) {
+  scores_rows(bk, t0, t1, [&](int64_t t, float(&acc)[kMaxGqa]) {
     const float4* r = reinterpret_cast<const float4*>(residual + ((t - first) * bk.H + bk.h) * D);
 #pragma unroll 4
     for (int c = 0; c < D / kKChunk; ++c) {
@@ -282,8 +268,9 @@ __device__ void scores_residual(const Block& bk, const float* residual, int64_t 
 template <int D>
 __device__ void values_residual(const Block& bk, const float* residual, int64_t first, int64_t t0,
                                 int64_t t1) {
-  values_rows<D, kIntUnroll>(bk, t0, t1, [&](int64_t t, int d0, float (&v)[kVChunk]) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(residual + ((t - first) * bk.H + bk.h) * D + d0));
+  values_rows<D, kIntUnroll>(bk, t0, t1, [&](int64_t t, int d0, float(&v)[kVChunk]) {
+    const float4 a =
+        __ldg(reinterpret_cast<const float4*>(residual + ((t - first) * bk.H + bk.h) * D + d0));
     v[0] = a.x;
     v[1] = a.y;
     v[2] = a.z;
@@ -301,7 +288,7 @@ struct Bf16Policy {
 
   template <int D>
   __device__ static void scores(const Block& bk, const View& k) {
-    scores_rows(bk, bk.s0, bk.s1, [&](int64_t t, float (&acc)[kMaxGqa]) {
+    scores_rows(bk, bk.s0, bk.s1, [&](int64_t t, float(&acc)[kMaxGqa]) {
       const uint4* r = reinterpret_cast<const uint4*>(k.data + (t * bk.H + bk.h) * D);
 #pragma unroll 4
       for (int c = 0; c < D / kKChunk; ++c) {
@@ -318,7 +305,7 @@ struct Bf16Policy {
 
   template <int D>
   __device__ static void values(const Block& bk, const View& v) {
-    values_rows<D>(bk, bk.s0, bk.s1, [&](int64_t t, int d0, float (&x)[kVChunk]) {
+    values_rows<D>(bk, bk.s0, bk.s1, [&](int64_t t, int d0, float(&x)[kVChunk]) {
       const uint2 w = __ldg(reinterpret_cast<const uint2*>(v.data + (t * bk.H + bk.h) * D + d0));
       bf16x2(w.x, x[0], x[1]);
       bf16x2(w.y, x[2], x[3]);
@@ -332,10 +319,14 @@ struct Bf16Policy {
 /// Fp8Side): tensor / head / token scales are token factors, channel scales channel factors.
 __device__ __forceinline__ float fp8_token_factor(const Fp8SideView& s, int64_t t, int h, int H) {
   switch (s.gran) {
-    case Granularity::Tensor: return __ldg(s.scales);
-    case Granularity::Head: return __ldg(s.scales + h);
-    case Granularity::Token: return __ldg(s.scales + t * H + h);
-    case Granularity::Channel: return 1.0f;
+    case Granularity::Tensor:
+      return __ldg(s.scales);
+    case Granularity::Head:
+      return __ldg(s.scales + h);
+    case Granularity::Token:
+      return __ldg(s.scales + t * H + h);
+    case Granularity::Channel:
+      return 1.0f;
   }
   return 1.0f;
 }
@@ -355,7 +346,7 @@ struct Fp8Policy {
 
   template <int D>
   __device__ static void scores(const Block& bk, const View& k) {
-    scores_rows(bk, bk.s0, bk.s1, [&](int64_t t, float (&acc)[kMaxGqa]) {
+    scores_rows(bk, bk.s0, bk.s1, [&](int64_t t, float(&acc)[kMaxGqa]) {
       const uint2* r = reinterpret_cast<const uint2*>(k.codes + (t * bk.H + bk.h) * D);
 #pragma unroll 4
       for (int c = 0; c < D / kKChunk; ++c) {
@@ -373,8 +364,9 @@ struct Fp8Policy {
 
   template <int D>
   __device__ static void values(const Block& bk, const View& v) {
-    values_rows<D>(bk, bk.s0, bk.s1, [&](int64_t t, int d0, float (&x)[kVChunk]) {
-      const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(v.codes + (t * bk.H + bk.h) * D + d0));
+    values_rows<D>(bk, bk.s0, bk.s1, [&](int64_t t, int d0, float(&x)[kVChunk]) {
+      const uint32_t w =
+          __ldg(reinterpret_cast<const uint32_t*>(v.codes + (t * bk.H + bk.h) * D + d0));
       fp8x4<F>(w, x);
       const float f = fp8_token_factor(v, t, bk.h, bk.H);  // weight p * f (Fp8Side::accumulate)
 #pragma unroll
@@ -496,7 +488,7 @@ struct IntPolicy {
     const int G = k.group;
     const int ncg = static_cast<int>(L.channel_groups());
     const int64_t wpg = kivi::words_for(G, B);
-    scores_rows(bk, t0, t1, [&](int64_t t, float (&acc)[kMaxGqa]) {
+    scores_rows(bk, t0, t1, [&](int64_t t, float(&acc)[kMaxGqa]) {
       const uint32_t* row = k.words + L.word_index(t, bk.h, 0);
       const int64_t pbase = L.param_index(t, bk.h, 0);
       for (int c = 0; c < ncg; ++c) {
@@ -553,7 +545,7 @@ struct IntPolicy {
       woff[e] = static_cast<int>(L.word_offset(c)) + j / kCpw;
       wsh[e] = (j % kCpw) * B;
     }
-    values_rows<D, kIntUnroll>(bk, t0, t1, [&](int64_t t, int, float (&x)[kVChunk]) {
+    values_rows<D, kIntUnroll>(bk, t0, t1, [&](int64_t t, int, float(&x)[kVChunk]) {
       const uint32_t* row = v.words + L.word_index(t, bk.h, 0);
       const int64_t pbase = L.param_index(t, bk.h, 0);
       uint32_t code[kVChunk];
@@ -1054,7 +1046,6 @@ struct TiledOf<IntPolicy<B>> {
   using type = IntTiled<B>;
 };
 
-
 // ---- the kernels -------------------------------------------------------------------------------
 
 /// One split block. kTiled: the tiled phases (TiledOf<Policy>, GQA group padded to NQ), else the
@@ -1089,7 +1080,8 @@ __global__ void __launch_bounds__(kThreads, kTiled ? 1 : Policy::kMinBlocks)
   const int q_heads = p.kv_heads * p.nq;
   const int64_t qrow = static_cast<int64_t>(b) * q_heads + static_cast<int64_t>(h) * p.nq;
   for (int x = bk.tid; x < bk.nq * D; x += kThreads)
-    bk.q_s[x] = __ldg(p.q + qrow * D + x) * Policy::key_channel_factor(kv, static_cast<int64_t>(h) * D + x % D);
+    bk.q_s[x] = __ldg(p.q + qrow * D + x) *
+                Policy::key_channel_factor(kv, static_cast<int64_t>(h) * D + x % D);
   __syncthreads();
 
   if constexpr (kTiled)
@@ -1132,7 +1124,8 @@ __global__ void __launch_bounds__(kThreads, kTiled ? 1 : Policy::kMinBlocks)
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) s += bk.scratch[w * bk.nq * D + x];
     const int i = x / D, d = x % D;
-    p.part_o[((qrow + i) * p.splits + split) * D + d] = s * Policy::value_channel_factor(vv, static_cast<int64_t>(h) * D + d);
+    p.part_o[((qrow + i) * p.splits + split) * D + d] =
+        s * Policy::value_channel_factor(vv, static_cast<int64_t>(h) * D + d);
   }
 }
 
@@ -1209,7 +1202,8 @@ void check_view(const Fp8SideView& x, size_t b, const char* side) {
   check_aligned(x.codes, 8, seq_side(b, side) + "codes");
   if (x.gran != Granularity::Tensor && x.gran != Granularity::Head &&
       x.gran != Granularity::Token && x.gran != Granularity::Channel)
-    bad(seq_side(b, side) + "unknown Granularity value " + std::to_string(static_cast<int>(x.gran)));
+    bad(seq_side(b, side) + "unknown Granularity value " +
+        std::to_string(static_cast<int>(x.gran)));
 }
 
 void check_view(const IntSideView& x, size_t b, const char* side, int64_t dim) {
@@ -1283,7 +1277,8 @@ cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
                    std::span<const typename Policy::View> v, const float* q, float* out,
                    void* workspace, size_t workspace_bytes, cudaStream_t stream,
                    DecodeKernel kernel) {
-  if (kernel != DecodeKernel::Baseline && kernel != DecodeKernel::Tiled)
+  if (kernel != DecodeKernel::Baseline && kernel != DecodeKernel::Tiled &&
+      kernel != DecodeKernel::Mma)
     bad("unknown DecodeKernel value " + std::to_string(static_cast<int>(kernel)));
   if (q == nullptr) bad("q is null");
   if (out == nullptr) bad("out is null");
@@ -1303,6 +1298,11 @@ cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
           std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10));
   }
   const int nq = s.q_heads / s.kv_heads;
+  // Mma (attention_mma.cu) covers bf16 caches; on every other cache it runs the tiled kernel.
+  bool mma = false;
+  if constexpr (std::is_same_v<Policy, Bf16Policy>)
+    mma = kernel == DecodeKernel::Mma && detail::mma_bf16_supported(D, nq, plan.split_tokens);
+  if (kernel == DecodeKernel::Mma && !mma) kernel = DecodeKernel::Tiled;
   SplitParams<typename Policy::View> sp{};
   MergeParams mp{};
   for (int b = 0; b < s.batch; ++b) {
@@ -1337,7 +1337,12 @@ cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
     return cudaGetLastError();
   };
   static_assert(kMaxGqa == 8, "the tiled kernels pad the GQA group to at most 8");
-  if (kernel == DecodeKernel::Baseline)
+  if constexpr (std::is_same_v<Policy, Bf16Policy>) {
+    if (mma) KVQ_CUDA_CALL(detail::launch_mma_bf16(D, sp, grid, stream));
+  }
+  if (mma) {
+    // (launched above)
+  } else if (kernel == DecodeKernel::Baseline)
     KVQ_CUDA_CALL(run(split_kernel<D, Policy, false, 0>));
   else if (nq == 1)  // tiled: the GQA group padded to 1, 2, 4 or 8 query heads
     KVQ_CUDA_CALL(run(split_kernel<D, Policy, true, 1>));
@@ -1391,7 +1396,8 @@ int64_t channel_align(std::span<const IntSideView> k, std::span<const IntSideVie
 
 }  // namespace
 
-// ---- public entry points -------------------------------------------------------------------------
+// ---- public entry points
+// -------------------------------------------------------------------------
 
 DecodePlan plan_decode(const DecodeShape& shape, std::span<const Bf16SideView> k,
                        std::span<const Bf16SideView> v) {

@@ -22,8 +22,8 @@
 //         channel group; sym codes read as (code - 2^(b-1)) * scale. Tokens at and after
 //         `quantized_tokens` come from the exact float32 residual window.
 //
-// Errors (STYLE 9): bad configuration throws kvq::Error naming the value (kernels/cuda/dispatch.h has
-// the supported lists); CUDA failures come back as cudaError_t. Launches are asynchronous on
+// Errors (STYLE 9): bad configuration throws kvq::Error naming the value (kernels/cuda/dispatch.h
+// has the supported lists); CUDA failures come back as cudaError_t. Launches are asynchronous on
 // `stream`; views hold device pointers, the view structs themselves are host values.
 #pragma once
 
@@ -42,10 +42,10 @@ namespace kvq::cuda {
 /// \brief Shape of one decode-attention launch. q and out are [batch, q_heads, head_dim]
 /// float32 (device); query head j of a sequence reads kv head j / (q_heads / kv_heads).
 struct DecodeShape {
-  int batch = 1;      ///< sequences, 1 .. kMaxBatch
-  int kv_heads = 0;   ///< H
-  int q_heads = 0;    ///< a multiple of kv_heads, at most kMaxGqa times it
-  int head_dim = 0;   ///< D, one of HeadDims
+  int batch = 1;     ///< sequences, 1 .. kMaxBatch
+  int kv_heads = 0;  ///< H
+  int q_heads = 0;   ///< a multiple of kv_heads, at most kMaxGqa times it
+  int head_dim = 0;  ///< D, one of HeadDims
   /// Tokens per split: 0 (the default) lets the plan choose (about 1024 blocks a launch, at least
   /// 64 tokens a split); a positive value is rounded up to a multiple of every per-channel group
   /// and must fit the split's shared score buffer (4096 / GQA ratio tokens), or plan_decode
@@ -82,8 +82,8 @@ struct IntSideView {
   const float* residual = nullptr;   ///< [tokens - quantized_tokens, H, D]
   int64_t quantized_tokens = 0;      ///< per-channel: a multiple of group
   int64_t tokens = 0;
-  int group = 0;                     ///< G (resolved: never kGroupWholeDim)
-  int bits = 0;                      ///< one of BitWidths
+  int group = 0;  ///< G (resolved: never kGroupWholeDim)
+  int bits = 0;   ///< one of BitWidths
   Axis axis = Axis::Channel;
   bool sym = false;
 };
@@ -134,11 +134,16 @@ DecodePlan plan_decode(const DecodeShape& shape, std::span<const IntSideView> k,
 /// by coalesced 16-byte loads; per-token int keys, per-channel int values, 3-bit values and
 /// groups that are not whole words take the baseline's phases. Baseline stays the
 /// default until a GPU run has compared the two (docs/benchmarks.md, CUDA).
-enum class DecodeKernel : int { Baseline = 0, Tiled = 1 };
+/// Mma (issue 46; kernels/cuda/attention_mma.cu): tensor cores for both products, mma.sync
+/// m16n8k16 with the GQA group as M (q and p as bf16 high and low parts, fp32 accumulation),
+/// K and V tiles brought to shared memory by a two-stage cp.async pipeline of 16-byte copies and
+/// read by ldmatrix; bf16 caches, head_dim 64 / 128. On every other cache kind it runs the tiled
+/// kernel (the int and FP8 fragments are the next step of issue 46).
+enum class DecodeKernel : int { Baseline = 0, Tiled = 1, Mma = 2 };
 
-/// \brief "baseline" / "tiled" (test names, bench rows).
+/// \brief "baseline" / "tiled" / "mma" (test names, bench rows).
 constexpr const char* to_string(DecodeKernel k) {
-  return k == DecodeKernel::Tiled ? "tiled" : "baseline";
+  return k == DecodeKernel::Mma ? "mma" : k == DecodeKernel::Tiled ? "tiled" : "baseline";
 }
 
 /// \brief out = decode attention of q over each sequence's (k[b], v[b]). `workspace` holds at

@@ -135,8 +135,8 @@ void expect_same_readback(const SideStore& cpu, const Tensor3& mine, const char*
   ASSERT_EQ(bad, 0) << what << ": the uploaded bytes are not what make_side stores";
 }
 
-Bf16SideView upload_side(Arena& arena, const SchemeSpec&, Role, const Tensor3& x, const SideStore& cpu,
-                         Bf16SideView*) {
+Bf16SideView upload_side(Arena& arena, const SchemeSpec&, Role, const Tensor3& x,
+                         const SideStore& cpu, Bf16SideView*) {
   std::vector<uint16_t> bits(x.data.size());
   Tensor3 back(x.shape);
   for (size_t i = 0; i < bits.size(); ++i) {
@@ -178,7 +178,8 @@ IntSideView upload_side(Arena& arena, const SchemeSpec& spec, Role role, const T
   return v;
 }
 
-// ---- one launch over a batch, compared per sequence ----------------------------------------------
+// ---- one launch over a batch, compared per sequence
+// ----------------------------------------------
 
 struct Comparison {
   double nmse = 0, max_abs = 0, max_v = 0;
@@ -235,7 +236,8 @@ void expect_outputs_match(const std::vector<float>& got,
 
 template <class View>
 void run_batch(const std::string& spec_text, const std::vector<int64_t>& lengths, int64_t heads,
-               int gqa, int dim, const std::string& name, DecodeKernel kernel) {
+               int gqa, int dim, const std::string& name, DecodeKernel kernel,
+               int64_t split_tokens = 0) {
   const SchemeSpec spec = parse_spec(spec_text);
   const bool is_int = spec.kind == SchemeKind::Int;
   const int batch = static_cast<int>(lengths.size());
@@ -247,7 +249,8 @@ void run_batch(const std::string& spec_text, const std::vector<int64_t>& lengths
   std::vector<double> vmax;
   for (int b = 0; b < batch; ++b) {
     const Shape3 s{lengths[static_cast<size_t>(b)], heads, dim};
-    const uint32_t seed = static_cast<uint32_t>(lengths[static_cast<size_t>(b)] * 7919 + b * 31 + dim + gqa);
+    const uint32_t seed =
+        static_cast<uint32_t>(lengths[static_cast<size_t>(b)] * 7919 + b * 31 + dim + gqa);
     const Tensor3 k = make_kv(s, seed, true), v = make_kv(s, seed + 1, false);
     const auto kc = make_side(spec, Role::Key, k), vc = make_side(spec, Role::Value, v);
     const std::vector<float> q = make_q(q_heads * dim, seed + 2);
@@ -262,9 +265,11 @@ void run_batch(const std::string& spec_text, const std::vector<int64_t>& lengths
     for (float x : vc->dequantize().data) m = std::max(m, static_cast<double>(std::fabs(x)));
     vmax.push_back(m);
   }
-  const DecodeShape shape{batch, static_cast<int>(heads), q_heads, dim};
+  DecodeShape shape{batch, static_cast<int>(heads), q_heads, dim};
+  shape.split_tokens = split_tokens;
   const DecodePlan plan = plan_decode(shape, std::span<const View>(kv), std::span<const View>(vv));
-  ASSERT_EQ(plan.workspace_bytes, static_cast<size_t>(batch) * q_heads * plan.splits * (dim + 2) * 4);
+  ASSERT_EQ(plan.workspace_bytes,
+            static_cast<size_t>(batch) * q_heads * plan.splits * (dim + 2) * 4);
   const float* dq = arena.upload(q_all);
   void* ws = arena.scratch(plan.workspace_bytes);
   GuardedOutput out(q_all.size());
@@ -282,15 +287,16 @@ void run_batch(const std::string& spec_text, const std::vector<int64_t>& lengths
 
 /// Runs `spec` through the view type its kind needs.
 void run_spec(const std::string& spec, const std::vector<int64_t>& lengths, int64_t heads, int gqa,
-              int dim, const std::string& name, DecodeKernel kernel) {
+              int dim, const std::string& name, DecodeKernel kernel, int64_t split_tokens = 0) {
   switch (parse_spec(spec).kind) {
     case SchemeKind::Bf16:
-      return run_batch<Bf16SideView>(spec, lengths, heads, gqa, dim, name, kernel);
+      return run_batch<Bf16SideView>(spec, lengths, heads, gqa, dim, name, kernel, split_tokens);
     case SchemeKind::Fp8:
-      return run_batch<Fp8SideView>(spec, lengths, heads, gqa, dim, name, kernel);
+      return run_batch<Fp8SideView>(spec, lengths, heads, gqa, dim, name, kernel, split_tokens);
     case SchemeKind::Int:
-      return run_batch<IntSideView>(spec, lengths, heads, gqa, dim, name, kernel);
-    default: FAIL() << "no device attention for " << spec;
+      return run_batch<IntSideView>(spec, lengths, heads, gqa, dim, name, kernel, split_tokens);
+    default:
+      FAIL() << "no device attention for " << spec;
   }
 }
 
@@ -330,29 +336,73 @@ class DecodeAttention : public ::testing::TestWithParam<SweepCase> {
 };
 
 // Expected: kvq::decode_attention on the CPU over the same cache (see the file comment).
-// Both split kernels (DecodeKernel), each against the reference; GQA 3 pads the tiled kernel's
-// group of 4 (masked query heads).
+// Every split kernel (DecodeKernel), each against the reference with the same tolerances; GQA 3
+// pads the tiled kernel's group of 4 (masked query heads) and fills 3 of the Mma kernel's 8 rows
+// (bf16 caches; on the other kinds Mma runs the tiled kernel).
 TEST_P(DecodeAttention, MatchesCpuReference) {
   const auto& [spec, T, gqa, dim, kernel] = GetParam();
   run_spec(spec, {T}, 2, gqa, dim, sweep_name({GetParam(), 0}), kernel);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Sweep, DecodeAttention,
-    ::testing::Combine(::testing::ValuesIn(all_specs()),
-                       ::testing::Values<int64_t>(1, 37, 1000, 4099), ::testing::Values(1, 3, 4, 8),
-                       ::testing::ValuesIn(HeadDims::values),
-                       ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled)),
-    sweep_name);
+INSTANTIATE_TEST_SUITE_P(Sweep, DecodeAttention,
+                         ::testing::Combine(::testing::ValuesIn(all_specs()),
+                                            ::testing::Values<int64_t>(1, 37, 1000, 4099),
+                                            ::testing::Values(1, 3, 4, 8),
+                                            ::testing::ValuesIn(HeadDims::values),
+                                            ::testing::Values(DecodeKernel::Baseline,
+                                                              DecodeKernel::Tiled,
+                                                              DecodeKernel::Mma)),
+                         sweep_name);
 // GQA 6 pads the tiled kernel's group of 8 (two masked query heads).
 INSTANTIATE_TEST_SUITE_P(
     Gqa6, DecodeAttention,
-    ::testing::Combine(::testing::Values("bf16", "fp8_e4m3:gran=token", "fp8_e5m2:gran=channel",
-                                         "kivi2", "kivi4"),
-                       ::testing::Values<int64_t>(37, 1000), ::testing::Values(6),
-                       ::testing::Values(128),
-                       ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled)),
+    ::testing::Combine(
+        ::testing::Values("bf16", "fp8_e4m3:gran=token", "fp8_e5m2:gran=channel", "kivi2", "kivi4"),
+        ::testing::Values<int64_t>(37, 1000), ::testing::Values(6), ::testing::Values(128),
+        ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled, DecodeKernel::Mma)),
     sweep_name);
+
+// Long splits (several 64-token tiles a block: the Mma kernel's cp.async pipeline and a partial
+// last tile; the tiled kernel's many warp steps): split_tokens 4096 / gqa, the most a split holds,
+// and 200 (three full tiles and a partial one), at contexts that end inside a tile.
+using LongSplitCase = std::tuple<int64_t, int, int, int64_t, DecodeKernel>;  // T, gqa, dim, split
+
+class DecodeAttentionLongSplits : public ::testing::TestWithParam<LongSplitCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_DEVICE(); }
+};
+
+// Expected: kvq::decode_attention on the CPU (the file comment), bf16 cache.
+TEST_P(DecodeAttentionLongSplits, MatchesCpuReference) {
+  const auto& [T, gqa, dim, split, kernel] = GetParam();
+  const int64_t st = split > 0 ? split : 4096 / gqa;
+  run_spec("bf16", {T, T / 3 + 1}, 2, gqa, dim,
+           "bf16_T" + std::to_string(T) + "_gqa" + std::to_string(gqa) + "_d" +
+               std::to_string(dim) + "_split" + std::to_string(st) + "_" + to_string(kernel),
+           kernel, st);
+}
+
+std::string long_split_name(const ::testing::TestParamInfo<LongSplitCase>& p) {
+  const auto& [T, gqa, dim, split, kernel] = p.param;
+  std::string name = "T";  // (appended piece by piece: GCC 12's -Wrestrict misfires on "T" + ...)
+  name += std::to_string(T);
+  name += "_gqa";
+  name += std::to_string(gqa);
+  name += "_d";
+  name += std::to_string(dim);
+  name += "_split";
+  name += split > 0 ? std::to_string(split) : "max";
+  name += "_";
+  name += to_string(kernel);
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Splits, DecodeAttentionLongSplits,
+    ::testing::Combine(::testing::Values<int64_t>(3001, 8197), ::testing::Values(1, 4, 8),
+                       ::testing::ValuesIn(HeadDims::values), ::testing::Values<int64_t>(0, 200),
+                       ::testing::Values(DecodeKernel::Tiled, DecodeKernel::Mma)),
+    long_split_name);
 
 // ---- batches of different lengths -------------------------------------------------------------
 
@@ -384,7 +434,8 @@ INSTANTIATE_TEST_SUITE_P(
     Kinds, DecodeAttentionBatch,
     ::testing::Combine(::testing::Values("bf16", "fp8_e4m3:gran=token", "fp8_e5m2:gran=channel",
                                          "kivi2", "kivi4", "int3:k=token,v=channel,g=8,r=0"),
-                       ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled)),
+                       ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled,
+                                         DecodeKernel::Mma)),
     [](const ::testing::TestParamInfo<BatchCase>& p) {
       return kvq::testing::test_name(std::get<0>(p.param)) + "_" + to_string(std::get<1>(p.param));
     });
@@ -448,8 +499,7 @@ void run_device_caches(const std::string& spec_text,
     std::vector<const float*> kx, vx;
     std::vector<int64_t> ns;
     for (size_t b = 0; b < appends.size(); ++b) {
-      const int64_t n = r < appends[b].size() ? appends[b][r] : 0,
-                    at = filled[b] * kHeads * kDim;
+      const int64_t n = r < appends[b].size() ? appends[b][r] : 0, at = filled[b] * kHeads * kDim;
       filled[b] += n;
       if (batched) {
         kp.push_back(&kc[b]);
@@ -528,7 +578,8 @@ TEST_P(DecodeAttentionDeviceCache, ManyRequestsBatchedAppendsMatchCpuReference) 
 INSTANTIATE_TEST_SUITE_P(
     Kinds, DecodeAttentionDeviceCache,
     ::testing::Combine(::testing::Values("kivi2", "kivi4", "int4:k=channel,v=token,g=32,r=64,sym"),
-                       ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled)),
+                       ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled,
+                                         DecodeKernel::Mma)),
     [](const ::testing::TestParamInfo<StreamCase>& p) {
       return kvq::testing::test_name(std::get<0>(p.param)) + "_" + to_string(std::get<1>(p.param));
     });
@@ -538,7 +589,8 @@ INSTANTIATE_TEST_SUITE_P(
 // Expected: float(c) for every code of up to 8 bits and a few up to 2^23 - 1.
 TEST(AttentionHelpers, CodeToFloatIsExact) {
   for (uint32_t c = 0; c < 256; ++c) EXPECT_EQ(code_to_float(c), static_cast<float>(c)) << c;
-  for (uint32_t c : {1000u, 65535u, 8388607u}) EXPECT_EQ(code_to_float(c), static_cast<float>(c)) << c;
+  for (uint32_t c : {1000u, 65535u, 8388607u})
+    EXPECT_EQ(code_to_float(c), static_cast<float>(c)) << c;
 }
 
 // ---- host-only: plans and configuration errors -------------------------------------------------
