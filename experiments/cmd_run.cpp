@@ -550,32 +550,17 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard
                              0.0},
           *s, o.ctx);
       // Each statistic with its 95% interval (x_lo, x_hi: null when it could not be estimated) and
-      // the fraction of the attended K/V that was quantized (eval::quantized_fraction).
-      table.add({{"key", s->canonical()},
-                 {"scheme", s->canonical()},
-                 {"settings", settings},
-                 {"bits", (f.key.effective_bits() + f.value.effective_bits()) / 2},
-                 {"bytes_per_token", f.total_bytes() / o.ctx},
-                 {"ppl", r.ppl},
-                 {"ppl_lo", r.ppl_ci.lo},
-                 {"ppl_hi", r.ppl_ci.hi},
-                 {"ppl_fp32", r.ppl_ref},
-                 {"ppl_fp32_lo", r.ppl_ref_ci.lo},
-                 {"ppl_fp32_hi", r.ppl_ref_ci.hi},
-                 {"delta_ppl", r.ppl - r.ppl_ref},
-                 {"delta_ppl_lo", r.delta_ppl_ci.lo},
-                 {"delta_ppl_hi", r.delta_ppl_ci.hi},
-                 {"kld", r.kld},
-                 {"kld_lo", r.kld_ci.lo},
-                 {"kld_hi", r.kld_ci.hi},
-                 {"kld_p99", r.kld_p99},
-                 {"top1", r.top1},
-                 {"top1_lo", r.top1_ci.lo},
-                 {"top1_hi", r.top1_ci.hi},
-                 {"quantized", r.quantized},
-                 {"scored", r.scored},
-                 {"ci_blocks", r.ci_blocks},
-                 {"seconds", r.seconds}});
+      // the fraction of the attended K/V that was quantized (eval::result_fields).
+      json row = {{"key", s->canonical()},
+                  {"scheme", s->canonical()},
+                  {"settings", settings},
+                  {"bits", (f.key.effective_bits() + f.value.effective_bits()) / 2},
+                  {"bytes_per_token", f.total_bytes() / o.ctx}};
+      for (const auto& [name, value] : eval::result_fields(r)) row[name] = value;
+      row["scored"] = r.scored;
+      row["ci_blocks"] = r.ci_blocks;
+      row["seconds"] = r.seconds;
+      table.add(std::move(row));
       fmt::print(stderr, "[{}] {}: {}\n", tag, s->canonical(), eval::format_result(r));
       if (!eval::exact_by_design(*s) && r.quantized < eval::kMinQuantizedFraction)
         fmt::print(stderr, "kvq run: warning: {}\n",
@@ -824,7 +809,7 @@ void run_throughput(const ThroughputPlan& p, const std::filesystem::path& out, c
       json r = {{"key", key}, {"scheme", key}, {"settings", settings}, {"op", c.op}, {"backend", c.backend},
                 {"context", c.context}, {"batch", c.batch}, {"time_us", t.us}, {"bytes", t.bytes},
                 {"gb_per_s", gbps}, {"memcpy_gb_per_s", copy_gbps}, {"of_memcpy", gbps / copy_gbps},
-                {"stored_bytes_per_token", t.stored_bytes_per_token}};
+                {"stored_bytes_per_token", t.stored_bytes_per_token}, {"page_faults", t.page_faults}};
       r["speedup_vs_bf16"] = bf16_us > 0 ? json(bf16_us / t.us) : json(nullptr);
       if (c.op == "decode") r["distinct_caches"] = t.distinct_caches;
       fmt::print(stderr, "[throughput {}/{}] {} {} ctx {} batch {} {}: {:.1f} us, {:.2f} GB/s ({:.0f}% of memcpy){}\n",

@@ -47,6 +47,7 @@ struct Timing {
                      ///< bytes (quantize)
   double stored_bytes_per_token = 0;  ///< the format's K+V bytes per token of one sequence
   int64_t distinct_caches = 0;        ///< caches built for the decode pool
+  double page_faults = 0;  ///< minor page faults per timed repetition (median; quantize)
 };
 
 /// \brief One decode step of `batch` sequences on `backend` (the median of opt.repeats).
