@@ -228,39 +228,25 @@ void register_ppl(CLI::App* model) {
                  ci(x.top1_ci, ".1f", 100.0));
       if (!eval::exact_by_design(cos[i].spec) && x.quantized < eval::kMinQuantizedFraction)
         warnings.push_back(eval::little_quantized(cos[i].spec.canonical(), o->p.ctx, x.quantized));
-      rows.push_back({{"kv", cos[i].spec.canonical()},
-                      {"backend", o->backend},
-                      {"pre_rope", o->pre_rope},
-                      {"hadamard", o->hadamard},
-                      {"text", o->text},
-                      {"ctx", o->p.ctx},
-                      {"score_from", o->p.score_from},
-                      {"stride", o->p.stride},
-                      {"windows", x.windows},
-                      {"scored", x.scored},
-                      {"ppl", x.ppl},
-                      {"ppl_lo", x.ppl_ci.lo},
-                      {"ppl_hi", x.ppl_ci.hi},
-                      {"ppl_fp32", x.ppl_ref},
-                      {"ppl_fp32_lo", x.ppl_ref_ci.lo},
-                      {"ppl_fp32_hi", x.ppl_ref_ci.hi},
-                      {"delta_ppl", x.ppl - x.ppl_ref},
-                      {"delta_ppl_lo", x.delta_ppl_ci.lo},
-                      {"delta_ppl_hi", x.delta_ppl_ci.hi},
-                      {"kld", x.kld},
-                      {"kld_lo", x.kld_ci.lo},
-                      {"kld_hi", x.kld_ci.hi},
-                      {"kld_p99", x.kld_p99},
-                      {"top1", x.top1},
-                      {"top1_lo", x.top1_ci.lo},
-                      {"top1_hi", x.top1_ci.hi},
-                      {"quantized", x.quantized},
-                      {"ci_blocks", x.ci_blocks},
-                      {"seconds", x.seconds}});
+      nlohmann::json row = {{"kv", cos[i].spec.canonical()},
+                            {"backend", o->backend},
+                            {"pre_rope", o->pre_rope},
+                            {"hadamard", o->hadamard},
+                            {"text", o->text},
+                            {"ctx", o->p.ctx},
+                            {"score_from", o->p.score_from},
+                            {"stride", o->p.stride},
+                            {"windows", x.windows},
+                            {"scored", x.scored}};
+      for (const auto& [name, value] : eval::result_fields(x)) row[name] = value;
+      row["ci_blocks"] = x.ci_blocks;
+      row["seconds"] = x.seconds;
+      rows.push_back(std::move(row));
     }
-    fmt::print("intervals   95%, block bootstrap over the scored positions ({} blocks of up to {} "
-               "tokens, {} resamples)\n",
-               r.ci_blocks, eval::kCiBlock, eval::kCiResamples);
+    fmt::print(
+        "intervals   95%, block bootstrap over the scored positions ({} blocks of up to {} "
+        "tokens, {} resamples)\n",
+        r.ci_blocks, eval::kCiBlock, eval::kCiResamples);
     fmt::print("time        {:.1f} s\n", r.seconds);
     std::fflush(stdout);  // the warnings after the table they refer to
     for (const std::string& w : warnings) fmt::print(stderr, "warning: {}\n", w);

@@ -87,6 +87,26 @@ bool exact_by_design(const SchemeSpec& spec) {
   return true;
 }
 
+std::vector<std::pair<std::string, double>> result_fields(const PplResult& r) {
+  return {{"ppl", r.ppl},
+          {"ppl_lo", r.ppl_ci.lo},
+          {"ppl_hi", r.ppl_ci.hi},
+          {"ppl_fp32", r.ppl_ref},
+          {"ppl_fp32_lo", r.ppl_ref_ci.lo},
+          {"ppl_fp32_hi", r.ppl_ref_ci.hi},
+          {"delta_ppl", r.ppl - r.ppl_ref},
+          {"delta_ppl_lo", r.delta_ppl_ci.lo},
+          {"delta_ppl_hi", r.delta_ppl_ci.hi},
+          {"kld", r.kld},
+          {"kld_lo", r.kld_ci.lo},
+          {"kld_hi", r.kld_ci.hi},
+          {"kld_p99", r.kld_p99},
+          {"top1", r.top1},
+          {"top1_lo", r.top1_ci.lo},
+          {"top1_hi", r.top1_ci.hi},
+          {"quantized", r.quantized}};
+}
+
 std::string format_result(const PplResult& r) {
   const auto ci = [](const Interval& i, const char* spec, double scale = 1.0) {
     return i.known() ? fmt::format(fmt::runtime(fmt::format(" [{{:{0}}}, {{:{0}}}]", spec)),

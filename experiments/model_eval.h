@@ -8,6 +8,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fp8/scale.h"
@@ -88,6 +89,11 @@ struct PositionScores {
 /// \brief Sets r's intervals and ci_blocks from `s` by the block bootstrap of kCiBlock (the same
 /// draws for every call with as many blocks: deterministic).
 void bootstrap_intervals(const PositionScores& s, PplResult& r);
+
+/// \brief A row's statistics by name, in the order every model row writes them: ppl, ppl_lo,
+/// ppl_hi, ppl_fp32 (+ _lo, _hi), delta_ppl (+ _lo, _hi), kld (+ _lo, _hi), kld_p99, top1 (+ _lo,
+/// _hi), quantized (NaN bounds: the interval is unknown; JSON writes them null).
+std::vector<std::pair<std::string, double>> result_fields(const PplResult& r);
 
 /// \brief One line for a row: "ppl 5.030 [4.81, 5.27], delta +1.031 [+0.94, +1.13], KLD 0.2668
 /// [0.251, 0.283], top-1 83.95% [81.9, 86.0], quantized 52.1%" (95% intervals; "[-]" when unknown).

@@ -385,30 +385,30 @@ class Model {
       r = eval::perplexity(m_->model, caches, tokens, o);
     }
     std::vector<std::string> rows;
-    for (size_t i = 0; i < r.size(); ++i)
-      rows.push_back(nlohmann::json{
-          {"kv", caches[i].spec.canonical()},
-          {"ppl", r[i].ppl},
-          {"ppl_lo", r[i].ppl_ci.lo},
-          {"ppl_hi", r[i].ppl_ci.hi},
-          {"ppl_fp32", r[i].ppl_ref},
-          {"ppl_fp32_lo", r[i].ppl_ref_ci.lo},
-          {"ppl_fp32_hi", r[i].ppl_ref_ci.hi},
-          {"delta_ppl", r[i].ppl - r[i].ppl_ref},
-          {"delta_ppl_lo", r[i].delta_ppl_ci.lo},
-          {"delta_ppl_hi", r[i].delta_ppl_ci.hi},
-          {"kld", r[i].kld},
-          {"kld_lo", r[i].kld_ci.lo},
-          {"kld_hi", r[i].kld_ci.hi},
-          {"kld_p99", r[i].kld_p99},
-          {"top1", r[i].top1},
-          {"top1_lo", r[i].top1_ci.lo},
-          {"top1_hi", r[i].top1_ci.hi},
-          {"quantized", r[i].quantized},
-          {"ci_blocks", r[i].ci_blocks},
-          {"windows", r[i].windows},
-          {"scored", r[i].scored},
-          {"ctx", ctx},
+    for (size_t i = 0; i < r.size(); ++i) {
+      nlohmann::json row{{"kv", caches[i].spec.canonical()},
+                         {"windows", r[i].windows},
+                         {"scored", r[i].scored},
+                         {"ctx", ctx},
+                         {"ci_blocks", r[i].ci_blocks},
+                         {"seconds", r[i].seconds}};
+      for (const auto& [name, value] : eval::result_fields(r[i])) row[name] = value;
+      rows.push_back(row.dump());
+    }
+    return rows;
+  }
+
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int n, const std::string& kv,
+                                int threads, const std::string& backend) {
+    const CacheOptions c{parse_spec(kv)};
+    const AttentionBackend b = parse_backend(backend);
+    KVQ_CHECK(n >= 1, "n must be at least 1, got {}", n);
+    nb::gil_scoped_release release;
+    m_->model.set_backend(b);
+    return eval::generate(m_->model, c, prompt, n, {m_->tok.eos()}, threads,
+                          [](int32_t) { poll_signals(); });
+  }
+
   // Every position's next-token logits with the cache in `kv`, [T, vocab], as `kvq model logits`
   // (one forward pass over the whole text).
   FloatOut logits(const std::vector<int32_t>& ids, const std::string& kv, int threads,
