@@ -4,7 +4,9 @@ largest magnitude each channel reaches over the tokens of a text, keys (post-RoP
 below. Keys have a few outlier channels; values have none, which is why KIVI quantizes keys per
 channel and values per token. Uses the kvq Python package (kvq.Model.dump_kv).
 
-    .venv/bin/python experiments/plots/channel_magnitudes.py   # ~10 s; into results/channel_magnitudes/ (--out DIR)
+    .venv/bin/python experiments/plots/channel_magnitudes.py   # ~10 s
+
+The figures go into results/channel_magnitudes/ (--out DIR elsewhere).
 """
 import argparse
 
@@ -48,8 +50,10 @@ def main():
             if i == 1:
                 ax.set_xlabel("channel")
             out = np.flatnonzero(amax > 4 * med)
-            ax.text(0.98, 0.95, f"{out.size} channels > 4x median", transform=ax.transAxes,
-                    ha="right", va="top", fontsize=8)
+            ax.text(0.98, 0.95, f"{out.size} channel{'' if out.size == 1 else 's'} > 4x median",
+                    transform=ax.transAxes, ha="right", va="top", fontsize=8,
+                    bbox=dict(facecolor="white", edgecolor="none", pad=1.5))  # over the 4x line
+            ax.set_ylim(0, 1.3 * max(amax.max(), 4 * med))  # room for the note above the 4x line
     tokens = layers[0]["k"].shape[0]
     fig.suptitle(f"SmolLM2-135M per-channel magnitudes over {tokens} tokens of {a.text}", fontsize=10)
     footer(fig, "experiments/plots/channel_magnitudes.py")

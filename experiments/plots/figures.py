@@ -1,8 +1,11 @@
 """What every figure script here shares: reading a `kvq run` table, the commit for the footer,
-the footer, PNG + PDF output."""
+the footer, legends outside the panels, readable log axes, PNG + PDF output."""
 import csv
+import math
 import os
 import subprocess
+
+import matplotlib.ticker
 
 
 def results_table(results, task, config):
@@ -55,10 +58,52 @@ def footer(fig, source):
     fig.text(0.99, 0.005, f"{source}, kvq {commit()}", ha="right", fontsize=6, color="0.4")
 
 
+def legend_below(fig, ax, ncol=3):
+    """One legend for the figure, under its panels (a legend inside an axes covers points); save()
+    keeps the figure's tight bounding box, which takes it in."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), fontsize=7,
+                   ncol=min(ncol, len(handles)), frameon=False)
+
+
+def legend_right(ax, handles=None, labels=None):
+    """The axes' legend outside it, on its right (a legend inside covers points)."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0,
+              fontsize=7, frameon=False)
+
+
+def log_axis(ax, axis="y"):
+    """A log axis that labels enough ticks to be read: over less than two decades (with the data
+    already drawn) the 2x and 5x ticks are labelled too, and every label is a plain number (a
+    narrow range would otherwise show a single label)."""
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    a = ax.yaxis if axis == "y" else ax.xaxis
+    lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    if lo > 0 and math.log10(hi / lo) < 2:
+        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        a.set_major_formatter(plain)
+        a.set_minor_formatter(matplotlib.ticker.FuncFormatter(
+            lambda v, _: f"{v:g}" if round(v / 10 ** math.floor(math.log10(v) + 1e-9)) in (2, 5)
+            else ""))
+
+
+def pow2_axis(ax, values, axis="x"):
+    """A log2 axis ticked at the values measured, as numbers (4096 -> 4k), not 2^12."""
+    vals = sorted({int(v) for v in values})
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log", base=2)
+    a = ax.xaxis if axis == "x" else ax.yaxis
+    a.set_ticks(vals, [f"{v // 1024}k" if v >= 1024 and v % 1024 == 0 else str(v) for v in vals])
+    a.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
 def save(fig, out, name):
     """Writes OUT/NAME.png and OUT/NAME.pdf and says so."""
     os.makedirs(out, exist_ok=True)
     for ext in ("png", "pdf"):
         path = os.path.join(out, f"{name}.{ext}")
-        fig.savefig(path, dpi=130)
+        # tight: what lies outside the panels (a legend under them, long labels) is not cut off
+        fig.savefig(path, dpi=130, bbox_inches="tight", pad_inches=0.08)
         print("wrote", path)

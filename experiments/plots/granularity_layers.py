@@ -3,17 +3,20 @@
 of a text (kvq.Model.dump_kv) quantized under each scheme (kvq.compare), SNR per layer, one line
 per scheme, keys left and values right. Uses the kvq Python package.
 
-    .venv/bin/python experiments/plots/granularity_layers.py   # ~30 s; into results/granularity_layers/ (--out DIR)
+    .venv/bin/python experiments/plots/granularity_layers.py   # ~30 s
+
+The CSV and figures go into results/granularity_layers/ (--out DIR elsewhere).
 """
 import argparse
 import csv
 import os
+import re
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from figures import footer, save  # noqa: E402
+from figures import footer, legend_below, save  # noqa: E402
 
 import kvq  # noqa: E402
 
@@ -40,7 +43,8 @@ def main():
     rows = []
     for l, d in enumerate(layers):
         for role, x in (("key", d["k"]), ("value", d["v"])):
-            for r in kvq.compare(x, specs, role=role):
+            # quantize with the layer (not compare): a calib:FILE scale is this layer's
+            for r in (kvq.quantize(x, sp, role=role, layer=l)[1] for sp in specs):
                 rows.append({"layer": l, "role": role, "scheme": r["scheme"],
                              "bits": r["effective_bits"], "snr_db": r["snr_db"]})
     os.makedirs(a.out, exist_ok=True)
@@ -54,18 +58,19 @@ def main():
             pts = [(r["layer"], r["snr_db"]) for r in rows
                    if r["role"] == role and r["scheme"] == s.canonical]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], STYLES[i % len(STYLES)],
-                    marker=MARKERS[i % len(MARKERS)], markersize=3, color=str(0.15 + 0.12 * (i % 5)),
-                    label=s.canonical.replace(",scale=dynamic", ""))
+                    marker=MARKERS[i % len(MARKERS)], markersize=3, color=f"C{i % 10}",
+                    label=re.sub(r"calib:([^,;@]*)", lambda m: "calib:" + os.path.basename(
+                        m.group(1)), s.canonical.replace(",scale=dynamic", "")))  # file, not path
         ax.set_title(f"{role}s", fontsize=10)
         ax.set_xlabel("layer")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("reconstruction SNR (dB)")
-    axes[1].legend(fontsize=7, loc="lower right")
     tokens = layers[0]["k"].shape[0]
     fig.suptitle(f"SmolLM2-135M, every layer's K/V over {tokens} tokens of {a.text}: SNR per scheme",
                  fontsize=10)
     footer(fig, "experiments/plots/granularity_layers.py")
     fig.tight_layout(rect=(0, 0.02, 1, 0.95))
+    legend_below(fig, axes[0])
     save(fig, a.out, "granularity_layers")
     # The answer per role: which scheme has the best SNR in how many layers.
     for role in ("key", "value"):

@@ -3,7 +3,9 @@
 fp32 cache, per scheme, from a `kvq run` whose [model] has a list of window lengths
 (experiments/configs/context.toml).
 
-    .venv/bin/python experiments/plots/plot_context.py results/context   # figures beside the results; make-figures.sh adds --out docs/img
+    .venv/bin/python experiments/plots/plot_context.py results/context
+
+The figures go beside the results (--out DIR elsewhere; scripts/make-figures.sh gives docs/img).
 """
 import argparse
 
@@ -11,7 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from figures import footer, interval, results_table, save  # noqa: E402
+from figures import footer, interval, legend_right, pow2_axis, results_table, save  # noqa: E402
 
 MARKERS = ["o", "s", "^", "d", "v", "x", "*"]
 
@@ -30,7 +32,7 @@ def main():
         pts = sorted((int(r["settings.ctx"]), r) for r in rows if r["scheme"] == s)
         x = [p[0] for p in pts]
         label = s.replace(",scale=dynamic", "")
-        style = dict(marker=MARKERS[i % len(MARKERS)], color=str(0.1 + 0.15 * (i % 5)),
+        style = dict(marker=MARKERS[i % len(MARKERS)], color=f"C{i % 10}",
                      linestyle=["-", "--", ":", "-."][i % 4], label=label)
         # Error bars: each row's 95% interval (block bootstrap over the scored positions).
         for ax, key, scale in [(axes[0], "kld", 1), (axes[1], "top1", 100), (axes[2], "delta_ppl", 1)]:
@@ -40,13 +42,13 @@ def main():
     for ax, (title, unit) in zip(axes, [("mean KL(fp32 || scheme)", "nats"),
                                         ("top-1 agreement with fp32", "%"),
                                         ("perplexity - fp32 perplexity", "")]):
-        ax.set_xscale("log", base=2)
+        pow2_axis(ax, [int(r["settings.ctx"]) for r in rows])
         ax.set_xlabel("window length (tokens)")
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
-    axes[0].legend(fontsize=7)
+    legend_right(axes[2])
     text = rows[0].get("settings.text", "?")
     tokens = rows[0].get("settings.max_tokens", "?")
     fig.suptitle(f"SmolLM2-135M on {tokens} tokens of {text}: damage against window length", fontsize=10)

@@ -3,7 +3,9 @@
 greedy answer reproduces the pass key, per context length and needle depth, from a `kvq run`
 with a [needle] table (experiments/configs/needle.toml).
 
-    .venv/bin/python experiments/plots/plot_needle.py results/needle   # figures beside the results; make-figures.sh adds --out docs/img
+    .venv/bin/python experiments/plots/plot_needle.py results/needle
+
+The figures go beside the results (--out DIR elsewhere; scripts/make-figures.sh gives docs/img).
 """
 import argparse
 

@@ -24,7 +24,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from figures import footer, results_table, save  # noqa: E402
+from figures import footer, legend_right, log_axis, results_table, save  # noqa: E402
 
 BUDGETS = [3, 6, 10, 15, 20]
 KIVI2 = "kivi2:g=32,r=128"
@@ -64,7 +64,7 @@ def rotation(a):
         ax.set_yscale("log")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3, axis="y")
-    axes[0].legend(fontsize=7)
+    legend_right(axes[1])
     ctx = rows[0].get("settings.ctx", "?")
     fig.suptitle(f"Rotation before quantization (window {ctx} tokens): the same scheme without and "
                  "with a Walsh-Hadamard rotation", fontsize=10)
@@ -91,9 +91,9 @@ def sinks(a):
     ax.set_xticklabels(["0", "1", "4", "16"])
     ax.set_xlabel("sink tokens kept exact (S)")
     ax.set_ylabel("mean KL(fp32 || scheme), nats")
-    ax.set_yscale("log")
+    log_axis(ax)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    legend_right(ax)
     ax.set_title("Exact attention sinks with KIVI-2 on SmolLM2 / KJV", fontsize=10)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     footer(fig, f"{path}; experiments/plots/plot_options.py sinks")
@@ -173,7 +173,8 @@ def layers(a):
     axes[0].set_ylabel("mean KL(fp32 || scheme), nats")
     axes[0].set_title("One layer quantized at a time, the rest fp32", fontsize=9)
     axes[0].grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+                   frameon=False)
     kld = {r["scheme"]: (float(r["bytes_per_token"]), float(r["kld"])) for r in arows}
     for name, marker in [("greedy", "o"), ("first", "s"), ("least", "^")]:
         pts = [kld[sp] for n, _, sp in mixes(s[KIVI2]) if n == name and sp in kld]
@@ -186,13 +187,16 @@ def layers(a):
         if u in kld:
             axes[1].scatter([kld[u][0] / 1024], [kld[u][1]], marker="*", s=120, color="black", zorder=5)
             axes[1].annotate("uniform " + short(u), (kld[u][0] / 1024, kld[u][1]), fontsize=7,
-                             xytext=(4, 4), textcoords="offset points")
+                             xytext=(-6, 0), textcoords="offset points", ha="right",
+                             va="center")  # left of the star: inside the axes
     axes[1].set_yscale("log")
     axes[1].set_xlabel("KV bytes per token, all layers (KiB)")
     axes[1].set_ylabel("mean KL(fp32 || scheme), nats")
     axes[1].set_title(f"kivi2/kivi4 mixes at k = {', '.join(map(str, BUDGETS))} layers", fontsize=9)
     axes[1].grid(alpha=0.3)
-    axes[1].legend(fontsize=7)
+    axes[1].margins(x=0.12, y=0.1)
+    axes[1].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+                   frameon=False)
     fig.suptitle("Per-layer precision on SmolLM2 (30 layers) over KJV", fontsize=10)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     footer(fig, f"{path}, {apath}; experiments/plots/plot_options.py layers")

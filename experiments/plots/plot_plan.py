@@ -15,13 +15,14 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from figures import save  # noqa: E402
+from figures import pow2_axis, save  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep", help="a CSV written by kvq plan --sweep-csv")
-    ap.add_argument("--out", help="output PNG (a PDF beside it; default: plan_sweep.png beside the CSV)")
+    ap.add_argument("--out",
+                    help="output PNG (a PDF beside it; default: plan_sweep.png beside the CSV)")
     a = ap.parse_args()
     out = a.out or os.path.join(os.path.dirname(a.sweep), "plan_sweep.png")
     with open(a.sweep) as f:
@@ -38,7 +39,7 @@ def main():
         for kv, pts in lines.items():
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=kv)
-        ax.set_xscale("log", base=2)
+        pow2_axis(ax, [int(r["batch"]) for r in rows])
         ax.set_xlabel("decode batch (requested)")
         ax.set_title(f"context {c:,} tokens", fontsize=9)
         ax.grid(alpha=0.3, which="both")

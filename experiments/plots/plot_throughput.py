@@ -3,7 +3,9 @@
 decode-step time and speed-up over bf16 for each batch, and prefill-quantize bandwidth as a
 share of memcpy, from a `kvq run` with a [throughput] table (experiments/configs/throughput.toml).
 
-    .venv/bin/python experiments/plots/plot_throughput.py results/throughput   # figures beside the results; make-figures.sh adds --out docs/img
+    .venv/bin/python experiments/plots/plot_throughput.py results/throughput
+
+The figures go beside the results (--out DIR elsewhere; scripts/make-figures.sh gives docs/img).
 """
 import argparse
 
@@ -11,7 +13,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from figures import footer, results_table, save  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from figures import footer, legend_right, pow2_axis, results_table, save  # noqa: E402
 
 MARKERS = ["o", "s", "^", "d", "v", "x", "*"]
 DASHES = ["-", "--", ":", "-."]
@@ -60,17 +63,19 @@ def main():
         axes[1][j].set_title(f"backend {b}: decode speed-up over bf16")
         axes[2][j].set_title(f"backend {b}: prefill quantize, % of memcpy")
         for ax in axes[:, j]:
-            ax.set_xscale("log", base=2)
+            pow2_axis(ax, [r["context"] for r in rows])
             ax.set_xlabel("context (tokens)")
             ax.grid(True, alpha=0.3)
-        axes[0][j].legend(fontsize=7, loc="upper left")
-        axes[2][j].legend(fontsize=7)
-    batch_note = ", ".join(f"batch {n}: {DASHES[k % len(DASHES)]}" for k, n in enumerate(batches))
+    # One legend, outside the panels: the schemes by colour, the decode batch by line style.
+    handles = [Line2D([], [], color=f"C{i}", marker=MARKERS[i % len(MARKERS)], markersize=4,
+                      label=s.replace(",scale=dynamic", "")) for i, s in enumerate(schemes)]
+    handles += [Line2D([], [], color="0.3", linestyle=DASHES[k % len(DASHES)],
+                       label=f"decode batch {n}") for k, n in enumerate(batches)]
+    legend_right(axes[0][-1], handles, [h.get_label() for h in handles])
     first = rows[0]
     fig.suptitle(f"Cache throughput, {first.get('settings.heads', '?')} kv heads x "
                  f"{first.get('settings.head_dim', '?')}, GQA {first.get('settings.gqa', '?')}, "
-                 f"{first.get('settings.threads', '?')} thread(s), cold caches ({batch_note})",
-                 fontsize=10)
+                 f"{first.get('settings.threads', '?')} thread(s), cold caches", fontsize=10)
     fig.tight_layout(rect=(0, 0.01, 1, 0.97))
     footer(fig, path)
     save(fig, out, "throughput")
