@@ -83,10 +83,12 @@ def log_axis(ax, axis="y"):
     a = ax.yaxis if axis == "y" else ax.xaxis
     lo, hi = ax.get_ylim() if axis == "y" else ax.get_xlim()
     if lo > 0 and math.log10(hi / lo) < 2:
+        # over less than a decade, every minor tick (2x .. 9x) is labelled
+        digits = (2, 5) if math.log10(hi / lo) >= 1 else tuple(range(2, 10))
         plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
         a.set_major_formatter(plain)
         a.set_minor_formatter(matplotlib.ticker.FuncFormatter(
-            lambda v, _: f"{v:g}" if round(v / 10 ** math.floor(math.log10(v) + 1e-9)) in (2, 5)
+            lambda v, _: f"{v:g}" if round(v / 10 ** math.floor(math.log10(v) + 1e-9)) in digits
             else ""))
 
 
