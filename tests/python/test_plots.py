@@ -78,7 +78,7 @@ def test_each_figure_lands_beside_its_results_and_docs_img_is_untouched(run_dir,
     for name in ("synthetic_snr", "synthetic_attention", "model_kld", "context", "needle",
                  "throughput", "rotation", "sinks", "per_layer"):
         for ext in ("png", "pdf"):
-            assert (out / f"{name}.{ext}").stat().st_size > 0, f"{name}.{ext} not beside the results"
+            assert (out / f"{name}.{ext}").stat().st_size > 0, f"{name}.{ext} not beside results"
     sweep = run_dir / "plan" / "sweep.csv"
     sweep.parent.mkdir()
     cli("plan", "--kv", "bf16", "kivi2", "--sweep-csv", sweep, "--sweep-batch", 1, 8,
@@ -105,3 +105,32 @@ def test_model_scripts_write_into_their_own_results_folder(tmp_path):
         assert (tmp_path / "results" / "granularity_layers" / name).exists()
     assert not (tmp_path / "docs").exists()
     assert snapshot(REPO / "docs" / "img") == docs, "a plot script changed docs/img"
+
+
+def test_ablation_figure_only_for_an_ablation():
+    # plot_results draws ablation.png for KIVI's ablation (a layout at several windows and groups),
+    # not for a config that has kivi2 with and without its window beside other schemes.
+    sys.path.insert(0, str(PLOTS))
+    try:
+        import plot_results as pr
+    finally:
+        sys.path.remove(str(PLOTS))
+
+    def rows(*schemes):
+        return [{"scheme": s, "settings": {"ctx": 512}} for s in schemes]
+
+    assert pr.int_params("int2:k=token,v=channel,g=32,r=128") == {
+        "bits": 2, "k": "token", "v": "channel", "g": "32", "r": 128, "arith": "exact",
+        "sym": False}
+    assert pr.int_params("kivi2:g=32,r=128,arith=fp16")["arith"] == "fp16"
+    for not_one in ("fp8_e4m3:gran=token,scale=dynamic", "kivi2:g=32,r=128,rot=hadamard",
+                    "k=kivi2:g=32,r=128;v=fp8_e4m3:gran=tensor,scale=dynamic",
+                    "kivi2:g=32,r=128@3=kivi4:g=32,r=128"):
+        assert pr.int_params(not_one) is None, not_one
+    ablation = rows("int2:k=channel,v=token,g=32,r=128", "int2:k=token,v=token,g=32,r=128",
+                    "int2:k=channel,v=token,g=32,r=0", "int2:k=token,v=token,g=32,r=0",
+                    "kivi2:g=32,r=32", "kivi2:g=64,r=128")
+    assert len(pr.ablation_rows(ablation)) == 6
+    default = rows("bf16", "fp8_e4m3:gran=tensor,scale=dynamic", "kivi4:g=32,r=128",
+                   "kivi2:g=32,r=128", "kivi2:g=32,r=0")
+    assert pr.ablation_rows(default) == []
