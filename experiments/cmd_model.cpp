@@ -70,7 +70,7 @@ CacheOptions cache_options(const std::string& spec, bool pre_rope, bool hadamard
 
 void add_common(CLI::App* c, Common& o, bool with_kv = true) {
   c->add_option("--model-file", o.model_file,
-                "GGUF model (default: $KVQ_MODEL_DIR or ~/.cache/kvq /SmolLM2-135M-Instruct.Q4_1.gguf, "
+                "GGUF model (default: ${KVQ_MODEL_DIR:-~/.cache/kvq}/SmolLM2-135M-Instruct.Q4_1.gguf, "
                 "fetched by scripts/fetch-model.sh)");
   if (with_kv) {
     c->add_option("--kv", o.kv, "KV-cache scheme spec (fp32, bf16, fp8_e4m3:gran=token, kivi2, int4:k=channel,v=token,...)")
@@ -80,7 +80,7 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
                 "add rot=hadamard to the --kv spec (Walsh-Hadamard-rotated K and V, as llama.cpp stores its "
                 "quantized caches; rot=hadamard:SEED in the spec for random signs)");
   }
-  c->add_option("--threads", o.threads, "threads (0 = all cores)")->check(at_least(0))->capture_default_str();
+  c->add_option("--threads", o.threads, "threads (0 = kvq chooses per forward pass between all cores and one, by measuring both: one wins when another process shares a core)")->check(at_least(0))->capture_default_str();
   c->add_option("--backend", o.backend,
                 "attention backend: cpu (SIMD kernels), cpu-int8 (the same kernels with reduced-precision "
                 "dot products: on 2/4-bit kivi codes int8 queries on keys and 8-bit weights on values, "
@@ -108,9 +108,9 @@ void write_json(const std::string& path, const nlohmann::json& j) {
 // The prompt: --prompt TEXT, or --text FILE ('kjv': the King James Bible); --prompt-file is the
 // old name of --text.
 std::string prompt_text(const std::string& prompt, const std::string& file) {
-  if (!prompt.empty() && !file.empty()) fail("give --prompt or --text, not both");
-  if (!file.empty()) return read_file(text_path(file));
-  if (prompt.empty()) fail("no prompt: give --prompt TEXT or --text FILE (or --text kjv)");
+  if (!prompt.empty() && !file.empty()) usage_error("give --prompt or --text, not both");
+  if (!file.empty()) return read_text(file);
+  if (prompt.empty()) usage_error("no prompt: give --prompt TEXT or --text FILE (or --text kjv)");
   return prompt;
 }
 
@@ -195,7 +195,7 @@ void register_ppl(CLI::App* model) {
   c->callback([o] {
     std::vector<CacheOptions> cos{cache_options(o->kv, o->pre_rope, o->hadamard)};
     for (const auto& a : o->also) cos.push_back(cache_options(a, o->pre_rope, o->hadamard));
-    const std::string text = read_file(text_path(o->text));
+    const std::string text = read_text(o->text);
     eval::check_ppl_options(o->p, model_config(*o).context);
     for (const auto& co : cos) check_cache_options(co, model_config(*o));
     const Loaded& L = load(*o);
@@ -321,7 +321,7 @@ void register_needle(CLI::App* model) {
   c->callback([o] {
     const CacheOptions test = cache_options(o->kv, o->pre_rope, o->hadamard), ref = cache_options("fp32", false);
     for (double d : o->depth) KVQ_CHECK(d >= 0 && d <= 1, "--depth {} outside [0, 1]", d);
-    const std::string hay_text = read_file(text_path(o->text));
+    const std::string hay_text = read_text(o->text);
     const int context = model_config(*o).context;
     for (int cx : o->ctx) KVQ_CHECK(cx >= 256 && cx <= context, "--ctx {} outside [256, {}]", cx, context);
     check_cache_options(test, model_config(*o));
@@ -407,7 +407,7 @@ void register_calibrate(CLI::App* model) {
   c->add_option("--ctx", o->ctx, "window length")->check(at_least(1))->capture_default_str();
   c->add_option("--out", o->out, "output JSON")->required();
   c->callback([o] {
-    const std::string text = read_file(text_path(o->text));
+    const std::string text = read_text(o->text);
     KVQ_CHECK(o->ctx <= model_config(*o).context, "--ctx {} exceeds the model's context {}", o->ctx,
               model_config(*o).context);
     const Loaded& L = load(*o);
@@ -470,16 +470,23 @@ void register_bench(CLI::App* model) {
       "Model throughput, as llama-bench reports it: prefill of --prompt tokens in one call (pp) and\n"
       "token-by-token decode of --gen tokens (tg), each after --depth tokens already in the cache.\n"
       "Wall-clock tokens/s, median of --reps runs, plus CPU seconds and peak memory (RSS).\n"
-      "Example: kvq model bench --threads 2 --prompt 512 --gen 64 --depth 8192 --kv kivi2");
+      "Example: kvq model bench --threads 2 --prompt-tokens 512 --gen 64 --depth 8192 --kv kivi2");
   add_common(c, *o);
   c->add_option("--text", o->text, "text the tokens come from, or 'kjv'")->capture_default_str();
-  c->add_option("--prompt", o->prompt, "prefill tokens (0 = skip pp)")->check(at_least(0))->capture_default_str();
+  c->add_option("--prompt-tokens", o->prompt, "prefill tokens (0 = skip pp)")->check(at_least(0))->capture_default_str();
+  // --prompt is a prompt's text in every other model command; here it was a count (before 0.x)
+  c->add_option_function<std::string>(
+       "--prompt",
+       [](const std::string&) {
+         usage_error("--prompt is a prompt's text in kvq model; bench's prefill length is --prompt-tokens N");
+       })
+      ->group("");
   c->add_option("--gen", o->gen, "decoded tokens (0 = skip tg)")->check(at_least(0))->capture_default_str();
   c->add_option("--depth", o->depth, "tokens in the cache before each measurement")->check(at_least(0))->capture_default_str();
   c->add_option("--reps", o->reps, "repetitions (the median is reported)")->check(at_least(1))->capture_default_str();
   c->callback([o] {
     const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
-    const std::string text = read_file(text_path(o->text));
+    const std::string text = read_text(o->text);
     const int64_t need = static_cast<int64_t>(o->depth) + std::max(o->prompt, o->gen);
     KVQ_CHECK(need <= model_config(*o).context, "bench: --depth {} + {} tokens exceed the model's context {}",
               o->depth, std::max(o->prompt, o->gen), model_config(*o).context);
@@ -487,7 +494,9 @@ void register_bench(CLI::App* model) {
     const Loaded& L = load(*o);
     const auto ids = L.tok.encode_first(text, need);
     KVQ_CHECK(static_cast<int64_t>(ids.size()) >= need, "bench: the text has {} tokens, {} needed", ids.size(), need);
-    const int threads = o->threads > 0 ? o->threads : omp_get_num_procs();
+    const int threads = o->threads;  // 0: the model chooses per pass (model/thread_team.h, AutoThreads)
+    const std::string threads_label =
+        threads > 0 ? std::to_string(threads) : fmt::format("auto (1 or {} per pass)", omp_get_num_procs());
     auto cpu_now = [] { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; };
     auto fill = [&](LlamaCache& cache) {  // the untimed context
       std::vector<float> logits;
@@ -534,7 +543,7 @@ void register_bench(CLI::App* model) {
     const double rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;
     fmt::print("model       {} ({}; {:.1f} MB of weights)\n", model_path(o->model_file), L.model.weight_formats(),
                static_cast<double>(L.model.weight_bytes()) / 1e6);
-    fmt::print("kv          {}, threads {}, depth {}\n", co.spec.canonical(), threads, o->depth);
+    fmt::print("kv          {}, threads {}, depth {}\n", co.spec.canonical(), threads_label, o->depth);
     fmt::print("{:<8} {:>10} {:>14} {:>6}\n", "test", "tokens/s", "CPU ms/token", "reps");
     if (!pp.tps.empty()) fmt::print("{:<8} {:>10.1f} {:>14.2f} {:>6}\n", fmt::format("pp{}", o->prompt), median(pp.tps), median(pp.cpu), o->reps);
     if (!tg.tps.empty()) fmt::print("{:<8} {:>10.1f} {:>14.2f} {:>6}\n", fmt::format("tg{}", o->gen), median(tg.tps), median(tg.cpu), o->reps);
@@ -549,8 +558,7 @@ void register_bench(CLI::App* model) {
 }  // namespace
 
 void register_model(CLI::App& app) {
-  auto* model = app.add_subcommand("model", "Run SmolLM2-135M-Instruct (GGUF) with a quantized KV cache:\n"
-                                            "generate, ppl, diverge, needle, dump, calibrate.");
+  auto* model = app.add_subcommand("model");
   model->require_subcommand(1);
   register_generate(model);
   register_ppl(model);
@@ -560,6 +568,10 @@ void register_model(CLI::App& app) {
   register_calibrate(model);
   register_logits(model);
   register_bench(model);
+  std::string names;  // from the registrations, so the list cannot fall behind them
+  for (const CLI::App* sub : model->get_subcommands([](const CLI::App*) { return true; }))
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  model->description("Run SmolLM2-135M-Instruct (GGUF) with a quantized KV cache: " + names + ".");
 }
 
 }  // namespace kvq::cli

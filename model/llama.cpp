@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <map>
@@ -286,7 +287,6 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
   KVQ_CHECK(cache.layers().size() == static_cast<size_t>(c.layers),
             "forward: the cache has {} layers, the model {}", cache.layers().size(), c.layers);
   const int64_t pos0 = cache.tokens();
-  const int nt = threads > 0 ? threads : omp_get_num_procs();
   Mat x(n, c.hidden);
   for (int64_t t = 0; t < n; ++t) {
     const int32_t id = tokens[static_cast<size_t>(t)];
@@ -310,8 +310,15 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
   CpuCausalBuffers cpu_buf;  // backend cpu: counts, and q rotated for a rot= key side
   std::unique_ptr<cpu::CausalAttention> call;  // backend cpu: this layer's attention
   const std::lock_guard<std::mutex> lock(team_->mutex);
-  if (!team_->team || team_->team->size() != nt) team_->team = std::make_unique<ThreadTeam>(nt);
-  ThreadTeam& team = *team_->team;
+  // threads = 0: kvq chooses per pass between all cores and one (AutoThreads says why)
+  const int cores = omp_get_num_procs();
+  if (threads <= 0 && (!team_->chooser || team_->chooser->cores() != cores))
+    team_->chooser = std::make_unique<AutoThreads>(cores);
+  const int nt = threads > 0 ? threads : team_->chooser->next(n);
+  std::unique_ptr<ThreadTeam>& slot = nt == 1 ? team_->solo : team_->team;
+  if (!slot || slot->size() != nt) slot = std::make_unique<ThreadTeam>(nt);
+  ThreadTeam& team = *slot;
+  const auto started = std::chrono::steady_clock::now();
   // One team for the whole pass: the matrix products split their output panels and attention its
   // work items (kernels/cpu/attention.h's, or backend ref's (position, kv head) pairs) among the
   // members, each taken from a shared counter; the small serial steps run on member 0 between
@@ -431,6 +438,9 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
     }
   });
   if (err) std::rethrow_exception(err);
+  if (threads <= 0)
+    team_->chooser->record(
+        nt, n, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
 }
 
 }  // namespace kvq

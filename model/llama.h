@@ -164,9 +164,11 @@ class LlamaModel {
   Linear head_;   ///< output head [vocab][hidden]: output.weight, or the token embeddings
   Linear embed_;  ///< token embeddings when the file has its own output.weight (else head_)
   bool tied_ = true;
-  struct TeamSlot {    // the forward pass's thread team, kept between calls
+  struct TeamSlot {    // the forward pass's thread teams, kept between calls
     std::mutex mutex;  // one forward pass at a time per model
-    std::unique_ptr<ThreadTeam> team;
+    std::unique_ptr<ThreadTeam> team;   // `threads` members (all cores when kvq chooses)
+    std::unique_ptr<ThreadTeam> solo;   // one member: AutoThreads' other choice
+    std::unique_ptr<AutoThreads> chooser;  // threads = 0: the count per pass
   };
   std::shared_ptr<TeamSlot> team_ = std::make_shared<TeamSlot>();
   Eigen::VectorXf out_norm_;

@@ -1,5 +1,6 @@
 #include "model/thread_team.h"
 
+#include <algorithm>
 #include <exception>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -88,6 +89,28 @@ void ThreadTeam::run(const std::function<void(int)>& f) {
     error_ = nullptr;
   }
   if (err) std::rethrow_exception(err);
+}
+
+double AutoThreads::Arm::estimate() const {
+  const double a = last[0], b = last[1], c = last[2];
+  return std::max(std::min(a, b), std::min(std::max(a, b), c));
+}
+
+int AutoThreads::next(int64_t tokens) {
+  if (cores_ == 1) return 1;
+  Kind& k = kind(tokens);
+  const int64_t pass = k.passes++;
+  if (k.arms[0].passes < 3 || k.arms[1].passes < 3) return pass % 2 == 0 ? cores_ : 1;
+  const int best = k.arms[0].estimate() <= k.arms[1].estimate() ? 0 : 1;
+  const int pick = pass % kProbe == kProbe - 1 ? 1 - best : best;
+  return pick == 0 ? cores_ : 1;
+}
+
+void AutoThreads::record(int members, int64_t tokens, double seconds) {
+  if (cores_ == 1 || tokens < 1) return;
+  Arm& a = kind(tokens).arms[members == 1 ? 1 : 0];
+  a.last[a.passes % 3] = seconds / static_cast<double>(tokens);
+  ++a.passes;
 }
 
 }  // namespace kvq

@@ -53,4 +53,37 @@ class ThreadTeam {
   std::exception_ptr error_;  // the first exception a worker's job threw
 };
 
+/// \brief How many members a pass runs with when the caller leaves it to kvq (threads = 0): the
+/// faster per token, measured on the passes themselves, of all `cores` and of one. On an idle
+/// machine all cores win. With another process busy on a core, the scheduler parks a member for a
+/// time slice now and then, and every barrier of the pass (about 9 a layer) waits for it: one
+/// thread on the free core then wins (issue 50 item 10: 42.9 tokens/s decoding with 2 threads
+/// beside a busy loop, 130.7 with 1). Passes of one token (decode) and of more (prefill) are
+/// judged apart. The first six passes alternate; then each count's median of its last three passes
+/// decides, and every kProbe-th pass runs the other count, so the choice follows the load.
+class AutoThreads {
+ public:
+  static constexpr int kProbe = 16;
+  explicit AutoThreads(int cores) : cores_(cores < 1 ? 1 : cores) {}
+  int cores() const { return cores_; }
+  /// \brief Members for the next pass of `tokens` tokens.
+  int next(int64_t tokens);
+  /// \brief What a pass of `tokens` tokens with `members` members took (wall seconds).
+  void record(int members, int64_t tokens, double seconds);
+
+ private:
+  struct Arm {
+    double last[3] = {0, 0, 0};  // seconds per token of its last three passes
+    int passes = 0;
+    double estimate() const;  // their median (robust to one disturbed pass)
+  };
+  struct Kind {
+    Arm arms[2];  // [0]: all cores, [1]: one
+    int64_t passes = 0;
+  };
+  Kind& kind(int64_t tokens) { return kinds_[tokens > 1 ? 1 : 0]; }
+  int cores_;
+  Kind kinds_[2];  // [0]: decode (one token), [1]: prefill
+};
+
 }  // namespace kvq

@@ -579,7 +579,7 @@ NB_MODULE(_kvq, m) {
   m.def("plan", &plan);
   m.def("model_path", [](const std::string& p) { return kvq::cli::model_path(p); });
   m.def("text_path", [](const std::string& p) { return kvq::cli::text_path(p); });
-  m.def("read_text", [](const std::string& p) { return kvq::read_file(kvq::cli::text_path(p)); });
+  m.def("read_text", [](const std::string& p) { return kvq::cli::read_text(p); });
   nb::class_<Cache>(m, "Cache")
       .def(nb::init<const std::string&, int64_t, int64_t, const std::string&, int,
                     const std::string&, int>())
