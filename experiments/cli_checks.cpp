@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -94,6 +95,24 @@ void check_outputs(std::initializer_list<std::string_view> inputs,
         throw Error(
             fmt::format("{} and {} both name '{}': give each its own file", e->what, o->what, p));
   }
+}
+
+namespace {
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void on_sigint(int) {
+  g_stop = 1;
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C kills at once
+}
+}  // namespace
+
+StopOnCtrlC::StopOnCtrlC() {
+  g_stop = 0;
+  std::signal(SIGINT, on_sigint);
+}
+StopOnCtrlC::~StopOnCtrlC() { std::signal(SIGINT, SIG_DFL); }
+
+void check_stop() {
+  if (g_stop) throw Interrupted("interrupted");
 }
 
 namespace {

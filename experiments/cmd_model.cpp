@@ -101,6 +101,22 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
   c->add_option("--json", o.json, "also write the result as JSON to this file (atomically)");
 }
 
+// Runs f under StopOnCtrlC: a first Ctrl-C stops it at its next chunk with one line saying that
+// nothing was written (these commands print and write their result at the end) and what keeps
+// finished work (kvq run); exit status 130 as for SIGINT.
+template <class F>
+auto stopped_by_ctrl_c(const char* command, F&& f) {
+  const StopOnCtrlC stop;
+  try {
+    return f();
+  } catch (const Interrupted&) {
+    throw Interrupted(fmt::format(
+        "interrupted (Ctrl-C): kvq {} writes its result at the end, so nothing was written; run it "
+        "again, smaller (--max-tokens), or as a kvq run config, which keeps every finished row",
+        command));
+  }
+}
+
 void write_json(const std::string& path, const nlohmann::json& j) {
   if (!path.empty()) write_file_atomic(path, j.dump(2) + "\n");
 }
@@ -201,7 +217,10 @@ void register_ppl(CLI::App* model) {
     const Loaded& L = load(*o);
     const auto ids = L.tok.encode_first(text, o->p.max_tokens);
     o->p.threads = o->threads;
-    const auto rs = eval::perplexity(L.model, cos, ids, o->p, [](const std::string& m) { fmt::print(stderr, "[ppl] {}\n", m); });
+    o->p.poll = check_stop;  // Ctrl-C stops between chunks with a line saying what was kept
+    const auto rs = stopped_by_ctrl_c("model ppl", [&] {
+      return eval::perplexity(L.model, cos, ids, o->p, [](const std::string& m) { fmt::print(stderr, "[ppl] {}\n", m); });
+    });
     const eval::PplResult& r = rs.front();
     const std::string mods = std::string(o->pre_rope ? " (pre-RoPE keys)" : "") + (o->hadamard ? " (Hadamard-rotated K/V)" : "");
     fmt::print("text        {} ({} tokens used)\n", o->text, r.windows * o->p.ctx);
@@ -338,8 +357,14 @@ void register_needle(CLI::App* model) {
       rows.push_back({{"ctx", r.ctx}, {"depth", r.depth}, {"key", r.key}, {"fp32_correct", r.ref.correct},
                       {"fp32_logprob", r.ref.logprob}, {"correct", r.test.correct}, {"logprob", r.test.logprob}});
     };
-    eval::needle_grid(L, hay_text, ref, test, {o->ctx, o->depth, o->trials, o->seed, o->threads}, on_row,
-                      [](const std::string& msg) { fmt::print(stderr, "{}\n", msg); });
+    stopped_by_ctrl_c("model needle", [&] {
+      return eval::needle_grid(L, hay_text, ref, test, {o->ctx, o->depth, o->trials, o->seed, o->threads},
+                               [&](const eval::NeedleRow& r) {
+                                 on_row(r);
+                                 check_stop();
+                               },
+                               [](const std::string& msg) { fmt::print(stderr, "{}\n", msg); });
+    });
     const int per = static_cast<int>(o->depth.size()) * o->trials;
     for (const auto& [cx, ab] : acc)
       fmt::print("ctx {:>5}: accuracy fp32 {}/{}, {} {}/{}\n", cx, ab.first, per, test.spec.canonical(), ab.second, per);
@@ -418,8 +443,10 @@ void register_calibrate(CLI::App* model) {
     co.ctx = o->ctx;
     co.pre_rope = o->pre_rope;
     co.threads = o->threads;
-    const fp8::Calibration cal =
-        eval::calibrate(L, text, co, [](const std::string& msg) { fmt::print(stderr, "{}\n", msg); });
+    co.poll = check_stop;
+    const fp8::Calibration cal = stopped_by_ctrl_c("model calibrate", [&] {
+      return eval::calibrate(L, text, co, [](const std::string& msg) { fmt::print(stderr, "{}\n", msg); });
+    });
     fp8::write_calibration(o->out, cal);
     fmt::print("wrote {}: {} layers x {} heads (K and V amax)\n", o->out, L.model.config().layers,
                L.model.config().kv_heads);

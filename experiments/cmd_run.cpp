@@ -46,16 +46,8 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// Ctrl-C: the first stops the run between rows (synthetic) or chunks (model), after which every
-// finished row is on disk and a rerun resumes; a second one kills at once.
-volatile std::sig_atomic_t g_stop = 0;
-extern "C" void on_sigint(int) {
-  g_stop = 1;
-  std::signal(SIGINT, SIG_DFL);
-}
-void check_stop() {
-  if (g_stop) throw Interrupted("interrupted");
-}
+// Ctrl-C (StopOnCtrlC): the first stops the run between rows (synthetic) or chunks (model), after
+// which every finished row is on disk and a rerun resumes; a second one kills at once.
 
 // Whether PID is a live kvq process: running (a killed writer whose parent died first stays a
 // zombie until init reaps it, and kill(PID, 0) still succeeds then - CI saw it), a process
@@ -1172,8 +1164,7 @@ void register_run(CLI::App& app) {
                np ? np->specs.size() * np->ctxs.size() * np->depths.size() * static_cast<size_t>(np->trials) : 0,
                tp ? tp->cases().size() * tp->specs.size() : 0,
                shard.n > 1 ? fmt::format(" (shard {} of {}: every {}th row)", shard.i, shard.n, shard.n) : "", out);
-    g_stop = 0;
-    std::signal(SIGINT, on_sigint);
+    std::optional<StopOnCtrlC> stop(std::in_place);
     try {
       if (sp && !sp->specs.empty()) run_synthetic(*sp, out, shard);
       ModelSource source{o->model_file, nullptr};
@@ -1184,7 +1175,7 @@ void register_run(CLI::App& app) {
       throw Interrupted(fmt::format(
           "interrupted (Ctrl-C): every finished row is in {}/; run the same command again to resume", out));
     }
-    std::signal(SIGINT, SIG_DFL);
+    stop.reset();
     // The tables written and, per task, the script that draws it (each writes its figures beside
     // the results); a shard's rows are plotted after --merge, from the merged folder.
     std::string tables;

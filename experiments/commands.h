@@ -58,6 +58,19 @@ struct Interrupted : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// \brief While one lives, the first Ctrl-C sets a flag that check_stop() turns into Interrupted at
+/// the next unit of work (a row, a chunk, a window), so the command can say what was kept and how to
+/// go on; a second Ctrl-C kills at once. The default handler is back when it dies.
+class StopOnCtrlC {
+ public:
+  StopOnCtrlC();
+  ~StopOnCtrlC();
+  StopOnCtrlC(const StopOnCtrlC&) = delete;
+  StopOnCtrlC& operator=(const StopOnCtrlC&) = delete;
+};
+/// \brief Throws Interrupted("interrupted") once Ctrl-C was pressed under a StopOnCtrlC.
+void check_stop();
+
 /// \brief The version and commit of the running binary (main sets it; `kvq run` rows record it).
 void set_build_version(std::string v);
 const std::string& build_version();

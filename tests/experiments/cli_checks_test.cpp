@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/npy.h"
+#include "experiments/model_files.h"
 #include "tests/support/run_cli.h"
 
 namespace kvq {
@@ -201,6 +202,35 @@ TEST_F(CliChecks, CompareSaysWhichTokensSetEachScale) {
       << r.out;
   const auto all = run_kvq("compare " + path("k.npy") + " --kv fp8_e4m3:gran=channel,first=300");
   EXPECT_EQ(all.out.find("note:"), std::string::npos) << "no prefix, no note: " << all.out;
+}
+
+}  // namespace
+}  // namespace kvq
+
+namespace kvq {
+namespace {
+
+// Item 14: Ctrl-C in `kvq model ppl` exited 130 silently (the default SIGINT) where `kvq run`
+// prints how to resume. It now stops at the next chunk with one line saying nothing was written
+// and what keeps finished work. The signal is sent once the first progress line is out (at most
+// 120 s), so the handler is in place.
+TEST(CliChecksModel, CtrlCInModelPpl_oneLineSayingWhatWasKept_exit130) {
+  if (!std::filesystem::exists(cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf") ||
+      !std::filesystem::exists(cli::model_dir() + "/kjv.txt"))
+    GTEST_SKIP() << "model or text not fetched (scripts/fetch-model.sh, scripts/fetch-text.sh)";
+  const auto dir = testing::temp_dir("ctrl_c");
+  const auto log = dir / "err";
+  // stderr: the "loaded ..." banner, then "[ppl] ..." progress per window
+  EXPECT_EQ(testing::signal_after_rows(
+                "model ppl --kv kivi2 --ctx 512 --max-tokens 8192 --threads 1", log, 2, "INT", log),
+            130)
+      << testing::slurp(log);
+  const std::string err = testing::slurp(log);
+  EXPECT_NE(err.find("kvq: interrupted (Ctrl-C): kvq model ppl writes its result at the end, so "
+                     "nothing was written"),
+            std::string::npos)
+      << err;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
