@@ -57,6 +57,7 @@ void register_compare(CLI::App& app) {
                                      "fp8_e4m3fnuz:gran=token",
                                      "fp8_e5m2:gran=token"};
     std::string role = "key", in, json;
+    int layer = 0;
     SyntheticSpec synth;
   };
   auto o = std::make_shared<Opts>();
@@ -71,6 +72,11 @@ void register_compare(CLI::App& app) {
   c->add_option("--role", o->role, "key or value")
       ->check(CLI::IsMember({"key", "value"}))
       ->capture_default_str();
+  c->add_option("--layer", o->layer,
+                "the model layer the tensor comes from: per-layer specs (SPEC@L=...) and "
+                "scale=calib:FILE read this layer's scheme and scales (as kvq quant --layer)")
+      ->check(at_least(0))
+      ->capture_default_str();
   c->add_option("--json", o->json, "also write every row as JSON lines to this file (atomically)");
   c->add_option(
       "input", o->in,
@@ -81,8 +87,8 @@ void register_compare(CLI::App& app) {
     const Tensor3 x = o->in.empty() ? synthetic_kv(o->synth) : load_kv(o->in).tensor;
     const Role role = o->role == "key" ? Role::Key : Role::Value;
     std::vector<SchemeSpec> specs;
-    // fail before any work; a per-layer spec is layer 0's scheme here (one tensor)
-    for (const auto& s : o->schemes) specs.push_back(parse_spec(s).for_layer(0));
+    // fail before any work; a per-layer spec is --layer's scheme here (one tensor)
+    for (const auto& s : o->schemes) specs.push_back(parse_spec(s).for_layer(o->layer));
     if (o->in.empty())
       fmt::print(
           "input: synthetic [{} tokens, {} heads, {} dim], {} outlier channels x{} per head, seed "
@@ -92,13 +98,13 @@ void register_compare(CLI::App& app) {
     else
       fmt::print("input: {} [{} tokens, {} heads, {} dim]\n", o->in, x.shape.tokens, x.shape.heads,
                  x.shape.dim);
-    fmt::print("role: {}\n\n", o->role);
+    fmt::print("role: {}, layer {}\n\n", o->role, o->layer);
     fmt::print("{:<40} {:>7} {:>11} {:>8} {:>10} {:>10}  {}\n", "scheme", "bits", "nmse", "snr_db",
                "max_err", "cosine", "scales from");
     std::string lines;
     bool prefix = false;  // a dynamic scale read fewer tokens than the tensor has
     for (const auto& spec : specs) {
-      const RoundTrip r = round_trip(spec, role, x);
+      const RoundTrip r = round_trip(spec, role, x, o->layer);
       const auto j = error_report(spec, role, x, r);
       lines += j.dump() + "\n";
       prefix = prefix || scales_from_prefix(spec, role, x.shape.tokens);

@@ -235,3 +235,44 @@ TEST(CliChecksModel, CtrlCInModelPpl_oneLineSayingWhatWasKept_exit130) {
 
 }  // namespace
 }  // namespace kvq
+
+namespace kvq {
+namespace {
+
+// Found while doing item 8: `kvq compare` had no --layer, so scale=calib:FILE read layer 0's
+// scales for a tensor of any layer (FP8-calib values of layers 1-29 read 2-5 dB where their own
+// scales give ~31). compare --layer L now gives what kvq quant --layer L gives (the independent
+// path: its JSON report), and a different layer's scales give a different error.
+TEST(CliChecksCompare, LayerSelectsTheCalibratedScales_sameAsQuant) {
+  const auto dir = testing::temp_dir("compare_layer");
+  std::vector<float> x(200 * 3 * 64);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(i * 2654435761u % 997) / 50.0f - 10;
+  write_npy((dir / "k.npy").string(), {200, 3, 64}, x.data());
+  const std::string spec = std::string("fp8_e4m3:gran=head,scale=calib:") + KVQ_SOURCE_DIR +
+                           "/experiments/configs/smollm2_kjv_calib.json";
+  const auto nmse_of = [&](const std::string& cmd) {
+    const auto r = run_kvq(cmd);
+    EXPECT_EQ(r.status, 0) << cmd << ": " << r.err;
+    const std::string text = r.status == 0 ? testing::slurp(dir / "r.json") : "";
+    const size_t at = text.find("\"nmse\":");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + 7));
+  };
+  for (int layer : {0, 5}) {
+    const double q = nmse_of("quant --kv " + spec + " --layer " + std::to_string(layer) + " " +
+                             (dir / "k.npy").string() + " " + (dir / "o.npy").string() +
+                             " --json " + (dir / "r.json").string());
+    const double c = nmse_of("compare --kv " + spec + " --layer " + std::to_string(layer) + " " +
+                             (dir / "k.npy").string() + " --json " + (dir / "r.json").string());
+    EXPECT_GT(q, 0) << layer;
+    EXPECT_EQ(c, q) << "layer " << layer;
+  }
+  EXPECT_NE(nmse_of("compare --kv " + spec + " --layer 5 " + (dir / "k.npy").string() + " --json " +
+                    (dir / "r.json").string()),
+            nmse_of("compare --kv " + spec + " --layer 0 " + (dir / "k.npy").string() + " --json " +
+                    (dir / "r.json").string()));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvq
