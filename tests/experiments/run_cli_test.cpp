@@ -243,6 +243,10 @@ TEST_F(RunCli, ModelRowsRecordTheQuantizedFractionAndIntervals_warnWhenNothingWa
   for (int q = 0; q < 63; ++q) want += ((q + 1) / 32 * 32 / (q + 1.0) + 1.0) / 2 / 63;
   EXPECT_NEAR(rows[1]["quantized"].get<double>(), want, 1e-12);
   EXPECT_EQ(rows[2]["quantized"], 0.0);
+  // item 3: which tokens set the scales (per-channel int keys: each group of 32 tokens)
+  EXPECT_EQ(rows[1]["key_scales_from"], "each 32 tokens");
+  EXPECT_EQ(rows[1]["value_scales_from"], "each token");
+  EXPECT_EQ(rows[2]["key_scales_from"], "-");
   const auto& r0 = rows[1];
   EXPECT_EQ(r0["ci_blocks"], 4) << "2 windows of 63 scored positions, blocks of 32 and 31";
   for (const char* k : {"ppl", "ppl_fp32", "delta_ppl", "kld", "top1"}) {
