@@ -519,22 +519,6 @@ class Model {
     return {cal.model, cal.source, table(cal.k_amax), table(cal.v_amax)};
   }
 
-          {"seconds",
-           r[i].seconds}}.dump());
-    return rows;
-  }
-
-  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, int n, const std::string& kv,
-                                int threads, const std::string& backend) {
-    const CacheOptions c{parse_spec(kv)};
-    const AttentionBackend b = parse_backend(backend);
-    KVQ_CHECK(n >= 1, "n must be at least 1, got {}", n);
-    nb::gil_scoped_release release;
-    m_->model.set_backend(b);
-    return eval::generate(m_->model, c, prompt, n, {m_->tok.eos()}, threads,
-                          [](int32_t) { poll_signals(); });
-  }
-
   // Per layer: (k post-RoPE, k pre-RoPE, v), [T, kv_heads, head_dim] each, as `kvq model dump`.
   std::vector<std::tuple<FloatOut, FloatOut, FloatOut>> dump_kv(const std::vector<int32_t>& ids,
                                                                 int threads) {
