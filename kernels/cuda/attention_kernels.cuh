@@ -137,8 +137,11 @@ DecodePlan plan_decode(const DecodeShape& shape, std::span<const IntSideView> k,
 /// Mma (issue 46; kernels/cuda/attention_mma.cu): tensor cores for both products, mma.sync
 /// m16n8k16 with the GQA group as M (q and p as bf16 high and low parts, fp32 accumulation),
 /// K and V tiles brought to shared memory by a two-stage cp.async pipeline of 16-byte copies and
-/// read by ldmatrix; bf16 caches, head_dim 64 / 128. On every other cache kind it runs the tiled
-/// kernel (the int and FP8 fragments are the next step of issue 46).
+/// read by ldmatrix; bf16 caches, head_dim 64 / 128. KIVI 2- and 4-bit int caches (per-channel
+/// keys, per-token values, asymmetric, groups a multiple of 32): codes unpacked straight into
+/// bf16 B fragments (mma_int.h), key scales folded into q and value scales into p, the float32
+/// residual window by plain loops. On every other cache (FP8, 3- and 8-bit, sym, other layouts:
+/// detail::mma_int_supported in attention_split.cuh is the one list) it runs the tiled kernel.
 enum class DecodeKernel : int { Baseline = 0, Tiled = 1, Mma = 2 };
 
 /// \brief "baseline" / "tiled" / "mma" (test names, bench rows).

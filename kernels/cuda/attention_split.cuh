@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/dispatch.h"
@@ -31,6 +32,18 @@ struct SplitParams {
 /// Whether the Mma kernel takes a launch of this head_dim and split (bf16 caches; otherwise
 /// DecodeKernel::Mma runs the tiled kernel).
 bool mma_bf16_supported(int head_dim, int nq, int64_t split_tokens);
+
+/// Whether the Mma kernel takes an int launch; the one place that says which int caches it covers:
+/// 2- and 4-bit KIVI layouts (keys per-channel, values per-token, asymmetric, both groups a
+/// multiple of 32, D / value group even), head_dim 64 / 128, words and parameters aligned for its
+/// copies (16 bytes; value scales and minima 4). Everything else (3- and 8-bit codes, sym,
+/// per-token keys, per-channel values, other groups) runs the tiled kernel.
+bool mma_int_supported(int bits, int head_dim, int nq, int64_t split_tokens,
+                       std::span<const IntSideView> k, std::span<const IntSideView> v);
+
+/// Launches the Mma split kernel over int caches that mma_int_supported accepts.
+cudaError_t launch_mma_int(int bits, int head_dim, const SplitParams<IntSideView>& p, dim3 grid,
+                           cudaStream_t stream);
 
 /// Launches the Mma split kernel over bf16 caches (grid: splits x kv heads x batch); the caller
 /// launches the merge. Errors come back as the launch's cudaError_t.
