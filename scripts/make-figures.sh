@@ -21,10 +21,13 @@ build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/context.tom
 # Passkey retrieval grid (~8 minutes): found / trials per context and depth, per scheme.
 build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/needle.toml
 .venv/bin/python experiments/plots/plot_needle.py results/needle --out docs/img
-# Cache throughput (~10 minutes, one thread; run it on a quiet machine): decode per batch over
-# cold caches and prefill quantize, per scheme, backend and context.
+# Cache throughput (~10 + ~4 minutes, one thread; run it on a quiet machine): decode per batch
+# over cold caches and prefill quantize, per scheme, backend and context, backend cpu in both int
+# modes (exact, then int8).
 build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/throughput.toml
-.venv/bin/python experiments/plots/plot_throughput.py results/throughput --out docs/img
+build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/throughput_int8.toml
+.venv/bin/python experiments/plots/plot_throughput.py results/throughput results/throughput_int8 \
+  --out docs/img
 # The issue-15 studies: rotation on/off (~10 minutes), exact attention sinks (~9 minutes), and the
 # per-layer sensitivity (~5 minutes) whose kivi2 rows set the kivi2/kivi4 allocation (~2 minutes;
 # the allocation config is regenerated from the sensitivity rows, then run).

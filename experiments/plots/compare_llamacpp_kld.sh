@@ -53,6 +53,8 @@ echo "| cache | rotation | mean KLD | same top-1 |"
 echo "|---|---|---:|---:|"
 row q4_1 -ctk q4_1 -ctv q4_1
 kvq_row "int4:k=token,v=token,g=32"
+row q4_0 -ctk q4_0 -ctv q4_0
+kvq_row "int4:k=token,v=token,g=32,sym"
 row q8_0 -ctk q8_0 -ctv q8_0
 kvq_row "int8:k=token,v=token,g=32,sym"
 echo "base ppl: $(grep -m1 'Final estimate' "$OUT/base.log")"

@@ -3,6 +3,7 @@ the footer, legends outside the panels, readable log axes, PNG + PDF output."""
 import csv
 import math
 import os
+import socket
 import subprocess
 
 import matplotlib.ticker
@@ -53,9 +54,28 @@ def commit():
         return "unknown"
 
 
-def footer(fig, source):
-    """The small grey line that says which script (and data) made the figure, and the commit."""
-    fig.text(0.99, 0.005, f"{source}, kvq {commit()}", ha="right", fontsize=6, color="0.4")
+def host(rows=None):
+    """Where the figure's numbers were measured: the `machine` column of `kvq run` rows (host: CPU
+    x cores, as the run recorded it), or, for rows without one, this machine, read the same way
+    and marked as where the plot was drawn."""
+    seen = list(dict.fromkeys(r.get("machine") for r in rows or [] if r.get("machine")))
+    if seen:
+        return "; ".join(seen)
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name") and ":" in line), cpu)
+    except OSError:
+        pass
+    return f"plotted on {socket.gethostname() or 'unknown host'}: {cpu} x {os.cpu_count()}"
+
+
+def footer(fig, source, rows=None):
+    """The small grey line that says which script (and data) made the figure, the commit, and the
+    host the numbers come from (host(rows))."""
+    fig.text(0.99, 0.005, f"{source}, kvq {commit()}, {host(rows)}", ha="right", fontsize=6,
+             color="0.4")
 
 
 def legend_below(fig, ax, ncol=3):

@@ -52,7 +52,7 @@ def main():
     text = rows[0].get("settings.text", "?")
     tokens = rows[0].get("settings.max_tokens", "?")
     fig.suptitle(f"SmolLM2-135M on {tokens} tokens of {text}: damage against window length", fontsize=10)
-    footer(fig, f"{path}; experiments/plots/plot_context.py")
+    footer(fig, f"{path}; experiments/plots/plot_context.py", rows)
     fig.tight_layout(rect=(0, 0.02, 1, 0.95))
     save(fig, out, "context")
 

@@ -47,7 +47,7 @@ def main():
     axes[0][0].set_ylabel("needle depth", fontsize=8)
     fig.suptitle(f"Passkey retrieval on SmolLM2-135M: found / trials ({trials} per cell, greedy)",
                  fontsize=9)
-    footer(fig, f"{path}; experiments/plots/plot_needle.py")
+    footer(fig, f"{path}; experiments/plots/plot_needle.py", rows)
     fig.tight_layout(rect=(0, 0.03, 1, 0.93))
     save(fig, out, "needle")
 

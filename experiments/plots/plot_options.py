@@ -69,7 +69,7 @@ def rotation(a):
     fig.suptitle(f"Rotation before quantization (window {ctx} tokens): the same scheme without and "
                  "with a Walsh-Hadamard rotation", fontsize=10)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    footer(fig, f"{path}; experiments/plots/plot_options.py rotation")
+    footer(fig, f"{path}; experiments/plots/plot_options.py rotation", rows)
     save(fig, a.out, "rotation")
 
 
@@ -96,7 +96,7 @@ def sinks(a):
     legend_right(ax)
     ax.set_title("Exact attention sinks with KIVI-2 on SmolLM2 / KJV", fontsize=10)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    footer(fig, f"{path}; experiments/plots/plot_options.py sinks")
+    footer(fig, f"{path}; experiments/plots/plot_options.py sinks", rows)
     save(fig, a.out, "sinks")
 
 
@@ -199,7 +199,7 @@ def layers(a):
                    frameon=False)
     fig.suptitle("Per-layer precision on SmolLM2 (30 layers) over KJV", fontsize=10)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    footer(fig, f"{path}, {apath}; experiments/plots/plot_options.py layers")
+    footer(fig, f"{path}, {apath}; experiments/plots/plot_options.py layers", arows)
     save(fig, a.out, "per_layer")
     print("| k layers in kivi4 | bytes/token | greedy KLD | first-k KLD | least-sensitive-k KLD |")
     print("|---:|---:|---:|---:|---:|")

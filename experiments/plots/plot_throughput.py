@@ -3,9 +3,13 @@
 decode-step time and speed-up over bf16 for each batch, and prefill-quantize bandwidth as a
 share of memcpy, from a `kvq run` with a [throughput] table (experiments/configs/throughput.toml).
 
-    .venv/bin/python experiments/plots/plot_throughput.py results/throughput
+    .venv/bin/python experiments/plots/plot_throughput.py results/throughput \
+        [results/throughput_int8]
 
-The figures go beside the results (--out DIR elsewhere; scripts/make-figures.sh gives docs/img).
+Several results folders (one per int_mode: throughput.toml runs "exact", throughput_int8.toml
+"int8") are drawn side by side: one column per backend and mode (backend ref has no int mode; its
+rows are taken from the first folder that has them). The figures go beside the first results
+folder (--out DIR elsewhere; scripts/make-figures.sh gives docs/img).
 """
 import argparse
 
@@ -22,14 +26,28 @@ DASHES = ["-", "--", ":", "-."]
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", help="a kvq run output folder holding throughput.csv")
+    ap.add_argument("results", nargs="+", help="kvq run output folders holding throughput.csv")
     ap.add_argument("--out", help="output folder (PNG and PDF; default: the results folder)")
     a = ap.parse_args()
-    out = a.out or a.results
-    path, rows = results_table(a.results, "throughput", "experiments/configs/throughput.toml")
-    for col in ("op", "backend", "context", "batch", "time_us", "of_memcpy"):
-        if col not in rows[0]:
-            raise SystemExit(f"{path}: no {col} column; is it a kvq run throughput table?")
+    out = a.out or a.results[0]
+    paths, rows = [], []
+    for res in a.results:
+        path, part = results_table(res, "throughput", "experiments/configs/throughput.toml")
+        for col in ("op", "backend", "context", "batch", "time_us", "of_memcpy"):
+            if col not in part[0]:
+                raise SystemExit(f"{path}: no {col} column; is it a kvq run throughput table?")
+        have = {r["backend"] for r in rows}
+        for r in part:
+            # backend cpu's column names its int mode; ref has none (one set of ref rows)
+            mode = r.get("settings.int_mode", "exact")
+            if r["backend"] == "ref":
+                if "ref" in have:
+                    continue
+            else:
+                r["backend"] = f'{r["backend"]}, {mode} mode'
+            rows.append(r)
+        paths.append(path)
+    path = ", ".join(paths)
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     schemes = list(dict.fromkeys(r["scheme"] for r in rows))
     batches = sorted({int(r["batch"]) for r in rows if r["op"] == "decode"})
@@ -77,7 +95,7 @@ def main():
                  f"{first.get('settings.head_dim', '?')}, GQA {first.get('settings.gqa', '?')}, "
                  f"{first.get('settings.threads', '?')} thread(s), cold caches", fontsize=10)
     fig.tight_layout(rect=(0, 0.01, 1, 0.97))
-    footer(fig, path)
+    footer(fig, path, rows)
     save(fig, out, "throughput")
 
 

@@ -134,3 +134,21 @@ def test_ablation_figure_only_for_an_ablation():
     default = rows("bf16", "fp8_e4m3:gran=tensor,scale=dynamic", "kivi4:g=32,r=128",
                    "kivi2:g=32,r=128", "kivi2:g=32,r=0")
     assert pr.ablation_rows(default) == []
+
+
+def test_footer_names_where_the_numbers_were_measured(run_dir, tmp_path):
+    # Each figure's footer carries the commit and the host (issue 50 item 9): the `machine` of the
+    # rows it draws, or, for rows without one, this machine marked as where the plot was drawn.
+    sys.path.insert(0, str(PLOTS))
+    try:
+        import figures
+    finally:
+        sys.path.remove(str(PLOTS))
+    rows = [{"machine": "a: X x 2"}, {"machine": "a: X x 2"}, {"machine": "b: Y x 8"}]
+    assert figures.host(rows) == "a: X x 2; b: Y x 8"
+    assert figures.host([{"scheme": "bf16"}]).startswith("plotted on ")
+    # plot_throughput draws several results folders (one per int mode) side by side; the ref rows
+    # of the second folder are not drawn twice.
+    out = run_dir / "out"
+    plot("plot_throughput.py", out, out, "--out", tmp_path, cwd=tmp_path)
+    assert (tmp_path / "throughput.png").stat().st_size > 0
