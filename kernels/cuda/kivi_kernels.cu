@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kivi_kernels.cuh"
+#include "kernels/cuda/quant_index.h"
 #include "kivi/group.h"
 #include "kivi/layout.h"
 #include "kivi/minmax.h"
@@ -64,6 +65,66 @@ __global__ void __launch_bounds__(kBlock)
     const int64_t g = j / cols, c = j - g * cols;
     kivi::quantize_group(x + g * lay.group * cols + c, cols, lay.group, B, sym, words + j * wpg,
                          scales + j, sym ? nullptr : mins + j);
+  }
+}
+
+/// The same groups for a compile-time G (32 or 64, KIVI's usual sizes), in one pass: thread j
+/// loads its column's kG values into registers, all kG loads issued before the first is used
+/// (kG * 4 bytes in flight a thread, coalesced across the warp; streaming loads, read once), takes
+/// the range in kivi::quantize_group's order (GroupRange::of(v[0]), then add(v[1..])), and
+/// encodes and packs from the registers: quantize_group's arithmetic on the same values, so the
+/// same bytes. Its words_per_group() words go out as quant_index::store_words(wpg)-word stores
+/// (16 bytes for b=3/4/8, 8 for b=2 at G=32) when the job's words are aligned to that, else
+/// word by word; neighbouring threads write neighbouring runs (coalesced).
+template <int B, int kG>
+__global__ void __launch_bounds__(kBlock)
+    quantize_channel_reg_kernel(const __grid_constant__ JobTable t, ChannelLayout lay, bool sym) {
+  constexpr int kCpw = kivi::codes_per_word(B);
+  constexpr int kWpg = static_cast<int>(kivi::words_for(kG, B));
+  constexpr int kVec = quant_index::store_words(kWpg);
+  const KiviQuantizeJob job = t.job[blockIdx.y];
+  const float* x = job.x;
+  uint32_t* words = job.words;
+  uint16_t *scales = job.scales, *mins = job.mins;
+  const int64_t cols = lay.heads * lay.dim, n = job.tokens / kG * cols;
+  const bool vec_store = reinterpret_cast<uintptr_t>(words) % (kVec * sizeof(uint32_t)) == 0;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x; j < n;
+       j += static_cast<int64_t>(gridDim.x) * kBlock) {
+    const int64_t g = j / cols, c = j - g * cols;
+    const float* xc = x + g * kG * cols + c;
+    float v[kG];
+#pragma unroll
+    for (int i = 0; i < kG; ++i) v[i] = __ldcs(xc + i * cols);
+    kivi::GroupRange r = kivi::GroupRange::of(v[0]);
+#pragma unroll
+    for (int i = 1; i < kG; ++i) r.add(v[i]);
+    const kivi::GroupParams p = kivi::minmax_params(r, B, sym);
+    scales[j] = p.scale_h;
+    if (!sym) mins[j] = p.min_h;
+    uint32_t w[kWpg];
+#pragma unroll
+    for (int k = 0; k < kWpg; ++k) {
+      uint32_t word = 0;  // unused high codes stay zero, as kivi::pack leaves them
+#pragma unroll
+      for (int i = k * kCpw; i < kG && i < (k + 1) * kCpw; ++i)
+        word |= kivi::encode(v[i], p, B, sym) << kivi::shift_of(i, B);
+      w[k] = word;
+    }
+    uint32_t* out = words + j * kWpg;  // == lay.word_index(g, h, d)
+    if (vec_store) {
+#pragma unroll
+      for (int k = 0; k < kWpg; k += kVec) {
+        if constexpr (kVec == 4)
+          *reinterpret_cast<uint4*>(out + k) = make_uint4(w[k], w[k + 1], w[k + 2], w[k + 3]);
+        else if constexpr (kVec == 2)
+          *reinterpret_cast<uint2*>(out + k) = make_uint2(w[k], w[k + 1]);
+        else
+          out[k] = w[k];
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kWpg; ++k) out[k] = w[k];
+    }
   }
 }
 
@@ -175,6 +236,65 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
+/// quantize_token_kernel when every lane owns one word (split.words_per_lane == 1: G <= 32 words,
+/// every KIVI configuration in use), in one pass: the lane loads its word's kCpw values once
+/// (float4 where `vec`), keeps them in registers through the warp-shuffle reduction of the group's
+/// range, and encodes and packs them from there. The same flat list of groups, the same lanes,
+/// the same arithmetic as quantize_token_kernel, so the same bytes; neighbouring lanes write
+/// neighbouring words (a warp stores 32 consecutive words when the groups fill it).
+template <int B>
+__global__ void __launch_bounds__(kBlock)
+    quantize_token_word_kernel(const __grid_constant__ JobTable t, int64_t heads, TokenLayout lay,
+                               int span, bool sym) {
+  const KiviQuantizeJob job = t.job[blockIdx.y];
+  const float* x = job.x;
+  uint32_t* words = job.words;
+  uint16_t *scales = job.scales, *mins = job.mins;
+  const int64_t rows = job.tokens * heads;
+  const bool vec = (t.vec_mask >> blockIdx.y) & 1u;
+  constexpr int kCpw = kivi::codes_per_word(B);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int per_warp = 32 / span;
+  const int64_t ncg = lay.channel_groups(), total = rows * ncg;
+  const int gi = lane / span, w = lane % span;  // this lane's group in the warp, its word
+  const float kPosInf = bits_float(0x7f800000u), kNegInf = bits_float(0xff800000u);
+
+  for (int64_t f0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * per_warp; f0 < total;
+       f0 += static_cast<int64_t>(gridDim.x) * kWarps * per_warp) {
+    const int64_t f = f0 + gi;
+    const int64_t row = f < total ? f / ncg : 0, c = f < total ? f - row * ncg : 0;
+    const int len = f < total ? lay.group_len(c) : 0;  // 0: past the last group
+    const int n = max(0, min(kCpw, len - w * kCpw));   // this lane's values (0: none)
+    const float* xw = x + row * lay.dim + c * lay.group + w * kCpw;
+    float v[kCpw];
+    load_run<kCpw>(xw, n, vec, v);
+    kivi::GroupRange r;
+    r.mn = kPosInf;
+    r.mx = kNegInf;
+    r.finite = true;
+#pragma unroll
+    for (int j = 0; j < kCpw; ++j)
+      if (j < n) r.add(v[j]);
+    for (int off = span / 2; off > 0; off /= 2) {
+      r.mn = kivi::min_step(__shfl_xor_sync(kFullMask, r.mn, off), r.mn);
+      r.mx = kivi::max_step(__shfl_xor_sync(kFullMask, r.mx, off), r.mx);
+      r.finite = (__shfl_xor_sync(kFullMask, static_cast<int>(r.finite), off) != 0) && r.finite;
+    }
+    if (len == 0) continue;
+    const kivi::GroupParams p = kivi::minmax_params(r, B, sym);
+    if (w == 0) {
+      scales[f] = p.scale_h;  // == lay.param_index(row, 0, c)
+      if (!sym) mins[f] = p.min_h;
+    }
+    if (n == 0) continue;  // a lane past the group's last word
+    uint32_t word = 0;     // unused high codes stay zero, as kivi::pack leaves them
+#pragma unroll
+    for (int j = 0; j < kCpw; ++j)
+      if (j < n) word |= kivi::encode(v[j], p, B, sym) << kivi::shift_of(j, B);
+    words[lay.word_index(row, 0, c) + w] = word;
+  }
+}
+
 // ---- batched copies (the residual rows of KiviSideCache::append_batch) --------------------------
 
 constexpr int64_t kMaxCopyBlocks = 1024;  // per copy; grid-stride loops cover the rest
@@ -233,8 +353,7 @@ void check_ptr(const void* p, const char* name, int64_t count) {
 }  // namespace
 
 cudaError_t kivi_quantize(Axis axis, int bits, bool sym, int group, Shape3 shape, const float* x,
-                          uint32_t* words, uint16_t* scales, uint16_t* mins,
-                          cudaStream_t stream) {
+                          uint32_t* words, uint16_t* scales, uint16_t* mins, cudaStream_t stream) {
   if (shape.tokens < 0 || shape.heads < 0 || shape.dim < 0)
     bad_config("shape [T=" + std::to_string(shape.tokens) + ", H=" + std::to_string(shape.heads) +
                ", D=" + std::to_string(shape.dim) + "] has a negative size");
@@ -305,9 +424,16 @@ cudaError_t kivi_quantize_batch(Axis axis, int bits, bool sym, int group, int64_
       }
       if (n == 0) continue;
       const dim3 grid(static_cast<unsigned>(grid_for(most, per_block)), static_cast<unsigned>(n));
-      if (axis == Axis::Channel)
-        quantize_channel_kernel<B>
-            <<<grid, kBlock, 0, stream>>>(t, ChannelLayout{heads, dim, group, B}, sym);
+      const ChannelLayout ch_lay{heads, dim, group, B};
+      if (axis == Axis::Channel && group == 32)
+        quantize_channel_reg_kernel<B, 32><<<grid, kBlock, 0, stream>>>(t, ch_lay, sym);
+      else if (axis == Axis::Channel && group == 64)
+        quantize_channel_reg_kernel<B, 64><<<grid, kBlock, 0, stream>>>(t, ch_lay, sym);
+      else if (axis == Axis::Channel)
+        quantize_channel_kernel<B><<<grid, kBlock, 0, stream>>>(t, ch_lay, sym);
+      else if (split.words_per_lane == 1)
+        quantize_token_word_kernel<B>
+            <<<grid, kBlock, 0, stream>>>(t, heads, row_lay, split.span, sym);
       else
         quantize_token_kernel<B><<<grid, kBlock, 0, stream>>>(t, heads, row_lay, split, sym);
       KVQ_CUDA_CALL(cudaGetLastError());

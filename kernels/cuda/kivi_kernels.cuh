@@ -31,11 +31,14 @@ namespace kvq::cuda {
 ///   tokens [0, T).
 /// To append after q tokens already stored, offset the outputs by layout.words_for_tokens(q) and
 /// layout.params_for_tokens(q). `mins` is not touched (and may be null) when sym.
-/// Per-channel: one thread per (token group, head, channel) runs kivi::quantize_group down its
-/// column (neighbouring threads read neighbouring columns: coalesced). Per-token: each lane owns
-/// whole packed words of a channel group (b=2, G=32: 2 lanes per group, 16 groups per warp), the
-/// group min / max is a warp-shuffle reduction over the group's lanes, and each lane encodes and
-/// packs its own words (neighbouring lanes read neighbouring channels, float4 where aligned).
+/// Per-channel: one thread per (token group, head, channel) quantizes its column (neighbouring
+/// threads read neighbouring columns: coalesced); for G = 32 and 64 in one pass, the G values in
+/// registers (all loads in flight at once) and the words written by 16- or 8-byte stores, for
+/// other G by kivi::quantize_group. Per-token: each lane owns whole packed words of a channel
+/// group (b=2, G=32: 2 lanes per group, 16 groups per warp), the group min / max is a
+/// warp-shuffle reduction over the group's lanes, and each lane encodes and packs its own words
+/// (neighbouring lanes read neighbouring channels, float4 where aligned); in one pass (values
+/// kept in registers) whenever a lane owns one word (G <= 32 words: every G in use).
 cudaError_t kivi_quantize(Axis axis, int bits, bool sym, int group, Shape3 shape, const float* x,
                           uint32_t* words, uint16_t* scales, uint16_t* mins,
                           cudaStream_t stream = nullptr);

@@ -211,6 +211,20 @@ TEST_P(Fp8KernelSpecial, NaNInfHugeAndSubnormalGroups) {
   run_and_compare(f, g, x, true, g == Granularity::Tensor || g == Granularity::Head);
 }
 
+// Expected: the CPU reference, as above, with head_dim 64: fp8_quantize's chunked kernel (16
+// codes a thread, 16-byte stores; D = 72 above takes the row kernel) on the same special values.
+TEST_P(Fp8KernelSpecial, NaNInfHugeAndSubnormalGroupsChunked) {
+  const auto& [f, g] = GetParam();
+  Tensor3 x = make_input(Shape3{37, 3, 64}, 98);
+  x.at(5, 1, 10) = std::numeric_limits<float>::quiet_NaN();
+  x.at(20, 2, 63) = std::numeric_limits<float>::infinity();
+  x.at(30, 0, 0) = -std::numeric_limits<float>::infinity();
+  x.at(11, 2, 40) = 3e38f;
+  for (int64_t d = 0; d < 64; ++d)
+    x.at(36, 1, d) = (d % 3) * std::numeric_limits<float>::denorm_min();
+  run_and_compare(f, g, x, true, g == Granularity::Tensor || g == Granularity::Head);
+}
+
 // Expected: the CPU reference; T = 0 still has scales for tensor/head/channel (all 1: no data).
 TEST_P(Fp8KernelSpecial, EmptyTensor) {
   const auto& [f, g] = GetParam();
