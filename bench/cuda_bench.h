@@ -1,0 +1,92 @@
+// Shared by the plain CUDA throughput benches (bench_kivi_cuda, bench_fp8_cuda): a device
+// allocation, the device's peak DRAM bandwidth, and the cold-L2 median timing every such bench
+// uses (STYLE 10): each timed run after writing a flush buffer of twice the L2, cudaEvents
+// around the launch, the median of the runs after one warm-up call.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace kvq::bench {
+
+/// A device allocation freed on scope exit.
+template <typename T>
+struct DeviceArray {
+  T* ptr = nullptr;
+  explicit DeviceArray(size_t count) {
+    void* p = nullptr;
+    KVQ_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
+    ptr = static_cast<T*>(p);
+  }
+  ~DeviceArray() { cudaFree(ptr); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+};
+
+struct Device {
+  std::string name;
+  double peak_gbps = 0;  ///< 2 * memory clock * bus width (DDR), or --peak-gbps
+  std::string peak_source;
+  size_t l2_bytes = 0;
+};
+
+inline Device query_device(double peak_flag) {
+  int dev = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  KVQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  // CUDA 13 dropped cudaDeviceProp::memoryClockRate; the attribute still reports it (kHz).
+  int clock_khz = 0;
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, dev));
+  Device d;
+  d.name = prop.name;
+  d.l2_bytes = static_cast<size_t>(prop.l2CacheSize);
+  if (peak_flag > 0) {
+    d.peak_gbps = peak_flag;
+    d.peak_source = "flag";
+  } else {
+    d.peak_gbps = 2.0 * clock_khz * 1e3 * (prop.memoryBusWidth / 8.0) / 1e9;
+    d.peak_source = "device: 2 x " + std::to_string(clock_khz / 1000) + " MHz x " +
+                    std::to_string(prop.memoryBusWidth) + " bit";
+  }
+  return d;
+}
+
+/// Bytes of the L2 flush buffer: twice the L2, at least 64 MiB.
+inline size_t flush_bytes_for(const Device& d) {
+  return std::max<size_t>(2 * d.l2_bytes, size_t{64} << 20);
+}
+
+/// Median over `runs` of `launch`'s time, each run after writing `flush` (cold L2).
+template <typename Launch>
+double median_ms(int runs, DeviceArray<uint8_t>& flush, size_t flush_bytes, Launch&& launch) {
+  cudaEvent_t start, stop;
+  KVQ_CUDA_CHECK(cudaEventCreate(&start));
+  KVQ_CUDA_CHECK(cudaEventCreate(&stop));
+  KVQ_CUDA_CHECK(launch());  // warm-up: module load, first-touch of the outputs
+  std::vector<float> ms;
+  for (int r = 0; r < runs; ++r) {
+    KVQ_CUDA_CHECK(cudaMemsetAsync(flush.ptr, r & 0xff, flush_bytes));
+    KVQ_CUDA_CHECK(cudaEventRecord(start));
+    KVQ_CUDA_CHECK(launch());
+    KVQ_CUDA_CHECK(cudaEventRecord(stop));
+    KVQ_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    KVQ_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  return n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+}
+
+}  // namespace kvq::bench
