@@ -456,6 +456,18 @@ if pct:
         rows.append(("(info) copy baseline % of peak", f"{scale * max(base):.1f}%", "-"))
 else:
     rows.append(("quantize kernels >= 80% of peak", "not measured (no quantize bench JSON with a %-of-peak field)", "-"))
+# Per quantize bench, its slowest case by name (issue 46 asks every case for >= 80% of peak; the
+# goal row above reads the best one). bench_fp8_cuda's *_dynamic cases read x twice by design.
+for f in sorted(glob.glob(os.path.join(out, "bench_*_cuda.json"))):
+    if os.path.basename(f) == "bench_attention_cuda.json": continue
+    try:
+        cases = [c for c in json.load(open(f)).get("cases", [])
+                 if "pct_peak" in c and not re.search(r"copy|baseline", c.get("name", ""), re.I)]
+    except Exception:
+        continue
+    if cases:
+        w = min(cases, key=lambda c: c["pct_peak"])
+        rows.append((f"(info) {os.path.basename(f)[:-5]}: slowest case", f"{w['pct_peak']:.1f}% ({w['name']})", "-"))
 print("| goal | value | met |")
 print("|---|---:|---|")
 for r in rows: print("| " + " | ".join(r) + " |")
