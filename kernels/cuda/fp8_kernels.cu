@@ -6,7 +6,6 @@
 // NaN's bits exceed +inf's, so a NaN wins and reaches the scale, as on the CPU).
 #include <algorithm>
 #include <cub/block/block_reduce.cuh>
-#include <cub/warp/warp_reduce.cuh>
 #include <cuda/functional>
 #include <string>
 #include <type_traits>
@@ -32,25 +31,33 @@ int grid_for(int64_t work, int64_t per_block) {
 
 // ---- amax -------------------------------------------------------------------------------------
 
-/// Token granularity: one warp reduces one (t, h) row and writes its scale directly.
+/// Token granularity: one warp reduces one (t, h) row and writes its scale directly: float4 loads
+/// where `vec` (dim % 4 == 0 and x 16-byte aligned), an xor-shuffle max over the warp (max on
+/// the |x| bits is order-independent, so the scale is the CPU's), no shared memory.
 template <Fp8Format F>
 __global__ void __launch_bounds__(kBlock)
-    scales_token_kernel(const float* x, int64_t tokens, int64_t heads, int64_t dim, float* scales) {
-  using WarpReduce = cub::WarpReduce<uint32_t>;
-  __shared__ typename WarpReduce::TempStorage temp[kWarps];
+    scales_token_kernel(const float* x, int64_t tokens, int64_t heads, int64_t dim, bool vec,
+                        float* scales) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t rows = tokens * heads;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
     const float* r = x + row * dim;
     uint32_t m = 0;
-    for (int64_t d = lane; d < dim; d += 32) m = max(m, abs_bits(r[d]));
-    m = WarpReduce(temp[warp]).Reduce(m, ::cuda::maximum<>{});
+    if (vec) {
+      const float4* r4 = reinterpret_cast<const float4*>(r);
+      for (int64_t q = lane; q < dim / 4; q += 32) {
+        const float4 v = __ldcs(r4 + q);
+        m = max(max(m, abs_bits(v.x)), max(abs_bits(v.y), max(abs_bits(v.z), abs_bits(v.w))));
+      }
+    } else {
+      for (int64_t d = lane; d < dim; d += 32) m = max(m, abs_bits(r[d]));
+    }
+    for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
     const int64_t t = row / heads, h = row - t * heads;
     if (lane == 0)
       scales[fp8::scale_index(Granularity::Token, t, h, 0, heads, dim)] =
           fp8::scale_from_amax(bits_float(m), F);
-    __syncwarp();  // temp[warp] is reused by the next row
   }
 }
 
@@ -267,8 +274,9 @@ cudaError_t fp8_dynamic_scales(Fp8Format format, Granularity gran, Shape3 shape,
   return with_format(kFn, format, [&](auto fc) -> cudaError_t {
     constexpr Fp8Format F = decltype(fc)::value;
     if (gran == Granularity::Token) {  // no atomics: each warp owns its scale
+      const bool vec = shape.dim % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
       scales_token_kernel<F><<<grid_for(count, kWarps), kBlock, 0, stream>>>(
-          x, shape.tokens, shape.heads, shape.dim, scales);
+          x, shape.tokens, shape.heads, shape.dim, vec, scales);
       return cudaGetLastError();
     }
     // amax bits accumulate in the scales buffer itself (0 bits == 0.0f), then become scales.

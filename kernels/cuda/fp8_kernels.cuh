@@ -23,12 +23,15 @@ namespace kvq::cuda {
 
 /// \brief Dynamic scales of x: amax / max_finite per group of `gran`, 1 for an all-zero group,
 /// NaN for a group holding a NaN (fp8::scale_from_amax). `scales` holds
-/// fp8::scale_count(gran, shape) floats. Uses CUB block / warp reductions and atomicMax on the
-/// float bits of |x| (order-independent, so the result is deterministic).
+/// fp8::scale_count(gran, shape) floats. Per token one warp a row (float4 loads, a shuffle max);
+/// otherwise CUB block reductions and atomicMax on the float bits of |x| (order-independent, so
+/// the result is deterministic).
 cudaError_t fp8_dynamic_scales(Fp8Format format, Granularity gran, Shape3 shape, const float* x,
                                float* scales, cudaStream_t stream = nullptr);
 
-/// \brief codes[i] = fp8::quantize_value(x[i], scales[scale_index(gran, t, h, d)]).
+/// \brief codes[i] = fp8::quantize_value(x[i], scales[scale_index(gran, t, h, d)]). One pass;
+/// 16 codes a thread (16-byte loads and stores) when dim % 16 == 0 and x and codes are 16-byte
+/// aligned, else a warp a row.
 /// A constant scale is gran = Tensor with a one-element `scales` (as fp8::quantize does).
 cudaError_t fp8_quantize(Fp8Format format, Granularity gran, Shape3 shape, const float* x,
                          const float* scales, uint8_t* codes, cudaStream_t stream = nullptr);
