@@ -15,7 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from figures import pow2_axis, save  # noqa: E402
+from figures import footer, pow2_axis, save  # noqa: E402
 
 
 def main():
@@ -48,7 +48,9 @@ def main():
     r0 = rows[0]
     fig.suptitle(f"kvq plan sweep: KV memory {float(r0['mem_bytes']) / 1e9:.1f} GB, weights "
                  f"{float(r0['weight_bytes']) / 1e9:.2f} GB ({a.sweep})", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    # a model of a GPU, not a measurement: the host line says where it was drawn
+    footer(fig, f"{a.sweep}; experiments/plots/plot_plan.py")
     root, _ = os.path.splitext(out)
     save(fig, os.path.dirname(root) or ".", os.path.basename(root))  # PNG and PDF
 
