@@ -80,19 +80,7 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"e4m3", "e4m3fnuz", "e5m2"}));
   CLI11_PARSE(app, argc, argv);
 
-  int count = 0;
-  const cudaError_t count_err = cudaGetDeviceCount(&count);
-  if (count_err != cudaSuccess || count == 0) {
-    std::fprintf(
-        stderr, "bench_fp8_cuda: no CUDA device: %s\n",
-        count_err != cudaSuccess ? cudaGetErrorString(count_err) : "cudaGetDeviceCount returned 0");
-    if (!json_path.empty()) {  // a record that the bench ran and measured nothing
-      std::ofstream out(json_path);
-      out << nlohmann::json{{"bench", "bench_fp8_cuda"}, {"skipped", "no CUDA device"}}.dump(2)
-          << "\n";
-    }
-    return kNoDeviceExit;
-  }
+  if (!kvq::bench::have_device("bench_fp8_cuda", json_path)) return kNoDeviceExit;
   const Fp8Format format = formats.at(format_name);
   const Device dev = kvq::bench::query_device(peak_flag);
   const Shape3 shape{tokens, heads, dim};
@@ -162,16 +150,9 @@ int run(int argc, char** argv) {
                 r.median_ms, r.gbps, r.pct_peak, r.vs_copy);
 
   if (!json_path.empty()) {
-    nlohmann::json j;
-    j["bench"] = "bench_fp8_cuda";
-    j["device"] = dev.name;
-    j["peak_gbps"] = dev.peak_gbps;
-    j["peak_source"] = dev.peak_source;
-    j["l2_bytes"] = dev.l2_bytes;
-    j["flush_bytes"] = flush_bytes;
-    j["shape"] = {tokens, heads, dim};
+    nlohmann::json j =
+        kvq::bench::run_record("bench_fp8_cuda", dev, flush_bytes, tokens, heads, dim, runs);
     j["format"] = format_name;
-    j["runs"] = runs;
     j["cases"] = nlohmann::json::array();
     for (const Result& r : results)
       j["cases"].push_back({{"name", r.name},

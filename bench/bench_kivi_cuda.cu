@@ -82,19 +82,7 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   CLI11_PARSE(app, argc, argv);
 
-  int count = 0;
-  const cudaError_t count_err = cudaGetDeviceCount(&count);
-  if (count_err != cudaSuccess || count == 0) {
-    std::fprintf(
-        stderr, "bench_kivi_cuda: no CUDA device: %s\n",
-        count_err != cudaSuccess ? cudaGetErrorString(count_err) : "cudaGetDeviceCount returned 0");
-    if (!json_path.empty()) {  // a record that the bench ran and measured nothing
-      std::ofstream out(json_path);
-      out << nlohmann::json{{"bench", "bench_kivi_cuda"}, {"skipped", "no CUDA device"}}.dump(2)
-          << "\n";
-    }
-    return kNoDeviceExit;
-  }
+  if (!kvq::bench::have_device("bench_kivi_cuda", json_path)) return kNoDeviceExit;
   if (tokens % group != 0 || group > dim)
     throw kvq::Error("--tokens must be a multiple of --group and --group <= --dim (got T=" +
                      std::to_string(tokens) + ", G=" + std::to_string(group) +
@@ -232,14 +220,7 @@ int run(int argc, char** argv) {
                          {"prefill", kPrefill},
                          {"per_request_us", each_med},
                          {"append_batch_us", batch_med}};
-    j["bench"] = "bench_kivi_cuda";
-    j["device"] = dev.name;
-    j["peak_gbps"] = dev.peak_gbps;
-    j["peak_source"] = dev.peak_source;
-    j["l2_bytes"] = dev.l2_bytes;
-    j["flush_bytes"] = flush_bytes;
-    j["shape"] = {tokens, heads, dim};
-    j["runs"] = runs;
+    j.update(kvq::bench::run_record("bench_kivi_cuda", dev, flush_bytes, tokens, heads, dim, runs));
     j["cases"] = nlohmann::json::array();
     for (const Result& r : results)
       j["cases"].push_back({{"name", r.name},

@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -87,6 +90,38 @@ double median_ms(int runs, DeviceArray<uint8_t>& flush, size_t flush_bytes, Laun
   std::sort(ms.begin(), ms.end());
   const size_t n = ms.size();
   return n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+}
+
+/// Whether a CUDA device is visible. If none is, prints one line, "<bench>: no CUDA device:
+/// <the runtime's reason>", on stderr and, when json_path is given, writes a record that the
+/// bench ran and measured nothing; the caller then exits 2 (scripts/device-check.sh reads it).
+inline bool have_device(const char* bench, const std::string& json_path) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaSuccess && count > 0) return true;
+  std::fprintf(stderr, "%s: no CUDA device: %s\n", bench,
+               err != cudaSuccess ? cudaGetErrorString(err) : "cudaGetDeviceCount returned 0");
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << nlohmann::json{{"bench", bench}, {"skipped", "no CUDA device"}}.dump(2) << "\n";
+  }
+  return false;
+}
+
+/// The fields every throughput bench's JSON starts with: the bench, the device and its peak, the
+/// L2 flush, the [T, H, D] shape and the runs per case.
+inline nlohmann::json run_record(const char* bench, const Device& d, size_t flush_bytes,
+                                 int64_t tokens, int64_t heads, int64_t dim, int runs) {
+  nlohmann::json j;
+  j["bench"] = bench;
+  j["device"] = d.name;
+  j["peak_gbps"] = d.peak_gbps;
+  j["peak_source"] = d.peak_source;
+  j["l2_bytes"] = d.l2_bytes;
+  j["flush_bytes"] = flush_bytes;
+  j["shape"] = {tokens, heads, dim};
+  j["runs"] = runs;
+  return j;
 }
 
 }  // namespace kvq::bench

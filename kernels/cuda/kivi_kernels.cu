@@ -167,6 +167,26 @@ __device__ __forceinline__ void load_run(const float* p, int n, bool vec, float 
   for (int j = 0; j < kCpw; ++j) v[j] = j < n ? p[j] : 0.0f;
 }
 
+/// The range of no values: min +inf, max -inf (the identities of min_step / max_step), finite.
+__device__ __forceinline__ kivi::GroupRange empty_range() {
+  kivi::GroupRange r;
+  r.mn = bits_float(0x7f800000u);
+  r.mx = bits_float(0xff800000u);
+  r.finite = true;
+  return r;
+}
+
+/// Combines the ranges of the `span` lanes (a power of two, aligned) that share a group: a
+/// segmented xor-shuffle reduction, after which each of them holds the group's range. Every lane
+/// of the warp calls it (full mask).
+__device__ __forceinline__ void reduce_range(kivi::GroupRange& r, int span) {
+  for (int off = span / 2; off > 0; off /= 2) {
+    r.mn = kivi::min_step(__shfl_xor_sync(kFullMask, r.mn, off), r.mn);
+    r.mx = kivi::max_step(__shfl_xor_sync(kFullMask, r.mx, off), r.mx);
+    r.finite = (__shfl_xor_sync(kFullMask, static_cast<int>(r.finite), off) != 0) && r.finite;
+  }
+}
+
 /// The flat list of rows * ceil(D / G) channel groups (row r = (token, head); `lay` has heads = 1,
 /// so row r is its token r and group f = r * n_cg + c has parameters at index f), 32 / span
 /// groups per warp. Lane i of a group owns words [i*K, i*K + K) of it: it folds their values into
@@ -189,7 +209,6 @@ __global__ void __launch_bounds__(kBlock)
   const int span = split.span, per_warp = 32 / span, K = split.words_per_lane;
   const int64_t ncg = lay.channel_groups(), total = rows * ncg;
   const int gi = lane / span, i0 = lane % span;  // this lane's group in the warp, its part
-  const float kPosInf = bits_float(0x7f800000u), kNegInf = bits_float(0xff800000u);
 
   for (int64_t f0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * per_warp; f0 < total;
        f0 += static_cast<int64_t>(gridDim.x) * kWarps * per_warp) {
@@ -199,10 +218,7 @@ __global__ void __launch_bounds__(kBlock)
     const float* xg = x + row * lay.dim + c * lay.group;
     const int w_end = min(i0 * K + K, static_cast<int>(kivi::words_for(len, B)));
 
-    kivi::GroupRange r;
-    r.mn = kPosInf;
-    r.mx = kNegInf;
-    r.finite = true;
+    kivi::GroupRange r = empty_range();
     for (int w = i0 * K; w < w_end; ++w) {
       const int n = min(kCpw, len - w * kCpw);
       float v[kCpw];
@@ -211,11 +227,7 @@ __global__ void __launch_bounds__(kBlock)
       for (int j = 0; j < kCpw; ++j)
         if (j < n) r.add(v[j]);
     }
-    for (int off = span / 2; off > 0; off /= 2) {
-      r.mn = kivi::min_step(__shfl_xor_sync(kFullMask, r.mn, off), r.mn);
-      r.mx = kivi::max_step(__shfl_xor_sync(kFullMask, r.mx, off), r.mx);
-      r.finite = (__shfl_xor_sync(kFullMask, static_cast<int>(r.finite), off) != 0) && r.finite;
-    }
+    reduce_range(r, span);
     if (len == 0) continue;
     const kivi::GroupParams p = kivi::minmax_params(r, B, sym);
     if (i0 == 0) {
@@ -257,7 +269,6 @@ __global__ void __launch_bounds__(kBlock)
   const int per_warp = 32 / span;
   const int64_t ncg = lay.channel_groups(), total = rows * ncg;
   const int gi = lane / span, w = lane % span;  // this lane's group in the warp, its word
-  const float kPosInf = bits_float(0x7f800000u), kNegInf = bits_float(0xff800000u);
 
   for (int64_t f0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * per_warp; f0 < total;
        f0 += static_cast<int64_t>(gridDim.x) * kWarps * per_warp) {
@@ -268,18 +279,11 @@ __global__ void __launch_bounds__(kBlock)
     const float* xw = x + row * lay.dim + c * lay.group + w * kCpw;
     float v[kCpw];
     load_run<kCpw>(xw, n, vec, v);
-    kivi::GroupRange r;
-    r.mn = kPosInf;
-    r.mx = kNegInf;
-    r.finite = true;
+    kivi::GroupRange r = empty_range();
 #pragma unroll
     for (int j = 0; j < kCpw; ++j)
       if (j < n) r.add(v[j]);
-    for (int off = span / 2; off > 0; off /= 2) {
-      r.mn = kivi::min_step(__shfl_xor_sync(kFullMask, r.mn, off), r.mn);
-      r.mx = kivi::max_step(__shfl_xor_sync(kFullMask, r.mx, off), r.mx);
-      r.finite = (__shfl_xor_sync(kFullMask, static_cast<int>(r.finite), off) != 0) && r.finite;
-    }
+    reduce_range(r, span);
     if (len == 0) continue;
     const kivi::GroupParams p = kivi::minmax_params(r, B, sym);
     if (w == 0) {
