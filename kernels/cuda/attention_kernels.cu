@@ -1298,14 +1298,17 @@ cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
           std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10));
   }
   const int nq = s.q_heads / s.kv_heads;
-  // Mma (attention_mma.cu) covers bf16 caches and the 2- / 4-bit KIVI int layouts
-  // (detail::mma_int_supported says which); on every other cache it runs the tiled kernel.
+  // Mma (attention_mma.cu) covers bf16 caches, FP8 with tensor / head scales and the 2- / 4-bit
+  // KIVI int layouts (detail::mma_fp8_supported / mma_int_supported say which); on every other
+  // cache it runs the tiled kernel.
   bool mma = false;
   if constexpr (std::is_same_v<Policy, Bf16Policy>)
     mma = kernel == DecodeKernel::Mma && detail::mma_bf16_supported(D, nq, plan.split_tokens);
   if constexpr (std::is_same_v<typename Policy::View, IntSideView>)
     mma = kernel == DecodeKernel::Mma &&
           detail::mma_int_supported(k[0].bits, D, nq, plan.split_tokens, k, v);
+  if constexpr (std::is_same_v<typename Policy::View, Fp8SideView>)
+    mma = kernel == DecodeKernel::Mma && detail::mma_fp8_supported(D, nq, plan.split_tokens, k, v);
   if (kernel == DecodeKernel::Mma && !mma) kernel = DecodeKernel::Tiled;
   SplitParams<typename Policy::View> sp{};
   MergeParams mp{};
@@ -1346,6 +1349,9 @@ cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
   }
   if constexpr (std::is_same_v<typename Policy::View, IntSideView>) {
     if (mma) KVQ_CUDA_CALL(detail::launch_mma_int(k[0].bits, D, sp, grid, stream));
+  }
+  if constexpr (std::is_same_v<typename Policy::View, Fp8SideView>) {
+    if (mma) KVQ_CUDA_CALL(detail::launch_mma_fp8(k[0].format, D, sp, grid, stream));
   }
   if (mma) {
     // (launched above)

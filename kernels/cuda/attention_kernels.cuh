@@ -140,8 +140,11 @@ DecodePlan plan_decode(const DecodeShape& shape, std::span<const IntSideView> k,
 /// read by ldmatrix; bf16 caches, head_dim 64 / 128. KIVI 2- and 4-bit int caches (per-channel
 /// keys, per-token values, asymmetric, groups a multiple of 32): codes unpacked straight into
 /// bf16 B fragments (mma_int.h), key scales folded into q and value scales into p, the float32
-/// residual window by plain loops. On every other cache (FP8, 3- and 8-bit, sym, other layouts:
-/// detail::mma_int_supported in attention_split.cuh is the one list) it runs the tiled kernel.
+/// residual window by plain loops. FP8 caches (every format) with tensor or head scales: codes
+/// converted two at a time into fp16 B fragments (mma_fp8.h), q and p as fp16 high and low
+/// parts, the scales applied once to the scores and the outputs. On every other cache (FP8 token
+/// and channel scales, 3- and 8-bit, sym, other layouts: detail::mma_fp8_supported and
+/// mma_int_supported in attention_split.cuh are the one list) it runs the tiled kernel.
 enum class DecodeKernel : int { Baseline = 0, Tiled = 1, Mma = 2 };
 
 /// \brief "baseline" / "tiled" / "mma" (test names, bench rows).

@@ -1,5 +1,6 @@
 // The tensor-core split kernels of decode attention (DecodeKernel::Mma, issue 46): bf16 caches
-// (mma_split_kernel, below) and KIVI 2- / 4-bit int caches (mma_int_split_kernel, further down).
+// (mma_split_kernel, below), KIVI 2- / 4-bit int caches (mma_int_split_kernel, further down) and
+// FP8 caches with tensor / head scales (mma_fp8_split_kernel, last; mma_fp8.h).
 // Same grid, plan, workspace and merge as attention_kernels.cu's split kernels (one block =
 // (split, kv head, sequence), 128 threads, all nq <= 8 query heads of the kv head); what differs
 // is how a block computes its partial:
@@ -25,8 +26,10 @@
 
 #include "kernels/cuda/attention_split.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/mma_fp8.h"
 #include "kernels/cuda/mma_int.h"
 #include "kernels/cuda/mma_layout.h"
+#include "kernels/cuda/unpack.h"
 #include "kivi/layout.h"
 
 namespace kvq::cuda {
@@ -565,6 +568,223 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// ---- FP8 caches: e4m3 / e5m2 / e4m3fnuz, tensor or head scales (mma_fp8.h) --------------------
+//
+// As the bf16 kernel, with fp16 operands: a stage holds kTile rows of D code bytes (swizzled
+// 16-byte chunks, mma_fp8::chunk_offset); B registers come from 16-byte shared loads of codes, two
+// codes per register by the integer conversion (mma_fp8.h); q (times a power of two per head) and
+// p (times 2^kPShift) are fp16 high + low A rows. The scale and the powers of two multiply each
+// score and each output once.
+
+template <int D>
+struct Fp8Smem {
+  static constexpr int kStageBytes = kTile * D;
+  static constexpr int kRedBytes = kWarps * 8 * D * 4;
+  static constexpr int kBytes =
+      kStages * kStageBytes > kRedBytes ? kStages* kStageBytes : kRedBytes;
+  static size_t bytes(int64_t score_floats) {
+    return static_cast<size_t>(kBytes) + static_cast<size_t>(score_floats) * 4;
+  }
+};
+
+template <int D>
+__device__ __forceinline__ void load_fp8_tile(char* stage, const uint8_t* codes, int64_t t0,
+                                              int64_t t_end, int H, int h, int tid) {
+  constexpr int kChunks = D / mma_fp8::kChunkBytes;  // per row
+  for (int x = tid; x < kTile * kChunks; x += kThreads) {
+    const int r = x / kChunks, c = x % kChunks;
+    const bool in = t0 + r < t_end;
+    const uint8_t* src = codes + ((in ? t0 + r : t0) * H + h) * D + c * mma_fp8::kChunkBytes;
+    cp_async16(stage + mma_fp8::chunk_offset<D>(r, c), src, in ? 16 : 0);
+  }
+}
+
+/// c += A B (m16n8k16, fp16 inputs, fp32 accumulators).
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// The scale of a tensor- or head-scaled side for head h.
+__device__ __forceinline__ float fp8_head_scale(const Fp8SideView& s, int h) {
+  return __ldg(s.scales + (s.gran == Granularity::Head ? h : 0));
+}
+
+template <int D, Fp8Format F>
+__global__ void __launch_bounds__(kThreads, 2)
+    mma_fp8_split_kernel(const __grid_constant__ detail::SplitParams<Fp8SideView> p) {
+  using S = Fp8Smem<D>;
+  namespace mf = mma_fp8;
+  const int split = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y),
+            b = static_cast<int>(blockIdx.z);
+  const Fp8SideView& kv = p.k[b];
+  const Fp8SideView& vv = p.v[b];
+  const int64_t T = kv.tokens;
+  const int64_t s0 = static_cast<int64_t>(split) * p.split_tokens;
+  if (s0 >= T) return;  // this sequence is shorter than the longest one
+  const int64_t s1 = min(T, s0 + p.split_tokens);
+  const int n = static_cast<int>(s1 - s0);
+  const int nq = p.nq, ld = static_cast<int>(p.split_tokens), H = p.kv_heads;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  const int g = mma::group_of(lane), tg = mma::tig_of(lane);
+
+  extern __shared__ uint4 smem4[];
+  char* stages = reinterpret_cast<char*>(smem4);
+  float* scores = reinterpret_cast<float*>(stages + S::kBytes);
+  const int tiles = (n + kTile - 1) / kTile;
+
+  // K tile 0 in flight while q becomes A fragments.
+  load_fp8_tile<D>(stages, kv.codes, s0, s1, H, h, tid);
+  cp_async_commit();
+
+  const int q_heads = H * nq;
+  const int64_t qrow = static_cast<int64_t>(b) * q_heads + static_cast<int64_t>(h) * nq;
+  float2 qf[D / mma::kK][2];  // head g's q at this lane's k rows (k-step, register pair r)
+  float amax = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < D / mma::kK; ++ks)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float x = 0.0f, y = 0.0f;
+      if (g < nq) {
+        x = __ldg(p.q + (qrow + g) * D + mf::key_channel(D, tg, ks, r, 0));
+        y = __ldg(p.q + (qrow + g) * D + mf::key_channel(D, tg, ks, r, 1));
+      }
+      qf[ks][r] = make_float2(x, y);
+      amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
+    }
+  amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
+  const int qe = mf::q_shift(amax);
+  const float qscale = pow2(qe);
+  uint32_t qa[D / mma::kK][4];
+#pragma unroll
+  for (int ks = 0; ks < D / mma::kK; ++ks)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const mf::HiLo s = mf::split_half2(qf[ks][r].x * qscale, qf[ks][r].y * qscale);
+      qa[ks][2 * r] = s.hi;      // row g
+      qa[ks][2 * r + 1] = s.lo;  // row g + 8
+    }
+  const float kfac = pow2(unpack::kHalfExpShift<F> - qe) * fp8_head_scale(kv, h) * p.inv_sqrt_d;
+
+  // ---- scores --------------------------------------------------------------------------------
+  for (int i = 0; i < tiles; ++i) {
+    if (i + 1 < tiles)
+      load_fp8_tile<D>(stages + ((i + 1) % kStages) * S::kStageBytes, kv.codes,
+                       s0 + static_cast<int64_t>(i + 1) * kTile, s1, H, h, tid);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const char* st = stages + (i % kStages) * S::kStageBytes;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int row0 = 16 * warp + 8 * nt;  // the n-tile's first token in the tile
+      uint32_t w[D / mma::kK];              // this lane's D / 4 codes of token row0 + g
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        const uint4 x =
+            *reinterpret_cast<const uint4*>(st + mf::chunk_offset<D>(row0 + g, tg * (D / 64) + c));
+        w[4 * c] = x.x, w[4 * c + 1] = x.y, w[4 * c + 2] = x.z, w[4 * c + 3] = x.w;
+      }
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int ks = 0; ks < D / mma::kK; ++ks)
+        mma_f16(c, qa[ks], mf::fp8_hi_pair_half2<F>(mf::key_pair_word(w[ks], 0)),
+                mf::fp8_hi_pair_half2<F>(mf::key_pair_word(w[ks], 1)));
+      const int tok = i * kTile + row0 + mma::c_col(lane, 0);  // tokens tok, tok + 1
+      if (g < nq) {
+        if (tok < n) scores[g * ld + tok] = (c[0] + c[2]) * kfac;
+        if (tok + 1 < n) scores[g * ld + tok + 1] = (c[1] + c[3]) * kfac;
+      }
+    }
+    __syncthreads();  // the stage is refilled next
+  }
+
+  // V tile 0 in flight during the softmax.
+  load_fp8_tile<D>(stages, vv.codes, s0, s1, H, h, tid);
+  cp_async_commit();
+
+  // ---- softmax partial -------------------------------------------------------------------------
+  softmax_partial(p, scores, n, nq, ld, qrow, split, warp, lane);
+  __syncthreads();
+
+  // ---- values ----------------------------------------------------------------------------------
+  constexpr int kNTiles = D / mma::kN;
+  constexpr int kWords = D / 32;  // words of a lane's D / 8 channels of one token
+  const float pscale = pow2(mf::kPShift);
+  float o[kNTiles][4];
+#pragma unroll
+  for (int j = 0; j < kNTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  for (int i = 0; i < tiles; ++i) {
+    if (i + 1 < tiles)
+      load_fp8_tile<D>(stages + ((i + 1) % kStages) * S::kStageBytes, vv.codes,
+                       s0 + static_cast<int64_t>(i + 1) * kTile, s1, H, h, tid);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const char* st = stages + (i % kStages) * S::kStageBytes;
+    uint32_t pa[4];  // A: probabilities of head g at this warp's 16 tokens, times 2^kPShift
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int tok = i * kTile + 16 * warp + mma::a_col(lane, 2 * half, 0);
+      float x = 0.0f, y = 0.0f;
+      if (g < nq) {
+        if (tok < n) x = scores[g * ld + tok] * pscale;
+        if (tok + 1 < n) y = scores[g * ld + tok + 1] * pscale;
+      }
+      const mf::HiLo s = mf::split_half2(x, y);
+      pa[2 * half] = s.hi;
+      pa[2 * half + 1] = s.lo;
+    }
+    uint32_t w[4][kWords];  // tokens 2 tg, 2 tg + 1, 2 tg + 8, 2 tg + 9: channels [g D/8, ..)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = 16 * warp + 2 * tg + (e % 2) + 8 * (e / 2);
+      const char* src = st + mf::chunk_offset<D>(row, (g * (D / 8)) / mf::kChunkBytes) +
+                        (g * (D / 8)) % mf::kChunkBytes;
+      if constexpr (D == 128) {
+        const uint4 x = *reinterpret_cast<const uint4*>(src);
+        w[e][0] = x.x, w[e][1] = x.y, w[e][2] = x.z, w[e][3] = x.w;
+      } else {
+        const uint2 x = *reinterpret_cast<const uint2*>(src);
+        w[e][0] = x.x, w[e][1] = x.y;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+      mma_f16(o[j], pa,
+              mf::fp8_hi_pair_half2<F>(mf::value_pair_word(w[0][j / 4], w[1][j / 4], j % 4)),
+              mf::fp8_hi_pair_half2<F>(mf::value_pair_word(w[2][j / 4], w[3][j / 4], j % 4)));
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // ---- the warps' sums, in a fixed order, times the scale once --------------------------------
+  float* red = reinterpret_cast<float*>(stages);  // [kWarps][8][D]
+  if (g < nq) {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+      red[(warp * 8 + g) * D + mf::value_channel(D, 2 * tg, j)] = o[j][0] + o[j][2];
+      red[(warp * 8 + g) * D + mf::value_channel(D, 2 * tg + 1, j)] = o[j][1] + o[j][3];
+    }
+  }
+  __syncthreads();
+  const float vfac = pow2(unpack::kHalfExpShift<F> - mf::kPShift) * fp8_head_scale(vv, h);
+  for (int x = tid; x < nq * D; x += kThreads) {
+    const int i = x / D, d = x % D;
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += red[(w * 8 + i) * D + d];
+    p.part_o[((qrow + i) * p.splits + split) * D + d] = s * vfac;
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -594,6 +814,17 @@ bool mma_int_supported(int bits, int head_dim, int nq, int64_t split_tokens,
         !(aligned(y.words, 16) && aligned(y.scales, 4) && aligned(y.mins, 4)))
       return false;
   }
+  return true;
+}
+
+bool mma_fp8_supported(int head_dim, int nq, int64_t split_tokens, std::span<const Fp8SideView> k,
+                       std::span<const Fp8SideView> v) {
+  if (!mma_bf16_supported(head_dim, nq, split_tokens)) return false;
+  for (auto side : {k, v})
+    for (const Fp8SideView& x : side) {
+      if (x.gran != Granularity::Tensor && x.gran != Granularity::Head) return false;
+      if (x.tokens > 0 && reinterpret_cast<uintptr_t>(x.codes) % 16 != 0) return false;
+    }
   return true;
 }
 
@@ -629,6 +860,27 @@ cudaError_t launch_mma_int(int bits, int head_dim, const SplitParams<IntSideView
                                            p, grid, stream)
                         : launch_with_smem(mma_int_split_kernel<128, 4>, IntSmem<128, 4>::bytes(sf),
                                            p, grid, stream);
+}
+
+cudaError_t launch_mma_fp8(Fp8Format format, int head_dim, const SplitParams<Fp8SideView>& p,
+                           dim3 grid, cudaStream_t stream) {
+  const int64_t sf = static_cast<int64_t>(p.nq) * p.split_tokens;
+  auto run = [&](auto fc) {
+    constexpr Fp8Format F = decltype(fc)::value;
+    return head_dim == 64 ? launch_with_smem(mma_fp8_split_kernel<64, F>, Fp8Smem<64>::bytes(sf), p,
+                                             grid, stream)
+                          : launch_with_smem(mma_fp8_split_kernel<128, F>, Fp8Smem<128>::bytes(sf),
+                                             p, grid, stream);
+  };
+  switch (format) {
+    case Fp8Format::E4M3:
+      return run(std::integral_constant<Fp8Format, Fp8Format::E4M3>{});
+    case Fp8Format::E5M2:
+      return run(std::integral_constant<Fp8Format, Fp8Format::E5M2>{});
+    case Fp8Format::E4M3FNUZ:
+      return run(std::integral_constant<Fp8Format, Fp8Format::E4M3FNUZ>{});
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace detail

@@ -41,6 +41,16 @@ bool mma_bf16_supported(int head_dim, int nq, int64_t split_tokens);
 bool mma_int_supported(int bits, int head_dim, int nq, int64_t split_tokens,
                        std::span<const IntSideView> k, std::span<const IntSideView> v);
 
+/// Whether the Mma kernel takes an FP8 launch; the one place that says which FP8 caches it
+/// covers: every format (e4m3, e5m2, e4m3fnuz) with tensor or head scales on both sides, head_dim
+/// 64 / 128, codes 16-byte aligned. Token and channel scales run the tiled kernel.
+bool mma_fp8_supported(int head_dim, int nq, int64_t split_tokens, std::span<const Fp8SideView> k,
+                       std::span<const Fp8SideView> v);
+
+/// Launches the Mma split kernel over FP8 caches that mma_fp8_supported accepts.
+cudaError_t launch_mma_fp8(Fp8Format format, int head_dim, const SplitParams<Fp8SideView>& p,
+                           dim3 grid, cudaStream_t stream);
+
 /// Launches the Mma split kernel over int caches that mma_int_supported accepts.
 cudaError_t launch_mma_int(int bits, int head_dim, const SplitParams<IntSideView>& p, dim3 grid,
                            cudaStream_t stream);
