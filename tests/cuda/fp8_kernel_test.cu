@@ -195,34 +195,35 @@ class Fp8KernelSpecial : public ::testing::TestWithParam<FormatGran> {
   void SetUp() override { KVQ_SKIP_WITHOUT_DEVICE(); }
 };
 
+/// [37, 3, dim] input with the special values: NaN in head 1, inf at the last channel of head 2,
+/// -inf in head 0, a value near FLT_MAX, a subnormal-only row.
+Tensor3 special_input(int64_t dim, uint32_t seed) {
+  Tensor3 x = make_input(Shape3{37, 3, dim}, seed);
+  x.at(5, 1, 10) = std::numeric_limits<float>::quiet_NaN();
+  x.at(20, 2, dim - 1) = std::numeric_limits<float>::infinity();
+  x.at(30, 0, 0) = -std::numeric_limits<float>::infinity();
+  x.at(11, 2, 40) = 3e38f;
+  for (int64_t d = 0; d < dim; ++d)
+    x.at(36, 1, d) = (d % 3) * std::numeric_limits<float>::denorm_min();
+  return x;
+}
+
 // Expected: the CPU reference; NaN makes its group's scale NaN, inf makes it inf, a value near
 // FLT_MAX and a subnormal-only group (scale underflow) must match as well. Per tensor and per
 // head every group holds a special value (heads 0, 1, 2: -inf, NaN, inf), so no output is finite
 // there; per token and per channel most groups are ordinary.
 TEST_P(Fp8KernelSpecial, NaNInfHugeAndSubnormalGroups) {
   const auto& [f, g] = GetParam();
-  Tensor3 x = make_input(Shape3{37, 3, 72}, 99);
-  x.at(5, 1, 10) = std::numeric_limits<float>::quiet_NaN();
-  x.at(20, 2, 71) = std::numeric_limits<float>::infinity();
-  x.at(30, 0, 0) = -std::numeric_limits<float>::infinity();
-  x.at(11, 2, 40) = 3e38f;
-  for (int64_t d = 0; d < 72; ++d)
-    x.at(36, 1, d) = (d % 3) * std::numeric_limits<float>::denorm_min();
-  run_and_compare(f, g, x, true, g == Granularity::Tensor || g == Granularity::Head);
+  run_and_compare(f, g, special_input(72, 99), true,
+                  g == Granularity::Tensor || g == Granularity::Head);
 }
 
 // Expected: the CPU reference, as above, with head_dim 64: fp8_quantize's chunked kernel (16
 // codes a thread, 16-byte stores; D = 72 above takes the row kernel) on the same special values.
 TEST_P(Fp8KernelSpecial, NaNInfHugeAndSubnormalGroupsChunked) {
   const auto& [f, g] = GetParam();
-  Tensor3 x = make_input(Shape3{37, 3, 64}, 98);
-  x.at(5, 1, 10) = std::numeric_limits<float>::quiet_NaN();
-  x.at(20, 2, 63) = std::numeric_limits<float>::infinity();
-  x.at(30, 0, 0) = -std::numeric_limits<float>::infinity();
-  x.at(11, 2, 40) = 3e38f;
-  for (int64_t d = 0; d < 64; ++d)
-    x.at(36, 1, d) = (d % 3) * std::numeric_limits<float>::denorm_min();
-  run_and_compare(f, g, x, true, g == Granularity::Tensor || g == Granularity::Head);
+  run_and_compare(f, g, special_input(64, 98), true,
+                  g == Granularity::Tensor || g == Granularity::Head);
 }
 
 // Expected: the CPU reference; T = 0 still has scales for tensor/head/channel (all 1: no data).
