@@ -30,7 +30,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
-from figures import interval, legend_below, log_axis, save  # noqa: E402
+from figures import commit, host, interval, legend_below, log_axis, save  # noqa: E402
 
 FONT = 6.5
 
@@ -407,6 +407,7 @@ def main():
     cfg = os.path.join(a.results, "config.toml")
     if os.path.exists(cfg):
         where = f"config {os.path.join(where, 'config.toml')}"
+    where = f"{where}; kvq {commit()}, {host(syn + mod)}"  # the commit and host on every figure
     if syn:
         plot_synthetic(syn, out, where)
     if mod:
