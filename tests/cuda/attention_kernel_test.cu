@@ -338,8 +338,8 @@ class DecodeAttention : public ::testing::TestWithParam<SweepCase> {
 // Expected: kvq::decode_attention on the CPU over the same cache (see the file comment).
 // Every split kernel (DecodeKernel), each against the reference with the same tolerances; GQA 3
 // pads the tiled kernel's group of 4 (masked query heads) and fills 3 of the Mma kernel's 8 rows
-// (bf16 caches and kivi2 / kivi4, whose codes it reads on tensor cores with the int tolerances;
-// on the other kinds Mma runs the tiled kernel).
+// (bf16 caches, FP8 with tensor / head scales and kivi2 / kivi4, whose codes it reads on tensor
+// cores with the tiled kernel's tolerances; on the other kinds Mma runs the tiled kernel).
 TEST_P(DecodeAttention, MatchesCpuReference) {
   const auto& [spec, T, gqa, dim, kernel] = GetParam();
   run_spec(spec, {T}, 2, gqa, dim, sweep_name({GetParam(), 0}), kernel);
@@ -373,14 +373,17 @@ class DecodeAttentionLongSplits : public ::testing::TestWithParam<LongSplitCase>
   void SetUp() override { KVQ_SKIP_WITHOUT_DEVICE(); }
 };
 
-// Expected: kvq::decode_attention on the CPU (the file comment), bf16 cache.
+// Expected: kvq::decode_attention on the CPU (the file comment), bf16 and FP8 (head scales: the
+// Mma kernel's FP8 tiles) caches.
 TEST_P(DecodeAttentionLongSplits, MatchesCpuReference) {
   const auto& [T, gqa, dim, split, kernel] = GetParam();
   const int64_t st = split > 0 ? split : 4096 / gqa;
-  run_spec("bf16", {T, T / 3 + 1}, 2, gqa, dim,
-           "bf16_T" + std::to_string(T) + "_gqa" + std::to_string(gqa) + "_d" +
-               std::to_string(dim) + "_split" + std::to_string(st) + "_" + to_string(kernel),
-           kernel, st);
+  for (const char* spec : {"bf16", "fp8_e5m2:gran=head"})
+    run_spec(spec, {T, T / 3 + 1}, 2, gqa, dim,
+             kvq::testing::test_name(spec) + "_T" + std::to_string(T) + "_gqa" +
+                 std::to_string(gqa) + "_d" + std::to_string(dim) + "_split" + std::to_string(st) +
+                 "_" + to_string(kernel),
+             kernel, st);
 }
 
 std::string long_split_name(const ::testing::TestParamInfo<LongSplitCase>& p) {
