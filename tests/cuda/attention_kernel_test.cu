@@ -338,8 +338,9 @@ class DecodeAttention : public ::testing::TestWithParam<SweepCase> {
 // Expected: kvq::decode_attention on the CPU over the same cache (see the file comment).
 // Every split kernel (DecodeKernel), each against the reference with the same tolerances; GQA 3
 // pads the tiled kernel's group of 4 (masked query heads) and fills 3 of the Mma kernel's 8 rows
-// (bf16 caches, FP8 with tensor / head scales and kivi2 / kivi4, whose codes it reads on tensor
-// cores with the tiled kernel's tolerances; on the other kinds Mma runs the tiled kernel).
+// (bf16 caches and FP8 with tensor / head scales, with the tiled kernel's tolerances, and kivi2 /
+// kivi4 with the int tolerances, all read on tensor cores; on the other kinds Mma runs the tiled
+// kernel).
 TEST_P(DecodeAttention, MatchesCpuReference) {
   const auto& [spec, T, gqa, dim, kernel] = GetParam();
   run_spec(spec, {T}, 2, gqa, dim, sweep_name({GetParam(), 0}), kernel);
