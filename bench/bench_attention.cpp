@@ -36,6 +36,7 @@
 #include "core/error.h"
 #include "experiments/commands.h"
 #include "experiments/synthetic.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
 #include "reference_cpu/attention.h"
@@ -84,14 +85,10 @@ void BM_Decode(benchmark::State& st, const std::string& backend, const std::stri
                int64_t T, int threads) {
   Fixture& f = fixture(scheme, T);
   std::vector<float> out(f.q.size());
-  const StoredSide k = f.k->stored(), v = f.v->stored();
-  const cpu::DecodeOptions opt{threads,
-                               backend == "cpu-int8" ? cpu::IntMode::Int8 : cpu::IntMode::Exact};
+  const AttentionBackend b = parse_backend(backend);  // kernels/backend.h
   for (auto _ : st) {
-    if (backend == "ref")
-      decode_attention(f.q.data(), kHeads * kGqa, *f.k, *f.v, out.data(), threads);
-    else
-      cpu::decode_attention(f.q.data(), kHeads * kGqa, k, v, out.data(), opt);
+    // a rot= spec (--kv) times the query's rotation and the output's with the call
+    attend_decode(b, f.q.data(), kHeads * kGqa, *f.k, *f.v, out.data(), threads);
     benchmark::DoNotOptimize(out.data());
   }
   st.SetBytesProcessed(static_cast<int64_t>(f.bytes) * st.iterations());

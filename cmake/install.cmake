@@ -1,5 +1,6 @@
 # `cmake --install`: the libraries as namespaced targets, one per component of the package
-# (kvq::core, kvq::fp8, kvq::kivi, kvq::reference, kvq::cpu, kvq::model; kvq::cuda when built),
+# (kvq::core, kvq::fp8, kvq::kivi, kvq::reference, kvq::cpu, kvq::backend, kvq::model; kvq::cuda
+# when built),
 # their headers under <prefix>/include/kvq (included as "core/spec.h", "kernels/cpu/attention.h",
 # ...), and in <prefix>/lib/cmake/kvq: kvqConfig.cmake for find_package(kvq [COMPONENTS ...]) and
 # one targets file per component (kvq-<component>-targets.cmake), loaded only with the packages
@@ -9,7 +10,7 @@ include(CMakePackageConfigHelpers)
 
 # Components in dependency order (each links only components before it): component=target.
 set(kvq_exported core=kvq_core fp8=kvq_fp8 kivi=kvq_kivi reference=kvq_reference cpu=kvq_cpu
-                 model=kvq_model)
+                 backend=kvq_backend model=kvq_model)
 set(kvq_header_dirs core fp8 kivi reference_cpu kernels/cpu model)
 if(KVQ_HAVE_CUDA)
   list(APPEND kvq_exported cuda=kvq_kernels)
@@ -94,6 +95,8 @@ foreach(dir IN LISTS kvq_header_dirs)
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvq/${dir}
           FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
 endforeach()
+install(FILES ${PROJECT_SOURCE_DIR}/kernels/backend.h COMPONENT dev  # kvq::backend's one header
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvq/kernels)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/kvqConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/kvqConfig.cmake
                               INSTALL_DESTINATION ${kvq_cmake_dir})

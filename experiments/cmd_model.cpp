@@ -22,6 +22,7 @@
 #include "experiments/model_eval.h"
 #include "experiments/model_files.h"
 #include "fp8/scale.h"
+#include "kernels/backend.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 
@@ -40,6 +41,7 @@ using Loaded = eval::LoadedModel;
 const Loaded& load(const Common& c) {
   static std::unique_ptr<Loaded> l;
   const AttentionBackend backend = parse_backend(c.backend);  // before the long load
+  require_host(backend);
   if (!l) {
     const std::string path = model_path(c.model_file);
     const auto t0 = std::chrono::steady_clock::now();
@@ -82,15 +84,17 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
   }
   c->add_option("--threads", o.threads, "threads (0 = kvq chooses per forward pass between all cores and one, by measuring both: one wins when another process shares a core)")->check(at_least(0))->capture_default_str();
   c->add_option("--backend", o.backend,
-                "attention backend: cpu (SIMD kernels), cpu-int8 (the same kernels with reduced-precision "
-                "dot products: on 2/4-bit kivi codes int8 queries on keys and 8-bit weights on values, "
-                "on FP8 codes bf16 queries and weights in builds for AVX-512 BF16 and VBMI, head_dim a "
-                "multiple of 32) or ref (the scalar reference); all read the same stored codes, and "
-                "each keeps chunked prefill == token-by-token decode bit-identical")
+                "attention backend, one of " + backend_names(" | ") +
+                    ": cpu (SIMD kernels), cpu-int8 (the same kernels with reduced-precision "
+                    "dot products: on 2/4-bit kivi codes int8 queries on keys and 8-bit weights on values, "
+                    "on FP8 codes bf16 queries and weights in builds for AVX-512 BF16 and VBMI, head_dim a "
+                    "multiple of 32) or ref (the scalar reference); all read the same stored codes, and "
+                    "each keeps chunked prefill == token-by-token decode bit-identical. cuda: the model "
+                    "does not run on it yet (its kernels' own tests and benches do)")
       ->check(
           [](const std::string& s) {
             try {
-              parse_backend(s);  // the model's one list of backend names
+              require_host(parse_backend(s));  // kernels/backend.h: the one list of backend names
               return std::string();
             } catch (const Error& e) {
               return std::string(e.what());

@@ -34,6 +34,7 @@
 #include "experiments/report.h"
 #include "experiments/synthetic.h"
 #include "experiments/throughput.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/metrics.h"
@@ -402,7 +403,7 @@ ModelPlan plan_model(const toml::table& mt, const Where& w, const std::string& m
   p.rot = get_or<bool>(mt, w, "hadamard", false);
   p.backend = get_or<std::string>(mt, w, "backend", "cpu");
   try {
-    (void)parse_backend(p.backend);
+    require_host(parse_backend(p.backend));  // kernels/backend.h: the one list
   } catch (const Error& e) {
     fail("{}: {}: {}", w.file, w.key("backend"), e.what());
   }
@@ -616,7 +617,7 @@ NeedlePlan plan_needle(const toml::table& nt, const Where& w, const std::string&
   p.text = get_or<std::string>(nt, w, "text", "kjv");
   p.backend = get_or<std::string>(nt, w, "backend", "cpu");
   try {
-    (void)parse_backend(p.backend);
+    require_host(parse_backend(p.backend));  // kernels/backend.h: the one list
   } catch (const Error& e) {
     fail("{}: {}: {}", w.file, w.key("backend"), e.what());
   }
@@ -729,10 +730,19 @@ ThroughputPlan plan_throughput(const toml::table& tt, const Where& w) {
     auto out = string_list(tt, w, key);
     KVQ_CHECK(!out.empty(), "{}: {} must be a non-empty array", w.file, w.key(key));
     for (const auto& x : out) {
-      if (x == "cuda" && std::string_view(key) == "backends")
-        fail("{}: {} \"cuda\": the GPU's throughput is bench_attention_cuda's and bench_kivi_cuda's "
-             "(scripts/device-check.sh runs them); this task times ref and cpu",
-             w.file, w.key(key));
+      if (std::string_view(key) == "backends") {  // kernels/backend.h: the one list
+        try {
+          const BackendInfo& b = backend_info(parse_backend(x));
+          require_host(b.id);
+          KVQ_CHECK(b.int_mode == cpu::IntMode::Exact,
+                    "backend {} is backend cpu with int_mode = \"int8\" here (the task's "
+                    "int_mode key sets it for every backend cpu row)",
+                    b.name);
+        } catch (const Error& e) {
+          fail("{}: {} \"{}\": {}", w.file, w.key(key), x, e.what());
+        }
+        continue;
+      }
       KVQ_CHECK(std::find(allowed.begin(), allowed.end(), x) != allowed.end(), "{}: {} \"{}\" is not one of: {}",
                 w.file, w.key(key), x, fmt::join(allowed, ", "));
     }
@@ -740,7 +750,7 @@ ThroughputPlan plan_throughput(const toml::table& tt, const Where& w) {
   };
   p.contexts = ints("contexts", p.contexts, 1, int64_t{1} << 20);
   p.batches = ints("batch", p.batches, 1, 4096);
-  p.backends = words("backends", p.backends, {"ref", "cpu"});
+  p.backends = words("backends", p.backends, {});
   p.ops = words("ops", p.ops, {"decode", "quantize"});
   p.shape.heads = get_or<int64_t>(tt, w, "heads", 8);
   p.shape.head_dim = get_or<int64_t>(tt, w, "head_dim", 128);

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "experiments/channel_stats.h"
 #include "experiments/synthetic.h"
+#include "kernels/backend.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/kv_cache.h"
 
@@ -29,10 +30,6 @@ double now(int threads) {
     return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-SideKernels kernels_of(AttentionBackend b) {
-  return b != AttentionBackend::kRef ? cpu_side_kernels() : SideKernels{};
 }
 
 // Quantize is timed in steady state: the stores' memory stays mapped from one repetition to the
@@ -99,6 +96,7 @@ ThroughputInput throughput_input(const ThroughputShape& shape, int64_t context, 
 Timing time_decode(const SchemeSpec& spec, const ThroughputInput& in, int64_t batch,
                    AttentionBackend backend, const ThroughputOptions& opt) {
   KVQ_CHECK(batch >= 1, "throughput: batch {} must be >= 1", batch);
+  require_host(backend);
   // The pool: enough distinct caches that a step's reads are cold (see the header), built with
   // backend cpu's quantizers whatever the backend timed (the bytes are the reference's).
   const SideKernels kern = cpu_side_kernels();
@@ -112,24 +110,17 @@ Timing time_decode(const SchemeSpec& spec, const ThroughputInput& in, int64_t ba
   const int64_t q_heads = in.shape.heads * in.shape.gqa;
   std::vector<float> out(static_cast<size_t>(q_heads * in.shape.head_dim));
   // the pool passes through the caches between two steps on one cache: the kernels stream it
-  const cpu::DecodeOptions dopt{opt.threads, opt.int_mode, seq_bytes * static_cast<double>(n)};
+  const double working_set = seq_bytes * static_cast<double>(n);
+  // backend cpu in int_mode int8 is backend cpu-int8 (kernels/backend.h)
+  if (backend == AttentionBackend::kCpu && opt.int_mode == cpu::IntMode::Int8)
+    backend = AttentionBackend::kCpuInt8;
   int64_t next = 0;
-  std::vector<float> qr;
   auto step = [&] {
     for (int64_t b = 0; b < batch; ++b) {
       const Sides& s = pool[static_cast<size_t>(next++ % n)];
-      if (backend == AttentionBackend::kRef)
-        decode_attention(in.q.data(), q_heads, *s.k, *s.v, out.data(), opt.threads);
-      else {  // a rot= side reads a rotated query and gives a rotated output (timed with it)
-        const float* q = in.q.data();
-        if (const Rotation* r = s.k->rotation()) {
-          qr.assign(in.q.begin(), in.q.end());
-          r->rotate(qr.data(), q_heads);
-          q = qr.data();
-        }
-        cpu::decode_attention(q, q_heads, s.k->stored(), s.v->stored(), out.data(), dopt);
-        unrotate_output(*s.v, out.data(), q_heads);
-      }
+      // a rot= side reads a rotated query and gives a rotated output (timed with it)
+      attend_decode(backend, in.q.data(), q_heads, *s.k, *s.v, out.data(), opt.threads,
+                    working_set);
     }
   };
   step();  // warm-up (page faults, thread team)
@@ -149,7 +140,7 @@ Timing time_decode(const SchemeSpec& spec, const ThroughputInput& in, int64_t ba
 
 Timing time_quantize(const SchemeSpec& spec, const ThroughputInput& in, AttentionBackend backend,
                      const ThroughputOptions& opt) {
-  const SideKernels kern = kernels_of(backend);
+  const SideKernels kern = side_kernels(backend);
   const ResidentHeap resident;
   std::vector<double> t, faults;
   double seq_bytes = 0;

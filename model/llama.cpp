@@ -71,69 +71,6 @@ void rms_norm_rows(const Mat& x, const Eigen::VectorXf& w, float eps, Mat& y, Ei
 
 }  // namespace
 
-const char* to_string(AttentionBackend b) {
-  switch (b) {
-    case AttentionBackend::kRef:
-      return "ref";
-    case AttentionBackend::kCpu:
-      return "cpu";
-    case AttentionBackend::kCpuInt8:
-      return "cpu-int8";
-  }
-  return "?";
-}
-
-AttentionBackend parse_backend(const std::string& s) {
-  if (s == "ref") return AttentionBackend::kRef;
-  if (s == "cpu") return AttentionBackend::kCpu;
-  if (s == "cpu-int8") return AttentionBackend::kCpuInt8;
-  fail(
-      "unknown backend '{}' (choices: ref, the scalar reference; cpu, the SIMD kernels; cpu-int8, "
-      "the SIMD kernels' reduced-precision dot products on 2/4-bit and FP8 codes)",
-      s);
-}
-
-cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
-                                  const SideStore& k, const SideStore& v, ExactTail k_exact,
-                                  ExactTail v_exact, CpuCausalBuffers& b) {
-  b.kq.resize(static_cast<size_t>(n));
-  b.vq.resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    b.kq[static_cast<size_t>(i)] = k.quantized_tokens_at(t_begin + i + 1);
-    b.vq[static_cast<size_t>(i)] = v.quantized_tokens_at(t_begin + i + 1);
-  }
-  cpu::CausalInput in;
-  in.q = q;
-  in.n = n;
-  in.q_heads = q_heads;
-  in.t_begin = t_begin;
-  in.k = k.stored();
-  in.v = v.stored();
-  in.k_exact = k_exact;
-  in.v_exact = v_exact;
-  in.k_quantized = b.kq;
-  in.v_quantized = b.vq;
-  // rot=: the kernels read the rotated codes (and the tails as stored), so q is rotated too.
-  if (const Rotation* r = k.rotation()) {
-    b.q.assign(q, q + n * q_heads * k.dim());
-    r->rotate(b.q.data(), n * q_heads);
-    in.q = b.q.data();
-  }
-  return in;
-}
-
-void unrotate_output(const SideStore& v, float* out, int64_t rows) {
-  if (const Rotation* r = v.rotation()) r->unrotate(out, rows);
-}
-
-SideKernels cpu_side_kernels() {
-  SideKernels k;
-  k.kivi = cpu::kivi_group_quantizers();
-  k.fp8_scales = cpu::fp8_compute_scales;
-  k.fp8_quantize = cpu::fp8_quantize;
-  return k;
-}
-
 LlamaCache::LlamaCache(const LlamaConfig& c, const CacheOptions& o) : opts_(o) {
   // Appends quantize on backend cpu's kernels whatever the attention backend: the bytes are the
   // reference's, bit for bit (tests/kernels/cpu/, tests/reference_cpu/kv_cache_test.cpp).
@@ -306,9 +243,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
   int64_t kbeg = 0, vbeg = 0;
   std::exception_ptr err;
   std::atomic<int64_t> next_item{0}, next_merge{0};
-  const bool fast = backend_ != AttentionBackend::kRef;
-  CpuCausalBuffers cpu_buf;  // backend cpu: counts, and q rotated for a rot= key side
-  std::unique_ptr<cpu::CausalAttention> call;  // backend cpu: this layer's attention
+  std::unique_ptr<CausalCall> call;  // this layer's attention (kernels/backend.h)
   const std::lock_guard<std::mutex> lock(team_->mutex);
   // threads = 0: kvq chooses per pass between all cores and one (AutoThreads says why)
   const int cores = omp_get_num_procs();
@@ -340,8 +275,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
     // Row-wise steps split rows (element-wise ones elements) among the members.
     const auto [r0, r1] = ThreadTeam::split(n, me, nt);
     const auto [e0, e1] = ThreadTeam::split(n * c.ffn, me, nt);
-    std::vector<float> scratch;
-    cpu::CausalAttention::Workspace workspace;
+    CausalCall::Workspace workspace;
     // What a layer's attention call sees pass through the caches before the next call on the same
     // sides: every layer's K/V and the weights (before this chunk's appends: close enough).
     const double kv_bytes = cache.bytes() + static_cast<double>(weight_bytes());
@@ -363,7 +297,7 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
         // chunk.
         // Backend cpu reads the tails as stored (rot= sides: rotated); pre-RoPE keys are read
         // back through a view in the model's own space.
-        const TailSpace space = fast ? TailSpace::kStored : TailSpace::kModel;
+        const TailSpace space = tail_space(backend_);
         kbeg = gather_exact_tail(*side.k, pre ? k_pre.data() : k.data(), n, ktail,
                                  pre ? TailSpace::kModel : space);
         vbeg = gather_exact_tail(*side.v, v.data(), n, vtail, space);
@@ -381,36 +315,24 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
           view = make_view(*side.k, std::move(kr));
         }
         const SideStore& keys = view ? *view : *side.k;
-        causal_attention_check(n, c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
-                               {vtail.data(), vbeg});
-        if (fast) {
-          cpu::CausalInput in =
-              cpu_causal_input(q.data(), n, c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
-                               {vtail.data(), vbeg}, cpu_buf);
-          if (backend_ == AttentionBackend::kCpuInt8) in.int_mode = cpu::IntMode::Int8;
-          in.working_set = kv_bytes;
-          call = std::make_unique<cpu::CausalAttention>(in, nt);
-        }
+        const ExactTail ke{ktail.data(), kbeg}, ve{vtail.data(), vbeg};
+        const CausalArgs a{q.data(), n, c.heads, pos0, &keys, side.v.get(), ke, ve};
+        call = std::make_unique<CausalCall>(backend_, a, nt, kv_bytes);
         next_item.store(0);
         next_merge.store(0);
       });
       if (!ok) break;
-      if (fast) {
-        for (int64_t it; (it = next_item.fetch_add(1)) < call->items();)
-          call->run(it, attn.data(), workspace);
+      for (int64_t it; (it = next_item.fetch_add(1)) < call->items();)
+        call->run(it, attn.data(), workspace);
+      if (call->merges() > 0) {
         team.barrier();
         for (int64_t it; (it = next_merge.fetch_add(1)) < call->merges();)
           call->merge(it, attn.data());
-      } else {
-        const SideStore& keys = view ? *view : *side.k;
-        for (int64_t it; (it = next_item.fetch_add(1)) < n * H;)
-          causal_attention_item(q.data(), c.heads, pos0, keys, *side.v, {ktail.data(), kbeg},
-                                {vtail.data(), vbeg}, attn.data(), it, scratch);
       }
       team.barrier();
       // back from a rot= value side's space, each member its rows
-      if (fast && side.v->rotation()) {
-        unrotate_output(*side.v, attn.data() + r0 * c.hidden, (r1 - r0) * c.heads);
+      if (call->rotates_output()) {
+        call->finish(attn.data() + r0 * c.hidden, (r1 - r0) * c.heads);
         team.barrier();
       }
       product(b.wo, attn.data(), x.data(), true, n);

@@ -15,6 +15,7 @@
 
 #include "core/gguf.h"
 #include "core/spec.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "model/packed_matrix.h"
 #include "model/thread_team.h"
@@ -36,28 +37,6 @@ struct CacheOptions {
   // The spec's rot= (core/rotation.h) rotates q, k and v per head and the output back; sink=S keeps
   // the first S tokens exact. Both work with every scheme, pre_rope included.
 };
-
-/// \brief Backend cpu's quantizers for make_side (kernels/cpu/): they store the reference's bytes,
-/// bit for bit, faster. The model's cache, the Python Cache and the throughput sweep use them.
-SideKernels cpu_side_kernels();
-
-/// \brief What cpu_causal_input keeps alive for the call: quantized token counts, and the query
-/// rotated into a rot= key side's space.
-struct CpuCausalBuffers {
-  std::vector<int64_t> kq, vq;
-  std::vector<float> q;
-};
-
-/// \brief Backend cpu's causal call for positions t_begin .. t_begin + n - 1 (q [n, q_heads, dim])
-/// over the sides as stored (holding t_begin + n tokens) and their exact tails as stored
-/// (gather_exact_tail with stored_space: a rot= side's rows rotated). A rot= key side gets q
-/// rotated; the call's output is then in a rot= value side's space: unrotate_output.
-cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
-                                  const SideStore& k, const SideStore& v, ExactTail k_exact,
-                                  ExactTail v_exact, CpuCausalBuffers& b);
-
-/// \brief out [rows, dim] of a backend cpu call rotated back by v's rot= (nothing without one).
-void unrotate_output(const SideStore& v, float* out, int64_t rows);
 
 /// \brief Throws kvq::Error when `o` cannot run on a model of shape `c` (rot= needs a head_dim
 /// divisible by 8; a per-layer spec names existing layers): the forward pass's own check,
@@ -88,19 +67,6 @@ class LlamaCache {
 using KvObserver = std::function<void(int layer, int64_t pos0, int64_t n, const float* k_pre,
                                       const float* k_post, const float* v)>;
 
-/// \brief Which backend computes attention over the cache (both read the same stored bytes).
-enum class AttentionBackend {
-  kRef,  ///< reference_cpu/attention.h: the scalar definition
-  kCpu,  ///< kernels/cpu/attention.h: SIMD kernels, threads over positions and context segments
-  /// The same kernels in their int8 mode (cpu::IntMode::Int8: integer dot products on 2/4-bit
-  /// codes, bf16 dot products on FP8 codes, with the rounding error kernels/cpu/attention.h
-  /// states); other caches as kCpu.
-  kCpuInt8,
-};
-/// \brief "ref" / "cpu" / "cpu-int8"; parse_backend throws kvq::Error naming the choices.
-const char* to_string(AttentionBackend b);
-AttentionBackend parse_backend(const std::string& s);
-
 /// \brief How the weights are held in memory.
 enum class WeightStore {
   kPacked,  ///< the file's blocks in column panels, decoded in registers (the default)
@@ -130,7 +96,11 @@ class LlamaModel {
   /// \brief The attention backend of every later forward pass (default kCpu). Within one
   /// backend, chunked prefill and token-by-token decode give bit-identical logits; between the
   /// two, attention outputs differ by float rounding (tests/model/llama_test.cpp bounds the KLD).
-  void set_backend(AttentionBackend b) { backend_ = b; }
+  /// Throws kvq::Error (kCudaToday) for a backend the model cannot run yet (cuda).
+  void set_backend(AttentionBackend b) {
+    require_host(b);
+    backend_ = b;
+  }
   AttentionBackend backend() const { return backend_; }
   /// \brief Bytes of weights held in memory.
   size_t weight_bytes() const;

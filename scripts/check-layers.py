@@ -3,6 +3,7 @@
 folders, and every import of the Python package, must point down the folder graph
 
     core  <-  fp8, kivi (schemes)  <-  reference_cpu, kernels/cpu, kernels/cuda (backends)
+          <-  the backend interface (kernels/backend.h, .cpp: kernels/'s own files)
           <-  model  <-  evaluation library (experiments/: the kvq_eval sources and defaults.h)
           <-  the kvq CLI (the rest of experiments/)  and  python/ (never the CLI)
     tests/, bench/, fuzz/, examples/ may include anything.
@@ -18,7 +19,7 @@ import re
 import sys
 
 RANK = {"core": 0, "fp8": 1, "kivi": 1, "reference_cpu": 2, "kernels/cpu": 2, "kernels/cuda": 2,
-        "model": 3, "eval": 4, "cli": 5, "python": 5}
+        "backend": 3, "model": 4, "eval": 5, "cli": 6, "python": 6}
 TOP = ("tests", "bench", "fuzz", "examples")  # may include anything
 SOURCES = (".h", ".hpp", ".cpp", ".cu", ".cuh")
 INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
@@ -39,8 +40,8 @@ def layer(rel, evals):
     parts = rel.split("/")
     if parts[0] in TOP:
         return "top"
-    if parts[0] == "kernels" and len(parts) > 2:
-        return "kernels/" + parts[1]
+    if parts[0] == "kernels":
+        return "kernels/" + parts[1] if len(parts) > 2 else "backend"
     if parts[0] == "experiments":
         return "eval" if len(parts) == 2 and pathlib.Path(parts[1]).stem in evals else "cli"
     return parts[0] if parts[0] in RANK else None

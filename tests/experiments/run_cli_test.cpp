@@ -102,8 +102,15 @@ TEST_F(RunCli, SectionKeysTypesAndEmptyConfigs_oneLineBeforeAnythingIsWritten) {
   check("schemes = [\"kivi2\"]\n[model]\nbackend = \"gpu\"\n", "[model].backend:");
   check("schemes = [\"kivi2\"]\n",
         "nothing to run: give a [synthetic], [model], [needle] or [throughput] table");
+  // cuda is a name of the one list (kernels/backend.h), refused with what runs it today
   check("schemes = [\"kivi2\"]\n[throughput]\nbackends = [\"cuda\"]\n",
-        "[throughput].backends \"cuda\": the GPU's throughput is bench_attention_cuda's");
+        "[throughput].backends \"cuda\": backend cuda runs today in the CUDA kernels' own tests");
+  check("schemes = [\"kivi2\"]\n[throughput]\nbackends = [\"gpu\"]\n",
+        "[throughput].backends \"gpu\": unknown backend 'gpu' (choices: ref,");
+  check("schemes = [\"kivi2\"]\n[throughput]\nbackends = [\"cpu-int8\"]\n",
+        "backend cpu-int8 is backend cpu with int_mode = \"int8\" here");
+  check("schemes = [\"kivi2\"]\n[model]\nbackend = \"cuda\"\n",
+        "[model].backend: backend cuda runs today in the CUDA kernels' own tests");
   check("schemes = [\"kivi2\"]\n[throughput]\ncontexts = [0]\n", "[throughput].contexts 0 is outside [1, 1048576]");
   check("schemes = [\"kivi2\"]\n[throughput]\nops = [\"prefill\"]\n",
         "[throughput].ops \"prefill\" is not one of: decode, quantize");

@@ -6,12 +6,15 @@ set -euo pipefail
 check="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/check-layers.py"
 t="$(mktemp -d)"
 trap 'rm -rf "$t"' EXIT
-tree() {  # a fresh tree: core, fp8, model and the evaluation library (planner) beside the CLI
-  rm -rf "$t/r" && mkdir -p "$t/r"/{core,fp8,kivi,model,experiments,python/kvq}
+tree() {  # a fresh tree: core, fp8, backend cpu, the backend interface, model and the evaluation
+  # library (planner) beside the CLI
+  rm -rf "$t/r" && mkdir -p "$t/r"/{core,fp8,kivi,kernels/cpu,model,experiments,python/kvq}
   echo 'add_library(kvq_eval STATIC planner.cpp)' > "$t/r/experiments/CMakeLists.txt"
   printf '#pragma once\n' > "$t/r/core/a.h"
   printf '#include "core/a.h"\n' > "$t/r/fp8/f.h"
-  printf '#include "fp8/f.h"\n#include "core/a.h"\n' > "$t/r/model/m.h"
+  printf '#include "fp8/f.h"\n' > "$t/r/kernels/cpu/c.h"
+  printf '#include "kernels/cpu/c.h"\n' > "$t/r/kernels/backend.h"
+  printf '#include "fp8/f.h"\n#include "core/a.h"\n#include "kernels/backend.h"\n' > "$t/r/model/m.h"
   printf '#include "model/m.h"\n' > "$t/r/experiments/planner.h"
   printf '#include "experiments/planner.h"\n' > "$t/r/experiments/cmd_plan.cpp"
   printf 'import numpy\n' > "$t/r/python/kvq/__init__.py"
@@ -34,4 +37,8 @@ tree; printf 'from experiments.plots import figures\n' >> "$t/r/python/kvq/__ini
 expect_fail "python/kvq/__init__.py:2: python includes cli"
 tree; printf '#include "fp8/f.h"\n' >> "$t/r/core/a.h"
 expect_fail "core and fp8 include each other"
-echo "check-layers: 5 bad trees refused, the clean one passed"
+tree; printf '#include "kernels/backend.h"\n' >> "$t/r/kernels/cpu/c.h"
+expect_fail "kernels/cpu/c.h:2: kernels/cpu includes backend (kernels/backend.h)"
+tree; printf '#include "model/m.h"\n' >> "$t/r/kernels/backend.h"
+expect_fail "kernels/backend.h:2: backend includes model (model/m.h)"
+echo "check-layers: 7 bad trees refused, the clean one passed"
