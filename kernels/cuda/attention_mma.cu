@@ -587,17 +587,36 @@ struct Fp8Smem {
   }
 };
 
+/// A thread's share of the copies of one FP8 tile: rows r0 + k kRowStep (k < kPer), chunk c;
+/// the index math once per block: a step of kRowStep rows (16 or 32: a multiple of 8) moves a
+/// chunk's swizzled offset by kRowStep D bytes (mma_fp8::chunk_offset, host-tested).
 template <int D>
-__device__ __forceinline__ void load_fp8_tile(char* stage, const uint8_t* codes, int64_t t0,
-                                              int64_t t_end, int H, int h, int tid) {
-  constexpr int kChunks = D / mma_fp8::kChunkBytes;  // per row
-  for (int x = tid; x < kTile * kChunks; x += kThreads) {
-    const int r = x / kChunks, c = x % kChunks;
-    const bool in = t0 + r < t_end;
-    const uint8_t* src = codes + ((in ? t0 + r : t0) * H + h) * D + c * mma_fp8::kChunkBytes;
-    cp_async16(stage + mma_fp8::chunk_offset<D>(r, c), src, in ? 16 : 0);
+struct Fp8TileCopy {
+  static constexpr int kChunks = D / mma_fp8::kChunkBytes;  // per row
+  static constexpr int kRowStep = kThreads / kChunks;
+  static constexpr int kPer = kTile / kRowStep;
+  static_assert(kTile % kRowStep == 0, "whole steps");
+  int r0, dst0;
+  int64_t off0;  // element offset of (row r0, head h, chunk c) from a tile's first token
+  int64_t row;   // elements per token: H D
+  __device__ Fp8TileCopy(int tid, int H, int h)
+      : r0(tid / kChunks),
+        dst0(mma_fp8::chunk_offset<D>(tid / kChunks, tid % kChunks)),
+        off0((static_cast<int64_t>(tid / kChunks) * H + h) * D + (tid % kChunks) * 16),
+        row(static_cast<int64_t>(H) * D) {}
+  /// Issues the copies of tile [t0, t0 + kTile) into `stage`; rows at or past t_end are
+  /// zero-filled (their source clamped to the tile's first row).
+  __device__ __forceinline__ void load(char* stage, const uint8_t* codes, int64_t t0,
+                                       int64_t t_end) const {
+    const uint8_t* base = codes + t0 * row;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const bool in = t0 + r0 + k * kRowStep < t_end;
+      cp_async16(stage + dst0 + k * kRowStep * D, in ? base + off0 + k * kRowStep * row : base,
+                 in ? 16 : 0);
+    }
   }
-}
+};
 
 /// c += A B (m16n8k16, fp16 inputs, fp32 accumulators).
 __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -638,7 +657,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tiles = (n + kTile - 1) / kTile;
 
   // K tile 0 in flight while q becomes A fragments.
-  load_fp8_tile<D>(stages, kv.codes, s0, s1, H, h, tid);
+  const Fp8TileCopy<D> copy(tid, H, h);
+  copy.load(stages, kv.codes, s0, s1);
   cp_async_commit();
 
   const int q_heads = H * nq;
@@ -675,8 +695,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   // ---- scores --------------------------------------------------------------------------------
   for (int i = 0; i < tiles; ++i) {
     if (i + 1 < tiles)
-      load_fp8_tile<D>(stages + ((i + 1) % kStages) * S::kStageBytes, kv.codes,
-                       s0 + static_cast<int64_t>(i + 1) * kTile, s1, H, h, tid);
+      copy.load(stages + ((i + 1) % kStages) * S::kStageBytes, kv.codes,
+                s0 + static_cast<int64_t>(i + 1) * kTile, s1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -706,7 +726,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 
   // V tile 0 in flight during the softmax.
-  load_fp8_tile<D>(stages, vv.codes, s0, s1, H, h, tid);
+  copy.load(stages, vv.codes, s0, s1);
   cp_async_commit();
 
   // ---- softmax partial -------------------------------------------------------------------------
@@ -722,8 +742,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int j = 0; j < kNTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   for (int i = 0; i < tiles; ++i) {
     if (i + 1 < tiles)
-      load_fp8_tile<D>(stages + ((i + 1) % kStages) * S::kStageBytes, vv.codes,
-                       s0 + static_cast<int64_t>(i + 1) * kTile, s1, H, h, tid);
+      copy.load(stages + ((i + 1) % kStages) * S::kStageBytes, vv.codes,
+                s0 + static_cast<int64_t>(i + 1) * kTile, s1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();

@@ -132,6 +132,12 @@ void check_swizzle() {
       offs.insert(o);
     }
   EXPECT_EQ(offs.size(), static_cast<size_t>(kRows * D / 16));
+  // The kernel's copies step rows by 128 threads / (D / 16) chunks: offsets by that many rows.
+  constexpr int kStep = 128 / (D / 16);
+  for (int r = 0; r < kStep; ++r)
+    for (int c = 0; c < D / 16; ++c)
+      for (int k = 0; k < kRows / kStep; ++k)
+        EXPECT_EQ(chunk_offset<D>(r + k * kStep, c), chunk_offset<D>(r, c) + k * kStep * D);
   // Keys: lane (g, tg) reads 16 bytes at chunk tg D / 64 + c of row row0 + g; phases of 8 lanes.
   for (int row0 : {0, 8, 16, 48})
     for (int c = 0; c < D / 64; ++c)
