@@ -33,6 +33,7 @@
 #include "experiments/planner.h"
 #include "experiments/report.h"
 #include "fp8/scale.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/kivi.h"
@@ -177,7 +178,8 @@ std::vector<std::string> compare(const FloatIn& x, const std::vector<std::string
   return rows;
 }
 
-// One layer's cache: a K side and a V side, appended together, attended on backend ref or cpu.
+// One layer's cache: a K side and a V side, appended together, attended on a host backend
+// (kernels/backend.h: ref, cpu, cpu-int8).
 class Cache {
  public:
   Cache(const std::string& spec_text, int64_t heads, int64_t dim, const std::string& backend,
@@ -189,21 +191,17 @@ class Cache {
     KVQ_CHECK(heads >= 1, "heads must be at least 1, got {}", heads);
     KVQ_CHECK(dim >= 1, "head_dim must be at least 1, got {}", dim);
     KVQ_CHECK(threads >= 0, "threads must be 0 (all cores) or more, got {}", threads);
-    if (backend == "cpu")
-      cpu_ = true;
-    else if (backend == "cuda")
-      fail(
-          "backend 'cuda' is not in this Python build (it has ref and cpu); the CUDA kernels "
-          "are reached from C++ (kvq::cuda) and bench_attention_cuda");
-    else if (backend != "ref")
-      fail("backend '{}' is not known; use 'cpu' (SIMD kernels) or 'ref' (the reference)", backend);
+    b_ = parse_backend(backend);  // kernels/backend.h: the one list
+    require_host(b_);
     const auto mode = cpu::parse_int_mode(int_mode);
     if (!mode) fail("int_mode '{}' is not known; use one of: {}", int_mode, cpu::kIntModeNames);
-    mode_ = *mode;
-    KVQ_CHECK(cpu_ || mode_ == cpu::IntMode::Exact,
+    KVQ_CHECK(b_ != AttentionBackend::kRef || *mode == cpu::IntMode::Exact,
               "int_mode='int8' is a backend cpu path; use backend='cpu'");
+    // backend cpu with int_mode='int8' is backend cpu-int8
+    if (b_ == AttentionBackend::kCpu && *mode == cpu::IntMode::Int8)
+      b_ = AttentionBackend::kCpuInt8;
     // backend cpu's quantizers store the reference's bytes, bit for bit
-    const SideKernels k = cpu_ ? cpu_side_kernels() : SideKernels{};
+    const SideKernels k = side_kernels(b_);
     k_ = make_side(spec_, Role::Key, heads, dim, layer, k);
     v_ = make_side(spec_, Role::Value, heads, dim, layer, k);
     backend_ = backend;
@@ -217,7 +215,7 @@ class Cache {
     KVQ_CHECK(n >= 1, "append needs at least one token");
     nb::gil_scoped_release release;
     // The exact values causal attention over this append reads: the window before it + the chunk.
-    const TailSpace space = cpu_ ? TailSpace::kStored : TailSpace::kModel;  // what attend reads
+    const TailSpace space = tail_space(b_);  // what attend reads
     kbeg_ = gather_exact_tail(*k_, k.data(), n, ktail_, space);
     vbeg_ = gather_exact_tail(*v_, v.data(), n, vtail_, space);
     k_->append(k.data(), n);
@@ -250,19 +248,11 @@ class Cache {
     {
       nb::gil_scoped_release release;
       const int64_t T = tokens(), t_begin = T - n;
-      const ExactTail ke{ktail_.data(), kbeg_}, ve{vtail_.data(), vbeg_};
       // A decode step is the causal call for the last position: the same code as prefill, so
       // the two agree bit for bit (as in the model's forward pass).
-      if (cpu_) {
-        causal_attention_check(n, qh, t_begin, *k_, *v_, ke, ve);
-        CpuCausalBuffers buf;
-        cpu::CausalInput in = cpu_causal_input(q.data(), n, qh, t_begin, *k_, *v_, ke, ve, buf);
-        in.int_mode = mode_;
-        cpu::causal_attention(in, out.data(), threads_);
-        unrotate_output(*v_, out.data(), n * qh);
-      } else {
-        causal_attention(q.data(), n, qh, t_begin, *k_, *v_, ke, ve, out.data(), threads_);
-      }
+      const ExactTail ke{ktail_.data(), kbeg_}, ve{vtail_.data(), vbeg_};
+      const CausalArgs a{q.data(), n, qh, t_begin, k_.get(), v_.get(), ke, ve};
+      attend_causal(b_, a, out.data(), threads_);
     }
     return causal ? to_numpy(std::move(out), {n, qh, dim_}) : to_numpy(std::move(out), {qh, dim_});
   }
@@ -301,8 +291,7 @@ class Cache {
   SchemeSpec spec_;
   int64_t heads_, dim_;
   int threads_;
-  bool cpu_ = false;
-  cpu::IntMode mode_ = cpu::IntMode::Exact;
+  AttentionBackend b_ = AttentionBackend::kRef;  // backend cpu with int_mode='int8': kCpuInt8
   std::string backend_;
   std::unique_ptr<SideStore> k_, v_;
   std::vector<float> ktail_, vtail_;

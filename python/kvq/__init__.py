@@ -187,8 +187,10 @@ class Cache:
     """One layer's streaming KV cache in any scheme: append K/V as they arrive, attend over what
     is stored (the codes are read directly, never dequantized first).
 
-    ``backend`` is "cpu" (SIMD kernels, the default) or "ref" (the scalar reference); both store
-    the same bytes. ``int_mode="int8"`` (backend cpu) uses integer dot products on 2/4-bit codes:
+    ``backend`` is "cpu" (SIMD kernels, the default), "cpu-int8" (backend cpu with
+    ``int_mode="int8"``) or "ref" (the scalar reference); all store the same bytes. "cuda" is a
+    known name the Cache refuses with a line saying what runs it today.
+    ``int_mode="int8"`` (backend cpu) uses integer dot products on 2/4-bit codes:
     per-channel keys against int8 queries, per-token values against 8-bit softmax weights; and bf16
     dot products on FP8 codes (builds for CPUs with AVX-512 BF16 and VBMI, head_dim a multiple of
     32).
