@@ -14,7 +14,7 @@
 #   cmake --build build -j2 --target llama-perplexity llama-quantize
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-: "${LLAMA_BIN:?set LLAMA_BIN to llama.cpp's build/bin folder}"
+: "${LLAMA_BIN:?set LLAMA_BIN to the build/bin folder of llama.cpp}"
 OUT="${1:-/tmp/kvq-llamacpp-kld}"
 mkdir -p "$OUT"
 KVQ=build/default/experiments/kvq
@@ -38,7 +38,7 @@ row() {  # name, then llama.cpp cache flags
       --kl-divergence-base "$OUT/base.kld" --kl-divergence "$@" > "$OUT/$name-rot$rot.log" 2>&1
     local kld top
     kld=$(grep -m1 "Mean    KLD" "$OUT/$name-rot$rot.log" | awk '{print $3}')
-    top=$(grep -m1 "Same top p" "$OUT/$name-rot$rot.log" | awk '{print $4 " %"}')
+    top=$(grep -m1 "Same top p:" "$OUT/$name-rot$rot.log" | awk '{print $4 " %"}')
     echo "| llama.cpp $name | rotation $rot | $kld | $top |"
   done
 }
@@ -46,7 +46,9 @@ kvq_row() {  # spec
   for rot in "" --hadamard; do
     "$KVQ" model ppl --model-file "$GGUF" --kv "$1" $rot --text "$TEXT" --ctx 512 --max-tokens 1024 \
       --score-from 256 --threads 2 --json "$OUT/kvq.json" > /dev/null 2>&1
-    python3 -c "import json;j=json.load(open('$OUT/kvq.json'));print(f\"| kvq {j['kv']} | {'hadamard' if j['hadamard'] else 'none'} | {j['kld']:.6f} | {100*j['top1']:.3f} % |\")"
+    python3 -c 'import json, sys; j = json.load(open(sys.argv[1]))
+print("| kvq %s | %s | %.6f | %.3f %% |" % (j["kv"], "hadamard" if j["hadamard"] else "none",
+                                          j["kld"], 100 * j["top1"]))' "$OUT/kvq.json"
   done
 }
 echo "| cache | rotation | mean KLD | same top-1 |"
