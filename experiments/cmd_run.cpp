@@ -552,15 +552,19 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard
       for (const auto& [name, value] : eval::result_fields(r)) row[name] = value;
       // which tokens of each window set the scales (the first layer's scheme; issue 50 item 3)
       const SchemeSpec first_layer = s->for_layer(0);
-      row["key_scales_from"] = scales_from(first_layer, Role::Key, ctx);
-      row["value_scales_from"] = scales_from(first_layer, Role::Value, ctx);
+      const std::string key_from = scales_from(first_layer, Role::Key, ctx),
+                        value_from = scales_from(first_layer, Role::Value, ctx);
+      const bool key_prefix = scales_from_prefix(first_layer, Role::Key, ctx),
+                 value_prefix = scales_from_prefix(first_layer, Role::Value, ctx);
+      row["key_scales_from"] = key_from;
+      row["value_scales_from"] = value_from;
       row["scored"] = r.scored;
       row["ci_blocks"] = r.ci_blocks;
       row["seconds"] = r.seconds;
       table.add(std::move(row));
       fmt::print(stderr, "[{}] {}: {}{}\n", tag, s->canonical(), eval::format_result(r),
-                 scales_from_prefix(first_layer, Role::Key, ctx) || scales_from_prefix(first_layer, Role::Value, ctx)
-                     ? fmt::format(", scales from {} of each window", row["key_scales_from"].get<std::string>())
+                 key_prefix || value_prefix
+                     ? fmt::format(", scales from {} of each window", key_prefix ? key_from : value_from)
                      : "");
       if (!eval::exact_by_design(*s) && r.quantized < eval::kMinQuantizedFraction)
         fmt::print(stderr, "kvq run: warning: {}\n",

@@ -232,7 +232,8 @@ TEST_F(RunCli, ModelRowsRecordTheQuantizedFractionAndIntervals_warnWhenNothingWa
     GTEST_SKIP() << "model or text not fetched (scripts/fetch-model.sh, scripts/fetch-text.sh)";
   const auto p = dir_ / "m.toml";
   std::ofstream(p) << "name = \"m\"\nout = \"" << (dir_ / "out").string()
-                   << "\"\nschemes = [\"kivi2\", \"kivi2:g=32,r=0\", \"fp32\"]\n[model]\nctx = 64\n"
+                   << "\"\nschemes = [\"kivi2\", \"kivi2:g=32,r=0\", \"fp32\", "
+                      "\"fp8_e4m3:gran=channel,first=16\"]\n[model]\nctx = 64\n"
                       "max_tokens = 128\n";
   const auto r = run_kvq("run " + p.string());
   ASSERT_EQ(r.status, 0) << r.err;
@@ -244,7 +245,7 @@ TEST_F(RunCli, ModelRowsRecordTheQuantizedFractionAndIntervals_warnWhenNothingWa
   EXPECT_EQ(r.err.find("warning: kivi2:g=32,r=0"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("warning: fp32"), std::string::npos) << "exact by design: " << r.err;
   const auto rows = jsonl(dir_ / "out" / "model.jsonl");
-  ASSERT_EQ(rows.size(), 3u);
+  ASSERT_EQ(rows.size(), 4u);
   EXPECT_EQ(rows[0]["quantized"], 0.0);
   double want = 0;
   for (int q = 0; q < 63; ++q) want += ((q + 1) / 32 * 32 / (q + 1.0) + 1.0) / 2 / 63;
@@ -254,6 +255,11 @@ TEST_F(RunCli, ModelRowsRecordTheQuantizedFractionAndIntervals_warnWhenNothingWa
   EXPECT_EQ(rows[1]["key_scales_from"], "each 32 tokens");
   EXPECT_EQ(rows[1]["value_scales_from"], "each token");
   EXPECT_EQ(rows[2]["key_scales_from"], "-");
+  // a dynamic FP8 scale from the first 16 tokens of each 64-token window, said in the row and the
+  // progress line (the line read the row after it was moved into the table: a crash, before)
+  EXPECT_EQ(rows[3]["key_scales_from"], "tokens 0-15 of 64");
+  EXPECT_NE(r.err.find(", scales from tokens 0-15 of 64 of each window"), std::string::npos)
+      << r.err;
   const auto& r0 = rows[1];
   EXPECT_EQ(r0["ci_blocks"], 4) << "2 windows of 63 scored positions, blocks of 32 and 31";
   for (const char* k : {"ppl", "ppl_fp32", "delta_ppl", "kld", "top1"}) {
