@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "experiments/commands.h"
+#include "experiments/kv_input.h"
 
 namespace kvq::cli {
 
@@ -51,12 +52,6 @@ CLI::Validator above_zero() {
 
 namespace {
 
-// The file an input argument reads: FILE.safetensors:TENSOR -> FILE.safetensors.
-std::string_view input_file(std::string_view arg) {
-  const size_t p = arg.rfind(".safetensors:");
-  return p == std::string_view::npos ? arg : arg.substr(0, p + 12);
-}
-
 // Whether two paths name one file: the same file on disk (links, "./" and ".." included), or the
 // same absolute path when it does not exist yet.
 bool same_file(std::string_view a, std::string_view b) {
@@ -86,7 +81,7 @@ void check_outputs(std::initializer_list<std::string_view> inputs,
                               first.substr(1), first));
     }
     for (std::string_view in : inputs)
-      if (!in.empty() && same_file(p, input_file(in)))
+      if (!in.empty() && same_file(p, kv_input_file(std::string(in))))
         throw Error(fmt::format("{} '{}' is the input '{}': writing it would replace the data "
                                 "being read; name another file",
                                 o->what, p, in));

@@ -48,6 +48,8 @@ NamedTensor pick_tensor(const std::string& file, const std::string& name) {
 
 }  // namespace
 
+std::string kv_input_file(const std::string& arg) { return split_tensor(arg).first; }
+
 bool is_safetensors(const std::string& path) {
   return path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0;
 }

@@ -23,6 +23,9 @@ KvInput load_kv(const std::string& arg);
 
 /// \brief Whether a path names a safetensors file (by its extension).
 bool is_safetensors(const std::string& path);
+/// \brief The file an input argument reads: FILE.safetensors:TENSOR (or FILE:TENSOR of an existing
+/// FILE) -> FILE, a plain path -> itself (load_kv's own reading of the argument).
+std::string kv_input_file(const std::string& arg);
 
 /// \brief load_kv's checks and shape rules on an array already read (`arg` names it in errors).
 KvInput as_kv(const std::string& arg, std::vector<int64_t> shape, std::vector<float> data);
