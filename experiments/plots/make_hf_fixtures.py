@@ -1,0 +1,869 @@
+#!/usr/bin/env python3
+"""Writes tests/fixtures/hf/<family>/: tiny random Hugging Face checkpoints of each architecture kvq
+loads, real tokenizers trained on KJV, and what transformers computes with them (issue 49 item 3).
+
+For each family (llama, llama3, mistral, qwen2, qwen3, smollm2) it writes what a user's
+checkpoint folder holds, as transformers' own save_pretrained writes it:
+    config.json, generation_config.json, model.safetensors (or model-0000k-of-0000n.safetensors
+    and model.safetensors.index.json), tokenizer.json, tokenizer_config.json, chat_template.jinja
+and beside them, what the C++ tests compare against:
+    expected.json         the prompt, its ids, the greedy continuation, how each value was made
+    expected.safetensors  transformers' fp32 logits and K/V (tensor names in tests/fixtures/hf/README.md)
+    tokenizer_cases.json  strings with their ids and decodes from the `tokenizers` library
+    quantized_cache.safetensors / .json  (families in QUANT_FAMILIES) transformers' QuantizedCache
+                          (quanto backend) logits, token by token; see QUANTO_VS_KIVI below.
+tests/fixtures/hf/README.md documents every file, key, dtype and shape.
+
+Where each value comes from (independent of kvq's C++):
+- Weights: random normal (seed SEED + family index) with std WEIGHT_STD for matrices and the
+  embedding, 1 + NORM_STD * normal for RMSNorm weights (so a loader that skips a norm fails),
+  BIAS_STD * normal for Qwen2's q/k/v biases; cast to the family's dtype and saved by
+  `model.save_pretrained` (max_shard_size for the sharded family).
+- config.json: as save_pretrained writes it (transformers 5 keys: "dtype", "rope_parameters"),
+  except the families in LEGACY_CONFIG, whose config.json is rewritten into the keys the
+  published hub checkpoints carry (transformers 4: "torch_dtype", "rope_theta", "rope_scaling";
+  Qwen2's "use_sliding_window": false next to a "sliding_window" number, which must be
+  ignored). transformers 5.25 loads both forms; the logits come from loading the folder as
+  written, and the generator asserts that the rewritten config loads to the same model config.
+- Tokenizers: BPE models trained with `tokenizers` on ~/.cache/kvq/kjv.txt, wrapped in the
+  normalizer / pre-tokenizer / post-processor / decoder each family's published tokenizer.json
+  declares (Llama-2: the legacy SentencePiece-style Prepend+Replace normalizer and byte
+  fallback, as transformers' convert_slow_tokenizer.LlamaConverter writes it; Mistral: the
+  non-legacy Metaspace(prepend_scheme="first", split=False) pre-tokenizer of the same converter
+  with byte fallback; Llama-3: Split(regex) + ByteLevel, ignore_merges; Qwen2/Qwen3:
+  NFC + Split(Qwen's regex) + ByteLevel; SmolLM2: GPT-2's Digits + ByteLevel(use_regex)),
+  then saved through transformers' TokenizersBackend.save_pretrained. The ids in expected.json
+  and tokenizer_cases.json come from `tokenizers.Tokenizer.from_file` on the SAVED
+  tokenizer.json; transformers' AutoTokenizer is checked to agree (recorded per case).
+- Logits: AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
+  attn_implementation="eager") (the bf16/fp16 weights upcast exactly), one forward pass over
+  the prompt with a DynamicCache() (fp32, every layer full length; the sliding window is a mask,
+  kv_idx > q_idx - sliding_window, i.e. each query sees itself and the W-1 tokens before it).
+  K/V: that cache's layers[l].keys / .values after the prompt: post-RoPE keys, shape
+  [1, n_kv_heads, n, head_dim], as transformers' past_key_values hold them. Greedy: argmax
+  decoding from the prompt logits with the same cache, one token per forward pass; the logits
+  of each decode step are stored too.
+
+QUANTO_VS_KIVI (how transformers' QuantizedCache with the quanto backend differs from KIVI;
+read from transformers 5.25 cache_utils.py QuantizedLayer/QuantoQuantizedLayer and
+optimum-quanto 0.2.7 MaxOptimizer / quantize_weight / WeightQBitsTensor):
+  1. Prefill: the first update() quantizes ALL prompt keys/values and keeps NO residual; the
+     prefill's own attention uses the unquantized K/V (returned as given). KIVI keeps the last
+     (n mod G) / R tokens in full precision.
+  2. Flush: the full-precision residual grows one token per step; when
+     residual + new >= residual_length, the whole cache (dequantized old part + residual + new)
+     is quantized again from the dequantized values (old tokens are re-quantized, errors
+     compound), and the residual is emptied. KIVI quantizes only the new full group and never
+     touches stored codes.
+  3. Groups: quanto groups along the axis it is given by reshaping the tensor to
+     [-1, group_size] (axis=0) or [group_size, -1]-style per its `group` helper over the
+     [batch, heads, seq, head_dim] tensor; see group_axis_note in quantized_cache.json for the
+     exact grouping used here.
+  4. Scale/zero: MaxOptimizer: rmin = min(0? no: min over the group), rmax = max over group;
+     scale = (rmax - rmin) / (qmax - qmin); shift = -rmin / scale (kept in the tensor's dtype);
+     codes = clamp(round(x / scale + shift), 0, 2^b - 1); dequant = (code - shift) * scale.
+     KIVI stores mn and scale and decodes code * scale + mn. Same lattice up to rounding of
+     shift; details in quantized_cache.json "quanto_vs_kivi".
+(The exact statements, checked against the installed source, are written into each
+quantized_cache.json; this docstring is a summary.)
+
+Run (from the repository root, with the pinned packages of requirements-hf-fixtures.txt in a
+throwaway venv; no hub access is needed, nothing is downloaded):
+    python3 -m venv /tmp/hfvenv
+    /tmp/hfvenv/bin/pip install -r experiments/plots/requirements-hf-fixtures.txt
+    /tmp/hfvenv/bin/python experiments/plots/make_hf_fixtures.py
+Options: --kjv PATH (default ${KVQ_MODEL_DIR:-~/.cache/kvq}/kjv.txt), --out DIR (default
+tests/fixtures/hf), --only FAMILY[,FAMILY], --no-quant (skip the QuantizedCache files).
+"""
+
+import argparse
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+
+import transformers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    LlamaConfig,
+    MistralConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+SEED = 4900
+WEIGHT_STD = 0.16
+NORM_STD = 0.1
+BIAS_STD = 0.1
+GREEDY_TOKENS = 10
+SPM_VOCAB = 448  # Llama-2 / Mistral tokenizers: 3 specials + 256 byte tokens + 189 trained
+BYTE_VOCAB = 448  # byte-level tokenizers: 256 bytes + trained merges, before special tokens
+
+PINNED = {
+    "torch": "2.15.0",
+    "transformers": "5.25.0",
+    "tokenizers": "0.23.3",
+    "safetensors": "0.8.0",
+    "numpy": "2.4.6",
+    "optimum-quanto": "0.2.7",
+}
+
+# Llama-3's pre-tokenizer regex (meta-llama/Llama-3.2-1B tokenizer.json)
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Qwen2/2.5/3's pre-tokenizer regex (Qwen/Qwen2.5-0.5B tokenizer.json): digits one at a time
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# Bytes SmolLM2's real vocabulary has no token for (a subset), left out of its alphabet here
+SMOLLM2_MISSING_BYTES = [0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xF1, 0xF2]
+
+LLAMA3_SPECIALS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|reserved_special_token_2|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+]
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN3_EXTRA = ["<tool_call>", "</tool_call>", "<think>", "</think>"]  # added, not special
+SMOLLM2_SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<repo_name>",
+    "<reponame>",
+    "<file_sep>",
+    "<filename>",
+    "<gh_stars>",
+    "<issue_start>",
+    "<issue_comment>",
+    "<issue_closed>",
+    "<jupyter_start>",
+    "<jupyter_text>",
+    "<jupyter_code>",
+    "<jupyter_output>",
+    "<jupyter_script>",
+    "<empty_output>",
+]
+
+# Chat templates: the essentials of each family's published template
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+QWEN_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if not (message.role == 'system' and loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+QWEN3_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + "
+    "message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- endif %}"
+)
+MISTRAL_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'user' %}{{- '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{%- elif message['role'] == 'assistant' %}{{- message['content'] + eos_token }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+)
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# fmt: off
+# Sizes: 2 layers, GQA 2:1, vocabulary ~450-580, intermediate 128: every folder is a few hundred
+# KB. Llama-2 and Qwen2 keep hidden = heads * head_dim with no head_dim key, as published; the
+# others carry head_dim in config.json (hidden 64, two heads of 64 or 128).
+FAMILIES = {
+    # Llama-2 (meta-llama/Llama-2-7b-hf): fp16 as published, untied, legacy SentencePiece BPE,
+    # config.json without head_dim.
+    "llama": dict(
+        tokenizer="llama2", arch="llama", dtype=torch.float16, shard=None, legacy_config=True,
+        drop_head_dim=True, tokenizer_class="LlamaTokenizer",
+        config=dict(hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                    rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)),
+    # Llama-3.2 (meta-llama/Llama-3.2-1B): bf16, tied, rope_scaling llama3, sharded into files.
+    # original_max_position_embeddings is 32 so that all three llama3 bands occur at head_dim 64.
+    "llama3": dict(
+        tokenizer="llama3", arch="llama", dtype=torch.bfloat16, shard="200KB", legacy_config=True,
+        drop_head_dim=False, tokenizer_class="PreTrainedTokenizerFast",
+        config=dict(hidden_size=64, head_dim=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                    rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                      high_freq_factor=4.0, original_max_position_embeddings=32))),
+    # Mistral-7B: bf16, untied, sliding_window (8 here, shorter than the prompt); head_dim in
+    # config.json as Mistral-Nemo's (hidden 64 != 2 heads * 64).
+    "mistral": dict(
+        tokenizer="mistral", arch="mistral", dtype=torch.bfloat16, shard=None, legacy_config=True,
+        drop_head_dim=False, tokenizer_class="LlamaTokenizer",
+        config=dict(hidden_size=64, head_dim=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                    rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                    sliding_window=8)),
+    # Qwen2.5-0.5B: bf16, tied, q/k/v biases, vocab padded past the tokenizer, no sliding window
+    # (use_sliding_window false beside a sliding_window number, as published), no head_dim key.
+    "qwen2": dict(
+        tokenizer="qwen2", arch="qwen2", dtype=torch.bfloat16, shard=None, legacy_config=True,
+        drop_head_dim=True, tokenizer_class="Qwen2Tokenizer", pad_vocab_to=64,
+        config=dict(hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                    rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+                    use_sliding_window=False, sliding_window=32768, max_window_layers=21)),
+    # Qwen3-0.6B: q_norm/k_norm, head_dim 128 with hidden 64 (q dim 256 != hidden), tied, bf16;
+    # transformers 5's own config.json keys.
+    "qwen3": dict(
+        tokenizer="qwen3", arch="qwen3", dtype=torch.bfloat16, shard=None, legacy_config=False,
+        pad_vocab_to=64,
+        config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                    max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                    tie_word_embeddings=True)),
+    # SmolLM2-135M: LlamaForCausalLM, tied, GPT-2-style byte-level BPE; fp32 here (the fp32
+    # family); transformers 5's own config.json keys.
+    "smollm2": dict(
+        tokenizer="smollm2", arch="llama", dtype=torch.float32, shard=None, legacy_config=False,
+        config=dict(hidden_size=64, head_dim=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                    rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)),
+}
+# fmt: on
+QUANT_FAMILIES = ["llama", "qwen3"]
+
+# The prompt: KJV Genesis 1:1-2a for every family (token counts per tokenizer in expected.json);
+# mistral's is longer than its window of 8 either way.
+PROMPT = (
+    "In the beginning God created the heaven and the earth. And the earth was without form, "
+    "and void;"
+)
+
+TOKENIZER_CASES = [
+    ("kjv_verse", "In the beginning God created the heaven and the earth."),
+    ("kjv_two_lines", None),  # Genesis 1:3-4 joined by a newline, filled from the KJV file
+    ("leading_spaces", "   start"),
+    ("trailing_spaces", "end   "),
+    ("multiple_spaces", "a  b   c    d"),
+    ("single_space", " "),
+    ("empty", ""),
+    ("newlines", "line1\nline2\n\nline3\n\n\n"),
+    ("tabs", "\tindented\t\tcode\t"),
+    ("mixed_whitespace", " \n \t\r\n x \r\n"),
+    ("digits", "12345678 and 3.14 in 2024"),
+    ("contractions", "It's the cat's toy; don't, they're, we've, I'm, you'll, he'd. IT'S DON'T"),
+    ("accents", "café résumé naïve Zürich"),
+    ("combining_marks", "cafe\u0301 n\u0303o A\u030a"),
+    ("cjk", "中文分词测试，你好世界。"),
+    ("emoji", "I love 🦀 and 👍🏽!"),
+    ("unencodable_bytes", "x\x04y \x13\x1d z \U00050000 ok"),
+    ("punctuation", "Wait... what?!?! --- ((x)) ;; <<>>"),
+    ("code", "def f(x):\n    return x**2  # square\n"),
+    ("special_text", None),  # the family's special tokens' text inside a string
+    ("special_near_miss", None),
+]
+
+
+def kjv_lines(path):
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def byte_token(b):
+    return f"<0x{b:02X}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizers
+
+
+def train_spm_bpe(lines, vocab_size):
+    """A SentencePiece-style BPE (pieces start with '▁', never span words) trained on lines.
+    Returns (vocab dict, merges list) with ids: <unk>, <s>, </s>, <0x00>..<0xFF>, then trained."""
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    alphabet = list("0123456789") + ["▁"]
+    tr = trainers.BpeTrainer(
+        vocab_size=vocab_size - 3 - 256, initial_alphabet=alphabet, show_progress=False
+    )
+    t.train_from_iterator(lines, tr)
+    j = json.loads(t.to_str())
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[byte_token(b)] = len(vocab)
+    for tok, _ in sorted(j["model"]["vocab"].items(), key=lambda kv: kv[1]):
+        vocab[tok] = len(vocab)
+    merges = [tuple(m) for m in j["model"]["merges"]]
+    return vocab, merges
+
+
+def spm_tokenizer(lines, legacy):
+    """Llama-2 (legacy=True) or Mistral (legacy=False) tokenizer.json structure, per
+    transformers' convert_slow_tokenizer.LlamaConverter."""
+    vocab, merges = train_spm_bpe(lines, SPM_VOCAB)
+    t = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True)
+    )
+    if legacy:
+        t.normalizer = normalizers.Sequence(
+            [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+        )
+        t.pre_tokenizer = None
+    else:
+        t.normalizer = None
+        t.pre_tokenizer = pre_tokenizers.Metaspace(
+            replacement="▁", prepend_scheme="first", split=False
+        )
+    t.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    t.add_special_tokens(
+        [AddedToken(s, special=True, normalized=False) for s in ("<unk>", "<s>", "</s>")]
+    )
+    t.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+    )
+    return t
+
+
+def train_byte_bpe(lines, pre_tok, normalizer, n_merged, leading_specials=(), missing_bytes=()):
+    """Byte-level BPE trained with the family's own pre-tokenizer. Returns (vocab, merges)."""
+    t = Tokenizer(models.BPE())
+    t.normalizer = normalizer
+    t.pre_tokenizer = pre_tok
+    missing = {pre_tokenizers.ByteLevel.alphabet()[0]}  # placeholder, replaced below
+    byte_chars = bytes_to_unicode()
+    missing = {byte_chars[b] for b in missing_bytes}
+    alphabet = [c for c in byte_chars.values() if c not in missing]
+    tr = trainers.BpeTrainer(
+        vocab_size=n_merged + len(leading_specials),
+        initial_alphabet=alphabet,
+        special_tokens=list(leading_specials),
+        limit_alphabet=len(alphabet),
+        show_progress=False,
+    )
+    t.train_from_iterator(lines, tr)
+    j = json.loads(t.to_str())
+    vocab = dict(sorted(j["model"]["vocab"].items(), key=lambda kv: kv[1]))
+    for c in missing:
+        assert c not in vocab, c
+    merges = [tuple(m) for m in j["model"]["merges"]]
+    return vocab, merges
+
+
+def bytes_to_unicode():
+    """GPT-2's byte -> printable character map (what ByteLevel uses)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    bs += list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def llama3_tokenizer(lines):
+    pre = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ]
+    )
+    vocab, merges = train_byte_bpe(lines, pre, None, BYTE_VOCAB)
+    t = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
+    t.normalizer = None
+    t.pre_tokenizer = pre
+    t.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in LLAMA3_SPECIALS])
+    bos = t.token_to_id("<|begin_of_text|>")
+    t.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
+            processors.TemplateProcessing(
+                single="<|begin_of_text|> $A",
+                pair="<|begin_of_text|> $A <|begin_of_text|>:1 $B:1",
+                special_tokens=[("<|begin_of_text|>", bos)],
+            ),
+        ]
+    )
+    t.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    return t
+
+
+def qwen_tokenizer(lines, qwen3):
+    pre = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    vocab, merges = train_byte_bpe(lines, pre, normalizers.NFC(), BYTE_VOCAB)
+    t = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+    t.normalizer = normalizers.NFC()
+    t.pre_tokenizer = pre
+    t.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in QWEN_SPECIALS])
+    if qwen3:
+        t.add_tokens([AddedToken(s, special=False, normalized=False) for s in QWEN3_EXTRA])
+    t.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    t.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    return t
+
+
+def smollm2_tokenizer(lines):
+    pre = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
+    )
+    vocab, merges = train_byte_bpe(
+        lines,
+        pre,
+        None,
+        BYTE_VOCAB - len(SMOLLM2_MISSING_BYTES),
+        leading_specials=SMOLLM2_SPECIALS,
+        missing_bytes=SMOLLM2_MISSING_BYTES,
+    )
+    t = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    t.normalizer = None
+    t.pre_tokenizer = pre
+    t.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SMOLLM2_SPECIALS])
+    t.post_processor = processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True)
+    t.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    return t
+
+
+# Per tokenizer: the Tokenizer, the special-token arguments of tokenizer_config.json, template
+def build_tokenizer(kind, lines):
+    if kind == "llama2":
+        return spm_tokenizer(lines, legacy=True), dict(
+            bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+        ), None
+    if kind == "mistral":
+        return spm_tokenizer(lines, legacy=False), dict(
+            bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+        ), MISTRAL_TEMPLATE
+    if kind == "llama3":
+        return llama3_tokenizer(lines), dict(
+            bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"
+        ), LLAMA3_TEMPLATE
+    if kind == "qwen2":
+        return qwen_tokenizer(lines, qwen3=False), dict(
+            eos_token="<|im_end|>", pad_token="<|endoftext|>"
+        ), QWEN_TEMPLATE
+    if kind == "qwen3":
+        return qwen_tokenizer(lines, qwen3=True), dict(
+            eos_token="<|im_end|>", pad_token="<|endoftext|>"
+        ), QWEN3_TEMPLATE
+    if kind == "smollm2":
+        return smollm2_tokenizer(lines), dict(
+            bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token="<|endoftext|>",
+            pad_token="<|im_end|>"
+        ), SMOLLM2_TEMPLATE
+    raise ValueError(kind)
+
+
+def special_strings(kind):
+    """(special_text, special_near_miss) for the family's tokenizer cases."""
+    if kind in ("llama2", "mistral"):
+        return "<s>hello</s> <s> [INST] hi [/INST]</s><unk>", "<s >hello< /s> <s</s>x"
+    if kind == "llama3":
+        return (
+            "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>",
+            "<|begin_of_text |> <|eot_id| <|eot_id|>x",
+        )
+    if kind == "qwen3":
+        return (
+            "<|im_start|>user\nhi<|im_end|>\n<think>\nhmm\n</think>\n\nok<|endoftext|>",
+            "<|im_start |> <|im_end| <|im_end|>x <think >",
+        )
+    return (
+        "<|im_start|>user\nhi<|im_end|>\n<|endoftext|><|endoftext|>",
+        "<|im_start |> <|im_end| <|im_end|>x",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+def make_config(arch, family_cfg, vocab_size, bos_id, eos_id, pad_id):
+    cfg = dict(family_cfg)
+    cfg.update(vocab_size=vocab_size, bos_token_id=bos_id, eos_token_id=eos_id)
+    if pad_id is not None:
+        cfg["pad_token_id"] = pad_id
+    rope_scaling = cfg.pop("rope_scaling", None)
+    theta = cfg.pop("rope_theta")
+    rope = {"rope_type": "default", "rope_theta": theta}
+    if rope_scaling:
+        rope = dict(rope_scaling, rope_theta=theta)
+    cfg["rope_parameters"] = rope
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+    return cls[arch](**cfg)
+
+
+def randomize(model, gen):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + NORM_STD * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(BIAS_STD * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(WEIGHT_STD * torch.randn(p.shape, generator=gen))
+
+
+def legacy_config(folder, arch, spec):
+    """Rewrites config.json into the keys the published (transformers 4) checkpoints carry."""
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    rope = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    rope_type = rope.get("rope_type", "default")
+    cfg["rope_scaling"] = rope if rope_type != "default" else None
+    cfg["torch_dtype"] = cfg.pop("dtype")
+    cfg.pop("layer_types", None)
+    if spec.get("drop_head_dim") and "head_dim" in cfg:
+        assert cfg["head_dim"] * cfg["num_attention_heads"] == cfg["hidden_size"]
+        del cfg["head_dim"]
+    if arch == "qwen2":
+        cfg["use_sliding_window"] = False
+        cfg["sliding_window"] = spec["config"]["sliding_window"]
+        cfg["max_window_layers"] = spec["config"]["max_window_layers"]
+    cfg = dict(sorted(cfg.items()))
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def legacy_tokenizer_config(folder, spec, special_args, template):
+    """Rewrites tokenizer_config.json into the keys the published checkpoints carry (transformers
+    4: the tokenizer class the family names, add_bos_token, the chat template inline) and drops
+    chat_template.jinja. tokenizer.json is untouched."""
+    path = folder / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    cfg.pop("backend", None)
+    cfg["tokenizer_class"] = spec["tokenizer_class"]
+    if spec["tokenizer"] in ("llama2", "mistral"):
+        cfg["add_bos_token"] = True
+        cfg["add_eos_token"] = False
+        cfg["legacy"] = spec["tokenizer"] == "llama2"
+    cfg["clean_up_tokenization_spaces"] = False
+    jinja = folder / "chat_template.jinja"
+    if template is not None:
+        cfg["chat_template"] = jinja.read_text()
+        jinja.unlink()
+    path.write_text(json.dumps(dict(sorted(cfg.items())), indent=2, ensure_ascii=False) + "\n")
+
+
+def forward_and_greedy(model, ids):
+    """fp32 prompt logits, the prompt's K/V per layer, greedy tokens and their step logits."""
+    cache = DynamicCache()
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
+    logits = out.logits[0].float().clone()
+    kv = {}
+    kv["k.0"] = cache.layers[0].keys.clone()
+    kv["v.0"] = cache.layers[0].values.clone()
+    greedy, step_logits = [], []
+    nxt = int(logits[-1].argmax())
+    for _ in range(GREEDY_TOKENS):
+        greedy.append(nxt)
+        with torch.no_grad():
+            o = model(input_ids=torch.tensor([[nxt]]), cache=cache, use_cache=True)
+        step_logits.append(o.logits[0, -1].float().clone())
+        nxt = int(step_logits[-1].argmax())
+    return logits, kv, greedy, torch.stack(step_logits)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def tokenizer_cases(tok, hf_tok, kind, lines):
+    special_text, near_miss = special_strings(kind)
+    cases = []
+    for name, text in TOKENIZER_CASES:
+        if name == "kjv_two_lines":
+            text = lines[2] + "\n" + lines[3]
+        elif name == "special_text":
+            text = special_text
+        elif name == "special_near_miss":
+            text = near_miss
+        rec = {"name": name, "text": text}
+        for add in (False, True):
+            enc = tok.encode(text, add_special_tokens=add)
+            key = "with_special" if add else "plain"
+            rec[f"ids_{key}"] = enc.ids
+            rec[f"tokens_{key}"] = enc.tokens
+            rec[f"decode_{key}"] = tok.decode(enc.ids, skip_special_tokens=False)
+            rec[f"decode_{key}_skip_special"] = tok.decode(enc.ids, skip_special_tokens=True)
+            hf_ids = hf_tok(text, add_special_tokens=add)["input_ids"]
+            rec[f"transformers_agrees_{key}"] = hf_ids == enc.ids
+        cases.append(rec)
+    return cases
+
+
+def write_family(name, spec, index, lines, out_root, quant):
+    folder = out_root / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    tok, special_args, template = build_tokenizer(spec["tokenizer"], lines)
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, **special_args)
+    if template is not None:
+        hf_tok.chat_template = template
+    hf_tok.save_pretrained(folder)
+    if spec["legacy_config"]:
+        legacy_tokenizer_config(folder, spec, special_args, template)
+    # Ground truth: the tokenizer.json as saved
+    saved = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert saved.to_str() == tok.to_str() or json.loads(saved.to_str()) == json.loads(tok.to_str())
+    hf_loaded = AutoTokenizer.from_pretrained(folder)
+
+    n_tok = saved.get_vocab_size(with_added_tokens=True)
+    vocab_size = n_tok
+    if spec.get("pad_vocab_to"):
+        m = spec["pad_vocab_to"]
+        vocab_size = (n_tok + m - 1) // m * m + m  # a padded tail, as Qwen's 151936 > 151665
+    bos = special_args.get("bos_token")
+    eos = special_args.get("eos_token")
+    pad = special_args.get("pad_token")
+    bos_id = saved.token_to_id(bos) if bos else None
+    eos_id = saved.token_to_id(eos) if eos else None
+    pad_id = saved.token_to_id(pad) if pad and spec["arch"] != "llama" else None
+    cfg = make_config(spec["arch"], spec["config"], vocab_size, bos_id, eos_id, pad_id)
+    cfg.dtype = spec["dtype"]
+    gen = torch.Generator().manual_seed(SEED + index)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomize(model, gen)
+    model = model.to(spec["dtype"])
+    kwargs = {"max_shard_size": spec["shard"]} if spec["shard"] else {}
+    model.save_pretrained(folder, **kwargs)
+    if spec["legacy_config"]:
+        before = model.config.to_dict()
+        legacy_config(folder, spec["arch"], spec)
+        after = type(model.config).from_pretrained(folder).to_dict()
+        for k in ("rope_parameters", "sliding_window", "layer_types", "head_dim", "vocab_size"):
+            assert before.get(k) == after.get(k), (name, k, before.get(k), after.get(k))
+
+    # transformers' fp32 reference, loaded from the folder as written
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    ref.eval()
+    enc_plain = saved.encode(PROMPT, add_special_tokens=False).ids
+    enc_special = saved.encode(PROMPT, add_special_tokens=True).ids
+    ids = enc_special
+    logits, kv, greedy, step_logits = forward_and_greedy(ref, ids)
+    # The same prompt through a config-built cache (sliding layers cropped) must agree
+    with torch.no_grad():
+        alt = ref(input_ids=torch.tensor([ids]), cache=DynamicCache(config=ref.config)).logits[0]
+    assert torch.equal(alt.float(), logits), name
+    # sdpa as a cross-check of the attention implementation (not stored)
+    ref_sdpa = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+    with torch.no_grad():
+        sdpa_logits = ref_sdpa(input_ids=torch.tensor([ids])).logits[0]
+    sdpa_diff = float((sdpa_logits - logits).abs().max())
+
+    argmax = logits.argmax(-1)
+    stats = {
+        "logits_std": float(logits.std()),
+        "logits_max_abs": float(logits.abs().max()),
+        "distinct_argmax_over_positions": int(argmax.unique().numel()),
+        "max_abs_diff_eager_vs_sdpa": sdpa_diff,
+    }
+    assert stats["logits_std"] > 0.5 and stats["distinct_argmax_over_positions"] >= 5, (name, stats)
+
+    tensors = {"logits": logits.contiguous(), "greedy_logits": step_logits.contiguous()}
+    for k, v in kv.items():
+        tensors[k] = v.float().contiguous()
+    tensors["prompt_ids"] = torch.tensor(ids, dtype=torch.int64)
+    tensors["greedy_ids"] = torch.tensor(greedy, dtype=torch.int64)
+    save_file(tensors, str(folder / "expected.safetensors"))
+
+    cfgd = ref.config
+    expected = {
+        "family": name,
+        "architecture": cfgd.architectures[0] if cfgd.architectures else None,
+        "model_type": cfgd.model_type,
+        "checkpoint_dtype": str(spec["dtype"]).replace("torch.", ""),
+        "config_format": "transformers-4 hub keys (torch_dtype, rope_theta, rope_scaling)"
+        if spec["legacy_config"]
+        else "transformers-5 save_pretrained keys (dtype, rope_parameters)",
+        "sharded": bool(spec["shard"]),
+        "vocab_size": cfgd.vocab_size,
+        "tokenizer_size": n_tok,
+        "head_dim": getattr(cfgd, "head_dim", cfgd.hidden_size // cfgd.num_attention_heads),
+        "num_attention_heads": cfgd.num_attention_heads,
+        "num_key_value_heads": cfgd.num_key_value_heads,
+        "num_hidden_layers": cfgd.num_hidden_layers,
+        "sliding_window": getattr(cfgd, "sliding_window", None),
+        "sliding_window_rule": "query i attends key j iff i - sliding_window < j <= i "
+        "(transformers 5 masking_utils.sliding_window_overlay: kv_idx > q_idx - sliding_window)",
+        "prompt": PROMPT,
+        "prompt_ids_plain": enc_plain,
+        "prompt_ids_with_special": enc_special,
+        "prompt_ids_used": "prompt_ids_with_special" ,
+        "adds_bos": enc_special != enc_plain,
+        "n_prompt": len(ids),
+        "greedy_ids": greedy,
+        "greedy_text": saved.decode(greedy, skip_special_tokens=False),
+        "stats": stats,
+        "how": {
+            "ids": "tokenizers.Tokenizer.from_file(tokenizer.json).encode(prompt, "
+            "add_special_tokens=False/True).ids",
+            "logits": "AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32, "
+            "attn_implementation='eager'); model(input_ids=[prompt_ids_with_special], "
+            "past_key_values=DynamicCache()).logits[0]; float32 [n_prompt, vocab_size]",
+            "kv": "k.0 / v.0: that DynamicCache's layers[0].keys / .values after the prompt, float32 "
+            "[1, num_key_value_heads, n_prompt, head_dim]; keys after RoPE",
+            "greedy": "argmax of the last prompt logits, then one token per forward pass through "
+            "the same fp32 DynamicCache; greedy_logits[s] are the logits of the pass that took "
+            "greedy_ids[s] as input (so greedy_ids[s+1] = argmax greedy_logits[s])",
+            "weights": f"normal(0, {WEIGHT_STD}) matrices/embeddings, 1 + normal(0, {NORM_STD}) "
+            f"RMSNorm weights, normal(0, {BIAS_STD}) biases; torch.Generator seed {SEED + index}; "
+            f"cast to {spec['dtype']} and written by save_pretrained"
+            + (f"(max_shard_size='{spec['shard']}')" if spec["shard"] else ""),
+        },
+        "tolerance_hint": "fp32 arithmetic in different order: the generator's eager vs sdpa "
+        "difference is stats.max_abs_diff_eager_vs_sdpa",
+        "versions": versions(),
+    }
+    (folder / "expected.json").write_text(json.dumps(expected, indent=1, ensure_ascii=False) + "\n")
+
+    cases = tokenizer_cases(saved, hf_loaded, spec["tokenizer"], lines)
+    chat = None
+    if template is not None:
+        msgs = [
+            {"role": "user", "content": "Who created the heaven?"},
+            {"role": "assistant", "content": "God created the heaven and the earth."},
+            {"role": "user", "content": "And the earth?"},
+        ]
+        rendered = hf_loaded.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        chat = {
+            "messages": msgs,
+            "add_generation_prompt": True,
+            "rendered": rendered,
+            "ids": saved.encode(rendered, add_special_tokens=False).ids,
+            "how": "transformers apply_chat_template(tokenize=False) with the saved template; "
+            "ids: tokenizers encode(rendered, add_special_tokens=False)",
+        }
+    (folder / "tokenizer_cases.json").write_text(
+        json.dumps(
+            {
+                "family": name,
+                "how": "tokenizers.Tokenizer.from_file(tokenizer.json): ids_plain = "
+                "encode(text, add_special_tokens=False).ids, ids_with_special = "
+                "encode(text, add_special_tokens=True).ids; decode_* = decode(ids, "
+                "skip_special_tokens=False/True); transformers_agrees_* compares "
+                "AutoTokenizer.from_pretrained(dir)(text)['input_ids']",
+                "cases": cases,
+                "chat": chat,
+                "versions": versions(),
+            },
+            indent=1,
+            ensure_ascii=False,
+        )
+        + "\n"
+    )
+    if quant:
+        write_quantized(folder, ref, ids, name)
+    print(f"{name}: n={len(ids)} vocab={cfgd.vocab_size} stats={stats} greedy={greedy}")
+
+
+def versions():
+    out = {}
+    for p in PINNED:
+        try:
+            out[p] = importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
+def write_quantized(folder, ref, ids, name):
+    pass  # filled in below
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--kjv", default=os.path.join(os.environ.get("KVQ_MODEL_DIR", "~/.cache/kvq"), "kjv.txt")
+    )
+    ap.add_argument("--out", default="tests/fixtures/hf")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--no-quant", action="store_true")
+    args = ap.parse_args()
+    for p, want in PINNED.items():
+        have = versions()[p]
+        if have is None or not have.startswith(want):
+            print(f"warning: {p} {have} installed, the fixtures were made with {want}", file=sys.stderr)
+    torch.manual_seed(SEED)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    lines = kjv_lines(os.path.expanduser(args.kjv))
+    out = Path(args.out)
+    only = set(args.only.split(",")) if args.only else set(FAMILIES)
+    for i, (name, spec) in enumerate(FAMILIES.items()):
+        if name in only:
+            write_family(name, spec, i, lines, out, not args.no_quant and name in QUANT_FAMILIES)
+
+
+if __name__ == "__main__":
+    main()
