@@ -1,79 +1,71 @@
-// Byte-level BPE for SmolLM2 (see tokenizer.h).
+// The BPE engine (see tokenizer.h) and its GGUF source.
 //
-// Pre-tokenization ("smollm" in llama.cpp; in SmolLM2's tokenizer.json a Sequence of
-// Digits(individual_digits=true) and ByteLevel(add_prefix_space=false, use_regex=true)), in two
-// stages, as the Sequence applies them:
-//   1. every Unicode number character is a piece of its own:   \p{N}
-//   2. the text between them is split by GPT-2's regex:
-//        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-//      (llama.cpp lists the same two regexes for "smollm", without the final |\s+, and emits the
-//      unmatched text itself, which comes to the same pieces).
-// The stages cannot be fused into one alternation: stage 2 sees the end of its span at a digit,
-// so "a  1" gives "a", "  ", "1" (\s+(?!\S) takes both spaces) where one regex would give
-// "a", " ", " ", "1". PCRE2 runs both with UTF + UCP (Unicode \p{L}, \p{N}, \s) and
-// MATCH_INVALID_UTF: bytes of invalid UTF-8 match no pattern item, so every gap between matches
-// (only ever invalid UTF-8) becomes a piece of its own and byte-level BPE encodes it like any
-// other bytes.
+// encode(text) runs `tokenizers`' pipeline (tokenizer.rs: extract_and_normalize, pre_tokenize,
+// do_tokenize, post_process):
+//   1. added tokens whose "normalized" is false (every GGUF special) are found in the raw text,
+//      leftmost then longest (aho-corasick LeftmostLongest), lstrip/rstrip taking the whitespace
+//      beside them and single_word requiring no word character beside them; a special token is
+//      skipped (left as text) without parse_special;
+//   2. each stretch between them is normalized on its own (Prepend, Replace, NFC), and the
+//      "normalized": true added tokens are found in that;
+//   3. each remaining stretch goes through the pre-tokenizer steps in order, each splitting every
+//      piece of the previous one (Split with the file's regex and delimiter behaviour, Digits,
+//      ByteLevel's GPT-2 regex and add_prefix_space, Metaspace's replacement/prepend/split);
+//      "at origin" (Metaspace prepend_scheme "first") is a piece starting at byte 0 of the input;
+//   4. each piece goes through BPE: byte-level models start from one token per byte (GPT-2's
+//      byte-to-unicode form), the others from one token per character, then byte-fallback tokens
+//      <0xNN>, then unk (fused when fuse_unk); ignore_merges takes a piece that is a vocabulary
+//      entry as is; then the adjacent pair of lowest merge rank merges first, equal ranks leftmost
+//      first (a min-heap over (rank, position) with stale entries skipped), as `tokenizers` does;
+//   5. with add_special, the post-processor's tokens go around the ids.
+// Regexes run in PCRE2 with UTF + UCP (Unicode \p{L}, \p{N}, \s) and MATCH_INVALID_UTF: bytes of
+// invalid UTF-8 match no pattern item, so every gap between matches (only ever invalid UTF-8
+// under the GPT-2-style patterns) becomes a piece of its own and byte-level BPE encodes it like
+// any other bytes.
 //
+// SmolLM2's GGUF ("smollm" in llama.cpp; in SmolLM2's tokenizer.json a Sequence of
+// Digits(individual_digits=true) and ByteLevel(add_prefix_space=false, use_regex=true)) is two
+// Split steps: \p{N} alone, then GPT-2's regex
+//     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+// on the text between (llama.cpp lists the same two regexes for "smollm", without the final |\s+,
+// and emits the unmatched text itself, which comes to the same pieces). The steps cannot be fused
+// into one alternation: the second sees the end of its span at a digit, so "a  1" gives "a",
+// "  ", "1" (\s+(?!\S) takes both spaces) where one regex would give "a", " ", " ", "1".
 // SmolLM2's vocabulary has no token for 21 bytes (0x04 0x06 0x13 0x14 0x16 0x1d 0xc0 0xc1 0xf1
 // 0xf2 0xf5-0xff): like `tokenizers` (BPE without an unknown token) and llama.cpp, encode drops
 // them, so decode(encode(s)) is s without those bytes.
-//
-// BPE: each piece starts as single-byte tokens; the adjacent pair of lowest merge rank merges
-// first, equal ranks leftmost first (a min-heap over (rank, position) with stale entries skipped),
-// which is what the `tokenizers` library does.
 #include "model/tokenizer.h"
-
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
 
 #include <algorithm>
 #include <array>
 #include <functional>
 
 #include "core/error.h"
+#include "model/tokenizer_internal.h"
 
 namespace kvq {
-namespace {
+namespace tok {
 
-constexpr const char* kDigitPattern = R"(\p{N})";
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-// llama.cpp's token types (tokenizer.ggml.token_type).
-constexpr int32_t kTypeControl = 3;
-constexpr int32_t kTypeUserDefined = 4;
-
-// Pieces up to this many bytes are remembered within one encode call (words repeat a lot).
-constexpr size_t kCacheMaxPiece = 64;
-
-// SmolLM2's chat template (tokenizer.chat_template), as fragments of its Jinja source.
-constexpr const char* kDefaultSystem =
-    "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-constexpr const char* kTemplateFragments[] = {
-    "loop.first and messages[0]['role'] != 'system'",
-    "'<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-    "Face<|im_end|>\n'",
-    "'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'",
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}",
-};
-
-// GPT-2's byte-to-unicode map: printable Latin-1 bytes stand for themselves, the other 68 bytes
-// (controls, space, DEL, NBSP, soft hyphen) for code points 256, 257, ... in byte order.
-std::array<uint32_t, 256> byte_to_codepoint() {
-  std::array<uint32_t, 256> cp{};
-  uint32_t next = 256;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-    cp[b] = printable ? b : next++;
-  }
-  return cp;
+const std::array<uint32_t, 256>& byte_to_codepoint() {
+  static const auto table = [] {
+    std::array<uint32_t, 256> cp{};
+    uint32_t next = 256;
+    for (uint32_t b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+      cp[b] = printable ? b : next++;
+    }
+    return cp;
+  }();
+  return table;
 }
 
-// Decodes one UTF-8 code point at s[i], advancing i; -1 for malformed input.
 int64_t next_codepoint(std::string_view s, size_t& i) {
   const auto c0 = static_cast<uint8_t>(s[i]);
-  int len = c0 < 0x80 ? 1 : (c0 >> 5) == 6 ? 2 : (c0 >> 4) == 14 ? 3 : (c0 >> 3) == 30 ? 4 : 0;
+  const int len = c0 < 0x80         ? 1
+                  : (c0 >> 5) == 6  ? 2
+                  : (c0 >> 4) == 14 ? 3
+                  : (c0 >> 3) == 30 ? 4
+                                    : 0;
   if (len == 0 || i + len > s.size()) return -1;
   uint32_t cp = len == 1 ? c0 : c0 & (0x7F >> len);
   for (int k = 1; k < len; ++k) {
@@ -85,12 +77,29 @@ int64_t next_codepoint(std::string_view s, size_t& i) {
   return cp;
 }
 
-// Raw bytes of a vocabulary string in byte-to-unicode form; false if it is not one.
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
 bool unmap_bytes(std::string_view text, std::string& out) {
   static const auto inverse = [] {
     std::array<int16_t, 512> inv;
     inv.fill(-1);
-    const auto fwd = byte_to_codepoint();
+    const auto& fwd = byte_to_codepoint();
     for (int b = 0; b < 256; ++b) inv[fwd[b]] = static_cast<int16_t>(b);
     return inv;
   }();
@@ -103,14 +112,69 @@ bool unmap_bytes(std::string_view text, std::string& out) {
   return true;
 }
 
+std::string map_bytes(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() * 2);
+  for (char c : s) append_utf8(out, byte_to_codepoint()[static_cast<uint8_t>(c)]);
+  return out;
+}
+
+bool is_white_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000;
+}
+
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buf[256];
   if (pcre2_get_error_message(code, buf, sizeof buf) < 0) return "error " + std::to_string(code);
   return reinterpret_cast<const char*>(buf);
 }
 
+Regex::Regex(const std::string& pattern, const std::string& where) : pattern_(pattern) {
+  int err = 0;
+  PCRE2_SIZE at = 0;
+  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                        PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, nullptr);
+  if (code_ == nullptr)
+    fail("tokenizer: {}: PCRE2 rejects the regex /{}/ at offset {}: {}", where, pattern, at,
+         pcre2_message(err));
+  // JIT is an optimization only: without it (unsupported platform) pcre2_match interprets.
+  pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);
+}
+
+}  // namespace tok
+
+namespace {
+
+// llama.cpp's token types (tokenizer.ggml.token_type).
+constexpr int32_t kTypeControl = 3;
+constexpr int32_t kTypeUserDefined = 4;
+
+// Pieces up to this many bytes are remembered within one encode call (words repeat a lot).
+constexpr size_t kCacheMaxPiece = 64;
+
 uint64_t pair_key(int32_t left, int32_t right) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+// The code point that ends s (-1 if none or invalid) and the one that starts it.
+int64_t last_codepoint(std::string_view s) {
+  size_t i = s.size();
+  while (i > 0 && (static_cast<uint8_t>(s[i - 1]) & 0xC0) == 0x80 && s.size() - i < 3) --i;
+  if (i == 0) return -1;
+  size_t at = i - 1;
+  const int64_t cp = tok::next_codepoint(s, at);
+  return at == s.size() ? cp : -1;
+}
+int64_t first_codepoint(std::string_view s) {
+  size_t i = 0;
+  return s.empty() ? -1 : tok::next_codepoint(s, i);
 }
 
 }  // namespace
@@ -118,45 +182,25 @@ uint64_t pair_key(int32_t left, int32_t right) {
 size_t invalid_utf8_at(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     const size_t at = i;
-    if (next_codepoint(s, i) < 0) return at;
+    if (tok::next_codepoint(s, i) < 0) return at;
   }
   return std::string_view::npos;
 }
 
-struct Tokenizer::Regexes {
-  pcre2_code* digit = nullptr;
-  pcre2_code* gpt2 = nullptr;
-
-  Regexes() {
-    digit = compile(kDigitPattern);
-    gpt2 = compile(kGpt2Pattern);
-  }
-  ~Regexes() {
-    pcre2_code_free(digit);
-    pcre2_code_free(gpt2);
-  }
-  Regexes(const Regexes&) = delete;
-  Regexes& operator=(const Regexes&) = delete;
-
-  static pcre2_code* compile(const char* pattern) {
-    int err = 0;
-    PCRE2_SIZE at = 0;
-    pcre2_code* re =
-        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
-                      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &at, nullptr);
-    if (re == nullptr)
-      fail("tokenizer: PCRE2 rejects /{}/ at {}: {}", pattern, at, pcre2_message(err));
-    // JIT is an optimization only: without it (unsupported platform) pcre2_match interprets.
-    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
-    return re;
-  }
-};
-
 struct Tokenizer::EncodeState {
   std::vector<int32_t>& out;
   pcre2_match_data* md;
-  std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> cache;  // -> span of pool
+  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>, StringHash, std::equal_to<>>
+      cache;  // piece -> span of pool
   std::vector<int32_t> pool;
+  // Per pre-tokenizer step: the transformed piece and the split ranges.
+  struct Range {
+    size_t start, end;
+    bool match;
+  };
+  std::vector<std::string> bufs;
+  std::vector<std::vector<Range>> ranges;
+  std::string norm_buf, scratch;
   // BPE scratch.
   struct Sym {
     int32_t id, prev, next;
@@ -168,7 +212,8 @@ struct Tokenizer::EncodeState {
   std::vector<Sym> syms;
   std::vector<Cand> heap;
 
-  explicit EncodeState(std::vector<int32_t>& o) : out(o), md(pcre2_match_data_create(1, nullptr)) {
+  EncodeState(std::vector<int32_t>& o, size_t steps)
+      : out(o), md(pcre2_match_data_create(1, nullptr)), bufs(steps), ranges(steps) {
     if (md == nullptr) fail("tokenizer: out of memory for PCRE2 match data");
   }
   ~EncodeState() { pcre2_match_data_free(md); }
@@ -180,11 +225,38 @@ struct Tokenizer::EncodeState {
     const int rc =
         pcre2_match(re, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), from, 0, md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) return {std::string_view::npos, std::string_view::npos};
-    if (rc < 0) fail("tokenizer: PCRE2 match failed at byte {}: {}", from, pcre2_message(rc));
+    if (rc < 0) fail("tokenizer: PCRE2 match failed at byte {}: {}", from, tok::pcre2_message(rc));
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     return {ov[0], ov[1]};
   }
 };
+
+void Tokenizer::finish(std::shared_ptr<Pipeline> pipe) {
+  const auto n = text_.size();
+  auto by_length = [&](std::vector<Added>& list) {
+    std::stable_sort(list.begin(), list.end(), [&](const Added& a, const Added& b) {
+      return text_[static_cast<size_t>(a.id)].size() > text_[static_cast<size_t>(b.id)].size();
+    });
+  };
+  by_length(added_raw_);
+  by_length(added_norm_);
+  for (size_t i = 0; i < added_raw_.size(); ++i)
+    pipe->raw_by_byte[static_cast<uint8_t>(text_[static_cast<size_t>(added_raw_[i].id)][0])]
+        .push_back(static_cast<uint32_t>(i));
+  for (size_t i = 0; i < added_norm_.size(); ++i)
+    pipe->norm_by_byte[static_cast<uint8_t>(text_[static_cast<size_t>(added_norm_[i].id)][0])]
+        .push_back(static_cast<uint32_t>(i));
+  // encode_first's cut after "\n" before [A-Za-z0-9] is exact when no token spans one.
+  newline_cut_safe_ = true;
+  for (size_t i = 0; i < n && newline_cut_safe_; ++i) {
+    if (special_[i]) continue;
+    const std::string& b = bytes_[i];
+    for (size_t k = b.find('\n'); k != std::string::npos && k + 1 < b.size();
+         k = b.find('\n', k + 1))
+      if (std::isalnum(static_cast<unsigned char>(b[k + 1]))) newline_cut_safe_ = false;
+  }
+  pipe_ = std::move(pipe);
+}
 
 Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& f) {
   Tokenizer t;
@@ -207,6 +279,7 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& f) {
   t.bytes_.resize(n);
   t.special_.assign(n, 0);
   std::fill(std::begin(t.byte_token_), std::end(t.byte_token_), -1);
+  std::fill(std::begin(t.fallback_), std::end(t.fallback_), -1);
   std::unordered_map<std::string_view, int32_t> by_text;
   for (size_t i = 0; i < n; ++i) {
     const auto id = static_cast<int32_t>(i);
@@ -214,8 +287,8 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& f) {
     if (types[i] == kTypeControl || types[i] == kTypeUserDefined) {
       t.special_[i] = 1;
       t.bytes_[i] = t.text_[i];  // special tokens are stored as plain text
-      if (!t.bytes_[i].empty()) t.specials_by_length_.push_back(id);
-    } else if (!unmap_bytes(t.text_[i], t.bytes_[i])) {
+      if (!t.bytes_[i].empty()) t.added_raw_.push_back({id, true, false, false, false});
+    } else if (!tok::unmap_bytes(t.text_[i], t.bytes_[i])) {
       fail("tokenizer: {} token {} ('{}') is not in GPT-2 byte-to-unicode form", f.name(), i,
            t.text_[i]);
     } else if (t.bytes_[i].size() == 1) {
@@ -223,8 +296,6 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& f) {
       if (slot < 0) slot = id;
     }
   }
-  std::stable_sort(t.specials_by_length_.begin(), t.specials_by_length_.end(),
-                   [&](int32_t a, int32_t b) { return t.bytes_[a].size() > t.bytes_[b].size(); });
 
   const auto merges = f.get_string_array("tokenizer.ggml.merges");
   t.merges_.reserve(merges.size());
@@ -253,19 +324,20 @@ Tokenizer Tokenizer::from_gguf(const gguf::GgufFile& f) {
   t.eos_ = id_of("tokenizer.ggml.eos_token_id");
   t.pad_ = id_of("tokenizer.ggml.padding_token_id");
   t.unk_ = id_of("tokenizer.ggml.unknown_token_id");
+  auto flag = [&](const char* key) { return f.has(key) && f.get_bool(key); };
+  if (flag("tokenizer.ggml.add_bos_token") && t.bos_ >= 0) t.prefix_.push_back(t.bos_);
+  if (flag("tokenizer.ggml.add_eos_token") && t.eos_ >= 0) t.suffix_.push_back(t.eos_);
 
-  if (!f.has("tokenizer.chat_template")) {
+  if (f.has("tokenizer.chat_template"))
+    t.set_chat_template(f.get_string("tokenizer.chat_template"), f.name());
+  else
     t.chat_error_ = fmt::format("tokenizer: {} has no tokenizer.chat_template", f.name());
-  } else {
-    const std::string tmpl = f.get_string("tokenizer.chat_template");
-    t.chatml_ = std::all_of(std::begin(kTemplateFragments), std::end(kTemplateFragments),
-                            [&](const char* frag) { return tmpl.find(frag) != std::string::npos; });
-    if (!t.chatml_)
-      t.chat_error_ = fmt::format(
-          "tokenizer: the chat template of {} is not SmolLM2's ChatML template", f.name());
-  }
 
-  t.re_ = std::make_shared<const Regexes>();
+  auto pipe = std::make_shared<Pipeline>();
+  pipe->pre.resize(2);
+  pipe->pre[0].re = tok::Regex(tok::kDigitPattern, "Digits");
+  pipe->pre[1].re = tok::Regex(tok::kGpt2Pattern, "ByteLevel");
+  t.finish(std::move(pipe));
   return t;
 }
 
@@ -288,14 +360,21 @@ bool Tokenizer::is_special(int32_t id) const {
 }
 
 std::vector<int32_t> Tokenizer::encode_first(std::string_view text, int64_t n) const {
-  if (n <= 0) return encode(text);
+  if (n <= 0 || !newline_cut_safe_) {
+    auto ids = encode(text);
+    if (n > 0 && static_cast<int64_t>(ids.size()) > n) ids.resize(static_cast<size_t>(n));
+    return ids;
+  }
   for (size_t bytes = static_cast<size_t>(n) * 6 + 1024;; bytes *= 2) {
     if (bytes >= text.size()) {
       auto ids = encode(text);
       if (static_cast<int64_t>(ids.size()) > n) ids.resize(static_cast<size_t>(n));
       return ids;
     }
-    const size_t cut = text.rfind('\n', bytes);
+    size_t cut = text.rfind('\n', bytes);
+    while (cut != std::string_view::npos && cut > 0 &&
+           !std::isalnum(static_cast<unsigned char>(text[cut + 1])))
+      cut = text.rfind('\n', cut - 1);
     if (cut == std::string_view::npos || cut == 0) continue;
     auto ids = encode(text.substr(0, cut + 1));
     if (static_cast<int64_t>(ids.size()) >= n) {
@@ -305,65 +384,253 @@ std::vector<int32_t> Tokenizer::encode_first(std::string_view text, int64_t n) c
   }
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special) const {
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special,
+                                       bool add_special) const {
   std::vector<int32_t> out;
-  out.reserve(text.size() / 3 + 1);
-  EncodeState st(out);
-  if (!parse_special) {
-    encode_text(text, st);
-    return out;
-  }
-  // Leftmost special token, longest at that position; the text between goes through BPE.
-  size_t done = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    int32_t hit = -1;
-    for (int32_t id : specials_by_length_) {
-      if (text.substr(pos).starts_with(bytes_[static_cast<size_t>(id)])) {
-        hit = id;
-        break;
-      }
-    }
-    if (hit < 0) {
-      ++pos;
-      continue;
-    }
-    encode_text(text.substr(done, pos - done), st);
-    out.push_back(hit);
-    pos += bytes_[static_cast<size_t>(hit)].size();
-    done = pos;
-  }
-  encode_text(text.substr(done), st);
+  out.reserve(text.size() / 3 + 1 + prefix_.size() + suffix_.size());
+  if (add_special) out = prefix_;
+  EncodeState st(out, pipe_->pre.size());
+  encode_with_added(text, parse_special, st);
+  if (add_special) out.insert(out.end(), suffix_.begin(), suffix_.end());
   return out;
 }
 
-void Tokenizer::encode_text(std::string_view text, EncodeState& st) const {
-  // Stage 1: each \p{N} character alone; stage 2 on the spans between.
-  size_t pos = 0;
-  while (pos < text.size()) {
-    auto [ds, de] = st.find(re_->digit, text, pos);
-    if (ds == std::string_view::npos) ds = de = text.size();
-    if (ds > pos) encode_segment(text.substr(pos, ds - pos), st);
-    if (de > ds) encode_piece(text.substr(ds, de - ds), st);
-    pos = de;
+namespace {
+
+// `tokenizers`' AddedVocabulary::find_matches over one list: calls emit(start, stop, index) for
+// each accepted match, leftmost then longest, with lstrip/rstrip/single_word applied, and
+// text(start, stop) for each stretch between them.
+template <typename Added, typename Bucket, typename Text, typename Emit, typename Skip>
+void find_added(std::string_view s, const std::vector<Added>& list, const Bucket& by_byte,
+                const std::vector<std::string>& token_text, Skip&& skip, const tok::Regex& word,
+                pcre2_match_data* md, Text&& text, Emit&& emit) {
+  auto is_word = [&](int64_t cp) {
+    if (cp < 0 || word.code() == nullptr) return false;
+    std::string one;
+    tok::append_utf8(one, static_cast<uint32_t>(cp));
+    return pcre2_match(word.code(), reinterpret_cast<PCRE2_SPTR>(one.data()), one.size(), 0,
+                       PCRE2_ANCHORED, md, nullptr) >= 0;
+  };
+  size_t done = 0;
+  for (size_t pos = 0; pos < s.size();) {
+    const auto& bucket = by_byte[static_cast<uint8_t>(s[pos])];
+    const Added* hit = nullptr;
+    uint32_t hit_index = 0;
+    for (uint32_t k : bucket) {
+      if (s.substr(pos).starts_with(token_text[static_cast<size_t>(list[k].id)])) {
+        hit = &list[k];
+        hit_index = k;
+        break;
+      }
+    }
+    if (hit == nullptr) {
+      ++pos;
+      continue;
+    }
+    size_t start = pos, stop = pos + token_text[static_cast<size_t>(hit->id)].size();
+    pos = stop;  // matches never overlap, even skipped ones
+    if (skip(*hit)) continue;
+    if (hit->single_word &&
+        (is_word(last_codepoint(s.substr(0, start))) || is_word(first_codepoint(s.substr(stop)))))
+      continue;
+    if (hit->lstrip) {  // the whitespace before it, not reaching into the previous match
+      size_t ns = start;
+      for (int64_t cp; ns > 0 && (cp = last_codepoint(s.substr(0, ns))) >= 0 &&
+                       tok::is_white_space(static_cast<uint32_t>(cp));)
+        ns -= cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+      start = std::max(ns, done);
+    }
+    if (hit->rstrip) {
+      while (stop < s.size()) {
+        size_t i = stop;
+        const int64_t cp = tok::next_codepoint(s, i);
+        if (cp < 0 || !tok::is_white_space(static_cast<uint32_t>(cp))) break;
+        stop = i;
+      }
+      pos = stop;
+    }
+    if (start > done) text(done, start);
+    emit(hit_index, start, stop);
+    done = stop;
   }
+  if (done < s.size()) text(done, s.size());
 }
 
-void Tokenizer::encode_segment(std::string_view seg, EncodeState& st) const {
-  size_t pos = 0;
-  while (pos < seg.size()) {
-    auto [s, e] = st.find(re_->gpt2, seg, pos);
-    if (s == std::string_view::npos) s = e = seg.size();
-    if (s > pos) encode_piece(seg.substr(pos, s - pos), st);  // invalid UTF-8
-    if (e > s) encode_piece(seg.substr(s, e - s), st);
-    pos = e;
+}  // namespace
+
+void Tokenizer::encode_with_added(std::string_view text, bool parse_special,
+                                  EncodeState& st) const {
+  if (added_raw_.empty()) {
+    encode_normalized(text, true, parse_special, st);
+    return;
+  }
+  find_added(
+      text, added_raw_, pipe_->raw_by_byte, text_,
+      [&](const Added& a) { return a.special && !parse_special; }, pipe_->word_char, st.md,
+      [&](size_t a, size_t b) {
+        encode_normalized(text.substr(a, b - a), a == 0, parse_special, st);
+      },
+      [&](uint32_t k, size_t, size_t) { st.out.push_back(added_raw_[k].id); });
+}
+
+void Tokenizer::encode_normalized(std::string_view seg, bool at_origin, bool parse_special,
+                                  EncodeState& st) const {
+  if (seg.empty()) return;
+  std::string_view s = seg;
+  if (!pipe_->norm.empty()) {
+    std::string& buf = st.norm_buf;
+    buf.assign(seg);
+    for (const auto& step : pipe_->norm) {
+      switch (step.kind) {
+        case Pipeline::Norm::kPrepend:
+          if (!buf.empty()) buf.insert(0, step.a);
+          break;
+        case Pipeline::Norm::kReplace: {
+          std::string r;
+          for (size_t i = 0;;) {
+            const size_t k = step.a.empty() ? std::string::npos : buf.find(step.a, i);
+            if (k == std::string::npos) {
+              r.append(buf, i, std::string::npos);
+              break;
+            }
+            r.append(buf, i, k - i).append(step.b);
+            i = k + step.a.size();
+          }
+          buf = std::move(r);
+          break;
+        }
+        case Pipeline::Norm::kNfc:
+          buf = tok::nfc(buf);
+          break;
+      }
+    }
+    s = buf;
+  }
+  if (added_norm_.empty()) {
+    pre_tokenize(0, s, at_origin, st);
+    return;
+  }
+  // norm_buf is not touched again below (pre_tokenize uses its own buffers).
+  find_added(
+      s, added_norm_, pipe_->norm_by_byte, text_,
+      [&](const Added& a) { return a.special && !parse_special; }, pipe_->word_char, st.md,
+      [&](size_t a, size_t b) { pre_tokenize(0, s.substr(a, b - a), at_origin && a == 0, st); },
+      [&](uint32_t k, size_t, size_t) { st.out.push_back(added_norm_[k].id); });
+}
+
+void Tokenizer::pre_tokenize(size_t step, std::string_view piece, bool at_origin,
+                             EncodeState& st) const {
+  if (piece.empty()) return;
+  if (step == pipe_->pre.size()) {
+    encode_piece(piece, st);
+    return;
+  }
+  using P = Pipeline;
+  const P::PreStep& ps = pipe_->pre[step];
+  std::string_view s = piece;
+  if (ps.kind == P::Pre::kPrefixSpace) {
+    if (piece.front() == ' ') {
+      pre_tokenize(step + 1, piece, at_origin, st);
+    } else {
+      std::string& buf = st.bufs[step];
+      buf.assign(" ").append(piece);
+      pre_tokenize(step + 1, buf, at_origin, st);
+    }
+    return;
+  }
+  if (ps.kind == P::Pre::kMetaspace) {
+    std::string& buf = st.bufs[step];
+    buf.clear();
+    for (char c : piece) {
+      if (c == ' ')
+        buf += ps.replacement;
+      else
+        buf.push_back(c);
+    }
+    const bool prepend =
+        ps.prepend == P::Prepend::kAlways || (ps.prepend == P::Prepend::kFirst && at_origin);
+    if (prepend && !buf.starts_with(ps.replacement)) buf.insert(0, ps.replacement);
+    if (!ps.split) {
+      pre_tokenize(step + 1, buf, at_origin, st);
+      return;
+    }
+    s = buf;
+  }
+  // Split s by ps.re: matches and the gaps between them, then the delimiter behaviour.
+  auto& ranges = st.ranges[step];
+  ranges.clear();
+  for (size_t pos = 0; pos < s.size();) {
+    auto [ms, me] = st.find(ps.re.code(), s, pos);
+    if (ms == std::string_view::npos) break;
+    if (me == ms) {  // an empty match splits nothing: look again one character on
+      size_t i = ms;
+      if (i >= s.size()) break;
+      if (tok::next_codepoint(s, i) < 0) i = ms + 1;
+      if (ms > pos) ranges.push_back({pos, ms, false});
+      ranges.push_back({ms, i, false});
+      pos = i;
+      continue;
+    }
+    if (ms > pos) ranges.push_back({pos, ms, false});
+    ranges.push_back({ms, me, true});
+    pos = me;
+  }
+  if (ranges.empty() || ranges.back().end < s.size())
+    ranges.push_back({ranges.empty() ? 0 : ranges.back().end, s.size(), false});
+  if (ps.invert)
+    for (auto& r : ranges) r.match = !r.match;
+  using B = P::Behavior;
+  switch (ps.behavior) {
+    case B::kIsolated:
+      break;
+    case B::kRemoved:
+      std::erase_if(ranges, [](const auto& r) { return r.match; });
+      break;
+    case B::kContiguous:
+    case B::kMergedWithPrevious: {
+      std::vector<EncodeState::Range> merged;
+      bool previous = false;
+      for (const auto& r : ranges) {
+        const bool join =
+            ps.behavior == B::kContiguous ? r.match == previous : r.match && !previous;
+        if (join && !merged.empty())
+          merged.back().end = r.end;
+        else
+          merged.push_back(r);
+        previous = r.match;
+      }
+      ranges = std::move(merged);
+      break;
+    }
+    case B::kMergedWithNext: {
+      std::vector<EncodeState::Range> merged;
+      bool previous = false;
+      for (auto it = ranges.rbegin(); it != ranges.rend(); ++it) {
+        if (it->match && !previous && !merged.empty())
+          merged.back().start = it->start;
+        else
+          merged.push_back(*it);
+        previous = it->match;
+      }
+      std::reverse(merged.begin(), merged.end());
+      ranges = std::move(merged);
+      break;
+    }
+  }
+  // Copy: the recursion below may reuse this step's vector (it does not: deeper steps have
+  // their own), but `ranges` is a reference into st.
+  for (size_t k = 0; k < st.ranges[step].size(); ++k) {
+    const auto r = st.ranges[step][k];
+    pre_tokenize(step + 1, s.substr(r.start, r.end - r.start), at_origin && r.start == 0, st);
   }
 }
 
 void Tokenizer::encode_piece(std::string_view piece, EncodeState& st) const {
-  if (piece.size() == 1) {
-    if (const int32_t id = byte_token_[static_cast<uint8_t>(piece[0])]; id >= 0)
+  if (piece.size() == 1 && byte_level_ && !ignore_merges_) {
+    if (const int32_t id = byte_token_[static_cast<uint8_t>(piece[0])]; id >= 0) {
       st.out.push_back(id);
-    return;
+      return;
+    }
   }
   if (piece.size() > kCacheMaxPiece) {
     bpe(piece, st);
@@ -378,7 +645,8 @@ void Tokenizer::encode_piece(std::string_view piece, EncodeState& st) const {
   bpe(piece, st);
   const auto off = static_cast<uint32_t>(st.pool.size());
   st.pool.insert(st.pool.end(), st.out.begin() + static_cast<ptrdiff_t>(before), st.out.end());
-  st.cache.emplace(piece, std::pair{off, static_cast<uint32_t>(st.out.size() - before)});
+  st.cache.emplace(std::string(piece),
+                   std::pair{off, static_cast<uint32_t>(st.out.size() - before)});
 }
 
 const Tokenizer::Merge* Tokenizer::find_merge(int32_t left, int32_t right) const {
@@ -388,16 +656,55 @@ const Tokenizer::Merge* Tokenizer::find_merge(int32_t left, int32_t right) const
 
 void Tokenizer::bpe(std::string_view piece, EncodeState& st) const {
   using Cand = EncodeState::Cand;
+  if (ignore_merges_) {
+    const std::string& key =
+        byte_level_ ? (st.scratch = tok::map_bytes(piece)) : st.scratch.assign(piece);
+    if (const auto it = vocab_.find(key); it != vocab_.end()) {
+      st.out.push_back(it->second);
+      return;
+    }
+  }
   auto& syms = st.syms;
   auto& heap = st.heap;
   syms.clear();
   heap.clear();
-  for (char ch : piece) {
-    // Bytes without a token are left out and their neighbours may merge, as in `tokenizers`.
-    const int32_t id = byte_token_[static_cast<uint8_t>(ch)];
+  auto add = [&](int32_t id) {
     const auto i = static_cast<int32_t>(syms.size());
-    if (id >= 0) syms.push_back({id, i - 1, i + 1});
+    syms.push_back({id, i - 1, i + 1});
+  };
+  // `tokenizers`' BPE::merge_word: a unit (a byte for byte-level models, else a character) with
+  // no token falls back to its <0xNN> tokens, else to unk (fused when fuse_unk), else is dropped.
+  // A pending unk is only flushed by a unit with a token (as `tokenizers` does).
+  int32_t unk_pending = -1;
+  auto unit = [&](int32_t id, std::string_view bytes) {
+    if (id >= 0) {
+      if (unk_pending >= 0) add(std::exchange(unk_pending, -1));
+      add(id);
+      return;
+    }
+    bool all = true;
+    for (char b : bytes) all = all && fallback_[static_cast<uint8_t>(b)] >= 0;
+    if (all && fallback_[static_cast<uint8_t>(bytes[0])] >= 0) {
+      for (char b : bytes) add(fallback_[static_cast<uint8_t>(b)]);
+      return;
+    }
+    if (model_unk_ < 0) return;
+    if (unk_pending >= 0 && !fuse_unk_) add(unk_pending);
+    unk_pending = model_unk_;
+  };
+  if (byte_level_) {
+    for (char ch : piece) unit(byte_token_[static_cast<uint8_t>(ch)], std::string_view(&ch, 1));
+  } else {
+    for (size_t i = 0; i < piece.size();) {
+      const size_t at = i;
+      if (tok::next_codepoint(piece, i) < 0) i = at + 1;  // an invalid byte is a unit of its own
+      const std::string_view u = piece.substr(at, i - at);
+      st.scratch.assign(u);
+      const auto it = vocab_.find(st.scratch);
+      unit(it == vocab_.end() ? -1 : it->second, u);
+    }
   }
+  if (unk_pending >= 0) add(unk_pending);
   const auto n = static_cast<int32_t>(syms.size());
   if (n == 0) return;
   syms.back().next = -1;
@@ -428,21 +735,198 @@ void Tokenizer::bpe(std::string_view piece, EncodeState& st) const {
   for (int32_t i = 0; i >= 0; i = syms[i].next) st.out.push_back(syms[i].id);
 }
 
-std::string Tokenizer::decode(std::span<const int32_t> ids) const {
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
   std::string s;
-  for (int32_t id : ids) s += token_bytes(id);
+  bool first = true;
+  for (int32_t id : ids) {
+    std::string_view b = token_bytes(id);
+    if (skip_special && special_[static_cast<size_t>(id)]) continue;
+    if (first && strip_first_token_space_ && b.starts_with(' ')) b.remove_prefix(1);
+    first = false;
+    s += b;
+  }
+  if (strip_start_ > 0 || strip_stop_ > 0) {
+    size_t a = 0, z = s.size();
+    while (a < z && static_cast<int>(a) < strip_start_ && s[a] == ' ') ++a;
+    for (int k = 0; k < strip_stop_ && z > a && s[z - 1] == ' '; ++k) --z;
+    s = s.substr(a, z - a);
+  }
   return s;
+}
+
+// ---- Chat templates -------------------------------------------------------------------------
+
+namespace {
+
+// SmolLM2's chat template (tokenizer.chat_template), as fragments of its Jinja source.
+constexpr const char* kSmolFragments[] = {
+    "loop.first and messages[0]['role'] != 'system'",
+    "'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'",
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}",
+};
+
+bool has(const std::string& s, std::string_view frag) { return s.find(frag) != std::string::npos; }
+
+// Python's str.strip() for the whitespace Jinja's |trim removes.
+std::string trim(std::string_view s) {
+  const char* ws = " \t\n\r\f\v";
+  const size_t a = s.find_first_not_of(ws);
+  if (a == std::string_view::npos) return "";
+  return std::string(s.substr(a, s.find_last_not_of(ws) - a + 1));
+}
+
+}  // namespace
+
+void Tokenizer::set_chat_template(const std::string& tmpl, const std::string& name) {
+  chat_ = ChatFormat::kNone;
+  if (has(tmpl, "<|im_start|>") && has(tmpl, "<|im_end|>")) {
+    chat_ = ChatFormat::kChatMl;
+    // A default system message: '<|im_start|>system\n' followed by literal text up to
+    // '<|im_end|>' within one string literal (the Jinja source spells the newline as \n).
+    for (std::string_view open : {"<|im_start|>system\\n", "<|im_start|>system\n"}) {
+      for (size_t at = tmpl.find(open); at != std::string::npos; at = tmpl.find(open, at + 1)) {
+        const size_t from = at + open.size(), end = tmpl.find("<|im_end|>", from);
+        if (end == std::string::npos) continue;
+        const std::string_view body = std::string_view(tmpl).substr(from, end - from);
+        if (body.empty() || body.find_first_of("'\"{}") != std::string_view::npos) continue;
+        std::string msg;
+        for (size_t i = 0; i < body.size(); ++i) {
+          if (body[i] == '\\' && i + 1 < body.size() && body[i + 1] == 'n') {
+            msg.push_back('\n');
+            ++i;
+          } else {
+            msg.push_back(body[i]);
+          }
+        }
+        chat_system_ = msg;
+        break;
+      }
+      if (!chat_system_.empty()) break;
+    }
+    // SmolLM2's template states its rule; Qwen's check messages[0]['role'] == 'system'.
+    if (!chat_system_.empty() && !has(tmpl, "messages[0]['role'] != 'system'") &&
+        !has(tmpl, "messages[0]['role'] == 'system'") &&
+        !has(tmpl, "messages[0].role == 'system'") &&
+        !has(tmpl, "messages[0]['role'] == \"system\""))
+      chat_ = ChatFormat::kNone;
+    chat_think_ = has(tmpl, "reasoning_content") && has(tmpl, "<think>");
+    if (chat_system_ == "You are a helpful AI assistant named SmolLM, trained by Hugging Face" &&
+        !std::all_of(std::begin(kSmolFragments), std::end(kSmolFragments),
+                     [&](const char* f) { return has(tmpl, f); }))
+      chat_ = ChatFormat::kNone;
+  } else if (has(tmpl, "<|start_header_id|>") && has(tmpl, "<|end_header_id|>") &&
+             has(tmpl, "<|eot_id|>")) {
+    chat_ = ChatFormat::kLlama3;
+    chat_variant_ = has(tmpl, "Cutting Knowledge Date");
+    if (chat_variant_ && has(tmpl, "strftime_now")) {
+      chat_ = ChatFormat::kNone;
+      chat_error_ = fmt::format(
+          "tokenizer: the chat template of {} dates its system prelude with today's date "
+          "(strftime_now); kvq renders Llama-3.0 and 3.1 templates only",
+          name);
+      return;
+    }
+  } else if (has(tmpl, "[INST]") && has(tmpl, "[/INST]")) {
+    chat_ = has(tmpl, "<<SYS>>") ? ChatFormat::kLlama2 : ChatFormat::kMistral;
+    // Mistral v0.1/v0.2 write ' [/INST]'; v0.3 writes '[/INST]', ' ' + answer|trim, and puts
+    // the system message before the last user message.
+    chat_variant_ = chat_ == ChatFormat::kMistral && !has(tmpl, " [/INST]");
+  }
+  if (chat_ == ChatFormat::kNone)
+    chat_error_ = fmt::format(
+        "tokenizer: the chat template of {} is none kvq renders (ChatML, Llama-3 headers, "
+        "[INST])",
+        name);
 }
 
 std::string Tokenizer::chat(const std::vector<std::pair<std::string, std::string>>& messages,
                             bool add_generation_prompt) const {
-  if (!chatml_) fail("{}", chat_error_);
+  auto text_of = [&](int32_t id) {
+    return id >= 0 ? text_[static_cast<size_t>(id)] : std::string();
+  };
   std::string s;
-  if (!messages.empty() && messages.front().first != "system")
-    s += std::string("<|im_start|>system\n") + kDefaultSystem + "<|im_end|>\n";
-  for (const auto& [role, content] : messages)
-    s += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
-  if (add_generation_prompt) s += "<|im_start|>assistant\n";
+  switch (chat_) {
+    case ChatFormat::kNone:
+      fail("{}", chat_error_);
+    case ChatFormat::kChatMl: {
+      if (!messages.empty() && messages.front().first != "system" && !chat_system_.empty())
+        s += "<|im_start|>system\n" + chat_system_ + "<|im_end|>\n";
+      size_t last_user = std::string::npos;
+      for (size_t i = 0; i < messages.size(); ++i)
+        if (messages[i].first == "user") last_user = i;
+      for (size_t i = 0; i < messages.size(); ++i) {
+        const auto& [role, content] = messages[i];
+        // Qwen3: the last assistant message after the last user turn gets an empty think block.
+        if (chat_think_ && role == "assistant" && i + 1 == messages.size() &&
+            (last_user == std::string::npos || i > last_user) &&
+            content.find("</think>") == std::string::npos) {
+          const size_t a = content.find_first_not_of('\n');
+          s += "<|im_start|>assistant\n<think>\n\n</think>\n\n" +
+               (a == std::string::npos ? std::string() : content.substr(a)) + "<|im_end|>\n";
+          continue;
+        }
+        if (chat_think_ && role == "assistant" && content.find("</think>") != std::string::npos)
+          fail("tokenizer: chat: an assistant message with a </think> block is not rendered");
+        s += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+      }
+      if (add_generation_prompt) s += "<|im_start|>assistant\n";
+      return s;
+    }
+    case ChatFormat::kLlama3: {
+      s = text_of(bos_);
+      size_t first = 0;
+      if (chat_variant_) {
+        std::string system;
+        if (!messages.empty() && messages[0].first == "system") {
+          system = trim(messages[0].second);
+          first = 1;
+        }
+        s += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December "
+             "2023\nToday Date: 26 Jul 2024\n\n" +
+             system + "<|eot_id|>";
+      }
+      for (size_t i = first; i < messages.size(); ++i)
+        s += "<|start_header_id|>" + messages[i].first + "<|end_header_id|>\n\n" +
+             trim(messages[i].second) + "<|eot_id|>";
+      if (add_generation_prompt) s += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+      return s;
+    }
+    case ChatFormat::kLlama2:
+    case ChatFormat::kMistral: {
+      size_t first = 0;
+      std::string system;
+      const bool llama2 = chat_ == ChatFormat::kLlama2, v3 = chat_variant_;
+      if (!messages.empty() && messages[0].first == "system") {
+        if (!llama2 && !v3) fail("tokenizer: chat: this [INST] template has no system role");
+        system = messages[0].second;
+        first = 1;
+      }
+      if (!llama2) s = text_of(bos_);
+      for (size_t i = first; i < messages.size(); ++i) {
+        const auto& [role, content] = messages[i];
+        if ((role == "user") != ((i - first) % 2 == 0))
+          fail("tokenizer: chat: conversation roles must alternate user/assistant/user/...");
+        if (role == "user" && llama2) {
+          std::string c = content;
+          if (i == first && first == 1) c = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
+          s += text_of(bos_) + "[INST] " + trim(c) + " [/INST]";
+        } else if (role == "user" && v3) {
+          const bool sys = first == 1 && i + 1 == messages.size();
+          s += "[INST] " + (sys ? system + "\n\n" : std::string()) + content + "[/INST]";
+        } else if (role == "user") {
+          s += "[INST] " + content + " [/INST]";
+        } else if (role == "assistant") {
+          s += llama2 ? " " + trim(content) + " " + text_of(eos_)
+               : v3   ? " " + trim(content) + text_of(eos_)
+                      : content + text_of(eos_);
+        } else {
+          fail("tokenizer: chat: the [INST] template has no role '{}'", role);
+        }
+      }
+      (void)add_generation_prompt;  // [INST] templates end the user turn with [/INST] already
+      return s;
+    }
+  }
   return s;
 }
 
