@@ -11,7 +11,7 @@ and beside them, what the C++ tests compare against:
     expected.safetensors  transformers' fp32 logits and K/V (tensor names in tests/fixtures/hf/README.md)
     tokenizer_cases.json  strings with their ids and decodes from the `tokenizers` library
     quantized_cache.safetensors / .json  (families in QUANT_FAMILIES) transformers' QuantizedCache
-                          (quanto backend) logits, token by token; see QUANTO_VS_KIVI below.
+                          (quanto backend) logits, one token per forward pass (see below)
 tests/fixtures/hf/README.md documents every file, key, dtype and shape.
 
 Where each value comes from (independent of kvq's C++):
@@ -20,7 +20,7 @@ Where each value comes from (independent of kvq's C++):
   BIAS_STD * normal for Qwen2's q/k/v biases; cast to the family's dtype and saved by
   `model.save_pretrained` (max_shard_size for the sharded family).
 - config.json: as save_pretrained writes it (transformers 5 keys: "dtype", "rope_parameters"),
-  except the families in LEGACY_CONFIG, whose config.json is rewritten into the keys the
+  except the families with legacy_config=True, whose config.json is rewritten into the keys the
   published hub checkpoints carry (transformers 4: "torch_dtype", "rope_theta", "rope_scaling";
   Qwen2's "use_sliding_window": false next to a "sliding_window" number, which must be
   ignored). transformers 5.25 loads both forms; the logits come from loading the folder as
@@ -39,33 +39,32 @@ Where each value comes from (independent of kvq's C++):
   attn_implementation="eager") (the bf16/fp16 weights upcast exactly), one forward pass over
   the prompt with a DynamicCache() (fp32, every layer full length; the sliding window is a mask,
   kv_idx > q_idx - sliding_window, i.e. each query sees itself and the W-1 tokens before it).
-  K/V: that cache's layers[l].keys / .values after the prompt: post-RoPE keys, shape
+  K/V: that cache's layers[0].keys / .values after the prompt: post-RoPE keys, shape
   [1, n_kv_heads, n, head_dim], as transformers' past_key_values hold them. Greedy: argmax
   decoding from the prompt logits with the same cache, one token per forward pass; the logits
   of each decode step are stored too.
 
-QUANTO_VS_KIVI (how transformers' QuantizedCache with the quanto backend differs from KIVI;
-read from transformers 5.25 cache_utils.py QuantizedLayer/QuantoQuantizedLayer and
-optimum-quanto 0.2.7 MaxOptimizer / quantize_weight / WeightQBitsTensor):
-  1. Prefill: the first update() quantizes ALL prompt keys/values and keeps NO residual; the
-     prefill's own attention uses the unquantized K/V (returned as given). KIVI keeps the last
-     (n mod G) / R tokens in full precision.
-  2. Flush: the full-precision residual grows one token per step; when
-     residual + new >= residual_length, the whole cache (dequantized old part + residual + new)
-     is quantized again from the dequantized values (old tokens are re-quantized, errors
-     compound), and the residual is emptied. KIVI quantizes only the new full group and never
-     touches stored codes.
-  3. Groups: quanto groups along the axis it is given by reshaping the tensor to
-     [-1, group_size] (axis=0) or [group_size, -1]-style per its `group` helper over the
-     [batch, heads, seq, head_dim] tensor; see group_axis_note in quantized_cache.json for the
-     exact grouping used here.
-  4. Scale/zero: MaxOptimizer: rmin = min(0? no: min over the group), rmax = max over group;
-     scale = (rmax - rmin) / (qmax - qmin); shift = -rmin / scale (kept in the tensor's dtype);
-     codes = clamp(round(x / scale + shift), 0, 2^b - 1); dequant = (code - shift) * scale.
-     KIVI stores mn and scale and decodes code * scale + mn. Same lattice up to rounding of
-     shift; details in quantized_cache.json "quanto_vs_kivi".
-(The exact statements, checked against the installed source, are written into each
-quantized_cache.json; this docstring is a summary.)
+How transformers' QuantizedCache (quanto backend) differs from KIVI and from kvq, read from
+transformers 5.25 cache_utils.py (QuantizedLayer.update, QuantoQuantizedLayer) and optimum-quanto
+0.2.7 (MaxOptimizer, tensor/grouped.py group(), quantize_affine, QBitsDequantizer); the full
+statements are the QUANTO_VS_KIVI dict below, copied into each quantized_cache.json:
+  - parameters stay in the cache dtype (float32 here): scale = (max - min) / (2^b - 1),
+    shift = -min, code = clamp(round((x + shift) / scale), 0, 2^b - 1) in float32,
+    x' = scale * code - shift. KIVI/kvq keep fp16 scale and min (kvq: exact quotient).
+  - groups: axis=0 is G consecutive head_dim channels of one token (per token); axis=-1 is G
+    consecutive rows of the flattened [batch * heads * seq] per channel (G tokens when G | seq),
+    and raises unless G divides batch * heads * seq at every quantization.
+  - the first update (the prefill) quantizes every token and keeps no residual, but attends the
+    exact K/V; later tokens stay exact in a residual until residual + new >= residual_length,
+    then the whole cache is quantized again from its dequantized values (after that step's
+    attention). KIVI keeps a window of R exact tokens and never re-quantizes.
+  - what can be matched: residual_length=1, one token per forward pass from token 0, per-token
+    axes for K and V (kvq int<B>:k=token,v=token,g=G,r=1): the same tokens are quantized at
+    every step. With quanto's parameters rounded to fp16 (the *_fp16params settings, a
+    replaced MaxOptimizer) the codes equal kvq's unless a float32 quotient falls on the other
+    side of a tie (min_tie_distance in quantized_cache.json bounds that). KIVI's own axes
+    (per-channel keys) cannot be matched step for step; the kivi_* settings are stored for a
+    distributional comparison.
 
 Run (from the repository root, with the pinned packages of requirements-hf-fixtures.txt in a
 throwaway venv; no hub access is needed, nothing is downloaded):
@@ -823,7 +822,10 @@ def write_family(name, spec, index, lines, out_root, quant):
         + "\n"
     )
     if quant:
-        write_quantized(folder, ref, ids, name)
+        rows = torch.cat([logits, step_logits])
+        for q in write_quantized(folder, ref, ids, greedy, rows):
+            print(f"  {q['name']}: max |logits - fp32| {q['max_abs_diff_vs_fp32_rows']:.3g}"
+                  + (f", min tie distance {q['min_tie_distance']:.3g}" if "min_tie_distance" in q else ""))
     print(f"{name}: n={len(ids)} vocab={cfgd.vocab_size} stats={stats} greedy={greedy}")
 
 
@@ -837,8 +839,166 @@ def versions():
     return out
 
 
-def write_quantized(folder, ref, ids, name):
-    pass  # filled in below
+# QuantizedCache runs (transformers 5.25, quanto backend). "tokenwise" settings use
+# axis_key=0, axis_value=0 (quanto's groups of G consecutive head_dim channels of one token and
+# head, for keys and values: kvq's int<B>:k=token,v=token,g=G) with residual_length=1 and the
+# sequence fed one token at a time from token 0: at every step the attention sees all older
+# tokens quantized and the newest exact, which is kvq's r=1 window. "kivi" settings use KIVI's
+# axes (axis_key=-1: groups of G consecutive tokens of one channel; axis_value=0), which quanto
+# can only run with a prefill of a multiple of G tokens and residual_length a multiple of G.
+QUANT_G_TOKENWISE = 32
+QUANT_G_KIVI = 16
+QUANT_ROWS = 16  # logits of the last QUANT_ROWS steps are stored
+# (name, nbits, axis_key, axis_value, q_group_size, residual_length, prefill, fp16_params)
+QUANT_SETTINGS = [
+    ("tokenwise_b4_fp16params", 4, 0, 0, QUANT_G_TOKENWISE, 1, 1, True),
+    ("tokenwise_b2_fp16params", 2, 0, 0, QUANT_G_TOKENWISE, 1, 1, True),
+    ("tokenwise_b4", 4, 0, 0, QUANT_G_TOKENWISE, 1, 1, False),
+    ("kivi_b4", 4, -1, 0, QUANT_G_KIVI, QUANT_G_KIVI, QUANT_G_KIVI, False),
+    ("kivi_b2", 2, -1, 0, QUANT_G_KIVI, QUANT_G_KIVI, QUANT_G_KIVI, False),
+]
+
+QUANTO_VS_KIVI = {
+    "source": "transformers 5.25.0 cache_utils.py (QuantizedLayer.update, QuantoQuantizedLayer), "
+    "optimum-quanto 0.2.7 tensor/optimizers/max_optimizer.py, tensor/grouped.py, "
+    "library/quantize.py (quantize_affine), tensor/qbits.py (QBitsDequantizer)",
+    "parameters": "MaxOptimizer per group: rmin = amin, rmax = amax (in the cache dtype, float32 "
+    "here); scale = (rmax - rmin) / (2^b - 1); shift = -rmin. Both stay float32: kvq stores "
+    "fp16(scale) and fp16(min) (kivi/minmax.h) and computes codes with those.",
+    "codes": "code = clamp(torch.round((x + shift) / scale), 0, 2^b - 1): float32 sum and "
+    "quotient, round half to even. kvq: the exact quotient (x - min_h) / scale_h, ties to even.",
+    "dequantize": "x' = scale * code - shift (float32 product, then float32 subtraction); kvq: "
+    "code * scale_h + min_h (exact product, one rounding).",
+    "zero_range_group": "scale 0 gives 0/0 = NaN codes in quanto; kvq stores scale 0, code 0, "
+    "x' = min_h. (No such group occurs in these fixtures.)",
+    "groups": "group(x, axis, G) on the [batch, kv_heads, seq, head_dim] tensor: axis=0 reshapes "
+    "to [-1, G] (G consecutive head_dim channels of one token and head; needs G | head_dim to stay "
+    "inside a head); axis=-1 reshapes to [(batch*heads*seq)/G, G, head_dim] (G consecutive rows "
+    "of the flattened batch*heads*seq, per channel: G tokens of one channel when G | seq; it "
+    "raises unless G divides batch*heads*seq at every quantization).",
+    "prefill": "the first update() quantizes every token it is given and keeps no residual; that "
+    "forward pass attends the exact K/V it was given. kvq's forward appends first and attends the "
+    "cache as stored (tokens outside the window quantized), in prefill as in decode.",
+    "residual_and_flush": "later updates keep new tokens exact in a residual; when residual + "
+    "new >= residual_length the whole cache (dequantized old tokens + residual + new) is quantized "
+    "again from scratch and the residual emptied, after this step's attention (which saw the "
+    "residual and the new tokens exact). So the exact tail grows 1..R and resets (a sawtooth) "
+    "and old tokens are re-quantized from their dequantized values (idempotent for the codes up "
+    "to float32 rounding of the reconstructed maximum). kvq's per-token side keeps exactly the "
+    "last R tokens (a sliding window) and its per-channel side quantizes floor(T/B)*B tokens "
+    "(B = R or G), never re-quantizing.",
+    "what_matches": "residual_length=1 with one token per forward pass from token 0: quanto "
+    "attends all older tokens quantized and the newest exact at every step, as kvq's r=1 does; "
+    "with tokenwise axes (kvq int<B>:k=token,v=token,g=G,r=1) the stored codes are the same "
+    "except where float32 parameters round differently from kvq's fp16 ones. The "
+    "*_fp16params settings replace quanto's MaxOptimizer by one returning fp16-rounded scale "
+    "and min (scale_h = fp16(fp32((rmax - rmin) / (2^b - 1))), shift = -fp16(rmin)): kvq's stored "
+    "parameters; then codes differ from kvq's only if a float32 quotient lands on the other side "
+    "of a k + 1/2 tie than the exact one (min_tie_distance records how close any came).",
+    "what_does_not": "KIVI's axes (per-channel keys) cannot be matched step for step: quanto's "
+    "key grouping needs whole groups of G tokens at every quantization (so no residual_length=1), "
+    "its exact tail is a sawtooth, and its prefill is exact. The kivi_* settings are stored as "
+    "transformers computes them, for a distributional comparison (error against fp32 of the same "
+    "order), not an elementwise one.",
+}
+
+
+def fp16_param_optimizer(tracker):
+    """A quanto MaxOptimizer whose scale and shift are rounded to fp16 as kvq stores them;
+    records in tracker['min_tie_distance'] how close any float32 quotient came to a tie."""
+    from optimum.quanto import MaxOptimizer
+
+    class Fp16ParamMaxOptimizer(MaxOptimizer):
+        def optimize(self, base, qtype, axis):
+            scale, shift = super().optimize(base, qtype, axis)
+            scale_h = scale.to(torch.float16).to(scale.dtype)
+            min_h = (-shift).to(torch.float16).to(scale.dtype)
+            q = ((base - min_h) / scale_h).double()
+            frac = (q - q.floor() - 0.5).abs()
+            tracker["min_tie_distance"] = min(tracker["min_tie_distance"], float(frac.min()))
+            return scale_h, -min_h
+
+    return Fp16ParamMaxOptimizer()
+
+
+def write_quantized(folder, ref, ids, greedy, ref_rows):
+    """quantized_cache.safetensors / .json for the QUANT_SETTINGS (see QUANTO_VS_KIVI)."""
+    from transformers import QuantizedCache
+
+    seq = list(ids) + list(greedy)
+    n = len(seq)
+    tensors, settings = {}, []
+    rows_from = n - QUANT_ROWS
+    fp32_rows = ref_rows[rows_from:]  # logits after feeding seq[i], i >= rows_from
+    for name, bits, ak, av, g, r, prefill, fp16p in QUANT_SETTINGS:
+        cache = QuantizedCache(
+            backend="quanto", config=ref.config, nbits=bits, axis_key=ak, axis_value=av,
+            q_group_size=g, residual_length=r,
+        )
+        tracker = {"min_tie_distance": 1.0}
+        if fp16p:
+            for layer in cache.layers:
+                layer.optimizer = fp16_param_optimizer(tracker)
+        rows, states = [], []
+        with torch.no_grad():
+            out = ref(input_ids=torch.tensor([seq[:prefill]]), cache=cache)
+            last = out.logits[0, -1]
+            for t in range(prefill, n):
+                layer0 = cache.layers[0]
+                resid = layer0.keys.shape[-2] if layer0.keys.dim() == 4 else 0
+                states.append([layer0.cumulative_length - resid, resid + 1])
+                out = ref(input_ids=torch.tensor([[seq[t]]]), cache=cache)
+                if t >= rows_from:
+                    rows.append(out.logits[0, -1].float().clone())
+        logits = torch.stack(rows)
+        tensors[f"{name}.logits"] = logits.contiguous()
+        err = (logits - fp32_rows).abs()
+        rec = {
+            "name": name,
+            "backend": "quanto",
+            "nbits": bits,
+            "axis_key": ak,
+            "axis_value": av,
+            "q_group_size": g,
+            "residual_length": r,
+            "prefill_tokens": prefill,
+            "fp16_params": fp16p,
+            "kvq_spec": f"int{bits}:k=token,v=token,g={g},r=1" if ak == 0 else None,
+            "states": "per decode step t = prefill .. n-1: [tokens attended quantized, tokens "
+            "attended exact (including the new one)], the same for keys and values and every layer",
+            "state_per_step": states,
+            "max_abs_diff_vs_fp32_rows": float(err.max()),
+            "mean_abs_diff_vs_fp32_rows": float(err.mean()),
+        }
+        if fp16p:
+            rec["min_tie_distance"] = tracker["min_tie_distance"]
+            # |float32 quotient - exact quotient| <= ~2 ulps of the largest code: below this a
+            # tie distance cannot flip a code
+            rec["quotient_error_bound"] = 2.0 * 2.0**-23 * (2**bits - 1)
+            assert rec["min_tie_distance"] > rec["quotient_error_bound"], rec
+        settings.append(rec)
+    # How far apart fp16 and fp32 parameters put the tokenwise 4-bit logits
+    d = (tensors["tokenwise_b4_fp16params.logits"] - tensors["tokenwise_b4.logits"]).abs().max()
+    tensors["fp32.logits"] = fp32_rows.contiguous()
+    save_file(tensors, str(folder / "quantized_cache.safetensors"))
+    doc = {
+        "sequence_ids": seq,
+        "sequence": "prompt_ids_with_special followed by greedy_ids (expected.json), fed to "
+        "transformers with a QuantizedCache: the first prefill_tokens in one forward pass, then "
+        "one token per forward pass",
+        "rows_from": rows_from,
+        "rows": f"<setting>.logits [{QUANT_ROWS}, vocab_size] float32: row i is the logits after "
+        f"feeding sequence_ids[rows_from + i]; fp32.logits: the same rows with the fp32 "
+        "DynamicCache (expected.safetensors logits/greedy_logits rows)",
+        "model": "AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32, "
+        "attn_implementation='eager'): cache tensors are float32",
+        "settings": settings,
+        "max_abs_diff_tokenwise_b4_fp16params_vs_fp32params": float(d),
+        "quanto_vs_kivi": QUANTO_VS_KIVI,
+        "versions": versions(),
+    }
+    (folder / "quantized_cache.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return settings
 
 
 def main():
