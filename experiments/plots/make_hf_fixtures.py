@@ -464,8 +464,11 @@ def qwen_tokenizer(lines, qwen3):
     if qwen3:
         t.add_tokens([AddedToken(s, special=False, normalized=False) for s in QWEN3_EXTRA])
     t.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    t.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-    return t
+    # Qwen's decoder is ByteLevel with all three flags false; `decoders.ByteLevel()` takes no
+    # flags (they do not change decoding), so they are set in the JSON
+    j = json.loads(t.to_str())
+    j["decoder"] = dict(type="ByteLevel", add_prefix_space=False, trim_offsets=False, use_regex=False)
+    return Tokenizer.from_str(json.dumps(j))
 
 
 def smollm2_tokenizer(lines):
