@@ -908,7 +908,10 @@ QUANTO_VS_KIVI = {
 
 def fp16_param_optimizer(tracker):
     """A quanto MaxOptimizer whose scale and shift are rounded to fp16 as kvq stores them;
-    records in tracker['min_tie_distance'] how close any float32 quotient came to a tie."""
+    records in tracker['min_tie_distance'] how close any float32 quotient came to a tie (in code
+    units) and in tracker['min_boundary_margin'] how close any K/V value came to a rounding
+    boundary (in the value's units: a kvq K/V that differs from transformers' by less than this
+    gets the same code)."""
     from optimum.quanto import MaxOptimizer
 
     class Fp16ParamMaxOptimizer(MaxOptimizer):
@@ -919,6 +922,9 @@ def fp16_param_optimizer(tracker):
             q = ((base - min_h) / scale_h).double()
             frac = (q - q.floor() - 0.5).abs()
             tracker["min_tie_distance"] = min(tracker["min_tie_distance"], float(frac.min()))
+            # the same in the input's units: how far any K/V value was from a rounding boundary
+            margin = (frac * scale_h.double()).min()
+            tracker["min_boundary_margin"] = min(tracker["min_boundary_margin"], float(margin))
             return scale_h, -min_h
 
     return Fp16ParamMaxOptimizer()
@@ -938,7 +944,7 @@ def write_quantized(folder, ref, ids, greedy, ref_rows):
             backend="quanto", config=ref.config, nbits=bits, axis_key=ak, axis_value=av,
             q_group_size=g, residual_length=r,
         )
-        tracker = {"min_tie_distance": 1.0}
+        tracker = {"min_tie_distance": 1.0, "min_boundary_margin": float("inf")}
         if fp16p:
             for layer in cache.layers:
                 layer.optimizer = fp16_param_optimizer(tracker)
@@ -975,6 +981,7 @@ def write_quantized(folder, ref, ids, greedy, ref_rows):
         }
         if fp16p:
             rec["min_tie_distance"] = tracker["min_tie_distance"]
+            rec["min_boundary_margin"] = tracker["min_boundary_margin"]
             # |float32 quotient - exact quotient| <= ~2 ulps of the largest code: below this a
             # tie distance cannot flip a code
             rec["quotient_error_bound"] = 2.0 * 2.0**-23 * (2**bits - 1)
