@@ -32,6 +32,7 @@
 #include "experiments/model_files.h"
 #include "experiments/planner.h"
 #include "experiments/report.h"
+#include "experiments/ruler.h"
 #include "experiments/synthetic.h"
 #include "experiments/throughput.h"
 #include "kernels/backend.h"
@@ -136,8 +137,11 @@ class ResultTable {
           for (const auto& [sk, sv] : v.items())
             if (!sv.is_structured() && set_seen.insert(sk).second) set_cols.push_back(sk);
       }
-    auto cell = [](const json& v) {
-      return v.is_string() ? "\"" + v.get<std::string>() + "\"" : v.dump();
+    auto cell = [](const json& v) {  // a string quoted, its quotes doubled (RFC 4180)
+      if (!v.is_string()) return v.dump();
+      std::string q = "\"";
+      for (char c : v.get<std::string>()) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+      return q + "\"";
     };
     std::string csv;
     for (size_t i = 0; i < cols.size(); ++i) csv += (i ? "," : "") + cols[i];
@@ -678,6 +682,136 @@ void run_needle(const NeedlePlan& p, const std::filesystem::path& out, const Sha
       }
 }
 
+// [ruler]: the RULER-style suite (experiments/ruler.h), length x task x sample, every scheme
+// against the fp32 cache on the same prompt and the same greedy decoding.
+struct RulerPlan {
+  std::vector<std::string> tasks;
+  std::vector<int> lengths{1024, 2048, 4096};
+  int samples = 5;
+  uint64_t seed = 1;
+  std::string haystack, backend;
+  int max_new = 0;  // --smoke: at most this many generated tokens (0: each task's budget)
+  json settings;
+  std::vector<SchemeSpec> specs;
+  struct Case {
+    int length;
+    std::string task;
+    int sample;
+  };
+  // Row order (and shards): length, then task, then sample; every scheme of a case together.
+  std::vector<Case> cases() const {
+    std::vector<Case> out;
+    for (int l : lengths)
+      for (const auto& t : tasks)
+        for (int i = 0; i < samples; ++i) out.push_back({l, t, i});
+    return out;
+  }
+  json case_settings(const Case& c) const {
+    json st = settings;
+    st["length"] = c.length;
+    st["task"] = c.task;
+    st["sample"] = c.sample;
+    return st;
+  }
+};
+
+RulerPlan plan_ruler(const toml::table& rt, const Where& w, const std::string& model_flag, int context) {
+  check_keys(rt, w, {"tasks", "lengths", "samples", "seed", "haystack", "backend", "schemes"});
+  RulerPlan p;
+  if (rt.get("tasks")) {
+    p.tasks = string_list(rt, w, "tasks");
+    KVQ_CHECK(!p.tasks.empty(), "{}: {} is an empty array; give task names", w.file, w.key("tasks"));
+    for (const auto& t : p.tasks) {
+      try {
+        (void)eval::ruler_task(t);
+      } catch (const Error& e) {
+        fail("{}: {}: {}", w.at(*rt.get("tasks")), w.key("tasks"), e.what());
+      }
+    }
+  } else {
+    for (const auto& t : eval::ruler_tasks()) p.tasks.emplace_back(t.name);
+  }
+  if (const auto* n = rt.get("lengths")) {
+    const auto* a = n->as_array();
+    KVQ_CHECK(a && !a->empty(), "{}: {} must be a non-empty array of integers", w.at(*n), w.key("lengths"));
+    p.lengths.clear();
+    for (const auto& e : *a) {
+      const auto v = e.value_exact<int64_t>();
+      KVQ_CHECK(v.has_value(), "{}: {} must hold integers (an element is {})", w.at(e), w.key("lengths"), type_of(e));
+      KVQ_CHECK(*v >= 1024 && *v <= context, "{}: {} {} is outside [1024, {}] (the model's context)", w.at(e),
+                w.key("lengths"), *v, context);
+      p.lengths.push_back(static_cast<int>(*v));
+    }
+  }
+  for (int l : p.lengths)
+    KVQ_CHECK(l <= context, "{}: {} {} exceeds the model's context {}", w.file, w.key("lengths"), l, context);
+  const int64_t samples = get_or<int64_t>(rt, w, "samples", 5), seed = get_or<int64_t>(rt, w, "seed", 1);
+  KVQ_CHECK(samples >= 1 && samples <= 10000, "{}: {} must be between 1 and 10000, got {}", w.file, w.key("samples"),
+            samples);
+  KVQ_CHECK(seed >= 0, "{}: {} must be >= 0, got {}", w.file, w.key("seed"), seed);
+  p.samples = static_cast<int>(samples);
+  p.seed = static_cast<uint64_t>(seed);
+  p.haystack = get_or<std::string>(rt, w, "haystack", "kjv");
+  p.backend = get_or<std::string>(rt, w, "backend", "cpu");
+  try {
+    require_host(parse_backend(p.backend));  // kernels/backend.h: the one list
+  } catch (const Error& e) {
+    fail("{}: {}: {}", w.file, w.key("backend"), e.what());
+  }
+  if (p.haystack != "noise") {
+    try {
+      (void)read_text(p.haystack);  // "kjv" or a text file, before any work starts
+    } catch (const Error& e) {
+      fail("{}: {} (\"kjv\", \"noise\" or a text file): {}", w.file, w.key("haystack"), e.what());
+    }
+  }
+  (void)model_path(model_flag);
+  p.settings = {{"haystack", p.haystack}, {"seed", p.seed}, {"backend", p.backend}};
+  return p;
+}
+
+void run_ruler(const RulerPlan& p, const std::filesystem::path& out, const Shard& shard, ModelSource& source) {
+  ResultTable table(out, "ruler");
+  const eval::LoadedModel* L = nullptr;
+  eval::RulerHaystack hay;
+  CacheOptions ref;
+  ref.spec = parse_spec("fp32");
+  const auto cases = p.cases();
+  size_t j = 0;
+  for (const auto& k : cases) {
+    if (!shard.take(j++)) continue;
+    const json settings = p.case_settings(k);
+    std::vector<const SchemeSpec*> todo;
+    for (const auto& s : p.specs)
+      if (!table.find(s.canonical(), settings)) todo.push_back(&s);
+    if (todo.empty()) continue;
+    check_stop();
+    if (!L) {  // at the first case that needs it
+      L = &source.get(parse_backend(p.backend));
+      const bool noise = p.haystack == "noise";
+      hay = eval::ruler_haystack(L->tok, noise ? std::string() : read_text(p.haystack), noise);
+    }
+    const eval::RulerCase c = eval::ruler_case(L->tok, hay, k.task, k.length, p.seed, k.sample);
+    const eval::RulerOutput a = eval::ruler_trial(L->model, L->tok, ref, c, p.max_new, 0, check_stop);
+    std::string answers, scores;
+    for (const auto& x : c.answers) answers += (answers.empty() ? "" : ", ") + x;
+    for (const SchemeSpec* s : todo) {
+      CacheOptions co;
+      co.spec = *s;
+      const auto t0 = std::chrono::steady_clock::now();
+      const eval::RulerOutput b = eval::ruler_trial(L->model, L->tok, co, c, p.max_new, 0, check_stop);
+      table.add({{"key", s->canonical()}, {"scheme", s->canonical()}, {"settings", settings}, {"score", b.score},
+                 {"fp32_score", a.score}, {"answers", answers}, {"output", b.text}, {"fp32_output", a.text},
+                 {"prompt_tokens", c.prompt.size()}, {"generated", b.tokens},
+                 {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}});
+      scores += fmt::format(", {} {:.2f}", s->canonical(), b.score);
+      check_stop();
+    }
+    fmt::print(stderr, "[ruler {}/{}] {} at {} sample {}: fp32 {:.2f}{}\n", j, cases.size(), k.task, k.length,
+               k.sample, a.score, scores);
+  }
+}
+
 // [throughput]: decode attention and prefill quantization per op x backend x context x batch x
 // scheme (experiments/throughput.h), with bf16 timed in every group as the speed-up's baseline.
 struct ThroughputPlan {
@@ -838,7 +972,7 @@ void run_throughput(const ThroughputPlan& p, const std::filesystem::path& out, c
 // Returns the tables it wrote ("model.csv, needle.csv"): the config's tasks, not every name.
 std::string merge_shards(const std::optional<SyntheticPlan>& sp, const std::optional<ModelPlan>& mp,
                          const std::optional<NeedlePlan>& np, const std::optional<ThroughputPlan>& tp,
-                         const std::filesystem::path& out) {
+                         const std::optional<RulerPlan>& rp, const std::filesystem::path& out) {
   std::vector<std::filesystem::path> shards;
   if (std::filesystem::is_directory(out))
     for (const auto& e : std::filesystem::directory_iterator(out))
@@ -927,17 +1061,25 @@ void register_run(CLI::App& app) {
       "top-32 overlap), with a [model] table on SmolLM2 (perplexity, KLD, top-1 vs the fp32 cache), and\n"
       "with a [needle] table passkey retrieval (ctx x depth x trials, each against the fp32 cache), with a\n"
       "[throughput] table decode-attention and quantize time per backend x context x batch (GB/s, share\n"
-      "of a memcpy timed in the same run, speed-up over bf16).\n"
+      "of a memcpy timed in the same run, speed-up over bf16), with a [ruler] table the RULER-style\n"
+      "long-context suite (length x task x sample: needles, variable tracking, word extraction; recall\n"
+      "of each greedy answer, each against the fp32 cache).\n"
       "Rows go to OUT/<task>.{jsonl,csv} as each finishes; rerunning resumes.\n"
       "Everything is checked before the first row runs: unknown keys, types and ranges (FILE:LINE:\n"
       "[table].key), every scheme against the shapes it will meet (a [sweep] combination that does not\n"
       "fit is skipped with a line; an explicit one is an error), the model and text files.\n"
       "Example: kvq run experiments/configs/default.toml   (see that file for every key)");
   c->add_option("config", o->config, "TOML config")->required();
+  if (rp) {
+    std::vector<std::pair<std::string, json>> plan;
+    for (const auto& c : rp->cases())
+      for (const auto& s : rp->specs) plan.emplace_back(s.canonical(), rp->case_settings(c));
+    merge("ruler", plan);
+  }
   c->add_option("--out", o->out, "results directory (default: the config's `out`)");
   c->add_option("--model-file", o->model_file, "GGUF model (default: the fetched SmolLM2)");
   c->add_option("--only", o->only, "run one task")
-      ->check(CLI::IsMember({"synthetic", "model", "needle", "throughput"}));
+      ->check(CLI::IsMember({"synthetic", "model", "needle", "throughput", "ruler"}));
   c->add_flag("--append", o->append,
               "add rows to an OUT made by a different config (its config is kept; this one is saved\n"
               "beside it as config-N.toml); without it a changed config into an existing OUT is refused");
@@ -950,7 +1092,8 @@ void register_run(CLI::App& app) {
               "merge the rows of every OUT/shard-I-of-N/ into OUT/, in the config's row order; runs nothing");
   c->add_flag("--smoke", o->smoke,
               "the same rows at a tiny size, for CI: synthetic tokens <= 256, model windows <= 64\n"
-              "tokens over 128 tokens of text; results go to OUT-smoke unless --out is given");
+              "tokens over 128 tokens of text, ruler its first task once at 1,024 tokens (4 generated);\n"
+              "results go to OUT-smoke unless --out is given");
   c->callback([o] {
     Shard shard;
     if (!o->shard.empty()) {
@@ -965,6 +1108,18 @@ void register_run(CLI::App& app) {
       shard = {static_cast<int>(i), static_cast<int>(n)};
       KVQ_CHECK(!o->merge, "--shard and --merge: run the shards first, then --merge once without --shard");
     }
+    std::optional<RulerPlan> rp;
+    if (want_ruler) {
+      rp = plan_ruler(*rt, Where{o->config, "ruler"}, o->model_file, model_config().context);
+      if (o->smoke) {  // the first task, one sample at 1,024 tokens, 4 generated tokens
+        rp->tasks.resize(1);
+        rp->lengths = {1024};
+        rp->samples = 1;
+        rp->max_new = 4;
+        rp->settings["smoke"] = true;
+      }
+      rp->specs = fitting(task_rows(*rt, "ruler"), "ruler", model_config().kv_heads, model_config().head_dim,
+                          errors, model_config().layers);
     toml::table cfg;
     const std::string config_text = read_file(o->config);
     try {
@@ -973,7 +1128,7 @@ void register_run(CLI::App& app) {
       fail("{}:{}:{}: {}", o->config, e.source().begin.line, e.source().begin.column, e.description());
     }
     const Where top{o->config, ""};
-    check_keys(cfg, top, {"name", "out", "schemes", "synthetic", "model", "needle", "throughput", "sweep"});
+    check_keys(cfg, top, {"name", "out", "schemes", "synthetic", "model", "needle", "throughput", "ruler", "sweep"});
     auto table_of = [&](const char* name) -> const toml::table* {
       const auto* n = cfg.get(name);
       if (!n) return nullptr;
@@ -1011,12 +1166,15 @@ void register_run(CLI::App& app) {
     KVQ_CHECK(!rows.empty() || !errors.empty() || swept > 0,
               "{}: no schemes (give schemes = [...] or a [sweep])", o->config);
     const bool want_syn = syn && (o->only.empty() || o->only == "synthetic"),
+    const toml::table* rt = table_of("ruler");
                want_model = mt && (o->only.empty() || o->only == "model"),
                want_needle = nt && (o->only.empty() || o->only == "needle"),
-               want_tp = tt && (o->only.empty() || o->only == "throughput");
-    KVQ_CHECK(syn || mt || nt || tt,
-              "{}: nothing to run: give a [synthetic], [model], [needle] or [throughput] table", o->config);
-    KVQ_CHECK(want_syn || want_model || want_needle || want_tp, "{}: --only {} but the config has no [{}] table", o->config,
+               want_tp = tt && (o->only.empty() || o->only == "throughput"),
+               want_ruler = rt && (o->only.empty() || o->only == "ruler");
+    KVQ_CHECK(syn || mt || nt || tt || rt,
+              "{}: nothing to run: give a [synthetic], [model], [needle], [throughput] or [ruler] table", o->config);
+    KVQ_CHECK(want_syn || want_model || want_needle || want_tp || want_ruler,
+              "{}: --only {} but the config has no [{}] table", o->config,
               o->only, o->only);
     std::optional<SyntheticPlan> sp;
     std::optional<ModelPlan> mp;
@@ -1115,7 +1273,8 @@ void register_run(CLI::App& app) {
       fail("{}: {} invalid row{} (listed above); nothing was run", o->config, errors.size(),
            errors.size() == 1 ? "" : "s");
     }
-    KVQ_CHECK((sp && !sp->specs.empty()) || (mp && !mp->specs.empty()) || (np && !np->specs.empty()) || tp,
+    KVQ_CHECK((sp && !sp->specs.empty()) || (mp && !mp->specs.empty()) || (np && !np->specs.empty()) || tp ||
+                  (rp && !rp->specs.empty()),
               "{}: every scheme was skipped (lines above); nothing to run", o->config);
     if (o->check) {
       auto list = [](const char* task, const std::vector<SchemeSpec>& specs) {
@@ -1176,14 +1335,20 @@ void register_run(CLI::App& app) {
       write_file_atomic(saved.string(), config_text);
     }
     if (o->merge) {
-      const std::string tables = merge_shards(sp, mp, np, tp, out);
+      const std::string tables = merge_shards(sp, mp, np, tp, rp, out);
       fmt::print("results in {}/ ({})\n", out, tables);
       return;
     }
-    fmt::print(stderr, "kvq run: {} synthetic + {} model + {} needle + {} throughput rows{} -> {}\n",
+    fmt::print(stderr, "kvq run: {} synthetic + {} model + {} needle + {} throughput + {} ruler rows{} -> {}\n",
                sp ? sp->specs.size() : 0, mp ? mp->specs.size() * mp->ctxs.size() : 0,
                np ? np->specs.size() * np->ctxs.size() * np->depths.size() * static_cast<size_t>(np->trials) : 0,
-               tp ? tp->cases().size() * tp->specs.size() : 0,
+               tp ? tp->cases().size() * tp->specs.size() : 0, rp ? rp->cases().size() * rp->specs.size() : 0,
+      if (rp) {
+        list("ruler", rp->specs);
+        fmt::print("ruler rows repeat for each length ({}) x task ({}) x sample ({}): {} rows\n",
+                   fmt::join(rp->lengths, ", "), fmt::join(rp->tasks, ", "), rp->samples,
+                   rp->specs.size() * rp->cases().size());
+      }
                shard.n > 1 ? fmt::format(" (shard {} of {}: every {}th row)", shard.i, shard.n, shard.n) : "", out);
     std::optional<StopOnCtrlC> stop(std::in_place);
     try {
@@ -1205,7 +1370,8 @@ void register_run(CLI::App& app) {
                                       std::tuple{bool(mp), "model", "plot_results.py"},
                                       std::tuple{mp && mp->ctxs.size() > 1, "", "plot_context.py"},
                                       std::tuple{bool(np), "needle", "plot_needle.py"},
-                                      std::tuple{bool(tp), "throughput", "plot_throughput.py"}})
+                                      std::tuple{bool(tp), "throughput", "plot_throughput.py"},
+                                      std::tuple{bool(rp), "ruler", "plot_ruler.py"}})
       if (on) {
         if (*t) tables += fmt::format("{}{}.csv", tables.empty() ? "" : ", ", t);
         if (std::find(scripts.begin(), scripts.end(), plot) == scripts.end())
@@ -1225,3 +1391,4 @@ void register_run(CLI::App& app) {
 }
 
 }  // namespace kvq::cli
+      if (rp && !rp->specs.empty()) run_ruler(*rp, out, shard, source);
