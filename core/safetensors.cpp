@@ -1,5 +1,11 @@
 #include "core/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -9,14 +15,20 @@
 
 namespace kvq {
 
-namespace {
-
-size_t dtype_size(const std::string& dt) {
-  if (dt == "U8" || dt == "I8" || dt == "BOOL") return 1;
+size_t safetensors_dtype_size(std::string_view dt) {
+  if (dt == "U8" || dt == "I8" || dt == "BOOL" || dt == "F8_E4M3" || dt == "F8_E5M2") return 1;
   if (dt == "U16" || dt == "I16" || dt == "F16" || dt == "BF16") return 2;
   if (dt == "U32" || dt == "I32" || dt == "F32") return 4;
   if (dt == "U64" || dt == "I64" || dt == "F64") return 8;
-  fail("safetensors: unknown dtype {}", dt);
+  return 0;
+}
+
+namespace {
+
+size_t dtype_size(const std::string& dt) {
+  const size_t n = safetensors_dtype_size(dt);
+  if (n == 0) fail("safetensors: unknown dtype {}", dt);
+  return n;
 }
 
 }  // namespace
@@ -63,11 +75,14 @@ std::vector<NamedTensor> read_safetensors(const std::string& path) {
   return parse_safetensors(read_file(path), path);
 }
 
-std::vector<NamedTensor> parse_safetensors(const std::string& b, const std::string& path) {
-  KVQ_CHECK(b.size() >= 8, "{}: not a safetensors file (shorter than 8 bytes)", path);
+std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view b, uint64_t file_size,
+                                                       const std::string& path) {
+  KVQ_CHECK(b.size() >= 8 && file_size >= b.size(),
+            "{}: not a safetensors file (shorter than 8 bytes)", path);
   uint64_t len = 0;
   std::memcpy(&len, b.data(), 8);
-  KVQ_CHECK(len <= b.size() - 8, "{}: header length {} exceeds the file size", path, len);
+  KVQ_CHECK(len <= file_size - 8, "{}: header length {} exceeds the file size", path, len);
+  KVQ_CHECK(len <= b.size() - 8, "{}: header of {} bytes not given whole", path, len);
   nlohmann::json h;
   try {
     h = nlohmann::json::parse(b.substr(8, len));
@@ -75,8 +90,8 @@ std::vector<NamedTensor> parse_safetensors(const std::string& b, const std::stri
     fail("{}: safetensors header is not valid JSON", path);
   }
   KVQ_CHECK(h.is_object(), "{}: safetensors header is not a JSON object", path);
-  const uint64_t data0 = 8 + len, data_len = b.size() - data0;
-  std::vector<NamedTensor> out;
+  const uint64_t data0 = 8 + len, data_len = file_size - data0;
+  std::vector<SafetensorsEntry> out;
   for (const auto& [name, e] : h.items()) {
     if (name == "__metadata__") continue;
     KVQ_CHECK(
@@ -84,17 +99,19 @@ std::vector<NamedTensor> parse_safetensors(const std::string& b, const std::stri
         "{}: tensor '{}' lacks dtype, shape or data_offsets", path, name);
     KVQ_CHECK(e["dtype"].is_string(), "{}: tensor '{}' has a dtype that is not a string", path,
               name);
-    KVQ_CHECK(e["shape"].is_array(), "{}: tensor '{}' has a shape that is not an array", path, name);
+    KVQ_CHECK(e["shape"].is_array(), "{}: tensor '{}' has a shape that is not an array", path,
+              name);
     const auto& off = e["data_offsets"];
     KVQ_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
                   off[1].is_number_unsigned(),
               "{}: tensor '{}' has data_offsets that are not two byte offsets [begin, end]", path,
               name);
-    const std::string dt = e["dtype"].get<std::string>();
-    const size_t item = dt == "F32" ? 4 : (dt == "F16" || dt == "BF16") ? 2 : 0;
-    KVQ_CHECK(item, "{}: tensor '{}' has dtype {} (supported: F32, F16, BF16)", path, name, dt);
-    NamedTensor t;
+    SafetensorsEntry t;
     t.name = name;
+    t.dtype = e["dtype"].get<std::string>();
+    const size_t item = safetensors_dtype_size(t.dtype);
+    KVQ_CHECK(item, "{}: tensor '{}' has dtype {}, which safetensors does not define", path, name,
+              t.dtype);
     uint64_t n = 1;
     for (const auto& d : e["shape"]) {
       KVQ_CHECK(d.is_number_unsigned() && d.get<uint64_t>() < (1ull << 40),
@@ -110,9 +127,26 @@ std::vector<NamedTensor> parse_safetensors(const std::string& b, const std::stri
               "{}: tensor '{}' data [{}, {}) lies outside the {} data bytes", path, name, a, z,
               data_len);
     KVQ_CHECK(z - a == n * item, "{}: tensor '{}' has {} bytes for {} values of {}", path, name,
-              z - a, n, dt);
+              z - a, n, t.dtype);
+    t.offset = data0 + a;
+    t.bytes = z - a;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::vector<NamedTensor> parse_safetensors(const std::string& b, const std::string& path) {
+  std::vector<NamedTensor> out;
+  for (const SafetensorsEntry& e : parse_safetensors_header(b, b.size(), path)) {
+    const std::string& dt = e.dtype;
+    const size_t item = dt == "F32" ? 4 : (dt == "F16" || dt == "BF16") ? 2 : 0;
+    KVQ_CHECK(item, "{}: tensor '{}' has dtype {} (supported: F32, F16, BF16)", path, e.name, dt);
+    NamedTensor t;
+    t.name = e.name;
+    t.shape = e.shape;
+    const uint64_t n = e.bytes / item;
     t.data.resize(n);
-    const char* p = b.data() + data0 + a;
+    const char* p = b.data() + e.offset;
     for (uint64_t i = 0; i < n; ++i) {
       if (item == 4) {
         std::memcpy(&t.data[i], p + 4 * i, 4);
@@ -125,6 +159,30 @@ std::vector<NamedTensor> parse_safetensors(const std::string& b, const std::stri
     out.push_back(std::move(t));
   }
   return out;
+}
+
+MappedSafetensors MappedSafetensors::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("{}: cannot open safetensors file ({})", path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("{}: not a regular file", path);
+  }
+  const size_t len = static_cast<size_t>(st.st_size);
+  void* a = len > 0 ? ::mmap(nullptr, len, PROT_READ, MAP_PRIVATE, fd, 0) : nullptr;
+  const int err = errno;
+  ::close(fd);
+  if (a == MAP_FAILED) fail("{}: cannot mmap safetensors file ({})", path, std::strerror(err));
+  MappedSafetensors m;
+  m.name_ = path;
+  m.owner_ = std::shared_ptr<const void>(a, [len](const void* p) {
+    if (p) ::munmap(const_cast<void*>(p), len);
+  });
+  m.base_ = static_cast<const uint8_t*>(a);
+  m.entries_ = parse_safetensors_header(
+      std::string_view(reinterpret_cast<const char*>(m.base_), len), len, path);
+  return m;
 }
 
 }  // namespace kvq

@@ -127,9 +127,20 @@ void attend_decode(AttentionBackend b, const float* q, int64_t q_heads, const Si
   unrotate_output(v, out, q_heads);
 }
 
+namespace {
+// A sliding window is backend ref's alone today: refuse a call it would change.
+void check_window(AttentionBackend b, const CausalArgs& a) {
+  KVQ_CHECK(b == AttentionBackend::kRef || a.window <= 0 || a.t_begin + a.n <= a.window,
+            "backend {} has no sliding-window attention: this layer's window is {} tokens and "
+            "the cache holds {}; use backend ref (or at most {} tokens)",
+            to_string(b), a.window, a.t_begin + a.n, a.window);
+}
+}  // namespace
+
 CausalCall::CausalCall(AttentionBackend b, const CausalArgs& a, int threads, double working_set)
     : b_(b), a_(a) {
   require_host(b);
+  check_window(b, a);
   KVQ_CHECK(a.k && a.v, "causal attention: no sides given");
   causal_attention_check(a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact);
   if (b == AttentionBackend::kRef) return;
@@ -149,7 +160,7 @@ void CausalCall::run(int64_t item, float* out, Workspace& w) {
     cpu_->run(item, out, w.cpu);
   else
     causal_attention_item(a_.q, a_.q_heads, a_.t_begin, *a_.k, *a_.v, a_.k_exact, a_.v_exact, out,
-                          item, w.scratch);
+                          item, w.scratch, a_.window);
 }
 
 void CausalCall::merge(int64_t m, float* out) {
@@ -164,10 +175,11 @@ void CausalCall::finish(float* out, int64_t rows) const {
 
 void attend_causal(AttentionBackend b, const CausalArgs& a, float* out, int threads) {
   require_host(b);
+  check_window(b, a);
   KVQ_CHECK(a.k && a.v, "causal attention: no sides given");
   if (b == AttentionBackend::kRef) {
     causal_attention(a.q, a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact, out,
-                     threads);
+                     threads, a.window);
     return;
   }
   causal_attention_check(a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact);

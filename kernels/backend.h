@@ -105,6 +105,9 @@ struct CausalArgs {
   const SideStore* k = nullptr;
   const SideStore* v = nullptr;
   ExactTail k_exact, v_exact;
+  /// > 0: a sliding window, position i attends to tokens i - window + 1 .. i only (backend ref;
+  /// backend cpu refuses a call in which some position reaches past its window).
+  int64_t window = 0;
 };
 
 /// \brief One causal call split into work items any thread runs (each item once, any order, one

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "fp8/format.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/kivi.h"
@@ -69,6 +70,121 @@ void rms_norm_rows(const Mat& x, const Eigen::VectorXf& w, float eps, Mat& y, Ei
   }
 }
 
+// A GGUF's tensors by role (model/arch.h's names).
+struct GgufSource {
+  const GgufFile& f;
+  const ArchEntry& a;
+  std::string name(TensorRole r, int l) const { return tensor_name(a, r, l, false); }
+  bool has(TensorRole r, int l) const { return f.find_tensor(name(r, l)) != nullptr; }
+  LlamaModel::Linear matrix(TensorRole r, int l, int64_t rows, int64_t cols,
+                            WeightStore store) const {
+    return load_linear(f, name(r, l), rows, cols, store);
+  }
+  Eigen::VectorXf vector(TensorRole r, int l, int64_t n) const {
+    return load_vector(f, name(r, l), n);
+  }
+};
+
+gguf::GgmlType dense_type(const std::string& dtype) {
+  return dtype == "F32"   ? gguf::GgmlType::kF32
+         : dtype == "F16" ? gguf::GgmlType::kF16
+                          : gguf::GgmlType::kBF16;
+}
+
+// A checkpoint folder's tensors by role, read in place from the mapped shards.
+struct HfSource {
+  const HfCheckpoint& c;
+  const ArchEntry& a;
+  std::string name(TensorRole r, int l) const { return tensor_name(a, r, l, true); }
+  bool has(TensorRole r, int l) const { return c.find(name(r, l)) != nullptr; }
+
+  const SafetensorsEntry& entry(const std::string& n, std::vector<int64_t> shape) const {
+    const SafetensorsEntry& e = c.tensor(n);
+    KVQ_CHECK(e.shape == shape, "{}: tensor {} has shape [{}], expected [{}]", c.file_of(e), n,
+              fmt::join(e.shape, ", "), fmt::join(shape, ", "));
+    return e;
+  }
+  // Every value of `e` as float, row-major; F8_E4M3 times its weight_scale(_inv).
+  std::vector<float> values(const std::string& n, const SafetensorsEntry& e) const {
+    int64_t count = 1;
+    for (int64_t d : e.shape) count *= d;
+    std::vector<float> v(static_cast<size_t>(count));
+    const uint8_t* p = c.data(e);
+    if (e.dtype == "F32" || e.dtype == "F16" || e.dtype == "BF16") {
+      gguf::dequantize_row(dense_type(e.dtype), p, count, v.data());
+      return v;
+    }
+    KVQ_CHECK(e.dtype == "F8_E4M3",
+              "{}: tensor {} has dtype {}; kvq reads F32, F16, BF16 and F8_E4M3 (with its "
+              "weight_scale or weight_scale_inv)",
+              c.file_of(e), n, e.dtype);
+    const std::string base = n.size() > 7 && n.ends_with(".weight") ? n : n + ".weight";
+    const SafetensorsEntry* s = c.find(base + "_scale_inv");
+    if (!s) s = c.find(base + "_scale");
+    KVQ_CHECK(s && e.shape.size() == 2,
+              "{}: tensor {} is an F8_E4M3 matrix without {}_scale_inv or {}_scale", c.file_of(e),
+              n, base, base);
+    const std::vector<float> sc = values(s->name, *s);
+    const int64_t rows = e.shape[0], cols = e.shape[1];
+    const auto [br, bc] = c.fp8_block();
+    const int64_t sr = (rows + br - 1) / br, scc = (cols + bc - 1) / bc;
+    const int64_t ns = static_cast<int64_t>(sc.size());
+    const bool block = s->shape.size() == 2 && s->shape[0] == sr && s->shape[1] == scc;
+    KVQ_CHECK(ns == 1 || ns == rows || block,
+              "{}: scale {} has shape [{}]; expected one value, one per row ({}) or one per "
+              "{}x{} block ([{}, {}])",
+              c.file_of(*s), s->name, fmt::join(s->shape, ", "), rows, br, bc, sr, scc);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) {
+        const float f = ns == 1 ? sc[0]
+                        : block ? sc[static_cast<size_t>((r / br) * scc + k / bc)]
+                                : sc[static_cast<size_t>(r)];
+        float& x = v[static_cast<size_t>(r * cols + k)];
+        x = fp8::decode<Fp8Format::E4M3>(p[r * cols + k]) * f;
+      }
+    return v;
+  }
+  LlamaModel::Linear matrix(TensorRole r, int l, int64_t rows, int64_t cols,
+                            WeightStore store) const {
+    const std::string n = name(r, l);
+    const SafetensorsEntry& e = entry(n, {rows, cols});
+    LlamaModel::Linear lin;
+    lin.out = rows;
+    lin.in = cols;
+    const bool dense = e.dtype == "F32" || e.dtype == "F16" || e.dtype == "BF16";
+    if (store == WeightStore::kPacked && dense) {
+      lin.packed = PackedMatrix::from_dense(c.data(e), dense_type(e.dtype), rows, cols);
+      return lin;
+    }
+    const std::vector<float> w = values(n, e);
+    if (store == WeightStore::kPacked) {
+      lin.packed = PackedMatrix::from_rows(w.data(), rows, cols);
+    } else {
+      lin.wt.resize(static_cast<size_t>(rows * cols));
+      Eigen::Map<Mat>(lin.wt.data(), cols, rows) =
+          Eigen::Map<const Mat>(w.data(), rows, cols).transpose();
+    }
+    return lin;
+  }
+  Eigen::VectorXf vector(TensorRole r, int l, int64_t n) const {
+    const std::string nm = name(r, l);
+    const std::vector<float> v = values(nm, entry(nm, {n}));
+    return Eigen::Map<const Eigen::VectorXf>(v.data(), n);
+  }
+};
+
+// Rows [r0, r1) of x [n, heads * D]: each head's D channels RMS-normalized and scaled by w [D]
+// (qwen3's q_norm / k_norm), in place.
+void rms_norm_heads(Mat& x, const Eigen::VectorXf& w, float eps, Eigen::Index r0, Eigen::Index r1) {
+  const Eigen::Index D = w.size();
+  for (Eigen::Index r = r0; r < r1; ++r)
+    for (Eigen::Index h = 0; h < x.cols() / D; ++h) {
+      auto seg = x.row(r).segment(h * D, D);
+      const float ms = seg.squaredNorm() / static_cast<float>(D);
+      seg = seg.cwiseProduct(w.transpose()) * (1.0f / std::sqrt(ms + eps));
+    }
+}
+
 }  // namespace
 
 LlamaCache::LlamaCache(const LlamaConfig& c, const CacheOptions& o) : opts_(o) {
@@ -101,8 +217,16 @@ void check_cache_options(const CacheOptions& o, const LlamaConfig& c) {
 
 LlamaConfig LlamaModel::read_config(const GgufFile& f) {
   const std::string arch = f.get_string("general.architecture");
-  KVQ_CHECK(arch == "llama", "{}: architecture '{}' is not supported (only llama)", f.name(), arch);
+  // The GGUF families of the table (model/arch.h): llama's llama.* metadata today.
+  const ArchEntry* entry = nullptr;
+  for (const ArchEntry& a : architectures())
+    if (a.gguf_arch && arch == a.gguf_arch) entry = &a;
+  KVQ_CHECK(entry && arch == "llama",
+            "{}: architecture '{}' is not supported (only llama; Mistral and Qwen from a "
+            "checkpoint folder)",
+            f.name(), arch);
   LlamaConfig c;
+  c.family = entry->family;
   c.layers = static_cast<int>(f.get_u32("llama.block_count"));
   c.hidden = static_cast<int>(f.get_u32("llama.embedding_length"));
   c.heads = static_cast<int>(f.get_u32("llama.attention.head_count"));
@@ -125,58 +249,94 @@ LlamaConfig LlamaModel::read_config(const GgufFile& f) {
   KVQ_CHECK(emb.dims.size() == 2 && emb.dims[0] == c.hidden,
             "{}: token_embd.weight dims do not match hidden {}", f.name(), c.hidden);
   c.vocab = static_cast<int>(emb.dims[1]);
+  c.tied = f.find_tensor("output.weight") == nullptr;
   return c;
 }
 
-LlamaModel LlamaModel::load(const GgufFile& f, WeightStore store) {
+template <class Source>
+LlamaModel LlamaModel::load_from(const Source& src, const LlamaConfig& cfg, WeightStore store) {
   LlamaModel m;
   m.store_ = store;
-  m.cfg_ = read_config(f);
+  m.cfg_ = cfg;
   const LlamaConfig& c = m.cfg_;
-  m.tied_ = f.find_tensor("output.weight") == nullptr;
-  m.head_ =
-      load_linear(f, m.tied_ ? "token_embd.weight" : "output.weight", c.vocab, c.hidden, store);
-  if (!m.tied_) m.embed_ = load_linear(f, "token_embd.weight", c.vocab, c.hidden, store);
-  m.out_norm_ = load_vector(f, "output_norm.weight", c.hidden);
-  const int64_t kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim;
+  using R = TensorRole;
+  m.head_ = src.matrix(c.tied ? R::kEmbed : R::kOutput, 0, c.vocab, c.hidden, store);
+  if (!c.tied) m.embed_ = src.matrix(R::kEmbed, 0, c.vocab, c.hidden, store);
+  m.out_norm_ = src.vector(R::kOutNorm, 0, c.hidden);
+  const int64_t kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim, qd = c.q_dim();
   for (int l = 0; l < c.layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
     Block b;
-    b.attn_norm = load_vector(f, p + "attn_norm.weight", c.hidden);
-    b.ffn_norm = load_vector(f, p + "ffn_norm.weight", c.hidden);
-    b.wq = load_linear(f, p + "attn_q.weight", c.hidden, c.hidden, store);
-    b.wk = load_linear(f, p + "attn_k.weight", kvd, c.hidden, store);
-    b.wv = load_linear(f, p + "attn_v.weight", kvd, c.hidden, store);
-    b.wo = load_linear(f, p + "attn_output.weight", c.hidden, c.hidden, store);
-    b.w_gate = load_linear(f, p + "ffn_gate.weight", c.ffn, c.hidden, store);
-    b.w_up = load_linear(f, p + "ffn_up.weight", c.ffn, c.hidden, store);
-    b.w_down = load_linear(f, p + "ffn_down.weight", c.hidden, c.ffn, store);
+    b.attn_norm = src.vector(R::kAttnNorm, l, c.hidden);
+    b.ffn_norm = src.vector(R::kFfnNorm, l, c.hidden);
+    b.wq = src.matrix(R::kQ, l, qd, c.hidden, store);
+    b.wk = src.matrix(R::kK, l, kvd, c.hidden, store);
+    b.wv = src.matrix(R::kV, l, kvd, c.hidden, store);
+    b.wo = src.matrix(R::kO, l, c.hidden, qd, store);
+    b.w_gate = src.matrix(R::kGate, l, c.ffn, c.hidden, store);
+    b.w_up = src.matrix(R::kUp, l, c.ffn, c.hidden, store);
+    b.w_down = src.matrix(R::kDown, l, c.hidden, c.ffn, store);
+    if (c.qkv_bias) {
+      b.bq = src.vector(R::kQBias, l, qd);
+      b.bk = src.vector(R::kKBias, l, kvd);
+      b.bv = src.vector(R::kVBias, l, kvd);
+    }
+    if (c.o_bias) b.bo = src.vector(R::kOBias, l, c.hidden);
+    if (c.qk_norm) {
+      b.q_norm = src.vector(R::kQNorm, l, c.head_dim);
+      b.k_norm = src.vector(R::kKNorm, l, c.head_dim);
+    }
     m.blocks_.push_back(std::move(b));
   }
-  for (int i = 0; i < c.head_dim / 2; ++i)
-    m.inv_freq_.push_back(static_cast<float>(
-        std::pow(static_cast<double>(c.rope_theta), -2.0 * i / static_cast<double>(c.head_dim))));
+  m.inv_freq_ = rope_inv_freq(c);
   return m;
+}
+
+LlamaModel LlamaModel::load(const GgufFile& f, WeightStore store) {
+  LlamaModel m = load_from(GgufSource{f, arch_entry("llama")}, read_config(f), store);
+  // Llama 3.x GGUFs carry their rope scaling as per-frequency divisors (llama.cpp's freq_factors).
+  if (const TensorInfo* t = f.find_tensor("rope_freqs.weight")) {
+    const Eigen::VectorXf ff = load_vector(f, t->name, m.cfg_.head_dim / 2);
+    for (size_t i = 0; i < m.inv_freq_.size(); ++i)
+      m.inv_freq_[i] /= ff[static_cast<Eigen::Index>(i)];
+  }
+  return m;
+}
+
+LlamaModel LlamaModel::load(const HfCheckpoint& c, WeightStore store) {
+  return load_from(HfSource{c, arch_entry(c.config().family)}, c.config(), store);
+}
+
+LlamaConfig LlamaModel::read_config(const std::string& path) {
+  if (HfCheckpoint::is_folder(path)) return HfCheckpoint::open(path).config();
+  return read_config(GgufFile::open(path));
+}
+
+LlamaModel LlamaModel::load(const std::string& path, WeightStore store) {
+  if (HfCheckpoint::is_folder(path)) return load(HfCheckpoint::open(path), store);
+  return load(GgufFile::open(path), store);
 }
 
 void LlamaModel::rope(float* x, int64_t n, int64_t heads, int64_t pos0, float sign) const {
   const int64_t D = cfg_.head_dim;
+  // channel pair (a, b) of frequency i: (2i, 2i + 1) adjacent, (i, i + D/2) rotate_half
+  const bool half = cfg_.rope_style == RopeStyle::kHalf;
+  const int64_t step = half ? 1 : 2, other = half ? D / 2 : 1;
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < D / 2; ++i) {
       const double a = static_cast<double>(pos0 + t) * inv_freq_[static_cast<size_t>(i)];
       const float cs = static_cast<float>(std::cos(a)), sn = sign * static_cast<float>(std::sin(a));
       for (int64_t h = 0; h < heads; ++h) {
-        float* p = x + (t * heads + h) * D + 2 * i;
-        const float x0 = p[0], x1 = p[1];
+        float* p = x + (t * heads + h) * D + step * i;
+        const float x0 = p[0], x1 = p[other];
         p[0] = x0 * cs - x1 * sn;
-        p[1] = x0 * sn + x1 * cs;
+        p[other] = x0 * sn + x1 * cs;
       }
     }
 }
 
 size_t LlamaModel::weight_bytes() const {
   auto bytes = [](const Linear& l) { return l.packed.bytes() + l.wt.size() * sizeof(float); };
-  size_t b = bytes(head_) + (tied_ ? 0 : bytes(embed_));
+  size_t b = bytes(head_) + (cfg_.tied ? 0 : bytes(embed_));
   for (const Block& k : blocks_)
     for (const Linear* l : {&k.wq, &k.wk, &k.wv, &k.wo, &k.w_gate, &k.w_up, &k.w_down})
       b += bytes(*l);
@@ -187,7 +347,7 @@ std::string LlamaModel::weight_formats() const {
   if (store_ == WeightStore::kFp32) return "fp32 (reference store)";
   std::map<std::string, int> n;
   ++n[head_.packed.format()];
-  if (!tied_) ++n[embed_.packed.format()];
+  if (!cfg_.tied) ++n[embed_.packed.format()];
   for (const Block& k : blocks_)
     for (const Linear* l : {&k.wq, &k.wk, &k.wv, &k.wo, &k.w_gate, &k.w_up, &k.w_down})
       ++n[l->packed.format()];
@@ -207,7 +367,7 @@ void LlamaModel::apply(const Linear& l, const float* x, int64_t n, float* y, boo
 }
 
 void LlamaModel::embed(int32_t id, float* out) const {
-  const Linear& e = tied_ ? head_ : embed_;
+  const Linear& e = cfg_.tied ? head_ : embed_;
   if (store_ == WeightStore::kPacked) {
     e.packed.weight_row(id, out);
   } else {
@@ -236,8 +396,9 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
   check_cache_options(cache.options(), c);
   const int64_t rows_out = all_logits ? n : 1;
   logits.resize(static_cast<size_t>(rows_out * c.vocab));
-  std::vector<float> ktail, vtail, attn(static_cast<size_t>(n * c.hidden));
-  Mat xn(n, c.hidden), q(n, c.hidden), k(n, kvd), v(n, kvd), k_pre, g(n, c.ffn), u(n, c.ffn),
+  const int64_t qd = c.q_dim();
+  std::vector<float> ktail, vtail, attn(static_cast<size_t>(n * qd));
+  Mat xn(n, c.hidden), q(n, qd), k(n, kvd), v(n, kvd), k_pre, g(n, c.ffn), u(n, c.ffn),
       y(rows_out, c.hidden);
   std::unique_ptr<SideStore> view;  // pre-RoPE keys rotated to their positions
   int64_t kbeg = 0, vbeg = 0;
@@ -288,6 +449,19 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
       product(b.wk, xn.data(), k.data(), false, n);
       product(b.wv, xn.data(), v.data(), false, n);
       team.barrier();
+      if (c.qkv_bias || c.qk_norm) {  // the table's optional pieces, each member its rows
+        if (c.qkv_bias)
+          for (Eigen::Index r = r0; r < r1; ++r) {
+            q.row(r) += b.bq.transpose();
+            k.row(r) += b.bk.transpose();
+            v.row(r) += b.bv.transpose();
+          }
+        if (c.qk_norm) {  // RMSNorm over each head's head_dim channels, before RoPE
+          rms_norm_heads(q, b.q_norm, c.rms_eps, r0, r1);
+          rms_norm_heads(k, b.k_norm, c.rms_eps, r0, r1);
+        }
+        team.barrier();
+      }
       const bool ok = serial([&] {
         rope(q.data(), n, c.heads, pos0);
         if (pre || observe) k_pre = k;
@@ -316,7 +490,8 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
         }
         const SideStore& keys = view ? *view : *side.k;
         const ExactTail ke{ktail.data(), kbeg}, ve{vtail.data(), vbeg};
-        const CausalArgs a{q.data(), n, c.heads, pos0, &keys, side.v.get(), ke, ve};
+        CausalArgs a{q.data(), n, c.heads, pos0, &keys, side.v.get(), ke, ve};
+        a.window = c.window_of(l);
         call = std::make_unique<CausalCall>(backend_, a, nt, kv_bytes);
         next_item.store(0);
         next_merge.store(0);
@@ -332,11 +507,13 @@ void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
       team.barrier();
       // back from a rot= value side's space, each member its rows
       if (call->rotates_output()) {
-        call->finish(attn.data() + r0 * c.hidden, (r1 - r0) * c.heads);
+        call->finish(attn.data() + r0 * qd, (r1 - r0) * c.heads);
         team.barrier();
       }
       product(b.wo, attn.data(), x.data(), true, n);
       team.barrier();
+      if (c.o_bias)
+        for (Eigen::Index r = r0; r < r1; ++r) x.row(r) += b.bo.transpose();
       rms_norm_rows(x, b.ffn_norm, c.rms_eps, xn, r0, r1);
       team.barrier();
       product(b.w_gate, xn.data(), g.data(), false, n);

@@ -1,5 +1,7 @@
-// A Llama-family decoder (SmolLM2-135M-Instruct and kin) from a GGUF file: weights kept in their
-// GGUF block format (model/packed_matrix.h), fp32 activations, and a KV cache in any kvq scheme.
+// A Llama-family decoder (SmolLM2-135M-Instruct and kin; Mistral, Qwen2/2.5, Qwen3 through
+// model/arch.h's table) from a GGUF file or a Hugging Face checkpoint folder: weights kept in their
+// GGUF block format or as fp32 panels (model/packed_matrix.h), fp32 activations, and a KV cache in
+// any kvq scheme.
 // Prefill in chunks and single-token decode are the same call: forward() appends the tokens to the
 // cache and attends causally, so every position sees exactly the cache a token-by-token decode
 // would hold (quantized outside the residual window).
@@ -17,18 +19,13 @@
 #include "core/spec.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
+#include "model/arch.h"
+#include "model/hf_checkpoint.h"
 #include "model/packed_matrix.h"
 #include "model/thread_team.h"
 #include "reference_cpu/kv_cache.h"
 
 namespace kvq {
-
-/// \brief Model hyperparameters, read from the GGUF's llama.* metadata.
-struct LlamaConfig {
-  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
-  int context = 0;
-  float rms_eps = 1e-5f, rope_theta = 10000.0f;
-};
 
 /// \brief How the model's KV cache is stored.
 struct CacheOptions {
@@ -92,6 +89,15 @@ class LlamaModel {
   /// \brief Loads a llama-architecture GGUF; errors name the missing key or tensor. The model
   /// keeps no reference to the file.
   static LlamaModel load(const gguf::GgufFile& f, WeightStore store = WeightStore::kPacked);
+  /// \brief Loads a checkpoint folder (its config: c.config()); errors name the shard file and
+  /// the tensor (missing, shape, dtype). F32/F16/BF16 weights are packed from the mapping into
+  /// fp32 panels, F8_E4M3 ones with their weight_scale / weight_scale_inv dequantized first.
+  static LlamaModel load(const HfCheckpoint& c, WeightStore store = WeightStore::kPacked);
+  /// \brief A model path's config without its weights: a folder's config.json, a GGUF's
+  /// metadata (HfCheckpoint::is_folder decides).
+  static LlamaConfig read_config(const std::string& path);
+  /// \brief Loads a model path: a checkpoint folder or a GGUF file.
+  static LlamaModel load(const std::string& path, WeightStore store = WeightStore::kPacked);
   const LlamaConfig& config() const { return cfg_; }
   /// \brief The attention backend of every later forward pass (default kCpu). Within one
   /// backend, chunked prefill and token-by-token decode give bit-identical logits; between the
@@ -115,15 +121,20 @@ class LlamaModel {
   void forward(std::span<const int32_t> tokens, LlamaCache& cache, std::vector<float>& logits,
                bool all_logits, int threads = 0, const KvObserver& observe = {}) const;
 
-  /// \brief RoPE (adjacent channel pairs, as GGUF's llama layout) on x [n, heads, head_dim] for
-  /// positions pos0.. ; `sign` -1 rotates back.
+  /// \brief RoPE on x [n, heads, head_dim] for positions pos0.. in the config's channel pairing
+  /// (GGUF: adjacent pairs; checkpoint folders: rotate_half's, so K equals transformers'
+  /// past_key_values); `sign` -1 rotates back.
   void rope(float* x, int64_t n, int64_t heads, int64_t pos0, float sign = 1.0f) const;
 
  private:
   struct Block {
     Eigen::VectorXf attn_norm, ffn_norm;
     Linear wq, wk, wv, wo, w_gate, w_up, w_down;
+    Eigen::VectorXf bq, bk, bv, bo;  ///< biases (LlamaConfig::qkv_bias, o_bias), else empty
+    Eigen::VectorXf q_norm, k_norm;  ///< per-head RMSNorm weights [head_dim] (qk_norm), else empty
   };
+  template <class Source>
+  static LlamaModel load_from(const Source& src, const LlamaConfig& c, WeightStore store);
   void apply(const Linear& l, const float* x, int64_t n, float* y, bool accumulate, int me,
              int members) const;
   void embed(int32_t id, float* out) const;
@@ -131,13 +142,12 @@ class LlamaModel {
   LlamaConfig cfg_;
   WeightStore store_ = WeightStore::kPacked;
   AttentionBackend backend_ = AttentionBackend::kCpu;
-  Linear head_;   ///< output head [vocab][hidden]: output.weight, or the token embeddings
-  Linear embed_;  ///< token embeddings when the file has its own output.weight (else head_)
-  bool tied_ = true;
+  Linear head_;        ///< output head [vocab][hidden]: output.weight, or the token embeddings
+  Linear embed_;       ///< token embeddings when the file has its own output.weight (else head_)
   struct TeamSlot {    // the forward pass's thread teams, kept between calls
     std::mutex mutex;  // one forward pass at a time per model
-    std::unique_ptr<ThreadTeam> team;   // `threads` members (all cores when kvq chooses)
-    std::unique_ptr<ThreadTeam> solo;   // one member: AutoThreads' other choice
+    std::unique_ptr<ThreadTeam> team;      // `threads` members (all cores when kvq chooses)
+    std::unique_ptr<ThreadTeam> solo;      // one member: AutoThreads' other choice
     std::unique_ptr<AutoThreads> chooser;  // threads = 0: the count per pass
   };
   std::shared_ptr<TeamSlot> team_ = std::make_shared<TeamSlot>();

@@ -238,9 +238,19 @@ void decode_q8_block(const uint8_t* blk, float* t) {
 }  // namespace
 
 PackedMatrix PackedMatrix::from_rows(const float* w, int64_t out, int64_t in) {
+  return from_dense(reinterpret_cast<const uint8_t*>(w), GgmlType::kF32, out, in);
+}
+
+PackedMatrix PackedMatrix::from_dense(const uint8_t* w, gguf::GgmlType type, int64_t out,
+                                      int64_t in) {
   KVQ_CHECK(out > 0 && in > 0, "PackedMatrix: empty matrix [{}, {}]", out, in);
+  KVQ_CHECK(type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16,
+            "PackedMatrix::from_dense: {} is not F32, F16 or BF16",
+            gguf::ggml_type_name(static_cast<uint32_t>(type)));
+  const int64_t item = type == GgmlType::kF32 ? 4 : 2;
   PackedMatrix pm;
   pm.kind_ = Kind::kF32;
+  pm.type_ = type;
   pm.in_ = in;
   pm.out_ = out;
   pm.panels_ = (out + P - 1) / P;
@@ -249,8 +259,12 @@ PackedMatrix PackedMatrix::from_rows(const float* w, int64_t out, int64_t in) {
   pm.block_bytes_ = P * static_cast<int64_t>(sizeof(float));
   pm.data_.assign(static_cast<size_t>(pm.panels_ * in * pm.block_bytes_), 0);
   auto* f = reinterpret_cast<float*>(pm.data_.data());
-  for (int64_t c = 0; c < out; ++c)
-    for (int64_t k = 0; k < in; ++k) f[((c / P) * in + k) * P + c % P] = w[c * in + k];
+  std::vector<float> row(static_cast<size_t>(in));
+  for (int64_t c = 0; c < out; ++c) {
+    gguf::dequantize_row(type, w + c * in * item, in, row.data());  // exact conversions
+    for (int64_t k = 0; k < in; ++k)
+      f[((c / P) * in + k) * P + c % P] = row[static_cast<size_t>(k)];
+  }
   return pm;
 }
 
@@ -265,12 +279,8 @@ PackedMatrix PackedMatrix::from_gguf(const gguf::GgufFile& f, const gguf::Tensor
             t.name, in, tr->name);
   const uint8_t* src = f.tensor_data(t).data();
   const int64_t row_bytes = in / tr->block_elems * tr->block_bytes;
-  if (t.type == GgmlType::kF32 || t.type == GgmlType::kF16 || t.type == GgmlType::kBF16) {
-    const std::vector<float> w = f.dequantize(t);  // exact conversions
-    PackedMatrix pm = from_rows(w.data(), out, in);
-    pm.type_ = t.type;
-    return pm;
-  }
+  if (t.type == GgmlType::kF32 || t.type == GgmlType::kF16 || t.type == GgmlType::kBF16)
+    return from_dense(src, t.type, out, in);
   PackedMatrix pm;
   pm.type_ = t.type;
   pm.in_ = in;

@@ -40,6 +40,10 @@ class PackedMatrix {
   static PackedMatrix from_gguf(const gguf::GgufFile& f, const gguf::TensorInfo& t);
   /// \brief An fp32 matrix given row-major as W [out][in] (the reference the tests compare with).
   static PackedMatrix from_rows(const float* w, int64_t out, int64_t in);
+  /// \brief W [out][in] given row-major as F32, F16 or BF16 values (a GGUF tensor's data or a
+  /// safetensors tensor's, read in place), converted exactly into fp32 panels; format() names
+  /// `type`.
+  static PackedMatrix from_dense(const uint8_t* w, gguf::GgmlType type, int64_t out, int64_t in);
 
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }

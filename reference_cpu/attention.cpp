@@ -103,7 +103,7 @@ void causal_attention_check(int64_t n, int64_t q_heads, int64_t t_begin, const S
 
 void causal_attention_item(const float* q, int64_t q_heads, int64_t t_begin, const SideStore& k,
                            const SideStore& v, ExactTail k_exact, ExactTail v_exact, float* out,
-                           int64_t item, std::vector<float>& s) {
+                           int64_t item, std::vector<float>& s, int64_t window) {
   const int64_t H = k.heads(), D = k.dim();
   const int64_t r = item / H, h = item % H;
   const int nq = static_cast<int>(q_heads / H);
@@ -119,6 +119,8 @@ void causal_attention_item(const float* q, int64_t q_heads, int64_t t_begin, con
   for (int i = 0; i < nq; ++i) {
     float* row = s.data() + i * len;
     for (int64_t t = 0; t < len; ++t) row[t] *= inv_sqrt_d;
+    if (window > 0)  // a sliding window: tokens older than it get probability 0
+      std::fill(row, row + std::max<int64_t>(0, len - window), -INFINITY);
     softmax_row(row, len);
   }
   std::fill(oh, oh + nq * D, 0.0f);
@@ -129,7 +131,7 @@ void causal_attention_item(const float* q, int64_t q_heads, int64_t t_begin, con
 
 void causal_attention(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
                       const SideStore& k, const SideStore& v, ExactTail k_exact, ExactTail v_exact,
-                      float* out, int threads) {
+                      float* out, int threads, int64_t window) {
   causal_attention_check(n, q_heads, t_begin, k, v, k_exact, v_exact);
   const int64_t items = n * k.heads();
 #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
@@ -137,7 +139,7 @@ void causal_attention(const float* q, int64_t n, int64_t q_heads, int64_t t_begi
     std::vector<float> s;
 #pragma omp for schedule(dynamic, 4)
     for (int64_t it = 0; it < items; ++it)
-      causal_attention_item(q, q_heads, t_begin, k, v, k_exact, v_exact, out, it, s);
+      causal_attention_item(q, q_heads, t_begin, k, v, k_exact, v_exact, out, it, s, window);
   }
 }
 

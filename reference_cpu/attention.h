@@ -24,9 +24,11 @@ void decode_attention(const float* q, int64_t q_heads, const SideStore& k, const
 /// [n, q_heads, dim]. With t_begin = 0 and the raw tensors as exact tails this is causal prefill;
 /// a chunk after earlier ones passes the cache's exact tail from before the append (see
 /// SideStore::exact_tail) followed by the chunk's raw values.
+/// `window` > 0: position i attends to tokens i - window + 1 .. i only (a sliding window, as
+/// transformers' sliding_window mask); the older ones get probability 0.
 void causal_attention(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
                       const SideStore& k, const SideStore& v, ExactTail k_exact, ExactTail v_exact,
-                      float* out, int threads = 1);
+                      float* out, int threads = 1, int64_t window = 0);
 
 /// \brief The checks causal_attention makes (throws kvq::Error naming what is wrong).
 void causal_attention_check(int64_t n, int64_t q_heads, int64_t t_begin, const SideStore& k,
@@ -38,7 +40,7 @@ void causal_attention_check(int64_t n, int64_t q_heads, int64_t t_begin, const S
 /// `scratch` is resized as needed.
 void causal_attention_item(const float* q, int64_t q_heads, int64_t t_begin, const SideStore& k,
                            const SideStore& v, ExactTail k_exact, ExactTail v_exact, float* out,
-                           int64_t item, std::vector<float>& scratch);
+                           int64_t item, std::vector<float>& scratch, int64_t window = 0);
 
 /// \brief Causal prefill of a cache holding exactly the T tokens of k_raw / v_raw ([T, H, D]):
 /// causal_attention with t_begin = 0 and the raw tensors as exact tails.
