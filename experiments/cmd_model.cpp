@@ -58,7 +58,7 @@ const Loaded& load(const Common& c) {
 // against it before the long load.
 const LlamaConfig& model_config(const Common& c) {
   static std::optional<LlamaConfig> cfg;
-  if (!cfg) cfg = LlamaModel::read_config(gguf::GgufFile::open(model_path(c.model_file)));
+  if (!cfg) cfg = LlamaModel::read_config(model_path(c.model_file));
   return *cfg;
 }
 
@@ -71,9 +71,11 @@ CacheOptions cache_options(const std::string& spec, bool pre_rope, bool hadamard
 }
 
 void add_common(CLI::App* c, Common& o, bool with_kv = true) {
-  c->add_option("--model-file", o.model_file,
-                "GGUF model (default: ${KVQ_MODEL_DIR:-~/.cache/kvq}/SmolLM2-135M-Instruct.Q4_1.gguf, "
-                "fetched by scripts/fetch-model.sh)");
+  c->add_option("--model-file,--model", o.model_file,
+                "GGUF file, or Hugging Face checkpoint folder (config.json, *.safetensors, "
+                "tokenizer.json; families: llama, mistral, qwen2, qwen3) (default: "
+                "${KVQ_MODEL_DIR:-~/.cache/kvq}/SmolLM2-135M-Instruct.Q4_1.gguf, fetched by "
+                "scripts/fetch-model.sh)");
   if (with_kv) {
     c->add_option("--kv", o.kv, "KV-cache scheme spec (fp32, bf16, fp8_e4m3:gran=token, kivi2, int4:k=channel,v=token,...)")
         ->capture_default_str();
@@ -602,7 +604,14 @@ void register_model(CLI::App& app) {
   std::string names;  // from the registrations, so the list cannot fall behind them
   for (const CLI::App* sub : model->get_subcommands([](const CLI::App*) { return true; }))
     names += (names.empty() ? "" : ", ") + sub->get_name();
-  model->description("Run SmolLM2-135M-Instruct (GGUF) with a quantized KV cache: " + names + ".");
+  model->description(
+      "Run a Llama-family model with a quantized KV cache: " + names +
+      ".\nThe model (--model): SmolLM2-135M-Instruct's GGUF by default, any llama GGUF, or a "
+      "Hugging Face checkpoint folder (config.json, *.safetensors [+ index], tokenizer.json) of "
+      "the families " +
+      architecture_names() +
+      " (bf16/fp16/fp32 weights, or fp8 with their scales; README \"Models\"). Mistral's sliding "
+      "window runs on --backend ref; backend cpu refuses a context longer than the window.");
 }
 
 }  // namespace kvq::cli

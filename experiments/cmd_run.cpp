@@ -1077,7 +1077,8 @@ void register_run(CLI::App& app) {
     merge("ruler", plan);
   }
   c->add_option("--out", o->out, "results directory (default: the config's `out`)");
-  c->add_option("--model-file", o->model_file, "GGUF model (default: the fetched SmolLM2)");
+  c->add_option("--model-file,--model", o->model_file,
+                "GGUF file or Hugging Face checkpoint folder (default: the fetched SmolLM2)");
   c->add_option("--only", o->only, "run one task")
       ->check(CLI::IsMember({"synthetic", "model", "needle", "throughput", "ruler"}));
   c->add_flag("--append", o->append,
@@ -1202,7 +1203,7 @@ void register_run(CLI::App& app) {
     // The model's shape from the GGUF's metadata alone, read once for the tasks that need it.
     std::optional<LlamaConfig> lc;
     auto model_config = [&]() -> const LlamaConfig& {
-      if (!lc) lc = LlamaModel::read_config(gguf::GgufFile::open(model_path(o->model_file)));
+      if (!lc) lc = LlamaModel::read_config(model_path(o->model_file));
       return *lc;
     };
     // A task's own `schemes`, else the top-level rows.

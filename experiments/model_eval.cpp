@@ -408,6 +408,10 @@ DivergeResult diverge(const LlamaModel& m, const CacheOptions& ref, const CacheO
 }
 
 LoadedModel load_model(const std::string& path) {
+  if (HfCheckpoint::is_folder(path)) {  // a checkpoint folder: its tokenizer.json
+    const HfCheckpoint c = HfCheckpoint::open(path);
+    return {LlamaModel::load(c), Tokenizer::from_tokenizer_json(c.tokenizer_path())};
+  }
   const gguf::GgufFile f = gguf::GgufFile::open(path);
   return {LlamaModel::load(f), Tokenizer::from_gguf(f)};
 }

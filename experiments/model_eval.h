@@ -17,8 +17,8 @@
 
 namespace kvq::eval {
 
-/// \brief A GGUF's model and tokenizer, from one open of the file (its mapping is released once
-/// the weights are packed).
+/// \brief A model path's model and tokenizer: a GGUF's from one open of the file, a checkpoint
+/// folder's weights and tokenizer.json (the mappings are released once the weights are packed).
 struct LoadedModel {
   LlamaModel model;
   Tokenizer tok;

@@ -8,8 +8,9 @@ namespace kvq::cli {
 
 /// \brief The model cache directory: $KVQ_MODEL_DIR, else $HOME/.cache/kvq.
 std::string model_dir();
-/// \brief `flag` if set, else the default SmolLM2 GGUF in model_dir(); throws naming the fetch
-/// script when the file is missing.
+/// \brief `flag` if set (a GGUF file or a Hugging Face checkpoint folder: LlamaModel::read_config
+/// and eval::load_model tell them apart), else the default SmolLM2 GGUF in model_dir(); throws
+/// naming the fetch script when the path is missing.
 std::string model_path(const std::string& flag);
 /// \brief A text file argument; "kjv" names the King James Bible in model_dir().
 std::string text_path(const std::string& arg);

@@ -343,7 +343,8 @@ class Model {
                           {"hidden", c.hidden},     {"heads", c.heads},
                           {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim},
                           {"ffn", c.ffn},           {"vocab", c.vocab},
-                          {"context", c.context},   {"weights", m_->model.weight_formats()}}
+                          {"context", c.context},   {"weights", m_->model.weight_formats()},
+                          {"family", c.family}}
         .dump();
   }
 

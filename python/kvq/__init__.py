@@ -349,8 +349,9 @@ def _num(v: Any, name: str) -> Optional[float]:
 
 
 def model_path(path: Optional[str] = None) -> str:
-    """The GGUF kvq uses: ``path``, else SmolLM2-135M-Instruct.Q4_1.gguf in $KVQ_MODEL_DIR or
-    ~/.cache/kvq (scripts/fetch-model.sh fetches it); kvq.Error when the file is missing.
+    """The model kvq uses: ``path`` (a GGUF file or a Hugging Face checkpoint folder), else
+    SmolLM2-135M-Instruct.Q4_1.gguf in $KVQ_MODEL_DIR or ~/.cache/kvq (scripts/fetch-model.sh
+    fetches it); kvq.Error when the path is missing.
 
     Example::
 
@@ -371,8 +372,10 @@ def read_text(source: str) -> str:
 
 
 class Model:
-    """The real model (a Llama-architecture GGUF; default SmolLM2-135M-Instruct Q4_1) with a KV
-    cache in any scheme. Weights stay in their GGUF blocks; logits are exact fp32 arithmetic.
+    """A Llama-family model with a KV cache in any scheme: a llama GGUF (default
+    SmolLM2-135M-Instruct Q4_1; weights stay in their GGUF blocks) or a Hugging Face checkpoint
+    folder (config.json, *.safetensors, tokenizer.json) of the families llama, mistral, qwen2,
+    qwen3 (weights in fp32 panels). Logits are exact fp32 arithmetic.
 
     Example::
 
@@ -385,7 +388,7 @@ class Model:
     def __init__(self, path: Optional[str] = None):
         self._m = _kvq.Model(path or "")
         self.config: dict = json.loads(self._m.config())
-        """layers, hidden, heads, kv_heads, head_dim, ffn, vocab, context, weights, path"""
+        """layers, hidden, heads, kv_heads, head_dim, ffn, vocab, context, weights, path, family"""
 
     def encode(self, text: str, max_tokens: int = 0, chat: bool = False) -> list[int]:
         """Token ids of ``text`` (the first ``max_tokens`` when > 0); ``chat`` wraps it in the
