@@ -222,8 +222,8 @@ LlamaConfig LlamaModel::read_config(const GgufFile& f) {
   for (const ArchEntry& a : architectures())
     if (a.gguf_arch && arch == a.gguf_arch) entry = &a;
   KVQ_CHECK(entry && arch == "llama",
-            "{}: architecture '{}' is not supported (only llama; Mistral and Qwen from a "
-            "checkpoint folder)",
+            "{}: architecture '{}' is not supported (only llama); Mistral and Qwen load from a "
+            "Hugging Face checkpoint folder",
             f.name(), arch);
   LlamaConfig c;
   c.family = entry->family;
