@@ -10,6 +10,7 @@
 
 #include <fstream>
 #include <chrono>
+#include <cmath>
 #include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -101,7 +102,7 @@ TEST_F(RunCli, SectionKeysTypesAndEmptyConfigs_oneLineBeforeAnythingIsWritten) {
   check("schemes = [\"kivi2\"]\n[model]\nctx = 1\n", "[model].ctx must be between 2");
   check("schemes = [\"kivi2\"]\n[model]\nbackend = \"gpu\"\n", "[model].backend:");
   check("schemes = [\"kivi2\"]\n",
-        "nothing to run: give a [synthetic], [model], [needle] or [throughput] table");
+        "nothing to run: give a [synthetic], [model], [needle], [throughput] or [ruler] table");
   // cuda is a name of the one list (kernels/backend.h), refused with what runs it today
   check("schemes = [\"kivi2\"]\n[throughput]\nbackends = [\"cuda\"]\n",
         "[throughput].backends \"cuda\": backend cuda runs today in the CUDA kernels' own tests");
@@ -421,6 +422,69 @@ TEST_F(RunCli, SigkillAt20Points_resumeEqualsUninterruptedRun_andShardsMerge) {
     std::ofstream(cfg) << "out = \"" << out.string() << "\"\nschemes = [\"bf16\", \"fp8_e4m3:gran=token\"]\n"
                        << "[sweep]\ntemplate = \"int{b}:k={k},v=token,g={g},r=0\"\nb = [2, 3, 4, 8]\n"
                        << "k = [\"channel\", \"token\"]\ng = [8, 16, 32]\n"
+// [ruler] (experiments/ruler.h): one row per scheme x length x task x sample with the fp32 cache's
+// score on the same prompt beside it; a rerun resumes, 2 shards merge to the rows of one run, and
+// its keys are checked before anything runs.
+TEST_F(RunCli, Ruler_rowsPerCase_fp32Beside_resumesShardsAndBadKeys) {
+  if (!std::filesystem::exists(cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf") ||
+      !std::filesystem::exists(cli::model_dir() + "/kjv.txt"))
+    GTEST_SKIP() << "model or text not fetched (scripts/fetch-model.sh, scripts/fetch-text.sh)";
+  const auto cfg = [&](const std::string& ruler) {
+    std::ofstream(dir_ / "r.toml") << "name = \"r\"\nout = \"" << (dir_ / "out").string()
+                                   << "\"\nschemes = [\"kivi2\"]\n[ruler]\n" << ruler;
+    return (dir_ / "r.toml").string();
+  };
+  // vt: RULER lets it generate 30 tokens (a needle task 128), so the test stays short
+  const std::string good = cfg("tasks = [\"vt\"]\nlengths = [1024]\nsamples = 2\n");
+  auto r = run_kvq("run --check " + good);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("ruler rows (1): kivi2:g=32,r=128"), std::string::npos) << r.out;
+  const auto whole = dir_ / "whole";
+  r = run_kvq("run --only ruler --out " + whole.string() + " " + good);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("plot_ruler.py"), std::string::npos) << r.out;
+  auto rows = jsonl(whole / "ruler.jsonl");
+  ASSERT_EQ(rows.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(rows[i]["settings"]["sample"], i);
+    EXPECT_EQ(rows[i]["settings"]["task"], "vt");
+    EXPECT_EQ(rows[i]["prompt_tokens"], 1024 - 30) << "RULER's budget: 30 tokens to generate";
+    EXPECT_LE(rows[i]["generated"], 30);
+    // string_match_all over the chain's 5 names: a multiple of 1/5
+    for (const char* k : {"score", "fp32_score"}) {
+      const double x = 5 * rows[i][k].get<double>();
+      EXPECT_TRUE(x >= 0 && x <= 5 && x == std::round(x)) << rows[i].dump();
+    }
+    EXPECT_EQ(rows[i]["answers"].get<std::string>().size(), 5u * 5 + 4 * 2) << "5 names of 5 letters";
+  }
+  const std::string before = testing::slurp(whole / "ruler.jsonl");
+  r = run_kvq("run --out " + whole.string() + " " + good);  // resumes: nothing left to run
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(testing::slurp(whole / "ruler.jsonl"), before);
+  for (int i = 1; i <= 2; ++i) ASSERT_EQ(run_kvq(fmt::format("run --shard {}/2 {}", i, good)).status, 0);
+  r = run_kvq("run --merge " + good);
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto merged = jsonl(dir_ / "out" / "ruler.jsonl");
+  ASSERT_EQ(merged.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (auto* row : {&rows[i], &merged[i]})
+      for (const char* k : {"machine", "kvq", "seconds"}) row->erase(k);
+    EXPECT_EQ(rows[i], merged[i]) << i;
+  }
+  const auto bad = [&](const std::string& ruler, const std::string& want) {
+    const auto b = run_kvq("run --check " + cfg(ruler));
+    EXPECT_NE(b.status, 0) << ruler;
+    EXPECT_EQ(b.err_lines(), 1) << b.err;
+    EXPECT_NE(b.err.find(want), std::string::npos) << b.err;
+  };
+  bad("tasks = [\"qa_1\"]\n", "[ruler].tasks: ruler: no task \"qa_1\" (tasks: niah_single_1,");
+  bad("lengths = [512]\n", "[ruler].lengths 512 is outside [1024, 8192] (the model's context)");
+  bad("lengths = [16384]\n", "[ruler].lengths 16384 is outside [1024, 8192]");
+  bad("samples = 0\n", "[ruler].samples must be between 1 and 10000, got 0");
+  bad("haystack = \"/nonexistent.txt\"\n", "[ruler].haystack (\"kjv\", \"noise\" or a text file)");
+  bad("depth = [0.5]\n", "unknown key [ruler].depth (allowed: tasks, lengths");
+}
+
                        << "[synthetic]\ntokens = 8192\nheads = 2\nhead_dim = 64\nqueries = 2\n";
   };
   const auto whole = dir_ / "whole", killed = dir_ / "killed";
@@ -572,8 +636,9 @@ TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
     EXPECT_EQ(r.status, 0) << e.path() << ": " << r.err;
     if (r.status != 0) continue;
     const size_t nsyn = count(listing, "synthetic"), nmod = count(listing, "model"),
-                 nneedle = count(listing, "needle"), ntp = count(listing, "throughput");
-    EXPECT_GT(nsyn + nmod + nneedle + ntp, 0u) << e.path() << ": the listing names no rows: " << listing;
+                 nneedle = count(listing, "needle"), ntp = count(listing, "throughput"),
+                 nruler = count(listing, "ruler");
+    EXPECT_GT(nsyn + nmod + nneedle + ntp + nruler, 0u) << e.path() << ": the listing names no rows: " << listing;
     ++configs;
     if (ntp) {  // one context and batch, every scheme per op and backend: at least bf16 + one
       const auto rows = jsonl(out / "throughput.jsonl");
@@ -608,3 +673,9 @@ TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
 
 }  // namespace
 }  // namespace kvq
+    if (nruler) {  // the first task once at 1,024 tokens: one row per scheme
+      const auto rows = jsonl(out / "ruler.jsonl");
+      EXPECT_EQ(rows.size(), nruler) << e.path();
+      EXPECT_EQ(rows.front()["settings"]["length"], 1024) << e.path();
+      EXPECT_TRUE(rows.front()["fp32_score"].is_number()) << rows.front().dump();
+    }
