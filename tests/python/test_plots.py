@@ -28,7 +28,7 @@ def plot(script, *args, cwd):
 @pytest.fixture(scope="module")
 def run_dir(cli, tmp_path_factory):
     """One small `kvq run` with every task: synthetic, model rows at two window lengths (with a
-    one-layer spec, as layer_sensitivity.toml has), needle and throughput."""
+    one-layer spec, as layer_sensitivity.toml has), needle, throughput and ruler."""
     try:
         kvq.model_path()
     except kvq.Error as e:
@@ -58,6 +58,10 @@ heads = 2
 head_dim = 32
 gqa = 2
 repeats = 1
+[ruler]
+tasks = ["vt"]
+lengths = [1024]
+samples = 1
 """)
     r = cli("run", d / "c.toml")
     assert "plot: " in r.stdout, r.stdout
@@ -72,11 +76,12 @@ def test_each_figure_lands_beside_its_results_and_docs_img_is_untouched(run_dir,
     plot("plot_context.py", out, cwd=tmp_path)
     plot("plot_needle.py", out, cwd=tmp_path)
     plot("plot_throughput.py", out, cwd=tmp_path)
+    plot("plot_ruler.py", out, cwd=tmp_path)
     plot("plot_options.py", "rotation", out, cwd=tmp_path)
     plot("plot_options.py", "sinks", out, cwd=tmp_path)
     plot("plot_options.py", "layers", out, out, cwd=tmp_path)
     for name in ("synthetic_snr", "synthetic_attention", "model_kld", "context", "needle",
-                 "throughput", "rotation", "sinks", "per_layer"):
+                 "throughput", "rotation", "sinks", "per_layer", "ruler"):
         for ext in ("png", "pdf"):
             assert (out / f"{name}.{ext}").stat().st_size > 0, f"{name}.{ext} not beside results"
     sweep = run_dir / "plan" / "sweep.csv"
