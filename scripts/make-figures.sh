@@ -21,6 +21,10 @@ build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/context.tom
 # Passkey retrieval grid (~8 minutes): found / trials per context and depth, per scheme.
 build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/needle.toml
 .venv/bin/python experiments/plots/plot_needle.py results/needle --out docs/img
+# RULER-style long-context tasks (~15 minutes): accuracy against length per task and scheme, and
+# docs/img/ruler_accuracy.csv.
+build/${KVQ_PRESET:-default}/experiments/kvq run experiments/configs/ruler.toml
+.venv/bin/python experiments/plots/plot_ruler.py results/ruler --out docs/img
 # Cache throughput (~10 + ~4 minutes, one thread; run it on a quiet machine): decode per batch
 # over cold caches and prefill quantize, per scheme, backend and context, backend cpu in both int
 # modes (exact, then int8).
