@@ -2,7 +2,8 @@
 """Writes tests/fixtures/hf/<family>/: tiny random Hugging Face checkpoints of each architecture kvq
 loads, real tokenizers trained on KJV, and what transformers computes with them (issue 49 item 3).
 
-For each family (llama, llama3, mistral, qwen2, qwen3, smollm2) it writes what a user's
+For each family (llama, llama3, mistral, qwen2, qwen3, smollm2, and qwen3_fp8: Qwen3 in the
+block-scaled FP8 checkpoint format) it writes what a user's
 checkpoint folder holds, as transformers' own save_pretrained writes it:
     config.json, generation_config.json, model.safetensors (or model-0000k-of-0000n.safetensors
     and model.safetensors.index.json), tokenizer.json, tokenizer_config.json, chat_template.jinja
@@ -126,6 +127,7 @@ PINNED = {
     "safetensors": "0.8.0",
     "numpy": "2.4.6",
     "optimum-quanto": "0.2.7",
+    "accelerate": "1.16.0",  # transformers needs it to load (dequantize) the FP8 checkpoint
 }
 
 # Llama-3's pre-tokenizer regex (meta-llama/Llama-3.2-1B tokenizer.json)
@@ -286,6 +288,20 @@ FAMILIES = {
         config=dict(hidden_size=64, head_dim=64, intermediate_size=128, num_hidden_layers=2,
                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
                     rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)),
+    # Qwen3 as published in FP8 (Qwen/Qwen3-*-FP8, DeepSeek-V3's format): the attention and MLP
+    # projections stored F8_E4M3 with a float32 `weight_scale_inv` per block of
+    # fp8_block = [rows, cols] (the dequantized weight is fp8 * weight_scale_inv; published
+    # checkpoints use [128, 128], 32 here so that every matrix has several blocks each way);
+    # embeddings and norms bf16; "quantization_config" {"quant_method": "fp8", "fmt": "e4m3",
+    # "activation_scheme": "dynamic", "weight_block_size"} in config.json. transformers on a CPU
+    # dequantizes such a checkpoint at load (Fp8Dequantize: fp8.float() * scale, in float32).
+    "qwen3_fp8": dict(
+        tokenizer="qwen3", arch="qwen3", dtype=torch.bfloat16, shard=None, legacy_config=False,
+        pad_vocab_to=64, fp8_block=[32, 32],
+        config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                    max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                    tie_word_embeddings=True)),
 }
 # fmt: on
 QUANT_FAMILIES = ["llama", "qwen3"]
@@ -616,6 +632,47 @@ def legacy_tokenizer_config(folder, spec, special_args, template):
     path.write_text(json.dumps(dict(sorted(cfg.items())), indent=2, ensure_ascii=False) + "\n")
 
 
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def fp8_checkpoint(folder, block):
+    """Rewrites model.safetensors with the projections in block-scaled F8_E4M3 (DeepSeek-V3 /
+    Qwen3-FP8 layout) and adds quantization_config to config.json."""
+    from safetensors import safe_open
+
+    path = folder / "model.safetensors"
+    tensors = {}
+    with safe_open(str(path), "pt") as f:
+        metadata = f.metadata()
+        for name in f.keys():
+            tensors[name] = f.get_tensor(name)
+    out = {}
+    for name, w in tensors.items():
+        if not (name.endswith(".weight") and name.split(".")[-2] in FP8_PROJECTIONS):
+            out[name] = w
+            continue
+        rows, cols = w.shape
+        br, bc = block
+        assert rows % br == 0 and cols % bc == 0, (name, w.shape)
+        x = w.float().reshape(rows // br, br, cols // bc, bc)
+        amax = x.abs().amax(dim=(1, 3), keepdim=True)
+        scale = amax / FP8_MAX  # float32, one per block
+        q = (x / scale).to(torch.float8_e4m3fn)
+        out[name] = q.reshape(rows, cols).contiguous()
+        out[name + "_scale_inv"] = scale.reshape(rows // br, cols // bc).contiguous()
+    save_file(out, str(path), metadata=metadata)
+    cfg_path = folder / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["quantization_config"] = {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": list(block),
+    }
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
 def forward_and_greedy(model, ids):
     """fp32 prompt logits, the prompt's K/V per layer, greedy tokens and their step logits."""
     cache = DynamicCache()
@@ -706,6 +763,9 @@ def write_family(name, spec, index, lines, out_root, quant):
         for k in ("rope_parameters", "sliding_window", "layer_types", "head_dim", "vocab_size"):
             assert before.get(k) == after.get(k), (name, k, before.get(k), after.get(k))
 
+    if spec.get("fp8_block"):
+        fp8_checkpoint(folder, spec["fp8_block"])
+
     # transformers' fp32 reference, loaded from the folder as written
     ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
     ref.eval()
@@ -783,6 +843,15 @@ def write_family(name, spec, index, lines, out_root, quant):
             f"cast to {spec['dtype']} and written by save_pretrained"
             + (f"(max_shard_size='{spec['shard']}')" if spec["shard"] else ""),
         },
+        "fp8_checkpoint": (
+            f"projections stored F8_E4M3 with float32 <name>.weight_scale_inv per block of "
+            f"{spec['fp8_block']} (amax / 448 of the bf16 weight's block; fp8 = "
+            "(w / scale).to(float8_e4m3fn), round to nearest even); transformers dequantized them "
+            "at load to float32 fp8 * scale (Fp8Dequantize), the weights the logits were "
+            "computed with"
+        )
+        if spec.get("fp8_block")
+        else None,
         "tolerance_hint": "fp32 arithmetic in different order: the generator's eager vs sdpa "
         "difference is stats.max_abs_diff_eager_vs_sdpa",
         "versions": versions(),
