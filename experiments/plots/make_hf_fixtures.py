@@ -9,7 +9,7 @@ checkpoint folder holds, as transformers' own save_pretrained writes it:
     and model.safetensors.index.json), tokenizer.json, tokenizer_config.json, chat_template.jinja
 and beside them, what the C++ tests compare against:
     expected.json         the prompt, its ids, the greedy continuation, how each value was made
-    expected.safetensors  transformers' fp32 logits and K/V (tensor names in tests/fixtures/hf/README.md)
+    expected.safetensors  transformers' fp32 logits and K/V (names in tests/fixtures/hf/README.md)
     tokenizer_cases.json  strings with their ids and decodes from the `tokenizers` library
     quantized_cache.safetensors / .json  (families in QUANT_FAMILIES) transformers' QuantizedCache
                           (quanto backend) logits, one token per forward pass (see below)
@@ -82,10 +82,8 @@ import json
 import os
 import shutil
 import sys
-import unicodedata
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import save_file
 from tokenizers import (
@@ -100,7 +98,6 @@ from tokenizers import (
     trainers,
 )
 
-import transformers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -388,7 +385,12 @@ def spm_tokenizer(lines, legacy):
             replacement="▁", prepend_scheme="first", split=False
         )
     t.decoder = decoders.Sequence(
-        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
     )
     t.add_special_tokens(
         [AddedToken(s, special=True, normalized=False) for s in ("<unk>", "<s>", "</s>")]
@@ -404,7 +406,6 @@ def train_byte_bpe(lines, pre_tok, normalizer, n_merged, leading_specials=(), mi
     t = Tokenizer(models.BPE())
     t.normalizer = normalizer
     t.pre_tokenizer = pre_tok
-    missing = {pre_tokenizers.ByteLevel.alphabet()[0]}  # placeholder, replaced below
     byte_chars = bytes_to_unicode()
     missing = {byte_chars[b] for b in missing_bytes}
     alphabet = [c for c in byte_chars.values() if c not in missing]
@@ -479,11 +480,15 @@ def qwen_tokenizer(lines, qwen3):
     t.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in QWEN_SPECIALS])
     if qwen3:
         t.add_tokens([AddedToken(s, special=False, normalized=False) for s in QWEN3_EXTRA])
-    t.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    t.post_processor = processors.ByteLevel(
+        add_prefix_space=False, trim_offsets=False, use_regex=False
+    )
     # Qwen's decoder is ByteLevel with all three flags false; `decoders.ByteLevel()` takes no
     # flags (they do not change decoding), so they are set in the JSON
     j = json.loads(t.to_str())
-    j["decoder"] = dict(type="ByteLevel", add_prefix_space=False, trim_offsets=False, use_regex=False)
+    j["decoder"] = dict(
+        type="ByteLevel", add_prefix_space=False, trim_offsets=False, use_regex=False
+    )
     return Tokenizer.from_str(json.dumps(j))
 
 
@@ -506,7 +511,9 @@ def smollm2_tokenizer(lines):
     t.normalizer = None
     t.pre_tokenizer = pre
     t.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SMOLLM2_SPECIALS])
-    t.post_processor = processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True)
+    t.post_processor = processors.ByteLevel(
+        add_prefix_space=True, trim_offsets=False, use_regex=True
+    )
     t.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
     return t
 
@@ -514,30 +521,46 @@ def smollm2_tokenizer(lines):
 # Per tokenizer: the Tokenizer, the special-token arguments of tokenizer_config.json, template
 def build_tokenizer(kind, lines):
     if kind == "llama2":
-        return spm_tokenizer(lines, legacy=True), dict(
-            bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-        ), None
+        return (
+            spm_tokenizer(lines, legacy=True),
+            dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>"),
+            None,
+        )
     if kind == "mistral":
-        return spm_tokenizer(lines, legacy=False), dict(
-            bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-        ), MISTRAL_TEMPLATE
+        return (
+            spm_tokenizer(lines, legacy=False),
+            dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>"),
+            MISTRAL_TEMPLATE,
+        )
     if kind == "llama3":
-        return llama3_tokenizer(lines), dict(
-            bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"
-        ), LLAMA3_TEMPLATE
+        return (
+            llama3_tokenizer(lines),
+            dict(bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"),
+            LLAMA3_TEMPLATE,
+        )
     if kind == "qwen2":
-        return qwen_tokenizer(lines, qwen3=False), dict(
-            eos_token="<|im_end|>", pad_token="<|endoftext|>"
-        ), QWEN_TEMPLATE
+        return (
+            qwen_tokenizer(lines, qwen3=False),
+            dict(eos_token="<|im_end|>", pad_token="<|endoftext|>"),
+            QWEN_TEMPLATE,
+        )
     if kind == "qwen3":
-        return qwen_tokenizer(lines, qwen3=True), dict(
-            eos_token="<|im_end|>", pad_token="<|endoftext|>"
-        ), QWEN3_TEMPLATE
+        return (
+            qwen_tokenizer(lines, qwen3=True),
+            dict(eos_token="<|im_end|>", pad_token="<|endoftext|>"),
+            QWEN3_TEMPLATE,
+        )
     if kind == "smollm2":
-        return smollm2_tokenizer(lines), dict(
-            bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token="<|endoftext|>",
-            pad_token="<|im_end|>"
-        ), SMOLLM2_TEMPLATE
+        return (
+            smollm2_tokenizer(lines),
+            dict(
+                bos_token="<|im_start|>",
+                eos_token="<|im_end|>",
+                unk_token="<|endoftext|>",
+                pad_token="<|im_end|>",
+            ),
+            SMOLLM2_TEMPLATE,
+        )
     raise ValueError(kind)
 
 
@@ -576,7 +599,12 @@ def make_config(arch, family_cfg, vocab_size, bos_id, eos_id, pad_id):
     if rope_scaling:
         rope = dict(rope_scaling, rope_theta=theta)
     cfg["rope_parameters"] = rope
-    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+    cls = {
+        "llama": LlamaConfig,
+        "mistral": MistralConfig,
+        "qwen2": Qwen2Config,
+        "qwen3": Qwen3Config,
+    }
     return cls[arch](**cfg)
 
 
@@ -767,7 +795,9 @@ def write_family(name, spec, index, lines, out_root, quant):
         fp8_checkpoint(folder, spec["fp8_block"])
 
     # transformers' fp32 reference, loaded from the folder as written
-    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    ref = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    )
     ref.eval()
     enc_plain = saved.encode(PROMPT, add_special_tokens=False).ids
     enc_special = saved.encode(PROMPT, add_special_tokens=True).ids
@@ -778,7 +808,9 @@ def write_family(name, spec, index, lines, out_root, quant):
         alt = ref(input_ids=torch.tensor([ids]), cache=DynamicCache(config=ref.config)).logits[0]
     assert torch.equal(alt.float(), logits), name
     # sdpa as a cross-check of the attention implementation (not stored)
-    ref_sdpa = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+    ref_sdpa = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="sdpa"
+    )
     with torch.no_grad():
         sdpa_logits = ref_sdpa(input_ids=torch.tensor([ids])).logits[0]
     sdpa_diff = float((sdpa_logits - logits).abs().max())
@@ -805,9 +837,11 @@ def write_family(name, spec, index, lines, out_root, quant):
         "architecture": cfgd.architectures[0] if cfgd.architectures else None,
         "model_type": cfgd.model_type,
         "checkpoint_dtype": str(spec["dtype"]).replace("torch.", ""),
-        "config_format": "transformers-4 hub keys (torch_dtype, rope_theta, rope_scaling)"
-        if spec["legacy_config"]
-        else "transformers-5 save_pretrained keys (dtype, rope_parameters)",
+        "config_format": (
+            "transformers-4 hub keys (torch_dtype, rope_theta, rope_scaling)"
+            if spec["legacy_config"]
+            else "transformers-5 save_pretrained keys (dtype, rope_parameters)"
+        ),
         "sharded": bool(spec["shard"]),
         "vocab_size": cfgd.vocab_size,
         "tokenizer_size": n_tok,
@@ -821,7 +855,7 @@ def write_family(name, spec, index, lines, out_root, quant):
         "prompt": PROMPT,
         "prompt_ids_plain": enc_plain,
         "prompt_ids_with_special": enc_special,
-        "prompt_ids_used": "prompt_ids_with_special" ,
+        "prompt_ids_used": "prompt_ids_with_special",
         "adds_bos": enc_special != enc_plain,
         "n_prompt": len(ids),
         "greedy_ids": greedy,
@@ -832,9 +866,9 @@ def write_family(name, spec, index, lines, out_root, quant):
             "add_special_tokens=False/True).ids",
             "logits": "AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32, "
             "attn_implementation='eager'); model(input_ids=[prompt_ids_with_special], "
-            "past_key_values=DynamicCache()).logits[0]; float32 [n_prompt, vocab_size]",
-            "kv": "k.0 / v.0: that DynamicCache's layers[0].keys / .values after the prompt, float32 "
-            "[1, num_key_value_heads, n_prompt, head_dim]; keys after RoPE",
+            "cache=DynamicCache()).logits[0]; float32 [n_prompt, vocab_size]",
+            "kv": "k.0 / v.0: that DynamicCache's layers[0].keys / .values after the prompt, "
+            "float32 [1, num_key_value_heads, n_prompt, head_dim]; keys after RoPE",
             "greedy": "argmax of the last prompt logits, then one token per forward pass through "
             "the same fp32 DynamicCache; greedy_logits[s] are the logits of the pass that took "
             "greedy_ids[s] as input (so greedy_ids[s+1] = argmax greedy_logits[s])",
@@ -844,14 +878,16 @@ def write_family(name, spec, index, lines, out_root, quant):
             + (f"(max_shard_size='{spec['shard']}')" if spec["shard"] else ""),
         },
         "fp8_checkpoint": (
-            f"projections stored F8_E4M3 with float32 <name>.weight_scale_inv per block of "
-            f"{spec['fp8_block']} (amax / 448 of the bf16 weight's block; fp8 = "
-            "(w / scale).to(float8_e4m3fn), round to nearest even); transformers dequantized them "
-            "at load to float32 fp8 * scale (Fp8Dequantize), the weights the logits were "
-            "computed with"
-        )
-        if spec.get("fp8_block")
-        else None,
+            (
+                f"projections stored F8_E4M3 with float32 <name>.weight_scale_inv per block of "
+                f"{spec['fp8_block']} (amax / 448 of the bf16 weight's block; fp8 = "
+                "(w / scale).to(float8_e4m3fn), round to nearest even); transformers dequantized "
+                "them at load to float32 fp8 * scale (Fp8Dequantize), the weights the logits were "
+                "computed with"
+            )
+            if spec.get("fp8_block")
+            else None
+        ),
         "tolerance_hint": "fp32 arithmetic in different order: the generator's eager vs sdpa "
         "difference is stats.max_abs_diff_eager_vs_sdpa",
         "versions": versions(),
@@ -896,8 +932,14 @@ def write_family(name, spec, index, lines, out_root, quant):
     if quant:
         rows = torch.cat([logits, step_logits])
         for q in write_quantized(folder, ref, ids, greedy, rows):
-            print(f"  {q['name']}: max |logits - fp32| {q['max_abs_diff_vs_fp32_rows']:.3g}"
-                  + (f", min tie distance {q['min_tie_distance']:.3g}" if "min_tie_distance" in q else ""))
+            print(
+                f"  {q['name']}: max |logits - fp32| {q['max_abs_diff_vs_fp32_rows']:.3g}"
+                + (
+                    f", min tie distance {q['min_tie_distance']:.3g}"
+                    if "min_tie_distance" in q
+                    else ""
+                )
+            )
     print(f"{name}: n={len(ids)} vocab={cfgd.vocab_size} stats={stats} greedy={greedy}")
 
 
@@ -1010,8 +1052,13 @@ def write_quantized(folder, ref, ids, greedy, ref_rows):
     fp32_rows = ref_rows[rows_from:]  # logits after feeding seq[i], i >= rows_from
     for name, bits, ak, av, g, r, prefill, fp16p in QUANT_SETTINGS:
         cache = QuantizedCache(
-            backend="quanto", config=ref.config, nbits=bits, axis_key=ak, axis_value=av,
-            q_group_size=g, residual_length=r,
+            backend="quanto",
+            config=ref.config,
+            nbits=bits,
+            axis_key=ak,
+            axis_value=av,
+            q_group_size=g,
+            residual_length=r,
         )
         tracker = {"min_tie_distance": 1.0, "min_boundary_margin": float("inf")}
         if fp16p:
@@ -1019,8 +1066,7 @@ def write_quantized(folder, ref, ids, greedy, ref_rows):
                 layer.optimizer = fp16_param_optimizer(tracker)
         rows, states = [], []
         with torch.no_grad():
-            out = ref(input_ids=torch.tensor([seq[:prefill]]), cache=cache)
-            last = out.logits[0, -1]
+            ref(input_ids=torch.tensor([seq[:prefill]]), cache=cache)
             for t in range(prefill, n):
                 layer0 = cache.layers[0]
                 resid = layer0.keys.shape[-2] if layer0.keys.dim() == 4 else 0
@@ -1092,7 +1138,10 @@ def main():
     for p, want in PINNED.items():
         have = versions()[p]
         if have is None or not have.startswith(want):
-            print(f"warning: {p} {have} installed, the fixtures were made with {want}", file=sys.stderr)
+            print(
+                f"warning: {p} {have} installed, the fixtures were made with {want}",
+                file=sys.stderr,
+            )
     torch.manual_seed(SEED)
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
