@@ -63,7 +63,10 @@ statements are the QUANTO_VS_KIVI dict below, copied into each quantized_cache.j
     axes for K and V (kvq int<B>:k=token,v=token,g=G,r=1): the same tokens are quantized at
     every step. With quanto's parameters rounded to fp16 (the *_fp16params settings, a
     replaced MaxOptimizer) the codes equal kvq's unless a float32 quotient falls on the other
-    side of a tie (min_tie_distance in quantized_cache.json bounds that). KIVI's own axes
+    side of a tie (min_tie_distance in quantized_cache.json bounds that) or kvq's own K/V
+    (~1e-6 from torch's) lie closer than that to a code or fp16-parameter rounding boundary
+    (min_boundary_margin records the codes' closest; tests/model/hf_quantized_cache_test.cpp
+    states the tolerance this leaves). KIVI's own axes
     (per-channel keys) cannot be matched step for step; the kivi_* settings are stored for a
     distributional comparison.
 
