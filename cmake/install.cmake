@@ -9,13 +9,13 @@
 include(CMakePackageConfigHelpers)
 
 # Components in dependency order (each links only components before it): component=target.
-set(kvq_exported core=kvq_core fp8=kvq_fp8 kivi=kvq_kivi reference=kvq_reference cpu=kvq_cpu
-                 backend=kvq_backend model=kvq_model)
+set(kvq_exported core=kvq_core fp8=kvq_fp8 kivi=kvq_kivi reference=kvq_reference cpu=kvq_cpu)
 set(kvq_header_dirs core fp8 kivi reference_cpu kernels/cpu model)
-if(KVQ_HAVE_CUDA)
+if(KVQ_HAVE_CUDA)  # before backend, which links it (backend cuda)
   list(APPEND kvq_exported cuda=kvq_kernels)
   list(APPEND kvq_header_dirs kernels/cuda)
 endif()
+list(APPEND kvq_exported backend=kvq_backend model=kvq_model)
 # The package that defines each imported target the libraries link, as kvqConfig.cmake finds it
 # (target=find_package arguments; PCRE2 is pkg-config's libpcre2-8, found by kvqConfig.cmake;
 # every CUDA::* target comes from CUDAToolkit).

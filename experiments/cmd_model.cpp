@@ -92,7 +92,8 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
                     "on FP8 codes bf16 queries and weights in builds for AVX-512 BF16 and VBMI, head_dim a "
                     "multiple of 32) or ref (the scalar reference); all read the same stored codes, and "
                     "each keeps chunked prefill == token-by-token decode bit-identical. cuda: the model "
-                    "does not run on it yet (its kernels' own tests and benches do)")
+                    "does not run on it yet (decode attention does: kvq run's [throughput], Python's "
+                    "Cache). What each runs:\n" + support_help())
       ->check(
           [](const std::string& s) {
             try {

@@ -93,10 +93,60 @@ ThroughputInput throughput_input(const ThroughputShape& shape, int64_t context, 
   return in;
 }
 
+namespace {
+
+// Backend cuda: the pool of device sides, each step's sequences distinct (time_device_decode_us).
+Timing time_decode_device(const SchemeSpec& spec, const ThroughputInput& in, int64_t batch,
+                          AttentionBackend backend, const ThroughputOptions& opt) {
+  const ThroughputShape& s = in.shape;
+  const int64_t q_heads = s.heads * s.gqa;
+  if (const std::string why = unsupported_shape(backend, s.heads, s.head_dim, q_heads, batch);
+      !why.empty())
+    fail("throughput: backend {} cannot run decode attention over {}", to_string(backend), why);
+  auto side = [&](Role r) {
+    auto p = make_backend_side(backend, spec, r, s.heads, s.head_dim);
+    p->append((r == Role::Key ? in.k : in.v).data.data(), in.context);
+    return p;
+  };
+  std::vector<std::unique_ptr<SideStore>> ks, vs;
+  ks.push_back(side(Role::Key));
+  vs.push_back(side(Role::Value));
+  const double seq_bytes = ks[0]->footprint().total_bytes() + vs[0]->footprint().total_bytes();
+  const int64_t n = std::clamp<int64_t>(
+      std::max<int64_t>(static_cast<int64_t>(std::ceil(opt.pool_bytes / std::max(seq_bytes, 1.0))),
+                        batch),
+      1, 4096);
+  const DeviceReport dev = device_report(backend);
+  KVQ_CHECK(static_cast<double>(n) * seq_bytes <= 0.8 * static_cast<double>(dev.memory_bytes),
+            "throughput: {} caches of {:.0f} MiB (batch {}, context {}) do not fit 80% of the {}'s "
+            "{:.0f} GiB; use a smaller context or batch",
+            n, seq_bytes / (1 << 20), batch, in.context, dev.name,
+            static_cast<double>(dev.memory_bytes) / (1 << 30));
+  while (static_cast<int64_t>(ks.size()) < n) {
+    ks.push_back(side(Role::Key));
+    vs.push_back(side(Role::Value));
+  }
+  std::vector<const SideStore*> kp, vp;
+  for (size_t i = 0; i < ks.size(); ++i) {
+    kp.push_back(ks[i].get());
+    vp.push_back(vs[i].get());
+  }
+  Timing res;
+  res.us = time_device_decode_us(backend, kp, vp, batch, in.q.data(), q_heads, opt.repeats);
+  res.bytes = seq_bytes * static_cast<double>(batch);
+  res.stored_bytes_per_token = seq_bytes / static_cast<double>(in.context);
+  res.distinct_caches = n;
+  res.clock = "CUDA events";
+  return res;
+}
+
+}  // namespace
+
 Timing time_decode(const SchemeSpec& spec, const ThroughputInput& in, int64_t batch,
                    AttentionBackend backend, const ThroughputOptions& opt) {
   KVQ_CHECK(batch >= 1, "throughput: batch {} must be >= 1", batch);
-  require_host(backend);
+  require_supported(backend, spec, AttentionOp::kDecode);
+  if (!backend_info(backend).host) return time_decode_device(spec, in, batch, backend, opt);
   // The pool: enough distinct caches that a step's reads are cold (see the header), built with
   // backend cpu's quantizers whatever the backend timed (the bytes are the reference's).
   const SideKernels kern = cpu_side_kernels();
@@ -111,9 +161,6 @@ Timing time_decode(const SchemeSpec& spec, const ThroughputInput& in, int64_t ba
   std::vector<float> out(static_cast<size_t>(q_heads * in.shape.head_dim));
   // the pool passes through the caches between two steps on one cache: the kernels stream it
   const double working_set = seq_bytes * static_cast<double>(n);
-  // backend cpu in int_mode int8 is backend cpu-int8 (kernels/backend.h)
-  if (backend == AttentionBackend::kCpu && opt.int_mode == cpu::IntMode::Int8)
-    backend = AttentionBackend::kCpuInt8;
   int64_t next = 0;
   auto step = [&] {
     for (int64_t b = 0; b < batch; ++b) {
@@ -135,11 +182,16 @@ Timing time_decode(const SchemeSpec& spec, const ThroughputInput& in, int64_t ba
   res.bytes = seq_bytes * static_cast<double>(batch);
   res.stored_bytes_per_token = seq_bytes / static_cast<double>(in.context);
   res.distinct_caches = n;
+  res.clock = opt.threads == 1 ? "process CPU time" : "wall time";
   return res;
 }
 
 Timing time_quantize(const SchemeSpec& spec, const ThroughputInput& in, AttentionBackend backend,
                      const ThroughputOptions& opt) {
+  KVQ_CHECK(backend_info(backend).host,
+            "throughput: op quantize runs on the host backends ({}); backend {}'s quantize kernels "
+            "are measured by bench_kivi_cuda and bench_fp8_cuda",
+            backend_names(", ", true), to_string(backend));
   const SideKernels kern = side_kernels(backend);
   const ResidentHeap resident;
   std::vector<double> t, faults;
@@ -158,6 +210,7 @@ Timing time_quantize(const SchemeSpec& spec, const ThroughputInput& in, Attentio
   Timing res;
   res.us = 1e6 * median(t);
   res.page_faults = median(faults);
+  res.clock = "process CPU time";
   res.bytes = 2.0 * static_cast<double>(in.k.data.size()) * sizeof(float);
   res.stored_bytes_per_token = seq_bytes / static_cast<double>(in.context);
   return res;

@@ -9,6 +9,10 @@
 // of other caches went by, as in a model's decode where every other layer's cache and weights
 // pass between two reads of one layer. Caches are built once per (scheme, context) from the same
 // synthetic K/V (experiments/synthetic.h; keys with outlier channels).
+//
+// Backend cuda (decode only): the same pool, of device-resident sides (make_backend_side), at least
+// `batch` distinct caches so no two sequences of a step share bytes in the GPU's L2; q and out in
+// device memory; each step (one launch per 64 sequences) timed between CUDA events.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +20,7 @@
 
 #include "core/spec.h"
 #include "core/tensor.h"
-#include "kernels/cpu/attention.h"
-#include "model/llama.h"
+#include "kernels/backend.h"
 
 namespace kvq::eval {
 
@@ -28,7 +31,6 @@ struct ThroughputShape {
 struct ThroughputOptions {
   int threads = 1;  ///< 1: timed in process CPU time; more: wall time
   int repeats = 5;  ///< timed repetitions; the median is reported
-  cpu::IntMode int_mode = cpu::IntMode::Exact;
   double pool_bytes = 256.0 * (1 << 20);
 };
 
@@ -48,14 +50,16 @@ struct Timing {
   double stored_bytes_per_token = 0;  ///< the format's K+V bytes per token of one sequence
   int64_t distinct_caches = 0;        ///< caches built for the decode pool
   double page_faults = 0;  ///< minor page faults per timed repetition (median; quantize)
+  const char* clock = "";  ///< "process CPU time", "wall time" or "CUDA events"
 };
 
-/// \brief One decode step of `batch` sequences on `backend` (the median of opt.repeats).
+/// \brief One decode step of `batch` sequences on `backend` (the median of opt.repeats); on a
+/// device backend (cuda) the caches live in device memory (see the file comment).
 Timing time_decode(const SchemeSpec& spec, const ThroughputInput& in, int64_t batch,
                    AttentionBackend backend, const ThroughputOptions& opt);
 
 /// \brief Quantizing the whole context of K and V into fresh sides (one append each, as a
-/// prefill does) with `backend`'s quantizers (the median of opt.repeats).
+/// prefill does) with `backend`'s quantizers (the median of opt.repeats). Host backends only.
 Timing time_quantize(const SchemeSpec& spec, const ThroughputInput& in, AttentionBackend backend,
                      const ThroughputOptions& opt);
 

@@ -1,30 +1,103 @@
 #include "kernels/backend.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <array>
+#include <utility>
 
 #include "core/error.h"
 #include "core/rotation.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/kivi.h"
+#include "kernels/cuda/dispatch.h"
+#if KVQ_HAVE_CUDA
+#include "kernels/cuda/device_side.h"
+#endif
 #include "reference_cpu/attention.h"
 
 namespace kvq {
 
 namespace {
 
+// Backend cuda's limits as the CUDA kernels are compiled (kernels/cuda/dispatch.h, the one place
+// they are written down).
+constexpr BackendSupport cuda_support() {
+  BackendSupport s;
+  s.causal = false;
+  s.fp32 = false;
+  s.fp16 = false;
+  s.fp8_prefix_scales = false;
+  s.int_fp16_arith = false;
+  s.sink = false;
+  s.mixed_sides = false;
+  s.model = false;
+  s.pre_rope = false;
+  s.head_dims = cuda::HeadDims::values;
+  s.bits = cuda::BitWidths::values;
+  s.max_gqa = cuda::kMaxGqa;
+  s.max_batch = cuda::kMaxBatch;
+  return s;
+}
+
 constexpr std::array<BackendInfo, 4> kBackends{{
-    {AttentionBackend::kRef, "ref", "the scalar reference", true, cpu::IntMode::Exact},
-    {AttentionBackend::kCpu, "cpu", "the SIMD kernels", true, cpu::IntMode::Exact},
-    {AttentionBackend::kCpuInt8, "cpu-int8",
-     "the SIMD kernels' reduced-precision dot products on 2/4-bit and FP8 codes", true,
-     cpu::IntMode::Int8},
-    {AttentionBackend::kCuda, "cuda", "the CUDA kernels (their own tests and benches today)", false,
-     cpu::IntMode::Exact},
+    {AttentionBackend::kRef, "ref", "the scalar reference", true, {}},
+    {AttentionBackend::kCpu, "cpu", "the SIMD kernels", true, {}},
+    {AttentionBackend::kCpuInt8,
+     "cpu-int8",
+     "the SIMD kernels' reduced-precision dot products on 2/4-bit and FP8 codes",
+     true,
+     {}},
+    {AttentionBackend::kCuda, "cuda", "the CUDA kernels (decode attention on a GPU)", false,
+     cuda_support()},
 }};
 
+// Backend cpu's mode: the backend's name carries it (cpu-int8), nothing above this file names it.
+cpu::IntMode int_mode(AttentionBackend b) {
+  return b == AttentionBackend::kCpuInt8 ? cpu::IntMode::Int8 : cpu::IntMode::Exact;
+}
+
+std::string join(std::span<const int> v) { return fmt::format("{}", fmt::join(v, ", ")); }
+
+// Why `sup` does not store one side's scheme `s` (no per-layer, no split), or "".
+std::string side_unsupported(const BackendSupport& sup, const SchemeSpec& s) {
+  switch (s.kind) {
+    case SchemeKind::Fp32:
+      if (!sup.fp32) return "fp32 caches";
+      break;
+    case SchemeKind::Bf16:
+      if (!sup.bf16) return "bf16 caches";
+      break;
+    case SchemeKind::Fp16:
+      if (!sup.fp16) return "fp16 caches";
+      break;
+    case SchemeKind::Fp8:
+      if (!sup.fp8) return "fp8 caches";
+      if (!sup.fp8_prefix_scales && s.fp8.source == ScaleSource::Dynamic &&
+          s.fp8.gran != Granularity::Token)
+        return "dynamic fp8 scales per tensor, head or channel (first=N keeps the first tokens "
+               "exact); use gran=token or a constant or calib scale";
+      break;
+    case SchemeKind::Int:
+      if (!sup.int_codes) return "int / kivi caches";
+      if (!sup.int_fp16_arith && s.q.arith != Arith::Exact)
+        return "arith=fp16 (KIVI's reference arithmetic)";
+      if (!sup.bits.empty() &&
+          std::find(sup.bits.begin(), sup.bits.end(), s.q.bits) == sup.bits.end())
+        return fmt::format("{}-bit codes (bits: {})", s.q.bits, join(sup.bits));
+      break;
+  }
+  if (!sup.rot && s.rot.on) return "rot=hadamard";
+  if (!sup.sink && s.sink > 0) return "sink=S (exact sink tokens)";
+  return "";
+}
+
 }  // namespace
+
+const char* to_string(AttentionOp op) {
+  return op == AttentionOp::kDecode ? "decode attention" : "causal attention (prefill)";
+}
 
 std::span<const BackendInfo> backends() { return kBackends; }
 
@@ -55,8 +128,120 @@ AttentionBackend parse_backend(std::string_view s) {
   fail("unknown backend '{}' (choices: {})", s, choices);
 }
 
+std::string unsupported(AttentionBackend b, const SchemeSpec& spec, AttentionOp op) {
+  const BackendSupport& sup = backend_info(b).support;
+  if (op == AttentionOp::kDecode && !sup.decode) return "decode attention";
+  if (op == AttentionOp::kCausal && !sup.causal)
+    return "causal attention (prefill, and the model's steps)";
+  for (const SchemeSpec& l : spec.distinct_layer_specs()) {
+    for (const Role r : {Role::Key, Role::Value})
+      if (std::string why = side_unsupported(sup, l.side(r)); !why.empty()) return why;
+    const SchemeSpec &k = l.side(Role::Key), &v = l.side(Role::Value);
+    if (!sup.mixed_sides &&
+        (k.kind != v.kind || (k.kind == SchemeKind::Int && k.q.bits != v.q.bits) ||
+         (k.kind == SchemeKind::Fp8 && k.fp8.format != v.fp8.format)))
+      return "keys and values of different kinds, bits or fp8 formats";
+  }
+  return "";
+}
+
+std::string unsupported_shape(AttentionBackend b, int64_t heads, int64_t dim, int64_t q_heads,
+                              int64_t batch) {
+  const BackendSupport& sup = backend_info(b).support;
+  if (heads < 1 || dim < 1 || q_heads < 1 || q_heads % heads != 0)
+    return fmt::format(
+        "{} query heads over {} kv heads of head_dim {} (query heads must be a "
+        "positive multiple of the kv heads)",
+        q_heads, heads, dim);
+  if (!sup.head_dims.empty() &&
+      std::find(sup.head_dims.begin(), sup.head_dims.end(), dim) == sup.head_dims.end())
+    return fmt::format("head_dim {} (head_dim: {})", dim, join(sup.head_dims));
+  if (sup.max_gqa > 0 && q_heads / heads > sup.max_gqa)
+    return fmt::format("{} query heads per kv head (at most {})", q_heads / heads, sup.max_gqa);
+  (void)batch;  // a launch takes at most max_batch sequences; more are split into launches
+  return "";
+}
+
+std::string backends_for(const SchemeSpec& spec, AttentionOp op) {
+  std::string out;
+  for (const BackendInfo& i : kBackends)
+    if (unsupported(i.id, spec, op).empty())
+      out += fmt::format("{}{}", out.empty() ? "" : ", ", i.name);
+  return out.empty() ? "none" : out;
+}
+
+void require_supported(AttentionBackend b, const SchemeSpec& spec, AttentionOp op) {
+  const std::string why = unsupported(b, spec, op);
+  if (why.empty()) return;
+  fail("backend {} cannot run {} over '{}': it does not run {} (backends that can: {})",
+       to_string(b), to_string(op), spec.canonical(), why, backends_for(spec, op));
+}
+
+namespace {
+std::string model_backends() {
+  std::string out;
+  for (const BackendInfo& i : kBackends)
+    if (i.support.model) out += fmt::format("{}{}", out.empty() ? "" : ", ", i.name);
+  return out;
+}
+}  // namespace
+
+void require_model(AttentionBackend b) {
+  if (backend_info(b).support.model) return;
+  fail(
+      "backend {} does not run the model yet: its cache lives in device memory and it runs decode "
+      "attention only (kvq run's [throughput] task, Python's kvq.Cache); backends that run the "
+      "model: {}",
+      to_string(b), model_backends());
+}
+
 void require_host(AttentionBackend b) {
-  if (!backend_info(b).host) fail("{}", kCudaToday);
+  if (backend_info(b).host) return;
+  require_model(b);  // the host-only callers are the model's: say it in its words
+  fail("backend {} keeps its cache in device memory (backends with host caches: {})", to_string(b),
+       backend_names(", ", true));
+}
+
+std::string cuda_unavailable() {
+#if KVQ_HAVE_CUDA
+  return cuda::no_device_reason();
+#else
+  return "backend cuda: this kvq was built without CUDA (configure with nvcc present, or "
+         "-DKVQ_CUDA=ON)";
+#endif
+}
+
+std::string support_help() {
+  std::string out;
+  for (const BackendInfo& i : kBackends) {
+    const BackendSupport& s = i.support;
+    std::string runs = s.causal ? "decode and causal attention" : "decode attention";
+    std::vector<std::string> kinds;
+    for (const auto& [on, name] : {std::pair{s.fp32, "fp32"},
+                                   {s.bf16, "bf16"},
+                                   {s.fp16, "fp16"},
+                                   {s.fp8, "fp8"},
+                                   {s.int_codes, "int/kivi"}})
+      if (on) kinds.push_back(name);
+    std::vector<std::string> no;
+    if (!s.fp8_prefix_scales) no.push_back("fp8 dynamic tensor/head/channel scales");
+    if (!s.int_fp16_arith) no.push_back("arith=fp16");
+    if (!s.sink) no.push_back("sink=");
+    if (!s.rot) no.push_back("rot=");
+    if (!s.mixed_sides) no.push_back("k/v of different kinds");
+    if (!s.model)
+      no.push_back("the model");
+    else if (!s.pre_rope)
+      no.push_back("pre_rope");
+    std::string limits;
+    if (!s.head_dims.empty()) limits += fmt::format("; head_dim {}", join(s.head_dims));
+    if (!s.bits.empty()) limits += fmt::format("; bits {}", join(s.bits));
+    if (s.max_gqa > 0) limits += fmt::format("; GQA <= {}", s.max_gqa);
+    if (s.max_batch > 0) limits += fmt::format("; {} sequences a launch", s.max_batch);
+    out += fmt::format("  {}: {}; {} over {}{}{}\n", i.name, i.what, runs, fmt::join(kinds, ", "),
+                       limits, no.empty() ? "" : fmt::format("; not: {}", fmt::join(no, ", ")));
+  }
+  return out;
 }
 
 SideKernels cpu_side_kernels() {
@@ -108,9 +293,209 @@ void unrotate_output(const SideStore& v, float* out, int64_t rows) {
   if (const Rotation* r = v.rotation()) r->unrotate(out, rows);
 }
 
+namespace {
+
+// Causal calls run on the host backends only (the table's `causal`); the sides must be host ones.
+void require_causal(AttentionBackend b, const CausalArgs& a) {
+  KVQ_CHECK(a.k && a.v, "causal attention: no sides given");
+  if (!backend_info(b).support.causal)
+    fail("backend {} does not run {} (backends that do: {})", to_string(b),
+         to_string(AttentionOp::kCausal), [] {
+           std::string out;
+           for (const BackendInfo& i : kBackends)
+             if (i.support.causal) out += fmt::format("{}{}", out.empty() ? "" : ", ", i.name);
+           return out;
+         }());
+}
+
+#if KVQ_HAVE_CUDA
+// Backend cuda's side: the bytes in device memory (kernels/cuda/device_side.h); rot= rotates the
+// appended rows on the host first. Host reads (dot, accumulate, dequantize, stored) refuse.
+class CudaSide final : public SideStore {
+ public:
+  CudaSide(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim, int layer)
+      : dev_(spec.base(), role, heads, dim, layer) {
+    if (spec.rot.on) rot_ = std::make_unique<Rotation>(spec.rot, dim);
+  }
+  void append(const float* x, int64_t n) override {
+    if (rot_) {
+      buf_.assign(x, x + n * heads() * dim());
+      rot_->rotate(buf_.data(), n * heads());
+      x = buf_.data();
+    }
+    dev_.append(x, n);
+  }
+  void reserve(int64_t t) override { dev_.reserve(t); }
+  int64_t tokens() const override { return dev_.tokens(); }
+  int64_t heads() const override { return dev_.heads(); }
+  int64_t dim() const override { return dev_.dim(); }
+  int64_t quantized_tokens_at(int64_t t) const override { return dev_.quantized_tokens_at(t); }
+  void dot(int64_t, const float*, int, int64_t, int64_t, float*, int64_t) const override {
+    host_read("dot");
+  }
+  void accumulate(int64_t, const float*, int, int64_t, int64_t, int64_t, float*) const override {
+    host_read("accumulate");
+  }
+  void exact_tail(std::vector<float>& out) const override {
+    const size_t before = out.size();
+    dev_.exact_tail(out);
+    if (rot_)
+      rot_->unrotate(out.data() + before, static_cast<int64_t>(out.size() - before) / dim());
+  }
+  void stored_exact_tail(std::vector<float>& out) const override { dev_.exact_tail(out); }
+  Tensor3 dequantize() const override { host_read("dequantize"); }
+  Footprint footprint() const override { return dev_.footprint(); }
+  StoredSide stored() const override { host_read("stored"); }
+  const Rotation* rotation() const override { return rot_.get(); }
+  const cuda::DeviceSide& device() const { return dev_; }
+
+ private:
+  [[noreturn]] static void host_read(const char* what) {
+    fail(
+        "backend cuda's cache side keeps its bytes in device memory: {} reads host bytes (attend "
+        "with backend cuda, or read them back with stored_copy)",
+        what);
+  }
+  cuda::DeviceSide dev_;
+  std::unique_ptr<Rotation> rot_;
+  std::vector<float> buf_;
+};
+
+const CudaSide& cuda_side(const SideStore& s, const char* which) {
+  const auto* c = dynamic_cast<const CudaSide*>(&s);
+  KVQ_CHECK(c,
+            "backend cuda reads sides made by make_backend_side(cuda, ...); the {} side is a host "
+            "side",
+            which);
+  return *c;
+}
+
+void cuda_decode(const SideStore& k, const SideStore& v, const float* q, int64_t q_heads,
+                 float* out) {
+  const StoredSide kv = cuda_side(k, "key").device().device_view(),
+                   vv = cuda_side(v, "value").device().device_view();
+  thread_local cuda::DeviceDecoder decoder;
+  decoder.run_host(kv, vv, q_heads, q, out);
+}
+#else
+void cuda_decode(const SideStore&, const SideStore&, const float*, int64_t, float*) {
+  fail("{}", cuda_unavailable());
+}
+#endif
+
+void require_cuda() {
+  if (const std::string why = cuda_unavailable(); !why.empty()) fail("{}", why);
+}
+
+}  // namespace
+
+std::unique_ptr<SideStore> make_backend_side(AttentionBackend b, const SchemeSpec& spec, Role role,
+                                             int64_t heads, int64_t dim, int layer) {
+  if (b != AttentionBackend::kCuda)
+    return make_side(spec, role, heads, dim, layer, side_kernels(b));
+  const SchemeSpec one = spec.for_layer(layer);
+  require_supported(b, one, AttentionOp::kDecode);
+  require_cuda();
+#if KVQ_HAVE_CUDA
+  return std::make_unique<CudaSide>(one.side(role), role, heads, dim, layer);
+#else
+  fail("{}", cuda_unavailable());
+#endif
+}
+
+bool on_device(const SideStore& s) {
+#if KVQ_HAVE_CUDA
+  return dynamic_cast<const CudaSide*>(&s) != nullptr;
+#else
+  (void)s;
+  return false;
+#endif
+}
+
+StoredCopy stored_copy(const SideStore& s) {
+#if KVQ_HAVE_CUDA
+  if (const auto* c = dynamic_cast<const CudaSide*>(&s)) {
+    auto h = std::make_shared<cuda::DeviceSide::HostCopy>(c->device().host_copy());
+    return {h->view, h};
+  }
+#endif
+  return {s.stored(), nullptr};
+}
+
+DeviceReport device_report(AttentionBackend b) {
+  KVQ_CHECK(b == AttentionBackend::kCuda, "backend {} runs on the host, not a device",
+            to_string(b));
+  require_cuda();
+#if KVQ_HAVE_CUDA
+  const cuda::DeviceProps p = cuda::device_props();
+  return {p.name, p.driver_version, p.runtime_version, p.peak_gbps, p.peak_formula, p.total_memory};
+#else
+  fail("{}", cuda_unavailable());
+#endif
+}
+
+double time_device_decode_us(AttentionBackend b, std::span<const SideStore* const> k_pool,
+                             std::span<const SideStore* const> v_pool, int64_t batch,
+                             const float* q, int64_t q_heads, int repeats) {
+  KVQ_CHECK(b == AttentionBackend::kCuda, "backend {} runs on the host, not a device",
+            to_string(b));
+  KVQ_CHECK(!k_pool.empty() && k_pool.size() == v_pool.size() && batch >= 1,
+            "time_device_decode_us: {} key and {} value sides, batch {}", k_pool.size(),
+            v_pool.size(), batch);
+  require_cuda();
+#if KVQ_HAVE_CUDA
+  const SideStore& k0 = *k_pool[0];
+  if (const std::string why = unsupported_shape(b, k0.heads(), k0.dim(), q_heads, batch);
+      !why.empty())
+    fail("backend cuda cannot run decode attention over {}", why);
+  const int64_t row = q_heads * k0.dim(), n = static_cast<int64_t>(k_pool.size());
+  std::vector<float> qs(static_cast<size_t>(batch * row));
+  for (int64_t i = 0; i < batch; ++i) std::copy(q, q + row, qs.begin() + i * row);
+  if (const Rotation* r = k0.rotation()) r->rotate(qs.data(), batch * q_heads);
+  cuda::DeviceFloats qd(batch * row), od(batch * row);
+  qd.upload(qs.data(), batch * row);
+  // every step's views before the clock starts (the host work stays outside the events)
+  const int steps = std::max(repeats, 1) + 1;
+  std::vector<std::vector<StoredSide>> ks(static_cast<size_t>(steps)), vs(ks.size());
+  int64_t next = 0;
+  for (int r = 0; r < steps; ++r)
+    for (int64_t i = 0; i < batch; ++i, ++next) {
+      ks[static_cast<size_t>(r)].push_back(
+          cuda_side(*k_pool[next % n], "key").device().device_view());
+      vs[static_cast<size_t>(r)].push_back(
+          cuda_side(*v_pool[next % n], "value").device().device_view());
+    }
+  cuda::DeviceDecoder decoder;
+  size_t step = 0;
+  return cuda::time_events_us(
+      [&] {
+        decoder.run(ks[step], vs[step], q_heads, qd.get(), od.get());
+        ++step;
+      },
+      repeats);
+#else
+  (void)q;
+  fail("{}", cuda_unavailable());
+#endif
+}
+
+double device_copy_gbps(AttentionBackend b, double bytes, int repeats) {
+  KVQ_CHECK(b == AttentionBackend::kCuda, "backend {} runs on the host, not a device",
+            to_string(b));
+  require_cuda();
+#if KVQ_HAVE_CUDA
+  return cuda::copy_gbps(bytes, repeats);
+#else
+  (void)bytes;
+  (void)repeats;
+  fail("{}", cuda_unavailable());
+#endif
+}
+
 void attend_decode(AttentionBackend b, const float* q, int64_t q_heads, const SideStore& k,
                    const SideStore& v, float* out, int threads, double working_set) {
-  require_host(b);
+  if (const std::string why = unsupported_shape(b, k.heads(), k.dim(), q_heads); !why.empty())
+    fail("backend {} cannot run decode attention over {}", to_string(b), why);
   if (b == AttentionBackend::kRef) {
     decode_attention(q, q_heads, k, v, out, threads);
     return;
@@ -122,8 +507,12 @@ void attend_decode(AttentionBackend b, const float* q, int64_t q_heads, const Si
     r->rotate(qr.data(), q_heads);
     q = qr.data();
   }
-  const cpu::DecodeOptions opt{threads, backend_info(b).int_mode, working_set};
-  cpu::decode_attention(q, q_heads, k.stored(), v.stored(), out, opt);
+  if (b == AttentionBackend::kCuda) {
+    cuda_decode(k, v, q, q_heads, out);
+  } else {
+    const cpu::DecodeOptions opt{threads, int_mode(b), working_set};
+    cpu::decode_attention(q, q_heads, k.stored(), v.stored(), out, opt);
+  }
   unrotate_output(v, out, q_heads);
 }
 
@@ -139,14 +528,14 @@ void check_window(AttentionBackend b, const CausalArgs& a) {
 
 CausalCall::CausalCall(AttentionBackend b, const CausalArgs& a, int threads, double working_set)
     : b_(b), a_(a) {
-  require_host(b);
+  require_causal(b, a);
   check_window(b, a);
   KVQ_CHECK(a.k && a.v, "causal attention: no sides given");
   causal_attention_check(a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact);
   if (b == AttentionBackend::kRef) return;
   cpu::CausalInput in =
       cpu_causal_input(a.q, a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact, buf_);
-  in.int_mode = backend_info(b).int_mode;
+  in.int_mode = int_mode(b);
   in.working_set = working_set;
   cpu_ = std::make_unique<cpu::CausalAttention>(in, threads);
 }
@@ -174,19 +563,18 @@ void CausalCall::finish(float* out, int64_t rows) const {
 }
 
 void attend_causal(AttentionBackend b, const CausalArgs& a, float* out, int threads) {
-  require_host(b);
+  require_causal(b, a);
   check_window(b, a);
-  KVQ_CHECK(a.k && a.v, "causal attention: no sides given");
   if (b == AttentionBackend::kRef) {
-    causal_attention(a.q, a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact, out,
-                     threads, a.window);
+    causal_attention(a.q, a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact, out, threads,
+                     a.window);
     return;
   }
   causal_attention_check(a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact);
   CpuCausalBuffers buf;
   cpu::CausalInput in =
       cpu_causal_input(a.q, a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact, buf);
-  in.int_mode = backend_info(b).int_mode;
+  in.int_mode = int_mode(b);
   cpu::causal_attention(in, out, threads);
   unrotate_output(*a.v, out, a.n * a.q_heads);
 }

@@ -1,11 +1,15 @@
-// The backend interface (issue 47, item 1; first step): one list of the attention backends' names
-// (ref, cpu, cpu-int8, cuda) with one parser, what each supports declared once, and the attention
-// calls over a cache side pair (decode and causal) with the rot= rotation handled once. The model,
-// `kvq run`, the benches and Python choose and call a backend through here only. Sinks (sink=S)
-// travel inside the sides (StoredSide::sink) and every backend reads them there.
+// The backend interface (issue 47, item 1): one list of the attention backends' names (ref, cpu,
+// cpu-int8, cuda) with one parser, what each supports declared once (BackendSupport: scheme kinds x
+// decode / causal x rot= / sink= / pre_rope, and backend cuda's kernel limits from
+// kernels/cuda/dispatch.h), the cache sides each backend stores (make_backend_side: host memory,
+// or device memory for cuda), and the attention calls over a side pair (decode and causal) with
+// the rot= rotation handled once. The model, `kvq run`, the benches and Python choose and call a
+// backend through here only. Sinks (sink=S) travel inside the sides (StoredSide::sink) and every
+// host backend reads them there.
 //
 // Layer: above the backends (reference_cpu/, kernels/cpu/, kernels/cuda/), below model/
-// (scripts/check-layers.py).
+// (scripts/check-layers.py). Backend cuda is compiled in when KVQ_HAVE_CUDA; without it, or
+// without a device, every cuda call throws one line saying which (cuda_unavailable()).
 #pragma once
 
 #include <cstdint>
@@ -20,16 +24,44 @@
 
 namespace kvq {
 
-/// \brief Which backend computes attention over the cache (all read the same stored bytes).
+/// \brief Which backend computes attention over the cache (all store the same bytes).
 enum class AttentionBackend {
   kRef,  ///< reference_cpu/attention.h: the scalar definition
   kCpu,  ///< kernels/cpu/attention.h: SIMD kernels, threads over positions and context segments
-  /// The same kernels in their int8 mode (cpu::IntMode::Int8: integer dot products on 2/4-bit
-  /// codes, bf16 dot products on FP8 codes, with the rounding error kernels/cpu/attention.h
-  /// states); other caches as kCpu.
+  /// The same kernels in their int8 mode (integer dot products on 2/4-bit codes, bf16 dot
+  /// products on FP8 codes, with the rounding error kernels/cpu/attention.h states); other
+  /// caches as kCpu.
   kCpuInt8,
-  /// kernels/cuda/: known by name; today only its own tests and benches run it (kCudaToday).
+  /// kernels/cuda/: decode attention over cache sides in device memory (make_backend_side).
   kCuda,
+};
+
+/// \brief The attention calls a backend may run.
+enum class AttentionOp {
+  kDecode,  ///< one query token over the whole cache (attend_decode)
+  kCausal,  ///< positions t_begin .. t_begin + n - 1, each over what a decode would see there
+            ///< (attend_causal, CausalCall): prefill, and the model's every step
+};
+const char* to_string(AttentionOp op);
+
+/// \brief What one backend runs, declared once: dispatch checks it (attend_decode, CausalCall,
+/// make_backend_side), `--help` prints it (support_help), the config checker and the tests read it
+/// (unsupported). A list left empty / a limit of 0: any value.
+struct BackendSupport {
+  bool decode = true, causal = true;  ///< AttentionOp::kDecode, kCausal
+  /// Scheme kinds it reads, by SchemeKind: fp32, bf16, fp16, fp8, int.
+  bool fp32 = true, bf16 = true, fp16 = true, fp8 = true, int_codes = true;
+  /// fp8 dynamic scales per tensor / head / channel (first=N holds the first tokens exact).
+  bool fp8_prefix_scales = true;
+  bool int_fp16_arith = true;  ///< int / kivi arith=fp16
+  bool rot = true;             ///< rot=hadamard: q rotated in, outputs rotated back
+  bool sink = true;            ///< sink=S: the first S tokens exact beside the codes
+  /// k=SPEC;v=SPEC whose sides differ in kind, bits or fp8 format.
+  bool mixed_sides = true;
+  bool model = true;     ///< runs the model (kvq model, [model], Python's Model)
+  bool pre_rope = true;  ///< the model's pre-RoPE keys (KVQuant; needs `model`)
+  std::span<const int> head_dims, bits;
+  int max_gqa = 0, max_batch = 0;  ///< query heads per kv head; sequences per launch
 };
 
 /// \brief One backend as every caller sees it: the one list is backends().
@@ -37,17 +69,11 @@ struct BackendInfo {
   AttentionBackend id;
   const char* name;  ///< the flag's, the config's and Python's spelling
   const char* what;  ///< one phrase for --help and the parse error
-  /// Attention over a SideStore pair in this process (attend_decode, CausalCall): the model,
-  /// Python's Cache and the [throughput] task. False for cuda today.
+  /// Its sides keep their bytes in host memory (make_side): every host caller (the model's
+  /// cache, Python's Cache on ref/cpu) can read them. False for cuda (device memory).
   bool host;
-  cpu::IntMode int_mode;  ///< backend cpu's mode (kCpu: Exact, kCpuInt8: Int8)
+  BackendSupport support;
 };
-
-/// \brief What reaches backend cuda today: the one line every refusal of it prints.
-inline constexpr const char* kCudaToday =
-    "backend cuda runs today in the CUDA kernels' own tests and benches (tests/kernels/cuda/, "
-    "bench_attention_cuda, bench_kivi_cuda; scripts/device-check.sh runs them on a GPU); the "
-    "model, Python and the [throughput] task do not reach it yet (issue 47)";
 
 /// \brief The one list, in the order --help and errors name them.
 std::span<const BackendInfo> backends();
@@ -58,8 +84,49 @@ const char* to_string(AttentionBackend b);
 std::string backend_names(std::string_view sep = ", ", bool host_only = false);
 /// \brief Throws kvq::Error "unknown backend 'S' (choices: ref, the scalar reference; ...)".
 AttentionBackend parse_backend(std::string_view s);
-/// \brief Throws kvq::Error with kCudaToday unless `b` runs attention here (BackendInfo::host).
+
+/// \brief Empty when `b` runs `op` over every layer's scheme of `spec` (both sides), else one
+/// phrase naming the first thing it does not (e.g. "sink=S (exact sink tokens)"). Static: whether
+/// a device is present is cuda_unavailable()'s.
+std::string unsupported(AttentionBackend b, const SchemeSpec& spec, AttentionOp op);
+/// \brief Empty when `b` takes this shape (kv heads, head_dim, query heads, batch), else why not.
+std::string unsupported_shape(AttentionBackend b, int64_t heads, int64_t dim, int64_t q_heads,
+                              int64_t batch = 1);
+/// \brief The backends that run `op` over `spec` (by the table), joined by ", ".
+std::string backends_for(const SchemeSpec& spec, AttentionOp op);
+/// \brief Throws kvq::Error unless `b` runs `op` over `spec`: "backend cuda cannot run decode
+/// attention over 'SPEC': WHY (backends that can: ref, cpu, cpu-int8)".
+void require_supported(AttentionBackend b, const SchemeSpec& spec, AttentionOp op);
+/// \brief Throws kvq::Error unless `b` runs the model (its causal prefill and decode steps):
+/// "backend cuda does not run the model yet (...); backends that do: ref, cpu, cpu-int8".
+void require_model(AttentionBackend b);
+/// \brief Throws kvq::Error unless `b`'s sides live in host memory (BackendInfo::host): what a
+/// host-only caller (the model's cache) asks.
 void require_host(AttentionBackend b);
+/// \brief Empty when `b` can run in this process; for cuda, why not: "backend cuda: this kvq was
+/// built without CUDA (...)" or "backend cuda: no CUDA device (...)" (cudaGetDeviceCount, asked
+/// once). Tests that need a device skip with this line.
+std::string cuda_unavailable();
+/// \brief One line per backend for --help: its name, what it is, and what it runs.
+std::string support_help();
+
+/// \brief A cache side for backend `b`: make_side(..., side_kernels(b)) for the host backends;
+/// for cuda a side whose bytes live in device memory (appended from the host through the CUDA
+/// quantize kernels; bf16, fp8 with per-token or fixed scales, int / KIVI; rot= rotates on the
+/// host), read only by attend_decode(cuda, ...). Throws require_supported's error (decode) and,
+/// for cuda, cuda_unavailable()'s line.
+std::unique_ptr<SideStore> make_backend_side(AttentionBackend b, const SchemeSpec& spec, Role role,
+                                             int64_t heads, int64_t dim, int layer = 0);
+/// \brief Whether `s` keeps its bytes in device memory (a backend cuda side).
+bool on_device(const SideStore& s);
+/// \brief The stored bytes of `s` as a host view: stored() for a host side; for a device side a
+/// copy read back (the tests compare it byte for byte with a host side's stored()). `keep` owns
+/// the copy.
+struct StoredCopy {
+  StoredSide view;
+  std::shared_ptr<const void> keep;
+};
+StoredCopy stored_copy(const SideStore& s);
 
 /// \brief Backend cpu's quantizers for make_side (kernels/cpu/): they store the reference's bytes,
 /// bit for bit, faster. The model's cache, the Python Cache and the throughput sweep use them.
@@ -89,12 +156,39 @@ cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, in
 /// \brief out [rows, dim] of a backend cpu call rotated back by v's rot= (nothing without one).
 void unrotate_output(const SideStore& v, float* out, int64_t rows);
 
-/// \brief Decode attention of q [q_heads, dim] (the model's space) over every token of k and v,
-/// out [q_heads, dim] (the model's space): backend ref's decode_attention, or backend cpu's with
-/// q rotated into a rot= key side's space and the output rotated back from a rot= value side's.
-/// working_set: cpu::DecodeOptions::working_set. Throws for a backend that is not host.
+/// \brief Decode attention of q [q_heads, dim] (the model's space, host memory) over every token
+/// of k and v, out [q_heads, dim] (the model's space, host memory): backend ref's
+/// decode_attention, or the kernels of cpu / cpu-int8 / cuda with q rotated into a rot= key
+/// side's space and the output rotated back from a rot= value side's. Backend cuda takes sides from
+/// make_backend_side(cuda, ...) (q uploaded, the CUDA decode kernel, out downloaded); the host
+/// backends take host sides. working_set: cpu::DecodeOptions::working_set. Throws
+/// require_supported's error for a scheme or shape the backend does not run.
 void attend_decode(AttentionBackend b, const float* q, int64_t q_heads, const SideStore& k,
                    const SideStore& v, float* out, int threads = 1, double working_set = 0);
+
+/// \brief What a [throughput] row records about backend cuda's GPU (cudaGetDeviceProperties).
+struct DeviceReport {
+  std::string name;
+  int driver_version = 0, runtime_version = 0;  ///< e.g. 13000 for 13.0
+  double peak_gbps = 0;      ///< memory clock x bus width x 2 (double data rate), in GB/s
+  std::string peak_formula;  ///< how peak_gbps was computed, with the numbers
+  int64_t memory_bytes = 0;
+};
+/// \brief The GPU backend `b` runs on; throws for a host backend or cuda_unavailable()'s line.
+DeviceReport device_report(AttentionBackend b);
+
+/// \brief Timed decode steps on a device backend (cuda) for the [throughput] task: step r reads
+/// sequences (r * batch + i) mod pool for i < batch, sides k_pool[j] and v_pool[j] from
+/// make_backend_side(b, ...), every sequence with the same q [q_heads, dim] (host; rotated for a
+/// rot= key side), q and out in device memory, one launch per 64 sequences. One warm-up step, then
+/// `repeats` steps each between CUDA events; returns the median microseconds. The output's
+/// rotation back (rot=) is not timed.
+double time_device_decode_us(AttentionBackend b, std::span<const SideStore* const> k_pool,
+                             std::span<const SideStore* const> v_pool, int64_t batch,
+                             const float* q, int64_t q_heads, int repeats);
+/// \brief Device-to-device copy bandwidth on `b`'s GPU of a `bytes`-byte buffer, GB/s (10^9 bytes
+/// copied per second; DRAM moves twice that), the median of `repeats` timed by CUDA events.
+double device_copy_gbps(AttentionBackend b, double bytes, int repeats);
 
 /// \brief A causal call: positions t_begin .. t_begin + n - 1, q [n, q_heads, dim] in the model's
 /// space, over sides holding t_begin + n tokens and their exact tails gathered in
@@ -114,7 +208,8 @@ struct CausalArgs {
 /// Workspace per thread), then every merge, then finish on the output's rows: the model's
 /// team-parallel form. Backend ref's items are (position, kv head) pairs and it has no merges;
 /// backend cpu's are cpu::CausalAttention's. The constructor checks the arguments
-/// (causal_attention_check) and throws for a backend that is not host.
+/// (causal_attention_check) and throws require_supported's error for a backend that does not
+/// run causal attention (cuda).
 class CausalCall {
  public:
   struct Workspace {

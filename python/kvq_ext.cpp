@@ -178,8 +178,8 @@ std::vector<std::string> compare(const FloatIn& x, const std::vector<std::string
   return rows;
 }
 
-// One layer's cache: a K side and a V side, appended together, attended on a host backend
-// (kernels/backend.h: ref, cpu, cpu-int8).
+// One layer's cache: a K side and a V side, appended together, attended on any backend
+// (kernels/backend.h: ref, cpu, cpu-int8 in host memory; cuda in device memory, decode only).
 class Cache {
  public:
   Cache(const std::string& spec_text, int64_t heads, int64_t dim, const std::string& backend,
@@ -192,18 +192,16 @@ class Cache {
     KVQ_CHECK(dim >= 1, "head_dim must be at least 1, got {}", dim);
     KVQ_CHECK(threads >= 0, "threads must be 0 (all cores) or more, got {}", threads);
     b_ = parse_backend(backend);  // kernels/backend.h: the one list
-    require_host(b_);
-    const auto mode = cpu::parse_int_mode(int_mode);
-    if (!mode) fail("int_mode '{}' is not known; use one of: {}", int_mode, cpu::kIntModeNames);
-    KVQ_CHECK(b_ != AttentionBackend::kRef || *mode == cpu::IntMode::Exact,
+    KVQ_CHECK(int_mode == "exact" || int_mode == "int8",
+              "int_mode '{}' is not known; use one of: exact, int8", int_mode);
+    KVQ_CHECK(int_mode == "exact" || b_ == AttentionBackend::kCpu || b_ == AttentionBackend::kCpuInt8,
               "int_mode='int8' is a backend cpu path; use backend='cpu'");
     // backend cpu with int_mode='int8' is backend cpu-int8
-    if (b_ == AttentionBackend::kCpu && *mode == cpu::IntMode::Int8)
-      b_ = AttentionBackend::kCpuInt8;
-    // backend cpu's quantizers store the reference's bytes, bit for bit
-    const SideKernels k = side_kernels(b_);
-    k_ = make_side(spec_, Role::Key, heads, dim, layer, k);
-    v_ = make_side(spec_, Role::Value, heads, dim, layer, k);
+    if (b_ == AttentionBackend::kCpu && int_mode == "int8") b_ = AttentionBackend::kCpuInt8;
+    // host backends: backend cpu's quantizers (the reference's bytes, bit for bit); cuda: device
+    // memory through the CUDA quantize kernels (the same bytes)
+    k_ = make_backend_side(b_, spec_, Role::Key, heads, dim, layer);
+    v_ = make_backend_side(b_, spec_, Role::Value, heads, dim, layer);
     backend_ = backend;
   }
 
@@ -214,10 +212,13 @@ class Cache {
     const int64_t n = static_cast<int64_t>(k.shape(0));
     KVQ_CHECK(n >= 1, "append needs at least one token");
     nb::gil_scoped_release release;
-    // The exact values causal attention over this append reads: the window before it + the chunk.
-    const TailSpace space = tail_space(b_);  // what attend reads
-    kbeg_ = gather_exact_tail(*k_, k.data(), n, ktail_, space);
-    vbeg_ = gather_exact_tail(*v_, v.data(), n, vtail_, space);
+    // The exact values causal attention over this append reads: the window before it + the chunk
+    // (backend cuda runs decode only: nothing to gather).
+    if (backend_info(b_).support.causal) {
+      const TailSpace space = tail_space(b_);  // what attend reads
+      kbeg_ = gather_exact_tail(*k_, k.data(), n, ktail_, space);
+      vbeg_ = gather_exact_tail(*v_, v.data(), n, vtail_, space);
+    }
     k_->append(k.data(), n);
     v_->append(v.data(), n);
     last_ = n;
@@ -244,8 +245,12 @@ class Cache {
                 "causal attend covers the latest append's tokens ({}), got {} positions; "
                 "append, then attend with q [n <= {}, q_heads, head_dim]",
                 last_, n, last_);
+    if (causal) require_supported(b_, spec_, AttentionOp::kCausal);
     std::vector<float> out(static_cast<size_t>(n * qh * dim_));
-    {
+    if (!backend_info(b_).support.causal) {  // cuda: decode over the device sides
+      nb::gil_scoped_release release;
+      attend_decode(b_, q.data(), qh, *k_, *v_, out.data());
+    } else {
       nb::gil_scoped_release release;
       const int64_t T = tokens(), t_begin = T - n;
       // A decode step is the causal call for the last position: the same code as prefill, so
@@ -548,6 +553,18 @@ NB_MODULE(_kvq, m) {
     }
   });
   m.def("spec_info", [](const std::string& s) { return spec_json(kvq::parse_spec(s)).dump(); });
+  // kernels/backend.h's table: what each backend runs, and whether it can run here
+  m.def("backends", [] {
+    nlohmann::json out = nlohmann::json::array();
+    for (const BackendInfo& b : backends()) {
+      const BackendSupport& s = b.support;
+      out.push_back({{"name", b.name}, {"what", b.what}, {"host_memory", b.host},
+                     {"decode", s.decode}, {"causal", s.causal}, {"model", s.model},
+                     {"rot", s.rot}, {"sink", s.sink}, {"pre_rope", s.pre_rope},
+                     {"unavailable", b.id == AttentionBackend::kCuda ? cuda_unavailable() : ""}});
+    }
+    return out.dump();
+  });
   m.def("quantize", &quantize);
   m.def("compare", &compare);
   m.def("plan", &plan);

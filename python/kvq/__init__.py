@@ -36,7 +36,7 @@ from . import _kvq
 
 __all__ = [
     "Error", "DEFAULT_KV", "DEFAULT_MAX_TOKENS", "Spec", "parse_spec", "quantize", "compare", "Cache", "plan", "Model",
-    "read_results", "read_text", "model_path",
+    "read_results", "read_text", "model_path", "backends",
 ]
 __version__ = "0.1.0"
 
@@ -183,13 +183,23 @@ def compare(x: np.ndarray, specs: Iterable[SpecLike], role: str = "key") -> list
     return [json.loads(r) for r in _kvq.compare(x, texts, _role(role))]
 
 
+def backends() -> list[dict]:
+    """The attention backends (kernels/backend.h's one table), in order: for each its ``name``,
+    ``what`` it is, whether it runs ``decode`` / ``causal`` attention, the ``model``, ``rot=``,
+    ``sink=`` and ``pre_rope``, whether its cache is in ``host_memory``, and ``unavailable``: empty
+    when it can run here, else the one line why not (e.g. "backend cuda: no CUDA device (...)")."""
+    return json.loads(_kvq.backends())
+
+
 class Cache:
     """One layer's streaming KV cache in any scheme: append K/V as they arrive, attend over what
     is stored (the codes are read directly, never dequantized first).
 
     ``backend`` is "cpu" (SIMD kernels, the default), "cpu-int8" (backend cpu with
-    ``int_mode="int8"``) or "ref" (the scalar reference); all store the same bytes. "cuda" is a
-    known name the Cache refuses with a line saying what runs it today.
+    ``int_mode="int8"``), "ref" (the scalar reference) or "cuda" (the bytes in GPU memory, written
+    by the CUDA quantize kernels; decode attention only, q [q_heads, head_dim]: numpy in and out;
+    bf16, fp8 with per-token or fixed scales, int/kivi; no sink=; a missing GPU is one error
+    line); all store the same bytes. ``kvq.backends()`` lists what each one runs.
     ``int_mode="int8"`` (backend cpu) uses integer dot products on 2/4-bit codes:
     per-channel keys against int8 queries, per-token values against 8-bit softmax weights; and bf16
     dot products on FP8 codes (builds for CPUs with AVX-512 BF16 and VBMI, head_dim a multiple of

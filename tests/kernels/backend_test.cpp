@@ -1,11 +1,15 @@
-// The backend interface (kernels/backend.h): the one list of names and its parser, the refusal of
-// a backend that cannot run here (cuda), and the attention calls against the backends' own calls
+// The backend interface (kernels/backend.h): the one list of names and its parser, the support
+// table (checked against kernels/cuda/dispatch.h, which the CUDA kernels are compiled from) and its
+// errors, the refusals of backend cuda where it cannot run (causal, the model, host sides, no
+// device), and the attention calls against the backends' own calls
 // written out as every caller wrote them before (bit for bit), and against the reference
 // (rot= and sink= handled: within the kernels' tolerance).
 #include "kernels/backend.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -13,6 +17,7 @@
 #include "core/rotation.h"
 #include "core/spec.h"
 #include "experiments/synthetic.h"
+#include "kernels/cuda/dispatch.h"
 #include "reference_cpu/attention.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/names.h"
@@ -32,7 +37,6 @@ TEST(BackendNames, oneListInOrder_parseRoundTrips) {
     EXPECT_EQ(&backend_info(b.id), &b);
   }
   EXPECT_FALSE(backend_info(AttentionBackend::kCuda).host);
-  EXPECT_EQ(backend_info(AttentionBackend::kCpuInt8).int_mode, cpu::IntMode::Int8);
 }
 
 TEST(BackendNames, unknownName_oneLineNamingEveryBackend) {
@@ -44,28 +48,178 @@ TEST(BackendNames, unknownName_oneLineNamingEveryBackend) {
   testing::expect_error([] { parse_backend(""); }, "unknown backend ''");
 }
 
+// Backend cuda is parsed; what it does not run is refused with the table's one line, naming the
+// backends that do.
 TEST(BackendNames, cudaIsKnownButRefusedWhereItCannotRun) {
   EXPECT_EQ(parse_backend("cuda"), AttentionBackend::kCuda);
-  testing::expect_error([] { require_host(AttentionBackend::kCuda); }, "scripts/device-check.sh");
+  testing::expect_error([] { require_host(AttentionBackend::kCuda); },
+                        "backend cuda does not run the model yet");
+  testing::expect_error([] { require_model(AttentionBackend::kCuda); },
+                        "backends that run the model: ref, cpu, cpu-int8");
   for (const BackendInfo& b : backends()) {
     if (b.host) {
       EXPECT_NO_THROW(require_host(b.id)) << b.name;
+      EXPECT_NO_THROW(require_model(b.id)) << b.name;
     }
   }
   const SchemeSpec s = parse_spec("bf16");
-  const auto k = make_side(s, Role::Key, 2, 16), v = make_side(s, Role::Value, 2, 16);
-  const std::vector<float> x(4 * 16, 1.0f);
+  const auto k = make_side(s, Role::Key, 2, 64), v = make_side(s, Role::Value, 2, 64);
+  const std::vector<float> x(4 * 64, 1.0f);
   k->append(x.data(), 1);
   v->append(x.data(), 1);
-  std::vector<float> out(4 * 16);
+  std::vector<float> out(4 * 64);
+  // host sides: cuda reads device sides only (whether or not a device is present)
   testing::expect_error(
       [&] { attend_decode(AttentionBackend::kCuda, x.data(), 4, *k, *v, out.data()); },
-      "backend cuda runs today");
+      cuda_unavailable().find("built without CUDA") == std::string::npos
+          ? "backend cuda reads sides made by make_backend_side"
+          : "built without CUDA");
+  testing::expect_error(
+      [&] { attend_decode(AttentionBackend::kCuda, x.data(), 4, *k, *v, out.data()); },
+      "backend cuda");
+  // a head_dim the kernels are not compiled for is refused first, from the table
+  const auto k2 = make_side(s, Role::Key, 2, 16), v2 = make_side(s, Role::Value, 2, 16);
+  testing::expect_error(
+      [&] { attend_decode(AttentionBackend::kCuda, x.data(), 4, *k2, *v2, out.data()); },
+      "backend cuda cannot run decode attention over head_dim 16 (head_dim: 64, 128)");
   testing::expect_error(
       [&] {
         CausalCall(AttentionBackend::kCuda, {x.data(), 1, 4, 0, k.get(), v.get(), {}, {}}, 1);
       },
-      "backend cuda runs today");
+      "backend cuda does not run causal attention (prefill) (backends that do: ref, cpu, "
+      "cpu-int8)");
+  testing::expect_error(
+      [&] {
+        attend_causal(AttentionBackend::kCuda, {x.data(), 1, 4, 0, k.get(), v.get(), {}, {}},
+                      out.data());
+      },
+      "backend cuda does not run causal attention");
+}
+
+// The table's cuda limits are dispatch.h's lists (what the kernels are compiled for), not a copy.
+TEST(BackendSupport, cudaLimitsAreDispatchHsLists) {
+  const BackendSupport& c = backend_info(AttentionBackend::kCuda).support;
+  EXPECT_TRUE(std::equal(c.head_dims.begin(), c.head_dims.end(), cuda::HeadDims::values.begin(),
+                         cuda::HeadDims::values.end()));
+  EXPECT_TRUE(std::equal(c.bits.begin(), c.bits.end(), cuda::BitWidths::values.begin(),
+                         cuda::BitWidths::values.end()));
+  EXPECT_EQ(c.max_gqa, cuda::kMaxGqa);
+  EXPECT_EQ(c.max_batch, cuda::kMaxBatch);
+  EXPECT_TRUE(c.decode);
+  EXPECT_FALSE(c.causal);
+  EXPECT_FALSE(c.model);
+  for (const BackendInfo& b : backends())
+    if (b.host) {
+      EXPECT_TRUE(b.support.causal && b.support.model && b.support.sink && b.support.pre_rope &&
+                  b.support.head_dims.empty() && b.support.max_gqa == 0)
+          << b.name;
+    }
+}
+
+// What each backend runs, spec by spec: the host backends every scheme; cuda the kinds its decode
+// kernels read (bf16, fp8 with per-token or fixed scales, int) with rot=, and the error names the
+// first thing it does not run and the backends that do.
+TEST(BackendSupport, specsByBackend_oneErrorNamingWhyAndWhoCan) {
+  const std::vector<std::string> cuda_runs{"bf16",
+                                           "kivi2",
+                                           "kivi4:g=32,r=64",
+                                           "int3:k=channel,v=token,g=32,r=64",
+                                           "int8:k=token,v=channel,sym",
+                                           "fp8_e4m3:gran=token",
+                                           "fp8_e5m2:scale=0.05",
+                                           "kivi2:rot=hadamard:7",
+                                           "k=kivi2;v=kivi2:r=64"};
+  const std::vector<std::pair<std::string, std::string>> cuda_refuses{
+      {"fp32", "fp32 caches"},
+      {"fp16", "fp16 caches"},
+      {"kivi2:sink=4", "sink=S"},
+      {"fp8_e4m3", "dynamic fp8 scales"},
+      {"fp8_e4m3:gran=channel,first=16", "dynamic fp8 scales"},
+      {"kivi2:arith=fp16", "arith=fp16"},
+      {"k=kivi2;v=kivi4", "different kinds, bits"},
+      {"k=fp8_e4m3:gran=token;v=kivi4", "different kinds"},
+      {"kivi2@1=fp32", "fp32 caches"},  // every layer's scheme counts
+  };
+  for (const BackendInfo& b : backends()) {
+    for (const auto& op : {AttentionOp::kDecode, AttentionOp::kCausal}) {
+      for (const auto& t : cuda_runs) {
+        const SchemeSpec sp = parse_spec(t);
+        const bool runs = b.host || op == AttentionOp::kDecode;
+        EXPECT_EQ(unsupported(b.id, sp, op).empty(), runs) << b.name << " " << t;
+      }
+      for (const auto& [t, why] : cuda_refuses) {
+        const std::string u = unsupported(b.id, parse_spec(t), op);
+        if (b.host)
+          EXPECT_EQ(u, "") << b.name << " " << t;
+        else
+          EXPECT_NE(u.find(op == AttentionOp::kDecode ? why : "causal"), std::string::npos)
+              << t << ": " << u;
+      }
+    }
+  }
+  EXPECT_EQ(backends_for(parse_spec("kivi2:sink=4"), AttentionOp::kDecode), "ref, cpu, cpu-int8");
+  EXPECT_EQ(backends_for(parse_spec("kivi2"), AttentionOp::kDecode), "ref, cpu, cpu-int8, cuda");
+  testing::expect_error(
+      [] { require_supported(AttentionBackend::kCuda, parse_spec("fp32"), AttentionOp::kDecode); },
+      "backend cuda cannot run decode attention over 'fp32': it does not run fp32 caches "
+      "(backends that can: ref, cpu, cpu-int8)");
+  EXPECT_NO_THROW(
+      require_supported(AttentionBackend::kCpu, parse_spec("fp32"), AttentionOp::kCausal));
+  // make_backend_side checks the table before anything touches a device
+  testing::expect_error(
+      [] {
+        make_backend_side(AttentionBackend::kCuda, parse_spec("kivi2:sink=4"), Role::Key, 2, 64);
+      },
+      "backend cuda cannot run decode attention over 'kivi2:");
+}
+
+TEST(BackendSupport, shapes_cudaHeadDimAndGqaLimits) {
+  const auto cuda = AttentionBackend::kCuda;
+  EXPECT_EQ(unsupported_shape(cuda, 8, 128, 32), "");
+  EXPECT_EQ(unsupported_shape(cuda, 3, 64, 9), "");
+  EXPECT_NE(unsupported_shape(cuda, 8, 96, 32).find("head_dim 96 (head_dim: 64, 128)"),
+            std::string::npos);
+  EXPECT_NE(unsupported_shape(cuda, 2, 64, 32).find("16 query heads per kv head (at most 8)"),
+            std::string::npos);
+  EXPECT_NE(unsupported_shape(AttentionBackend::kCpu, 8, 64, 12).find("positive multiple"),
+            std::string::npos);
+  EXPECT_EQ(unsupported_shape(AttentionBackend::kCpu, 8, 96, 128), "");
+}
+
+// --help's lines: one per backend, in the list's order, each saying what it runs.
+TEST(BackendSupport, helpHasOneLinePerBackend) {
+  const std::string h = support_help();
+  size_t at = 0;
+  for (const BackendInfo& b : backends()) {
+    const size_t p = h.find(fmt::format("  {}: {}", b.name, b.what), at);
+    ASSERT_NE(p, std::string::npos) << b.name << "\n" << h;
+    at = p + 1;
+  }
+  EXPECT_NE(h.find("cuda: the CUDA kernels (decode attention on a GPU); decode attention over "
+                   "bf16, fp8, int/kivi; head_dim 64, 128; bits 2, 3, 4, 8; GQA <= 8"),
+            std::string::npos)
+      << h;
+  EXPECT_NE(h.find("not: fp8 dynamic tensor/head/channel scales, arith=fp16, sink=, k/v of "
+                   "different kinds, the model"),
+            std::string::npos)
+      << h;
+}
+
+// Without a device (or without CUDA) a cuda side is one line naming why; with one, see
+// tests/cuda/backend_cuda_test.cpp.
+TEST(BackendSupport, cudaSideWithoutDevice_oneLineNamingTheDevice) {
+  const std::string why = cuda_unavailable();
+  if (why.empty()) GTEST_SKIP() << "a CUDA device is present (tests/cuda/backend_cuda_test.cpp)";
+  EXPECT_EQ(why.rfind("backend cuda: ", 0), 0u) << why;
+  EXPECT_TRUE(why.find("no CUDA device") != std::string::npos ||
+              why.find("built without CUDA") != std::string::npos)
+      << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos);
+  testing::expect_error(
+      [] { make_backend_side(AttentionBackend::kCuda, parse_spec("kivi2"), Role::Key, 2, 64); },
+      why);
+  testing::expect_error([] { device_report(AttentionBackend::kCuda); }, why);
+  testing::expect_error([] { device_report(AttentionBackend::kCpu); }, "runs on the host");
 }
 
 // Sides holding T tokens of synthetic K/V (outlier key channels), built with `b`'s quantizers.
@@ -102,8 +256,9 @@ TEST_P(BackendCalls, decode_bitIdenticalToTheCallersBlock_andNearTheReference) {
   for (const auto b : {AttentionBackend::kCpu, AttentionBackend::kCpuInt8}) {
     std::vector<float> qr = q;
     if (const Rotation* r = s.k->rotation()) r->rotate(qr.data(), kQh);
-    cpu::decode_attention(qr.data(), kQh, s.k->stored(), s.v->stored(), want.data(),
-                          {1, backend_info(b).int_mode, 0});
+    cpu::decode_attention(
+        qr.data(), kQh, s.k->stored(), s.v->stored(), want.data(),
+        {1, b == AttentionBackend::kCpuInt8 ? cpu::IntMode::Int8 : cpu::IntMode::Exact, 0});
     if (const Rotation* r = s.v->rotation()) r->unrotate(want.data(), kQh);
     attend_decode(b, q.data(), kQh, *s.k, *s.v, got.data());
     EXPECT_TRUE(same_bits(got, want)) << to_string(b);
@@ -149,7 +304,7 @@ TEST_P(BackendCalls, causal_itemsEqualOneCall_andTheCallersBlock) {
     } else {
       CpuCausalBuffers buf;
       cpu::CausalInput in = cpu_causal_input(q.data(), n, kQh, t0, *k, *v, ke, ve, buf);
-      in.int_mode = info.int_mode;
+      in.int_mode = b == AttentionBackend::kCpuInt8 ? cpu::IntMode::Int8 : cpu::IntMode::Exact;
       cpu::causal_attention(in, want.data(), 1);
       unrotate_output(*v, want.data(), n * kQh);
     }

@@ -1,0 +1,209 @@
+// Backend cuda through the backend interface (kernels/backend.h): cache sides in device memory
+// (make_backend_side(cuda, ...)) and decode attention over them (attend_decode), against backend
+// cpu's host sides built from the same appends.
+//
+// Where expected values come from:
+//   - stored bytes: the CPU sides' stored() (reference_cpu/kv_cache.h with backend cpu's
+//     quantizers, themselves tested bit for bit against the reference), compared bit for bit with
+//     the device bytes read back (stored_copy); the footprint and quantized_tokens_at likewise;
+//   - attention: backend ref's decode_attention over the CPU sides (the scalar definition). The
+//     tolerances are tests/cuda/attention_kernel_test.cu's, for the same reasons (float32
+//     accumulation in another order; int caches fold scales differently): NMSE <= 1e-5 and
+//     max |error| <= 1e-4 x max |V| for every kind.
+// Without a device every test skips with the one line cuda_unavailable() gives.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "core/spec.h"
+#include "experiments/synthetic.h"
+#include "kernels/backend.h"
+#include "kivi/layout.h"
+#include "reference_cpu/attention.h"
+#include "tests/support/names.h"
+#include "tests/support/random.h"
+
+namespace kvq {
+namespace {
+
+#define KVQ_SKIP_WITHOUT_CUDA()                  \
+  do {                                           \
+    const std::string why_ = cuda_unavailable(); \
+    if (!why_.empty()) GTEST_SKIP() << why_;     \
+  } while (0)
+
+constexpr double kNmse = 1e-5, kMaxAbsOfV = 1e-4;
+
+template <typename T>
+bool same(const T* a, const T* b, int64_t n) {
+  return n == 0 || (a && b && std::memcmp(a, b, static_cast<size_t>(n) * sizeof(T)) == 0);
+}
+
+// Every byte a view holds, for the kinds backend cuda stores (the CPU side's view against the
+// device side's read back).
+void expect_same_bytes(const StoredSide& want, const StoredSide& got, const std::string& what) {
+  ASSERT_EQ(got.kind, want.kind) << what;
+  ASSERT_EQ(got.tokens, want.tokens) << what;
+  const int64_t n = want.tokens * want.heads * want.dim;
+  switch (want.kind) {
+    case SchemeKind::Bf16:
+      EXPECT_TRUE(same(got.half16, want.half16, n)) << what;
+      break;
+    case SchemeKind::Fp8: {
+      EXPECT_EQ(got.gran, want.gran) << what;
+      EXPECT_TRUE(same(got.codes, want.codes, n)) << what;
+      const int64_t ns = want.gran == Granularity::Tensor  ? 1
+                         : want.gran == Granularity::Head  ? want.heads
+                         : want.gran == Granularity::Token ? want.tokens * want.heads
+                                                           : want.heads * want.dim;
+      EXPECT_TRUE(same(got.fp8_scales, want.fp8_scales, ns)) << what;
+      break;
+    }
+    case SchemeKind::Int: {
+      ASSERT_EQ(got.quantized_tokens, want.quantized_tokens) << what;
+      ASSERT_EQ(got.group, want.group) << what;
+      // the words and parameters the quantized tokens take (kivi/layout.h)
+      const int64_t tq = want.quantized_tokens;
+      const bool ch = want.axis == Axis::Channel;
+      const kivi::ChannelLayout cl{want.heads, want.dim, want.group, want.bits};
+      const kivi::TokenLayout tl{want.heads, want.dim, want.group, want.bits};
+      const int64_t words = ch ? cl.words_for_tokens(tq) : tl.words_for_tokens(tq);
+      const int64_t params = ch ? cl.params_for_tokens(tq) : tl.params_for_tokens(tq);
+      EXPECT_TRUE(same(got.words, want.words, words)) << what;
+      EXPECT_TRUE(same(got.scales, want.scales, params)) << what;
+      if (!want.sym) {
+        EXPECT_TRUE(same(got.mins, want.mins, params)) << what;
+      }
+      EXPECT_TRUE(same(got.residual, want.residual,
+                       (want.tokens - want.quantized_tokens) * want.heads * want.dim))
+          << what;
+      break;
+    }
+    default:
+      ADD_FAILURE() << what << ": backend cuda does not store this kind";
+  }
+}
+
+struct Pair {
+  std::unique_ptr<SideStore> k, v;
+};
+
+constexpr int64_t kH = 2, kD = 64, kGqa = 3, kQh = kH * kGqa;
+
+class BackendCuda : public ::testing::TestWithParam<std::string> {};
+
+// Appends in ragged chunks (1, 37, 130, 1, 200 tokens: windows fill, blocks complete, one token at
+// a time); after each, the bytes, the counts and the footprint equal backend cpu's, and decode
+// attention on cuda is the reference's within the tolerances.
+TEST_P(BackendCuda, sidesStoreTheCpuBytes_andDecodeMatchesTheReference) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  const SchemeSpec spec = parse_spec(GetParam());
+  const int64_t T = 369;
+  const Tensor3 kx = synthetic_kv({{T, kH, kD}, 2, 12.0f, 1}),
+                vx = synthetic_kv({{T, kH, kD}, 0, 1.0f, 2});
+  Pair cpu{make_backend_side(AttentionBackend::kCpu, spec, Role::Key, kH, kD),
+           make_backend_side(AttentionBackend::kCpu, spec, Role::Value, kH, kD)};
+  Pair dev{make_backend_side(AttentionBackend::kCuda, spec, Role::Key, kH, kD),
+           make_backend_side(AttentionBackend::kCuda, spec, Role::Value, kH, kD)};
+  ASSERT_TRUE(on_device(*dev.k) && on_device(*dev.v) && !on_device(*cpu.k));
+  const std::vector<float> q = testing::random_q(kQh * kD, 11);
+  int64_t t = 0;
+  for (const int64_t n : {1, 37, 130, 1, 200}) {
+    const int64_t row = kH * kD;
+    for (Pair* p : {&cpu, &dev}) {
+      p->k->append(kx.data.data() + t * row, n);
+      p->v->append(vx.data.data() + t * row, n);
+    }
+    t += n;
+    const std::string at = GetParam() + " after " + std::to_string(t) + " tokens";
+    for (const auto& [c, d, side] :
+         {std::tuple{cpu.k.get(), dev.k.get(), "K"}, std::tuple{cpu.v.get(), dev.v.get(), "V"}}) {
+      ASSERT_EQ(d->tokens(), t) << at;
+      const StoredCopy got = stored_copy(*d);
+      expect_same_bytes(c->stored(), got.view, at + " " + side);
+      EXPECT_EQ(d->footprint().total_bytes(), c->footprint().total_bytes()) << at << side;
+      for (int64_t u = 0; u <= t + 70; u += 7)
+        ASSERT_EQ(d->quantized_tokens_at(u), c->quantized_tokens_at(u)) << at << side << u;
+      std::vector<float> ce, de;
+      c->exact_tail(ce);
+      d->exact_tail(de);
+      EXPECT_TRUE(ce.size() == de.size() &&
+                  same(ce.data(), de.data(), static_cast<int64_t>(ce.size())))
+          << at << side << ": the exact tail (model space)";
+    }
+    std::vector<float> ref(q.size()), got(q.size());
+    decode_attention(q.data(), kQh, *cpu.k, *cpu.v, ref.data(), 1);
+    attend_decode(AttentionBackend::kCuda, q.data(), kQh, *dev.k, *dev.v, got.data());
+    double se = 0, sr = 0, worst = 0, vmax = 0;
+    for (float x : vx.data) vmax = std::max(vmax, static_cast<double>(std::fabs(x)));
+    for (size_t i = 0; i < q.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << at << " element " << i;
+      se += (got[i] - ref[i]) * (got[i] - ref[i]);
+      sr += ref[i] * ref[i];
+      worst = std::max(worst, static_cast<double>(std::fabs(got[i] - ref[i])));
+    }
+    ASSERT_GT(sr, 0) << at;
+    EXPECT_LE(se / sr, kNmse) << at;
+    EXPECT_LE(worst, kMaxAbsOfV * vmax) << at;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Specs, BackendCuda,
+                         ::testing::Values("bf16", "kivi2", "kivi4:g=32,r=64", "kivi2:g=64,r=128",
+                                           "int3:k=channel,v=token,g=32,r=64",
+                                           "int8:k=token,v=channel,sym", "kivi2:rot=hadamard:7",
+                                           "fp8_e4m3:gran=token", "fp8_e5m2:scale=0.05"),
+                         [](const auto& i) { return testing::test_name(i.param); });
+
+// Host reads of a device side, and a host backend over one, are refused with one line.
+TEST(BackendCudaSides, hostReadsRefused) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  const SchemeSpec s = parse_spec("kivi2");
+  const auto k = make_backend_side(AttentionBackend::kCuda, s, Role::Key, kH, kD);
+  const auto v = make_backend_side(AttentionBackend::kCuda, s, Role::Value, kH, kD);
+  const std::vector<float> x(static_cast<size_t>(kH * kD * 40), 0.5f);
+  k->append(x.data(), 40);
+  v->append(x.data(), 40);
+  std::vector<float> out(static_cast<size_t>(kQh * kD));
+  EXPECT_THROW(k->dequantize(), Error);
+  EXPECT_THROW(k->stored(), Error);
+  EXPECT_THROW(attend_decode(AttentionBackend::kCpu, x.data(), kQh, *k, *v, out.data()), Error);
+  EXPECT_THROW(attend_decode(AttentionBackend::kRef, x.data(), kQh, *k, *v, out.data()), Error);
+}
+
+// The [throughput] task's device calls: the GPU's report, a device copy, timed decode steps.
+TEST(BackendCudaTiming, deviceReportCopyAndTimedSteps) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  const DeviceReport d = device_report(AttentionBackend::kCuda);
+  EXPECT_FALSE(d.name.empty());
+  EXPECT_GT(d.driver_version, 0);
+  EXPECT_GT(d.peak_gbps, 100);
+  EXPECT_GT(d.memory_bytes, int64_t{1} << 30);
+  const double copy = device_copy_gbps(AttentionBackend::kCuda, 64 << 20, 3);
+  EXPECT_GT(copy, 10);
+  EXPECT_LT(copy, d.peak_gbps);  // bytes copied per second: DRAM moves twice that
+  const SchemeSpec s = parse_spec("kivi2");
+  std::vector<std::unique_ptr<SideStore>> ks, vs;
+  std::vector<const SideStore*> kp, vp;
+  const Tensor3 x = synthetic_kv({{512, kH, kD}, 2, 12.0f, 3});
+  for (int i = 0; i < 3; ++i) {
+    ks.push_back(make_backend_side(AttentionBackend::kCuda, s, Role::Key, kH, kD));
+    vs.push_back(make_backend_side(AttentionBackend::kCuda, s, Role::Value, kH, kD));
+    ks.back()->append(x.data.data(), 512);
+    vs.back()->append(x.data.data(), 512);
+    kp.push_back(ks.back().get());
+    vp.push_back(vs.back().get());
+  }
+  const std::vector<float> q = testing::random_q(kQh * kD, 5);
+  const double us = time_device_decode_us(AttentionBackend::kCuda, kp, vp, 5, q.data(), kQh, 3);
+  EXPECT_GT(us, 0);
+  EXPECT_LT(us, 1e6);
+}
+
+}  // namespace
+}  // namespace kvq
