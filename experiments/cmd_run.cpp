@@ -832,7 +832,9 @@ struct ThroughputPlan {
     for (int64_t c : contexts)
       for (const auto& op : ops)
         for (const auto& b : backends)
-          for (int64_t n : op == "quantize" ? std::vector<int64_t>{1} : batches) out.push_back({op, b, c, n});
+          // quantize rows: the host backends' (backend cuda's quantize kernels have their benches)
+          if (op == "decode" || backend_info(parse_backend(b)).host)
+            for (int64_t n : op == "quantize" ? std::vector<int64_t>{1} : batches) out.push_back({op, b, c, n});
     return out;
   }
   json case_settings(const Case& c) const {
@@ -871,8 +873,7 @@ ThroughputPlan plan_throughput(const toml::table& tt, const Where& w) {
       if (std::string_view(key) == "backends") {  // kernels/backend.h: the one list
         try {
           const BackendInfo& b = backend_info(parse_backend(x));
-          require_host(b.id);
-          KVQ_CHECK(b.int_mode == cpu::IntMode::Exact,
+          KVQ_CHECK(b.id != AttentionBackend::kCpuInt8,
                     "backend {} is backend cpu with int_mode = \"int8\" here (the task's "
                     "int_mode key sets it for every backend cpu row)",
                     b.name);
@@ -903,11 +904,10 @@ ThroughputPlan plan_throughput(const toml::table& tt, const Where& w) {
             repeats);
   p.opt.threads = static_cast<int>(threads);
   p.opt.repeats = static_cast<int>(repeats);
+  // int_mode = "int8": every backend cpu row runs backend cpu-int8 (kernels/backend.h)
   p.int_mode = get_or<std::string>(tt, w, "int_mode", "exact");
-  const auto mode = cpu::parse_int_mode(p.int_mode);
-  KVQ_CHECK(mode.has_value(), "{}: {} \"{}\" is not one of: {}", w.file, w.key("int_mode"), p.int_mode,
-            cpu::kIntModeNames);
-  p.opt.int_mode = *mode;
+  KVQ_CHECK(p.int_mode == "exact" || p.int_mode == "int8", "{}: {} \"{}\" is not one of: exact, int8", w.file,
+            w.key("int_mode"), p.int_mode);
   // The largest context's float32 K and V are held while its caches are built.
   const int64_t biggest = *std::max_element(p.contexts.begin(), p.contexts.end());
   KVQ_CHECK(biggest * p.shape.heads * p.shape.head_dim <= (int64_t{1} << 30),
@@ -922,7 +922,10 @@ void run_throughput(const ThroughputPlan& p, const std::filesystem::path& out, c
   ResultTable table(out, "throughput");
   const auto cases = p.cases();
   const size_t total = cases.size() * p.specs.size();
-  double copy_gbps = 0;  // measured once per run, before the first row, so every ratio is in-run
+  // The limits, each measured once per run before its first row, so every ratio is in-run: the
+  // host's memcpy for the host backends, a device-to-device cudaMemcpy for backend cuda.
+  double copy_gbps = 0, device_copy_gbps = 0;
+  std::optional<DeviceReport> dev;  // backend cuda's GPU (name, driver, peak bandwidth)
   std::optional<eval::ThroughputInput> in;
   size_t j = 0, ci = 0;
   for (const auto& c : cases) {
@@ -940,27 +943,49 @@ void run_throughput(const ThroughputPlan& p, const std::filesystem::path& out, c
       const std::string key = spec.canonical();
       if (table.find(key, settings)) continue;
       check_stop();
-      if (copy_gbps == 0) {
+      // int_mode = "int8": backend cpu's rows run backend cpu-int8 (kernels/backend.h)
+      const AttentionBackend be = parse_backend(c.backend == "cpu" && p.int_mode == "int8" ? "cpu-int8" : c.backend);
+      const bool device = !backend_info(be).host;
+      if (device && !dev) {
+        dev = device_report(be);
+        device_copy_gbps = ::kvq::device_copy_gbps(be, p.opt.pool_bytes, std::max(p.opt.repeats, 5));
+        fmt::print(stderr,
+                   "[throughput] {} (driver {}, runtime {}), peak {:.0f} GB/s ({}); device-to-device "
+                   "cudaMemcpy of {} MiB: {:.2f} GB/s\n",
+                   dev->name, dev->driver_version, dev->runtime_version, dev->peak_gbps, dev->peak_formula,
+                   p.opt.pool_bytes / (1 << 20), device_copy_gbps);
+      }
+      if (!device && copy_gbps == 0) {
         copy_gbps = eval::memcpy_gbps(p.opt.pool_bytes, p.opt);
         fmt::print(stderr, "[throughput] memcpy of {} MiB: {:.2f} GB/s\n", p.opt.pool_bytes / (1 << 20), copy_gbps);
       }
+      const double limit = device ? device_copy_gbps : copy_gbps;
       if (!in || in->context != c.context) {
         in.reset();
         in = eval::throughput_input(p.shape, c.context, 0);
       }
-      const AttentionBackend be = parse_backend(c.backend);
       const eval::Timing t = c.op == "decode" ? eval::time_decode(spec, *in, c.batch, be, p.opt)
                                               : eval::time_quantize(spec, *in, be, p.opt);
       const double gbps = t.bytes / (t.us * 1e-6) / 1e9;
       if (key == "bf16") bf16_us = t.us;
       json r = {{"key", key}, {"scheme", key}, {"settings", settings}, {"op", c.op}, {"backend", c.backend},
                 {"context", c.context}, {"batch", c.batch}, {"time_us", t.us}, {"bytes", t.bytes},
-                {"gb_per_s", gbps}, {"memcpy_gb_per_s", copy_gbps}, {"of_memcpy", gbps / copy_gbps},
-                {"stored_bytes_per_token", t.stored_bytes_per_token}, {"page_faults", t.page_faults}};
+                {"gb_per_s", gbps}, {"memcpy_gb_per_s", limit}, {"of_memcpy", gbps / limit},
+                {"stored_bytes_per_token", t.stored_bytes_per_token}, {"page_faults", t.page_faults},
+                {"clock", t.clock}};
+      if (device) {  // the GPU, its driver and its peak, and the copy the limit is
+        r["device"] = dev->name;
+        r["driver_version"] = dev->driver_version;
+        r["runtime_version"] = dev->runtime_version;
+        r["peak_gb_per_s"] = dev->peak_gbps;
+        r["peak_formula"] = dev->peak_formula;
+        r["of_peak"] = gbps / dev->peak_gbps;
+        r["memcpy"] = "device-to-device cudaMemcpy (bytes copied per second; DRAM moves twice that)";
+      }
       r["speedup_vs_bf16"] = bf16_us > 0 ? json(bf16_us / t.us) : json(nullptr);
       if (c.op == "decode") r["distinct_caches"] = t.distinct_caches;
       fmt::print(stderr, "[throughput {}/{}] {} {} ctx {} batch {} {}: {:.1f} us, {:.2f} GB/s ({:.0f}% of memcpy){}\n",
-                 row + 1, total, c.op, c.backend, c.context, c.batch, key, t.us, gbps, 100 * gbps / copy_gbps,
+                 row + 1, total, c.op, c.backend, c.context, c.batch, key, t.us, gbps, 100 * gbps / limit,
                  bf16_us > 0 ? fmt::format(", {:.2f}x bf16", bf16_us / t.us) : "");
       table.add(std::move(r));
     }
@@ -1070,6 +1095,8 @@ void register_run(CLI::App& app) {
       "fit is skipped with a line; an explicit one is an error), the model and text files.\n"
       "Example: kvq run experiments/configs/default.toml   (see that file for every key)");
   c->add_option("config", o->config, "TOML config")->required();
+  // kernels/backend.h's table: what [model].backend and [throughput].backends can name
+  c->footer("Backends ([model].backend, [throughput].backends; kernels/backend.h):\n" + support_help());
   if (rp) {
     std::vector<std::pair<std::string, json>> plan;
     for (const auto& c : rp->cases())
@@ -1267,6 +1294,20 @@ void register_run(CLI::App& app) {
       const SchemeSpec bf16 = parse_spec("bf16");
       std::erase_if(tp->specs, [](const SchemeSpec& x) { return x.canonical() == "bf16"; });
       tp->specs.insert(tp->specs.begin(), bf16);
+      // kernels/backend.h's support table: every backend's shape and decode schemes (one error each)
+      for (const auto& b : tp->backends) {
+        const AttentionBackend be = parse_backend(b);
+        if (const std::string why = unsupported_shape(be, tp->shape.heads, tp->shape.head_dim,
+                                                      tp->shape.heads * tp->shape.gqa);
+            !why.empty())
+          errors.push_back(fmt::format("[throughput] backend {} cannot run decode attention over {}", b, why));
+        if (std::find(tp->ops.begin(), tp->ops.end(), "decode") == tp->ops.end()) continue;
+        for (const auto& s : tp->specs) try {
+            require_supported(be, s, AttentionOp::kDecode);
+          } catch (const Error& e) {
+            errors.push_back(fmt::format("[throughput] {}", e.what()));
+          }
+      }
     }
     if (errors.size() == 1) fail("{}: {}; nothing was run", o->config, errors[0]);
     if (!errors.empty()) {
@@ -1306,6 +1347,13 @@ void register_run(CLI::App& app) {
       fmt::print("{}: ok, nothing run (--check)\n", o->config);
       return;
     }
+    // A device backend needs its device (--check does not: configs are checked anywhere); one line
+    // before anything is written.
+    if (tp)
+      for (const auto& b : tp->backends)
+        if (!backend_info(parse_backend(b)).host)
+          if (const std::string why = cuda_unavailable(); !why.empty())
+            fail("{}: {}.backends \"{}\": {}", o->config, "[throughput]", b, why);
     // Only now is anything written.
     const std::string name = get_or<std::string>(cfg, top, "name", "run");
     const std::string base = !o->out.empty() ? o->out

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "experiments/model_files.h"
+#include "kernels/backend.h"
 
 namespace kvq {
 namespace {
@@ -103,15 +104,23 @@ TEST_F(RunCli, SectionKeysTypesAndEmptyConfigs_oneLineBeforeAnythingIsWritten) {
   check("schemes = [\"kivi2\"]\n[model]\nbackend = \"gpu\"\n", "[model].backend:");
   check("schemes = [\"kivi2\"]\n",
         "nothing to run: give a [synthetic], [model], [needle], [throughput] or [ruler] table");
-  // cuda is a name of the one list (kernels/backend.h), refused with what runs it today
-  check("schemes = [\"kivi2\"]\n[throughput]\nbackends = [\"cuda\"]\n",
-        "[throughput].backends \"cuda\": backend cuda runs today in the CUDA kernels' own tests");
+  // cuda is a name of the one list (kernels/backend.h): [throughput] runs it where a device is,
+  // refuses what its support table does not run (naming who does), and a missing device in one
+  // line (kvq run --check passes without one)
+  if (const std::string why = cuda_unavailable(); !why.empty())
+    check("schemes = [\"kivi2\"]\n[throughput]\nbackends = [\"cuda\"]\n",
+          "[throughput].backends \"cuda\": " + why);
+  check("schemes = [\"kivi2:sink=4\"]\n[throughput]\nbackends = [\"cuda\"]\n",
+        "[throughput] backend cuda cannot run decode attention over 'kivi2:g=32,r=128,sink=4': it "
+        "does not run sink=S (exact sink tokens) (backends that can: ref, cpu, cpu-int8)");
+  check("schemes = [\"kivi2\"]\n[throughput]\nbackends = [\"cpu\", \"cuda\"]\nhead_dim = 96\n",
+        "[throughput] backend cuda cannot run decode attention over head_dim 96 (head_dim: 64, 128)");
   check("schemes = [\"kivi2\"]\n[throughput]\nbackends = [\"gpu\"]\n",
         "[throughput].backends \"gpu\": unknown backend 'gpu' (choices: ref,");
   check("schemes = [\"kivi2\"]\n[throughput]\nbackends = [\"cpu-int8\"]\n",
         "backend cpu-int8 is backend cpu with int_mode = \"int8\" here");
   check("schemes = [\"kivi2\"]\n[model]\nbackend = \"cuda\"\n",
-        "[model].backend: backend cuda runs today in the CUDA kernels' own tests");
+        "[model].backend: backend cuda does not run the model yet");
   check("schemes = [\"kivi2\"]\n[throughput]\ncontexts = [0]\n", "[throughput].contexts 0 is outside [1, 1048576]");
   check("schemes = [\"kivi2\"]\n[throughput]\nops = [\"prefill\"]\n",
         "[throughput].ops \"prefill\" is not one of: decode, quantize");
