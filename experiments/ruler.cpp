@@ -201,6 +201,25 @@ std::vector<int32_t> fill_lines(const Tokenizer& tok, const std::vector<int32_t>
   return out;
 }
 
+// The lines to insert into the haystack, as tokens, and how many haystack tokens a prompt of
+// prompt_len tokens leaves for them.
+struct Inserted {
+  std::vector<std::vector<int32_t>> lines;
+  int64_t fill = 0;
+};
+Inserted inserted_lines(const Tokenizer& tok, const Fixed& x, int prompt_len,
+                        const std::vector<std::string>& texts) {
+  Inserted in{{}, prompt_len - x.size()};
+  for (const auto& t : texts) {
+    in.lines.push_back(tok.encode(t + "\n"));
+    in.fill -= static_cast<int64_t>(in.lines.back().size());
+  }
+  KVQ_CHECK(in.fill >= 1,
+            "ruler: a {}-token prompt leaves no room for the haystack ({} tokens go around it)",
+            prompt_len, prompt_len - in.fill);
+  return in;
+}
+
 // RULER's DEPTHS: 40 needle depths, round(linspace(0, 100, 40)) percent.
 std::vector<int> ruler_depths() {
   std::vector<int> d;
@@ -283,16 +302,9 @@ RulerCase niah_case(const Tokenizer& tok, const RulerHaystack& hs, const Niah& t
         fmt::format(" The special magic {} for {} mentioned in the provided text are", ty, qs);
   }
   const Fixed x = fixed_tokens(tok, f);
-  std::vector<std::vector<int32_t>> lines;
-  int64_t fill = prompt_len - x.size();
-  for (const auto& n : needles) {
-    lines.push_back(tok.encode(n + "\n"));
-    fill -= static_cast<int64_t>(lines.back().size());
-  }
-  KVQ_CHECK(fill >= 1,
-            "ruler: a {}-token prompt leaves no room for the haystack ({} tokens go "
-            "around it)",
-            prompt_len, prompt_len - fill);
+  const Inserted ins = inserted_lines(tok, x, prompt_len, needles);
+  const auto& lines = ins.lines;
+  const int64_t fill = ins.fill;
   std::vector<int32_t> stream;
   if (hay == 't') {
     stream = hs.text;
@@ -384,16 +396,9 @@ RulerCase vt_case(const Tokenizer& tok, int prompt_len, Rng& r) {
   c.answers = names;
   Frame f{ex + "\n\n" + std::string(kVtTask), vt_question(value), vt_prefix(kHops + 1, value)};
   const Fixed x = fixed_tokens(tok, f);
-  std::vector<std::vector<int32_t>> lines;
-  int64_t fill = prompt_len - x.size();
-  for (const auto& s : chain(names, value)) {
-    lines.push_back(tok.encode(s + "\n"));
-    fill -= static_cast<int64_t>(lines.back().size());
-  }
-  KVQ_CHECK(fill >= 1,
-            "ruler: a {}-token prompt leaves no room for vt's noise ({} tokens go "
-            "around it)",
-            prompt_len, prompt_len - fill);
+  const Inserted ins = inserted_lines(tok, x, prompt_len, chain(names, value));
+  const auto& lines = ins.lines;
+  const int64_t fill = ins.fill;
   // RULER: the chain's statements at random lines of the noise, in order.
   const std::vector<int32_t> stream = repeat_noise(tok, fill);
   std::vector<size_t> slots;
