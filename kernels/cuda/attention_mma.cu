@@ -23,6 +23,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/attention_split.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -100,6 +101,16 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/// c += A B (m16n8k16, fp16 inputs, fp32 accumulators).
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /// Issues the copies of tile [t0, t0 + kTile) of one side (rows (t * H + h) * D of `data`) into
 /// `stage`; rows at or past t_end are zero-filled (their source clamped to row t0).
 template <int D>
@@ -115,11 +126,12 @@ __device__ __forceinline__ void load_tile(uint16_t* stage, const uint16_t* data,
 }
 
 /// The split's softmax partial over scores[i * ld + t] (t < n), one warp per query head (as
-/// attention_kernels.cu): the scores become e^(s - m); m and l go to part_ml.
+/// attention_kernels.cu): the scores become e^(s - m) times pscale (a power of two); m and l
+/// (the sum of e^(s - m)) go to part_ml.
 template <class Params>
 __device__ __forceinline__ void softmax_partial(const Params& p, float* scores, int n, int nq,
-                                                int ld, int64_t qrow, int split, int warp,
-                                                int lane) {
+                                                int ld, int64_t qrow, int split, int warp, int lane,
+                                                float pscale = 1.0f) {
   for (int i = warp; i < nq; i += kWarps) {
     float* row = scores + i * ld;
     float m = -INFINITY;
@@ -129,7 +141,7 @@ __device__ __forceinline__ void softmax_partial(const Params& p, float* scores, 
     float l = 0.0f;
     for (int t = lane; t < n; t += 32) {
       const float e = expf(row[t] - m);
-      row[t] = e;
+      row[t] = e * pscale;
       l += e;
     }
 #pragma unroll
@@ -142,21 +154,79 @@ __device__ __forceinline__ void softmax_partial(const Params& p, float* scores, 
   }
 }
 
+/// Where a block sits (one split of one kv head of one sequence, all nq query heads of it) and
+/// its lane's place in the mma fragments; the same for every Mma kernel.
+template <class View>
+struct SplitBlock {
+  int split, h, b;
+  bool empty;      // the split starts past this sequence's end (a shorter sequence): no work
+  int64_t s0, s1;  // the split's tokens [s0, s1)
+  int n, ld;       // s1 - s0; the score buffer's row stride (split_tokens)
+  int64_t qrow;    // the first query head's row of q / part_o: b q_heads + h nq
+  int tid, lane, warp, g, tg;
+  __device__ explicit SplitBlock(const detail::SplitParams<View>& p)
+      : split(static_cast<int>(blockIdx.x)),
+        h(static_cast<int>(blockIdx.y)),
+        b(static_cast<int>(blockIdx.z)),
+        s0(static_cast<int64_t>(split) * p.split_tokens),
+        qrow(static_cast<int64_t>(b) * p.kv_heads * p.nq + static_cast<int64_t>(h) * p.nq),
+        tid(static_cast<int>(threadIdx.x)),
+        lane(tid % 32),
+        warp(tid / 32),
+        g(mma::group_of(lane)),
+        tg(mma::tig_of(lane)) {
+    const int64_t T = p.k[b].tokens;
+    empty = s0 >= T;
+    s1 = min(T, s0 + p.split_tokens);
+    n = static_cast<int>(s1 - s0);
+    ld = static_cast<int>(p.split_tokens);
+  }
+};
+
+/// q of head g (zero where !real) as fp16 A fragments of the D / 16 k-steps, high parts in
+/// registers [ks][2 r], low parts in [ks][2 r + 1]; A register pair r of k-step ks holds the
+/// channels chan(ks, r, 0), chan(ks, r, 1). q is multiplied by 2^e, e = q_shift(max |q| of the
+/// head) + bias (bias 0: max |q'| in [2^14, 2^15); -15: in [1/2, 1)); returns e.
+template <int D, class Chan>
+__device__ __forceinline__ int q_fragments_f16(uint32_t (&qa)[D / mma::kK][4], const float* q_heads,
+                                               bool real, int lane, int bias, Chan chan) {
+  const float* q = q_heads + mma::group_of(lane) * D;
+  float2 qf[D / mma::kK][2];
+  float amax = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < D / mma::kK; ++ks)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float x = real ? __ldg(q + chan(ks, r, 0)) : 0.0f;
+      const float y = real ? __ldg(q + chan(ks, r, 1)) : 0.0f;
+      qf[ks][r] = make_float2(x, y);
+      amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
+    }
+  amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));  // the head's 4 lanes
+  amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
+  const int e = max(mma_fp8::q_shift(amax) + bias, -126);
+  const float scale = pow2(e);
+#pragma unroll
+  for (int ks = 0; ks < D / mma::kK; ++ks)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const mma_fp8::HiLo s = mma_fp8::split_half2(qf[ks][r].x * scale, qf[ks][r].y * scale);
+      qa[ks][2 * r] = s.hi;      // row g
+      qa[ks][2 * r + 1] = s.lo;  // row g + 8
+    }
+  return e;
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2)
     mma_split_kernel(const __grid_constant__ detail::SplitParams<Bf16SideView> p) {
-  const int split = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y),
-            b = static_cast<int>(blockIdx.z);
-  const Bf16SideView& kv = p.k[b];
-  const Bf16SideView& vv = p.v[b];
-  const int64_t T = kv.tokens;
-  const int64_t s0 = static_cast<int64_t>(split) * p.split_tokens;
-  if (s0 >= T) return;  // this sequence is shorter than the longest one
-  const int64_t s1 = min(T, s0 + p.split_tokens);
-  const int n = static_cast<int>(s1 - s0);
-  const int nq = p.nq, ld = static_cast<int>(p.split_tokens), H = p.kv_heads;
-  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const int g = mma::group_of(lane), tg = mma::tig_of(lane);
+  const SplitBlock<Bf16SideView> blk(p);
+  if (blk.empty) return;  // this sequence is shorter than the longest one
+  const Bf16SideView& kv = p.k[blk.b];
+  const Bf16SideView& vv = p.v[blk.b];
+  const int64_t s0 = blk.s0, s1 = blk.s1, qrow = blk.qrow;
+  const int n = blk.n, nq = p.nq, ld = blk.ld, H = p.kv_heads, h = blk.h, split = blk.split;
+  const int tid = blk.tid, lane = blk.lane, warp = blk.warp, g = blk.g;
 
   extern __shared__ uint4 smem4[];
   uint16_t* stages = reinterpret_cast<uint16_t*>(smem4);
@@ -167,8 +237,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   load_tile<D>(stages, kv.data, s0, s1, H, h, tid);
   cp_async_commit();
 
-  const int q_heads = H * nq;
-  const int64_t qrow = static_cast<int64_t>(b) * q_heads + static_cast<int64_t>(h) * nq;
   uint32_t qa[D / mma::kK][4];  // per k-step: (head g high, head g low) x (columns 2tg.., +8)
 #pragma unroll
   for (int ks = 0; ks < D / mma::kK; ++ks) {
@@ -288,10 +356,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 // A stage holds kTileI tokens: keys as kWarps runs of 32 tokens (one per warp, each inside one
 // token group: [channel][B words], the run's scales and minima), values as kTileI rows of
 // D B / 32 words (each warp takes 32 rows, two k-steps of 16) with the rows' scales and minima.
-// Keys: A = q_c s_c (high + low bf16) per run, B = codes (mma_int.h), score = (C - C_ones) /
-// kUnit + sum_c q_c m_c. Values: A = p_t s_t per channel set of 32 (one channel group), B =
-// codes, o = (C - C_ones) / kUnit + sum_t p_t m_t. Tokens of the float32 residual window take
-// plain fp32 loops (few: at most the window).
+// Everything in fp16 (mma_int.h): codes as -(64 + c), the offset and the minima through two more
+// mma's into one accumulator E per run (keys) or channel group (values).
+// Keys: q' = q 2^qe (high + low rows, once per block), A = q'_c s_c by fold_f16x2 per run,
+// score = (E - C) 2^-qe / sqrt(D), E = -64 sum_c a_c + sum_c q'_c m_c.
+// Values: p' = p 2^ve (ve from the split's largest value scale, so p' s < 2^14), A = p'_t s_t
+// per channel group, o = (E - C) 2^-ve, E = -64 sum_t a_t + sum_t p'_t m_t. Tokens of the
+// float32 residual window take plain fp32 loops (few: at most the window).
 
 constexpr int kTileI = kWarps * mma_int::kSpan;  // tokens per int stage
 
@@ -309,109 +380,164 @@ struct IntSmem {
   }
 };
 
-__device__ __forceinline__ float2 half2_at(const uint16_t* p) {  // p 4-byte aligned
-  return __half22float2(*reinterpret_cast<const __half2*>(p));
-}
-
-/// Warp `warp` issues the copies of its key run of tile [t0, t0 + kTileI), tokens
-/// t0 + 32 warp .. + 32, if below q1 (q1 - t0 is a multiple of the group, itself one of 32).
-/// Index math once per run: a lane's copies are pointer increments.
-template <int D, int B>
-__device__ __forceinline__ void load_key_run(char* stage, const IntSideView& k, int64_t t0,
-                                             int64_t q1, int H, int h, int warp, int lane) {
-  using S = IntSmem<D, B>;
-  const int64_t t = t0 + mma_int::kSpan * warp;
-  if (t >= q1) return;
-  constexpr int kRun = D * B;  // words of a run
-  uint32_t* words = reinterpret_cast<uint32_t*>(stage) + warp * kRun;
-  uint16_t* sc = reinterpret_cast<uint16_t*>(stage + S::kWords * 4) + warp * D;
-  const kivi::ChannelLayout L{H, D, k.group, B};
-  const int64_t gi = t / k.group;
-  const int wpg = static_cast<int>(L.words_per_group());
-  const uint32_t* src = k.words + L.word_index(gi, h, 0) + (t % k.group) / kivi::codes_per_word(B);
-  if (wpg == B) {  // G = 32: the run is its group's contiguous block
-#pragma unroll
-    for (int x = lane; x < kRun / 4; x += 32) cp_async<16>(words + 4 * x, src + 4 * x, true);
-  } else {  // each channel's B words of the run (16 or 8 bytes), at a stride of the group's words
-#pragma unroll
-    for (int d = lane; d < D; d += 32) cp_async<4 * B>(words + d * B, src + d * wpg, true);
-  }
-  const int64_t pi = L.param_index(gi, h, 0);
-  constexpr int kPChunks = D / 8;  // 16-byte chunks of a run's D scales (or minima)
-  if (lane < 2 * kPChunks) {
-    const int which = lane / kPChunks, c = lane % kPChunks;
-    cp_async<16>(sc + which * S::kParams + 8 * c, (which ? k.mins : k.scales) + pi + 8 * c, true);
+/// N (4, 8 or 16) bytes global -> shared address dst, asynchronously; in = false zero-fills.
+template <int N>
+__device__ __forceinline__ void cp_async_to(uint32_t dst, const void* src, bool in) {
+  if constexpr (N == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(in ? 16 : 0));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(N),
+                 "r"(in ? N : 0));
   }
 }
 
-/// Warp `warp` issues the copies of its 32 value rows of tile [t0, t0 + kTileI), one row a lane
-/// (t0 < q1); rows at or past q1 are zero-filled (codes 0, scales 0: with p = 0 they add nothing).
+/// A lane's share of its warp's key-run copies, set up once per block: warp w takes tokens
+/// s0 + kTileI i + 32 w .. + 32 of tile i (inside one token group: G divides kTileI, s0 a
+/// multiple of G), so from tile to tile every source moves by the same kTileI / G groups.
+/// G = 32: the run is its group's contiguous block (16-byte chunks); else each channel's B words
+/// (4 B bytes) at a stride of the group's words. Scales and minima: 16-byte chunks of 8.
 template <int D, int B>
-__device__ __forceinline__ void load_value_rows(char* stage, const IntSideView& v, int64_t t0,
-                                                int64_t q1, int H, int h, int ncg, int warp,
-                                                int lane) {
-  using S = IntSmem<D, B>;
-  constexpr int kRow = D * B / 32;  // words of a row
-  const int r = mma_int::kSpan * warp + lane;
-  const bool in = t0 + r < q1;
-  const int64_t row = (in ? t0 + r : t0) * H + h;  // (token, head)
-  uint32_t* words = reinterpret_cast<uint32_t*>(stage) + r * kRow;
-  const uint32_t* src = v.words + row * kRow;
-#pragma unroll
-  for (int c = 0; c < kRow / 4; ++c) cp_async<16>(words + 4 * c, src + 4 * c, in);
-  uint16_t* sc = reinterpret_cast<uint16_t*>(stage + S::kWords * 4) + r * ncg;
-  for (int c = 0; c < ncg; c += 2) {  // 4-byte copies of two groups' scales and minima
-    cp_async<4>(sc + c, v.scales + row * ncg + c, in);
-    cp_async<4>(sc + S::kParams + c, v.mins + row * ncg + c, in);
+struct KeyRunCopy {
+  static constexpr int kRun = D * B;  // words of a run
+  const uint32_t* src;                // the lane's first source word, at the next tile
+  const uint16_t* psrc;               // the lane's scale or minimum chunk, at the next tile
+  int step, pstep;                    // per tile: words, halves
+  int rel;                            // the run's first token at the next tile, from s0
+  uint32_t dst, pdst;                 // shared-memory byte offsets within a stage
+  __device__ KeyRunCopy(const IntSideView& k, int64_t s0, int H, int h, int warp, int lane) {
+    using S = IntSmem<D, B>;
+    const kivi::ChannelLayout L{H, D, k.group, B};
+    rel = mma_int::kSpan * warp;
+    const int64_t t0 = s0 + rel, gi = t0 / k.group, gstep = kTileI / k.group;
+    const bool g32 = L.words_per_group() == B;
+    const int wpg = static_cast<int>(L.words_per_group());
+    step = static_cast<int>(L.word_index(gi + gstep, h, 0) - L.word_index(gi, h, 0));
+    src = k.words + L.word_index(gi, h, 0) + (t0 % k.group) / kivi::codes_per_word(B) +
+          (g32 ? 4 * lane : lane * wpg);
+    dst = (warp * kRun + (g32 ? 4 * lane : lane * B)) * 4;
+    constexpr int kPChunks = D / 8;  // 16-byte chunks of a run's D scales (or minima)
+    const int which = lane / kPChunks % 2, c = lane % kPChunks;  // lanes >= 2 kPChunks: unused
+    pstep = static_cast<int>(L.param_index(gi + gstep, h, 0) - L.param_index(gi, h, 0));
+    psrc = (which ? k.mins : k.scales) + L.param_index(gi, h, 0) + 8 * c;
+    pdst = S::kWords * 4 + (which * S::kParams + warp * D + 8 * c) * 2;
   }
+  /// Issues the next tile's copies into the stage at shared address st if the run starts below
+  /// q1 - s0 (`wpg` as in the constructor: G = 32 takes the contiguous path), then steps.
+  __device__ __forceinline__ void load(uint32_t st, int q1_rel, bool g32, int wpg, int lane) {
+    if (rel < q1_rel) {
+      if (g32) {
+#pragma unroll
+        for (int x = 0; x < kRun / 128; ++x)
+          cp_async_to<16>(st + dst + 512 * x, src + 128 * x, true);
+      } else {
+#pragma unroll
+        for (int x = 0; x < D / 32; ++x)
+          cp_async_to<4 * B>(st + dst + 128 * B * x, src + 32 * x * wpg, true);
+      }
+      if (lane < D / 4) cp_async_to<16>(st + pdst, psrc, true);
+    }
+    src += step;
+    psrc += pstep;
+    rel += kTileI;
+  }
+};
+
+/// A lane's share of its warp's value-row copies, set up once per block: row r = 32 warp + lane
+/// of every tile (token s0 + kTileI i + r: D B / 32 words by 16-byte copies, NCG scales and NCG
+/// minima by 4-byte copies); rows at or past q1 are zero-filled (codes 0, scales 0, minima 0: with
+/// a finite p they add nothing).
+template <int D, int B, int NCG>
+struct ValueRowCopy {
+  static constexpr int kRow = D * B / 32;  // words of a row
+  const uint32_t* src;
+  const uint16_t *ssrc, *msrc;
+  int64_t step, pstep, t0;
+  uint32_t dst, sdst;
+  __device__ ValueRowCopy(const IntSideView& v, int64_t s0, int H, int h, int warp, int lane) {
+    using S = IntSmem<D, B>;
+    const int r = mma_int::kSpan * warp + lane;
+    t0 = s0 + r;
+    src = v.words + (t0 * H + h) * kRow;
+    ssrc = v.scales + (t0 * H + h) * NCG;
+    msrc = v.mins + (t0 * H + h) * NCG;
+    step = static_cast<int64_t>(kTileI) * H * kRow;
+    pstep = static_cast<int64_t>(kTileI) * H * NCG;
+    dst = r * kRow * 4;
+    sdst = S::kWords * 4 + r * NCG * 2;
+  }
+  __device__ __forceinline__ void load(uint32_t st, int i, int64_t q1, const IntSideView& v) const {
+    const bool in = t0 + static_cast<int64_t>(i) * kTileI < q1;
+    const uint32_t* w = in ? src + i * step : v.words;
+#pragma unroll
+    for (int c = 0; c < kRow / 4; ++c) cp_async_to<16>(st + dst + 16 * c, w + 4 * c, in);
+    const uint16_t* sp = in ? ssrc + i * pstep : v.scales;
+    const uint16_t* mp = in ? msrc + i * pstep : v.mins;
+    constexpr uint32_t kMinsOff = IntSmem<D, B>::kParams * 2;
+#pragma unroll
+    for (int c = 0; c < NCG; c += 2) {  // two groups' scales (minima) a copy
+      cp_async_to<4>(st + sdst + 2 * c, sp + c, in);
+      cp_async_to<4>(st + sdst + kMinsOff + 2 * c, mp + c, in);
+    }
+  }
+};
+
+/// The largest |value| of a split's per-token value scales (fp16 bits; the block's maximum in
+/// *smax, which starts at 0): one pass over [s0, q1), ncg halves a token (ncg even).
+__device__ __forceinline__ void value_scale_max(const IntSideView& v, int64_t s0, int64_t q1, int H,
+                                                int h, int ncg, int tid, unsigned* smax) {
+  unsigned m = 0;
+  for (int64_t t = s0 + tid; t < q1; t += kThreads) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(v.scales + (t * H + h) * ncg);
+    for (int c = 0; c < ncg / 2; ++c) {
+      const uint32_t x = __ldg(w + c);
+      m = max(m, max(x & 0x7fffu, (x >> 16) & 0x7fffu));
+    }
+  }
+  m = __reduce_max_sync(kFullMask, m);
+  if (tid % 32 == 0 && m != 0) atomicMax(smax, m);
 }
 
-template <int D, int B>
-__global__ void __launch_bounds__(kThreads, 2)
+template <int D, int B, int NCG>
+__global__ void __launch_bounds__(kThreads, 4)
     mma_int_split_kernel(const __grid_constant__ detail::SplitParams<IntSideView> p) {
   using S = IntSmem<D, B>;
   namespace mi = mma_int;
-  const int split = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y),
-            b = static_cast<int>(blockIdx.z);
-  const IntSideView& kv = p.k[b];
-  const IntSideView& vv = p.v[b];
-  const int64_t T = kv.tokens;
-  const int64_t s0 = static_cast<int64_t>(split) * p.split_tokens;
-  if (s0 >= T) return;  // this sequence is shorter than the longest one
-  const int64_t s1 = min(T, s0 + p.split_tokens);
-  const int n = static_cast<int>(s1 - s0);
-  const int nq = p.nq, ld = static_cast<int>(p.split_tokens), H = p.kv_heads;
-  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const int g = mma::group_of(lane);
+  const SplitBlock<IntSideView> blk(p);
+  if (blk.empty) return;  // this sequence is shorter than the longest one
+  const IntSideView& kv = p.k[blk.b];
+  const IntSideView& vv = p.v[blk.b];
+  const int64_t s0 = blk.s0, s1 = blk.s1;
+  const int n = blk.n, nq = p.nq, ld = blk.ld, H = p.kv_heads, h = blk.h;
+  const int tid = blk.tid, lane = blk.lane, warp = blk.warp, g = blk.g;
 
   extern __shared__ uint4 smem4[];
+  __shared__ unsigned smax;  // the split's largest value scale (fp16 bits)
   char* stages = reinterpret_cast<char*>(smem4);
   float* scores = reinterpret_cast<float*>(stages + S::kBytes);
+  if (tid == 0) smax = 0;
 
-  // Key tile 0 in flight while q comes to registers.
+  // Key tile 0 in flight while q becomes fp16 A fragments.
   const int64_t kq1 = min(s1, max(s0, kv.quantized_tokens));  // quantized keys: [s0, kq1)
   const int ktiles = static_cast<int>((kq1 - s0 + kTileI - 1) / kTileI);
-  if (ktiles > 0) load_key_run<D, B>(stages, kv, s0, kq1, H, h, warp, lane);
+  const uint32_t st0 = smem_addr(stages);
+  KeyRunCopy<D, B> kcopy(kv, s0, H, h, warp, lane);
+  const int kwpg = static_cast<int>(kivi::words_for(kv.group, B));
+  const int kq1_rel = static_cast<int>(kq1 - s0);
+  if (ktiles > 0) kcopy.load(st0, kq1_rel, kwpg == B, kwpg, lane);
   cp_async_commit();
 
-  const int q_heads = H * nq;
-  const int64_t qrow = static_cast<int64_t>(b) * q_heads + static_cast<int64_t>(h) * nq;
-  float2 qf[D / mma::kK][2];  // head g's q at this lane's A columns (k-step, +0 / +8)
-#pragma unroll
-  for (int ks = 0; ks < D / mma::kK; ++ks)
-#pragma unroll
-    for (int r2 = 0; r2 < 2; ++r2) {
-      const int d = mma::a_col(lane, 2 * r2, 0) + ks * mma::kK;
-      qf[ks][r2] =
-          g < nq ? make_float2(__ldg(p.q + (qrow + g) * D + d), __ldg(p.q + (qrow + g) * D + d + 1))
-                 : make_float2(0.0f, 0.0f);
-    }
+  // q' = q 2^qe (max |q'| in [1/2, 1): q' s < 65504 for every fp16 s) as high + low fp16 rows.
+  uint32_t qa[D / mma::kK][4];
+  const int qe = q_fragments_f16<D>(
+      qa, p.q + blk.qrow * D, g < nq, lane, -15,
+      [&](int ks, int r, int e) { return mma::a_col(lane, 2 * r, 0) + ks * mma::kK + e; });
+  const float kfac = pow2(-qe) * p.inv_sqrt_d;
 
   // ---- scores, quantized keys: one 32-token run per warp and tile -----------------------------
   for (int i = 0; i < ktiles; ++i) {
     if (i + 1 < ktiles)
-      load_key_run<D, B>(stages + ((i + 1) % kStages) * S::kStageBytes, kv,
-                         s0 + static_cast<int64_t>(i + 1) * kTileI, kq1, H, h, warp, lane);
+      kcopy.load(st0 + ((i + 1) % kStages) * S::kStageBytes, kq1_rel, kwpg == B, kwpg, lane);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -419,40 +545,36 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (s0 + r0 < kq1) {
       const char* st = stages + (i % kStages) * S::kStageBytes;
       const uint32_t* wr = reinterpret_cast<const uint32_t*>(st) + warp * D * B;
-      const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + S::kWords * 4) + warp * D;
-      const uint16_t* mn = sc + S::kParams;
-      float c[mi::kE][4] = {}, c1[4] = {};
-      float base = 0.0f;  // sum over this lane's channels of q_c m_c (head g)
+      const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + S::kWords * 4) + warp * D / 2;
+      const uint32_t* mn = sc + S::kParams / 2;
+      float c[mi::kE][4] = {}, ex[4] = {};
 #pragma unroll
       for (int ks = 0; ks < D / mma::kK; ++ks) {
-        uint32_t a[4], y[2];
+        uint32_t a[4], m2[2], y[2];
 #pragma unroll
         for (int r2 = 0; r2 < 2; ++r2) {  // channels d, d + 1: A registers 2 r2 (high), +1 (low)
           const int d = mma::a_col(lane, 2 * r2, 0) + ks * mma::kK;
-          const float2 s2 = half2_at(sc + d), m2 = half2_at(mn + d);
-          const mma::HiLo f = mma::split_bf16x2(qf[ks][r2].x * s2.x, qf[ks][r2].y * s2.y);
+          const mi::HiLo16 f = mi::fold_f16x2(qa[ks][2 * r2], qa[ks][2 * r2 + 1], sc[d / 2]);
           a[2 * r2] = f.hi;
           a[2 * r2 + 1] = f.lo;
-          base = fmaf(qf[ks][r2].x, m2.x, fmaf(qf[ks][r2].y, m2.y, base));
+          m2[r2] = mn[d / 2];
           y[r2] = mi::pair_slices<B>(wr[mi::key_word<B>(d, g)], wr[mi::key_word<B>(d + 1, g)],
                                      mi::slice_of<B>(g));
         }
 #pragma unroll
         for (int j = 0; j < mi::kE; ++j)
-          mma_bf16(c[j], a, mi::code_pair<B>(y[0], j), mi::code_pair<B>(y[1], j));
-        mma_bf16(c1, a, mi::kOne2, mi::kOne2);
+          mma_f16(c[j], a, mi::code_half<B>(y[0], j), mi::code_half<B>(y[1], j));
+        mma_f16(ex, a, mi::kMinus64x2, mi::kMinus64x2);  // -64 sum_c a_c: the codes' offsets
+        mma_f16(ex, qa[ks], m2[0], m2[1]);               // sum_c q'_c m_c
       }
-      base += __shfl_xor_sync(kFullMask, base, 1);
-      base += __shfl_xor_sync(kFullMask, base, 2);
       if (g < nq) {
+        const float e = (ex[0] + ex[2]) * kfac;  // (high + low rows; the columns are alike)
 #pragma unroll
         for (int j = 0; j < mi::kE; ++j)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float dot = ((c[j][e] - c1[e]) + (c[j][e + 2] - c1[e + 2])) * mi::kInvUnit<B>;
-            scores[g * ld + r0 + mi::set_index(mma::c_col(lane, e), j)] =
-                (dot + base) * p.inv_sqrt_d;
-          }
+          for (int x = 0; x < 2; ++x)
+            scores[g * ld + r0 + mi::set_index(mma::c_col(lane, x), j)] =
+                fmaf(-(c[j][x] + c[j][x + 2]), kfac, e);
       }
     }
     __syncthreads();  // the stage is refilled next
@@ -461,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int64_t t = kq1 + tid; t < s1; t += kThreads) {
     const float* r = kv.residual + ((t - kv.quantized_tokens) * H + h) * D;
     for (int i = 0; i < nq; ++i) {
-      const float* qi = p.q + (qrow + i) * D;
+      const float* qi = p.q + (blk.qrow + i) * D;
       float acc = 0.0f;
 #pragma unroll 8
       for (int d = 0; d < D; ++d) acc = fmaf(__ldg(qi + d), __ldg(r + d), acc);
@@ -469,65 +591,79 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
 
-  // Value tile 0 in flight during the softmax.
+  // Value tile 0 in flight during the softmax; the split's largest value scale.
   const int64_t vq1 = min(s1, max(s0, vv.quantized_tokens));  // quantized values: [s0, vq1)
-  const int vtiles = static_cast<int>((vq1 - s0 + kTileI - 1) / kTileI);
-  const int ncg = D / vv.group;
-  if (vtiles > 0) load_value_rows<D, B>(stages, vv, s0, vq1, H, h, ncg, warp, lane);
+  const int nv = static_cast<int>(vq1 - s0);
+  const int vtiles = (nv + kTileI - 1) / kTileI;
+  const ValueRowCopy<D, B, NCG> vcopy(vv, s0, H, h, warp, lane);
+  if (vtiles > 0) vcopy.load(st0, 0, vq1, vv);
   cp_async_commit();
-  __syncthreads();  // every score written
+  value_scale_max(vv, s0, vq1, H, h, NCG, tid, &smax);
+  __syncthreads();  // every score written, smax complete
 
-  // ---- softmax partial
-  // ---------------------------------------------------------------------------
-  softmax_partial(p, scores, n, nq, ld, qrow, split, warp, lane);
+  // ---- softmax partial: p' = p 2^ve in the score buffer
+  // ------------------------------------------
+  const int ve = mma_int::value_shift(smax);
+  softmax_partial(p, scores, n, nq, ld, blk.qrow, blk.split, warp, lane, pow2(ve));
   __syncthreads();
 
-  // ---- values, quantized: each warp 32 rows (two k-steps) of a tile, every channel set ----------
-  constexpr int kSets = D / mi::kSpan;
-  float o[kSets][mi::kE][4] = {}, o1[kSets][4] = {}, msum[kSets] = {};
+  // ---- values, quantized: each warp 32 rows (two k-steps) of a tile, every channel group
+  // ---------
+  constexpr int kSets = D / mi::kSpan, kSetsPerGroup = kSets / NCG;
+  float o[kSets][mi::kE][4] = {}, ex[NCG][4] = {};
   for (int i = 0; i < vtiles; ++i) {
-    if (i + 1 < vtiles)
-      load_value_rows<D, B>(stages + ((i + 1) % kStages) * S::kStageBytes, vv,
-                            s0 + static_cast<int64_t>(i + 1) * kTileI, vq1, H, h, ncg, warp, lane);
+    if (i + 1 < vtiles) vcopy.load(st0 + ((i + 1) % kStages) * S::kStageBytes, i + 1, vq1, vv);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
     const char* st = stages + (i % kStages) * S::kStageBytes;
     const uint32_t* wv = reinterpret_cast<const uint32_t*>(st);
-    const uint16_t* sc = reinterpret_cast<const uint16_t*>(st + S::kWords * 4);
-    const uint16_t* mn = sc + S::kParams;
+    const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + S::kWords * 4);  // [row][NCG / 2]
+    const uint32_t* mn = sc + S::kParams / 2;
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
       const int rk = mi::kSpan * warp + mma::kK * kk;  // the k-step's first row in the tile
-      float2 pv[2];  // p of head g at this lane's A columns (rows rk + 2 tg + 8 r2 + {0, 1})
+      uint32_t pa[4];  // p' of head g at this lane's A columns, high + low fp16 rows
 #pragma unroll
       for (int r2 = 0; r2 < 2; ++r2) {
         const int tok = i * kTileI + rk + mma::a_col(lane, 2 * r2, 0);  // in the split
-        pv[r2].x = g < nq && s0 + tok < vq1 ? scores[g * ld + tok] : 0.0f;
-        pv[r2].y = g < nq && s0 + tok + 1 < vq1 ? scores[g * ld + tok + 1] : 0.0f;
+        const float x = g < nq && tok < nv ? scores[g * ld + tok] : 0.0f;
+        const float y = g < nq && tok + 1 < nv ? scores[g * ld + tok + 1] : 0.0f;
+        const mma_fp8::HiLo f = mma_fp8::split_half2(x, y);
+        pa[2 * r2] = f.hi;
+        pa[2 * r2 + 1] = f.lo;
       }
 #pragma unroll
-      for (int cs = 0; cs < kSets; ++cs) {
-        const int cg = cs * mi::kSpan / vv.group;
-        uint32_t a[4], y[2];
+      for (int cg = 0; cg < NCG; ++cg) {
+        uint32_t a[4], m2[2];
 #pragma unroll
         for (int r2 = 0; r2 < 2; ++r2) {
           const int row = rk + mma::a_col(lane, 2 * r2, 0);  // rows row, row + 1
-          const float sx = __half2float(__ushort_as_half(sc[row * ncg + cg]));
-          const float sy = __half2float(__ushort_as_half(sc[(row + 1) * ncg + cg]));
-          const float mx = __half2float(__ushort_as_half(mn[row * ncg + cg]));
-          const float my = __half2float(__ushort_as_half(mn[(row + 1) * ncg + cg]));
-          const mma::HiLo f = mma::split_bf16x2(pv[r2].x * sx, pv[r2].y * sy);
+          const uint32_t sel = mi::half_pair_selector(cg % 2);
+          const int w = row * (NCG / 2) + cg / 2;
+          const uint32_t s2 = mi::byte_perm(sc[w], sc[w + NCG / 2], sel);
+          m2[r2] = mi::byte_perm(mn[w], mn[w + NCG / 2], sel);
+          const mi::HiLo16 f = mi::fold_f16x2(pa[2 * r2], pa[2 * r2 + 1], s2);
           a[2 * r2] = f.hi;
           a[2 * r2 + 1] = f.lo;
-          msum[cs] = fmaf(pv[r2].x, mx, fmaf(pv[r2].y, my, msum[cs]));
-          y[r2] = mi::pair_slices<B>(wv[mi::value_word<D, B>(row, cs, g)],
-                                     wv[mi::value_word<D, B>(row + 1, cs, g)], mi::slice_of<B>(g));
         }
+        mma_f16(ex[cg], a, mi::kMinus64x2, mi::kMinus64x2);  // -64 sum_t a_t: the offsets
+        mma_f16(ex[cg], pa, m2[0], m2[1]);                   // sum_t p'_t m_t
 #pragma unroll
-        for (int j = 0; j < mi::kE; ++j)
-          mma_bf16(o[cs][j], a, mi::code_pair<B>(y[0], j), mi::code_pair<B>(y[1], j));
-        mma_bf16(o1[cs], a, mi::kOne2, mi::kOne2);
+        for (int u = 0; u < kSetsPerGroup; ++u) {
+          const int cs = cg * kSetsPerGroup + u;
+          uint32_t y[2];
+#pragma unroll
+          for (int r2 = 0; r2 < 2; ++r2) {
+            const int row = rk + mma::a_col(lane, 2 * r2, 0);
+            y[r2] =
+                mi::pair_slices<B>(wv[mi::value_word<D, B>(row, cs, g)],
+                                   wv[mi::value_word<D, B>(row + 1, cs, g)], mi::slice_of<B>(g));
+          }
+#pragma unroll
+          for (int j = 0; j < mi::kE; ++j)
+            mma_f16(o[cs][j], a, mi::code_half<B>(y[0], j), mi::code_half<B>(y[1], j));
+        }
       }
     }
     __syncthreads();
@@ -537,25 +673,22 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // ---- the warps' sums, in a fixed order, plus the residual window's values (fp32) -------------
   float* red = reinterpret_cast<float*>(stages);  // [kWarps][8][D]
-#pragma unroll
-  for (int cs = 0; cs < kSets; ++cs) {
-    msum[cs] += __shfl_xor_sync(kFullMask, msum[cs], 1);
-    msum[cs] += __shfl_xor_sync(kFullMask, msum[cs], 2);
-  }
   if (g < nq) {
 #pragma unroll
-    for (int cs = 0; cs < kSets; ++cs)
+    for (int cs = 0; cs < kSets; ++cs) {
+      const int cg = cs / kSetsPerGroup;
+      const float e = ex[cg][0] + ex[cg][2];  // columns alike
 #pragma unroll
       for (int j = 0; j < mi::kE; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int d = cs * mi::kSpan + mi::set_index(mma::c_col(lane, e), j);
-          red[(warp * 8 + g) * D + d] =
-              ((o[cs][j][e] - o1[cs][e]) + (o[cs][j][e + 2] - o1[cs][e + 2])) * mi::kInvUnit<B> +
-              msum[cs];
+        for (int x = 0; x < 2; ++x) {
+          const int d = cs * mi::kSpan + mi::set_index(mma::c_col(lane, x), j);
+          red[(warp * 8 + g) * D + d] = e - (o[cs][j][x] + o[cs][j][x + 2]);
         }
+    }
   }
   __syncthreads();
+  const float vfac = pow2(-ve);
   for (int x = tid; x < nq * D; x += kThreads) {
     const int i = x / D, d = x % D;
     float s = 0.0f;
@@ -564,7 +697,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int64_t t = vq1; t < s1; ++t)
       s = fmaf(scores[i * ld + (t - s0)],
                __ldg(vv.residual + ((t - vv.quantized_tokens) * H + h) * D + d), s);
-    p.part_o[((qrow + i) * p.splits + split) * D + d] = s;
+    p.part_o[((blk.qrow + i) * p.splits + blk.split) * D + d] = s * vfac;
   }
 }
 
@@ -618,16 +751,6 @@ struct Fp8TileCopy {
   }
 };
 
-/// c += A B (m16n8k16, fp16 inputs, fp32 accumulators).
-__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /// The scale of a tensor- or head-scaled side for head h.
 __device__ __forceinline__ float fp8_head_scale(const Fp8SideView& s, int h) {
   return __ldg(s.scales + (s.gran == Granularity::Head ? h : 0));
@@ -638,18 +761,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     mma_fp8_split_kernel(const __grid_constant__ detail::SplitParams<Fp8SideView> p) {
   using S = Fp8Smem<D>;
   namespace mf = mma_fp8;
-  const int split = static_cast<int>(blockIdx.x), h = static_cast<int>(blockIdx.y),
-            b = static_cast<int>(blockIdx.z);
-  const Fp8SideView& kv = p.k[b];
-  const Fp8SideView& vv = p.v[b];
-  const int64_t T = kv.tokens;
-  const int64_t s0 = static_cast<int64_t>(split) * p.split_tokens;
-  if (s0 >= T) return;  // this sequence is shorter than the longest one
-  const int64_t s1 = min(T, s0 + p.split_tokens);
-  const int n = static_cast<int>(s1 - s0);
-  const int nq = p.nq, ld = static_cast<int>(p.split_tokens), H = p.kv_heads;
-  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
-  const int g = mma::group_of(lane), tg = mma::tig_of(lane);
+  const SplitBlock<Fp8SideView> blk(p);
+  if (blk.empty) return;  // this sequence is shorter than the longest one
+  const Fp8SideView& kv = p.k[blk.b];
+  const Fp8SideView& vv = p.v[blk.b];
+  const int64_t s0 = blk.s0, s1 = blk.s1, qrow = blk.qrow;
+  const int n = blk.n, nq = p.nq, ld = blk.ld, H = p.kv_heads, h = blk.h, split = blk.split;
+  const int tid = blk.tid, lane = blk.lane, warp = blk.warp, g = blk.g, tg = blk.tg;
 
   extern __shared__ uint4 smem4[];
   char* stages = reinterpret_cast<char*>(smem4);
@@ -661,35 +779,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   copy.load(stages, kv.codes, s0, s1);
   cp_async_commit();
 
-  const int q_heads = H * nq;
-  const int64_t qrow = static_cast<int64_t>(b) * q_heads + static_cast<int64_t>(h) * nq;
-  float2 qf[D / mma::kK][2];  // head g's q at this lane's k rows (k-step, register pair r)
-  float amax = 0.0f;
-#pragma unroll
-  for (int ks = 0; ks < D / mma::kK; ++ks)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float x = 0.0f, y = 0.0f;
-      if (g < nq) {
-        x = __ldg(p.q + (qrow + g) * D + mf::key_channel(D, tg, ks, r, 0));
-        y = __ldg(p.q + (qrow + g) * D + mf::key_channel(D, tg, ks, r, 1));
-      }
-      qf[ks][r] = make_float2(x, y);
-      amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
-    }
-  amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
-  const int qe = mf::q_shift(amax);
-  const float qscale = pow2(qe);
+  // q times 2^qe (max |q| in [2^14, 2^15)) as fp16 high + low rows, channels in key_channel order.
   uint32_t qa[D / mma::kK][4];
-#pragma unroll
-  for (int ks = 0; ks < D / mma::kK; ++ks)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const mf::HiLo s = mf::split_half2(qf[ks][r].x * qscale, qf[ks][r].y * qscale);
-      qa[ks][2 * r] = s.hi;      // row g
-      qa[ks][2 * r + 1] = s.lo;  // row g + 8
-    }
+  const int qe = q_fragments_f16<D>(qa, p.q + qrow * D, g < nq, lane, 0, [&](int ks, int r, int e) {
+    return mf::key_channel(D, tg, ks, r, e);
+  });
   const float kfac = pow2(unpack::kHalfExpShift<F> - qe) * fp8_head_scale(kv, h) * p.inv_sqrt_d;
 
   // ---- scores --------------------------------------------------------------------------------
@@ -823,9 +917,10 @@ bool mma_int_supported(int bits, int head_dim, int nq, int64_t split_tokens,
   for (size_t b = 0; b < k.size(); ++b) {
     const IntSideView& x = k[b];
     const IntSideView& y = v[b];
-    if (x.axis != Axis::Channel || x.sym || x.group % mma_int::kSpan != 0) return false;
+    if (x.axis != Axis::Channel || x.sym || x.group % mma_int::kSpan != 0 || kTileI % x.group != 0)
+      return false;
     if (y.axis != Axis::Token || y.sym || y.group % mma_int::kSpan != 0 ||
-        head_dim % y.group != 0 || (head_dim / y.group) % 2 != 0)
+        head_dim % y.group != 0 || (head_dim / y.group) % 2 != 0 || y.group != v[0].group)
       return false;
     if (x.quantized_tokens > 0 &&
         !(aligned(x.words, 16) && aligned(x.scales, 16) && aligned(x.mins, 16)))
@@ -871,15 +966,19 @@ cudaError_t launch_mma_bf16(int head_dim, const SplitParams<Bf16SideView>& p, di
 cudaError_t launch_mma_int(int bits, int head_dim, const SplitParams<IntSideView>& p, dim3 grid,
                            cudaStream_t stream) {
   const int64_t sf = static_cast<int64_t>(p.nq) * p.split_tokens;
-  if (bits == 2)
-    return head_dim == 64 ? launch_with_smem(mma_int_split_kernel<64, 2>, IntSmem<64, 2>::bytes(sf),
-                                             p, grid, stream)
-                          : launch_with_smem(mma_int_split_kernel<128, 2>,
-                                             IntSmem<128, 2>::bytes(sf), p, grid, stream);
-  return head_dim == 64 ? launch_with_smem(mma_int_split_kernel<64, 4>, IntSmem<64, 4>::bytes(sf),
-                                           p, grid, stream)
-                        : launch_with_smem(mma_int_split_kernel<128, 4>, IntSmem<128, 4>::bytes(sf),
-                                           p, grid, stream);
+  const int ncg = head_dim / static_cast<int>(p.v[0].group);  // 2 or 4 (mma_int_supported)
+  auto run = [&](auto dc, auto bc, auto nc) {
+    constexpr int D = decltype(dc)::value, B = decltype(bc)::value, NCG = decltype(nc)::value;
+    return launch_with_smem(mma_int_split_kernel<D, B, NCG>, IntSmem<D, B>::bytes(sf), p, grid,
+                            stream);
+  };
+  using I64 = std::integral_constant<int, 64>;
+  using I128 = std::integral_constant<int, 128>;
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
+  if (head_dim == 64) return bits == 2 ? run(I64{}, I2{}, I2{}) : run(I64{}, I4{}, I2{});
+  if (ncg == 2) return bits == 2 ? run(I128{}, I2{}, I2{}) : run(I128{}, I4{}, I2{});
+  return bits == 2 ? run(I128{}, I2{}, I4{}) : run(I128{}, I4{}, I4{});
 }
 
 cudaError_t launch_mma_fp8(Fp8Format format, int head_dim, const SplitParams<Fp8SideView>& p,

@@ -34,10 +34,11 @@ struct SplitParams {
 bool mma_bf16_supported(int head_dim, int nq, int64_t split_tokens);
 
 /// Whether the Mma kernel takes an int launch; the one place that says which int caches it covers:
-/// 2- and 4-bit KIVI layouts (keys per-channel, values per-token, asymmetric, both groups a
-/// multiple of 32, D / value group even), head_dim 64 / 128, words and parameters aligned for its
-/// copies (16 bytes; value scales and minima 4). Everything else (3- and 8-bit codes, sym,
-/// per-token keys, per-channel values, other groups) runs the tiled kernel.
+/// 2- and 4-bit KIVI layouts (keys per-channel with G 32, 64 or 128; values per-token, one group
+/// a multiple of 32 for the whole batch with D / G even; asymmetric), head_dim 64 / 128, words
+/// and parameters aligned for its copies (16 bytes; value scales and minima 4). Everything else
+/// (3- and 8-bit codes, sym, per-token keys, per-channel values, other groups) runs the tiled
+/// kernel.
 bool mma_int_supported(int bits, int head_dim, int nq, int64_t split_tokens,
                        std::span<const IntSideView> k, std::span<const IntSideView> v);
 

@@ -1,21 +1,32 @@
 // Fragment arithmetic of the Mma decode kernel's int path (KIVI 2- and 4-bit caches,
-// kernels/cuda/attention_mma.cu): which code of which packed word lands in which bf16 B-fragment
-// register of mma.m16n8k16 for which lane, as __host__ __device__ functions so that the CPU tests
-// (tests/kernels/cuda/mma_layout_test.cpp) check them exhaustively. Fragment tables:
-// mma_layout.h.
+// kernels/cuda/attention_mma.cu): which code of which packed word lands in which fp16 B-fragment
+// register of mma.m16n8k16.f32.f16.f16.f32 for which lane, and how scales fold into the A
+// operand, as __host__ __device__ functions so that the CPU tests
+// (tests/kernels/cuda/mma_int_test.cpp) check them exhaustively. Fragment tables: mma_layout.h.
 //
 // Codes straight into fragments. A B register holds two k-rows of one column; the kernel pairs
 // two words (per-channel keys: the words of channels d, d + 1 at one token run; per-token
 // values: the words of tokens t, t + 1 at one channel run) and takes from each the same 4-code
 // "slice" (4 B bits: half a 4-bit word, a byte of a 2-bit word), one PRMT putting word 0's slice
 // in the low half and word 1's in the high half (pair_slices). Code k of the slice then becomes
-// bf16 1 + c 2^(kPos - 7) by one shift and one LOP3 (code_pair): the code lands at the top of
-// bf16's 7 mantissa bits (bits kPos .. kPos + B - 1) and ORs into 1.0's bits. No subtract: the
-// kernel runs one more mma against B = 1.0 (kOne2) and takes
-//   sum_k a_k c_k = (C - C_ones) / kUnit,
-// where the offsets cancel exactly in value (C and C_ones sum the same a_k; the code part is a
-// third (4-bit: c / 16 against 1) to half of C's magnitude, so the cancellation costs ~2 bits of
-// fp32 accumulation, far below the A operand's 2^-16).
+// fp16 -(64 + c) by at most one shift and one LOP3 (code_half): the code lands at mantissa bits
+// kPos .. kPos + B - 1 of -64 (code 2 of a 2-bit slice and code 1 of a 4-bit one are in place
+// already: 3 shifts and 4 LOP3 per 8 codes). No subtract per code: the kernel runs one more mma
+// of the same A against B = -64 (kMinus64x2, the same register as the LOP3's constant) into a
+// per-run / per-group accumulator E, and since C = sum_k a_k (-64 - c_k),
+//   sum_k a_k c_k = E_offset - C,  E_offset = -64 sum_k a_k,
+// where the offsets cancel exactly in value (both sums hold the same exact products a_k * -64);
+// the code part is 1/64 .. 15/64 of C's magnitude, so the cancellation costs ~2-6 bits of fp32
+// accumulation (error ~2^-18 of sum |a_k c_k|).
+//
+// Scales fold into A in fp16, two channels (keys) or tokens (values) at once (fold_f16x2): with
+// x = xh + xl (fp16 high + low parts of q or p, times a power of two) and s the stored fp16
+// scale pair, hi = fl(xh s) (HMUL2), lo = fl(fl(xh s - hi) + xl s) (two HFMA2; the inner one is
+// exact), so hi + lo = x s within ~2^-21 relative (plus 2^-24 absolute where hi or lo is
+// subnormal). Three instructions a pair, no fp32 round trip. The minima go through one more mma
+// with the unscaled x as A and the stored fp16 minima as B (every column the same), into the same
+// E:
+//   score / output = E - C,  E = -64 sum a + sum x m.
 //
 // Which lane takes which code (the column permutation). A fragment set is kE = 4 n-tiles; lane
 // group g (= lane / 4, the B column) of n-tile j takes element set_index(g, j) = 4 g + j of a run
@@ -28,7 +39,12 @@
 #pragma once
 
 #include <cstdint>
+#if !defined(__CUDA_ARCH__)
+#include <algorithm>
+#include <cmath>
+#endif
 
+#include "core/half.h"
 #include "core/hostdev.h"
 
 namespace kvq::cuda::mma_int {
@@ -36,16 +52,12 @@ namespace kvq::cuda::mma_int {
 inline constexpr int kE = 4;          // codes a lane takes from one word: n-tiles per set
 inline constexpr int kSpan = 8 * kE;  // tokens (keys) / channels (values) of one set
 
-/// Lowest bit of a code inside a bf16 half: the top of the 7 mantissa bits.
-template <int B>
-inline constexpr int kPos = 7 - B;
-/// bf16 1.0 in both halves of a register.
-inline constexpr uint32_t kOne2 = 0x3f803f80u;
-/// A code c in a fragment reads 1 + c * kUnit; kInvUnit = 1 / kUnit.
-template <int B>
-inline constexpr float kInvUnit = static_cast<float>(1 << (7 - kPos<B>));
-template <int B>
-inline constexpr float kUnit = 1.0f / kInvUnit<B>;
+/// Lowest bit of a code inside an fp16 half (bits 4 .. 4 + B - 1 of the 10 mantissa bits).
+inline constexpr int kPos = 4;
+/// fp16 -64 in both halves: the bits a code is ORed into (then the half reads -(64 + c): the
+/// code at mantissa bit kPos of -64 is worth c 2^(6 + kPos - 10) = c), and B of the offset mma.
+inline constexpr uint32_t kMinus64x2 = 0xd400d400u;
+inline constexpr float kOffset = 64.0f;
 
 /// Element (token or channel) of a 32-run that n-tile j's column g holds.
 KVQ_HD int set_index(int g, int j) { return kE * g + j; }
@@ -74,7 +86,7 @@ KVQ_HD uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
 }
 
 /// The PRMT selector of pair_slices: slice s of a to the low half, of b to the high half (B = 2:
-/// the byte is repeated in the half's high byte, which code_pair masks off).
+/// the byte is repeated in the half's high byte, which code_half masks off).
 template <int B>
 KVQ_HD uint32_t slice_selector(int s) {
   if constexpr (B == 4) {
@@ -91,21 +103,79 @@ KVQ_HD uint32_t pair_slices(uint32_t w0, uint32_t w1, int s) {
   return byte_perm(w0, w1, slice_selector<B>(s));
 }
 
-/// Code k (0..3) of each half of y as bf16 1 + c * kUnit (bits, low half first): one shift and
-/// one LOP3 ((x & mask) | 1.0).
+/// Code k (0..3) of each half of y as fp16 -(64 + c) (bits, low half first): at most one shift,
+/// then one LOP3 ((x & mask) | -64).
 template <int B>
-KVQ_HD uint32_t code_pair(uint32_t y, int k) {
-  constexpr uint32_t kMask = (((1u << B) - 1u) << kPos<B>)*0x00010001u;
-  const int sh = kPos<B> - B * k;
+KVQ_HD uint32_t code_half(uint32_t y, int k) {
+  constexpr uint32_t kMask = (((1u << B) - 1u) << kPos) * 0x00010001u;
+  const int sh = kPos - B * k;
   const uint32_t x = sh >= 0 ? y << sh : y >> -sh;
 #if defined(__CUDA_ARCH__)
   uint32_t r;  // one LOP3 (a & b) | c; written out: the compiler splits two immediates into two
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(x), "n"(kMask), "n"(kOne2));
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(x), "n"(kMask), "n"(kMinus64x2));
   return r;
 #else
-  return (x & kMask) | kOne2;
+  return (x & kMask) | kMinus64x2;
 #endif
 }
+
+/// fp16 high and low parts (bits, two lanes of a half2 each).
+struct HiLo16 {
+  uint32_t hi, lo;
+};
+
+#if !defined(__CUDA_ARCH__)
+/// fp16 bits of x rounded to nearest even (host; finite x, overflow to inf).
+inline uint16_t round_half_bits(double x) {
+  const double a = std::fabs(x);
+  if (a == 0.0) return std::signbit(x) ? 0x8000u : 0u;
+  int e = 0;
+  std::frexp(a, &e);                                            // a in [2^(e-1), 2^e)
+  const double q = std::ldexp(1.0, std::max(e - 1, -14) - 10);  // the fp16 quantum there
+  const double r = std::nearbyint(a / q) * q;                   // exact, ties to even
+  return float_to_half_bits(static_cast<float>(std::signbit(x) ? -r : r));  // r exact in float
+}
+/// fp16 value of bits h (host).
+inline double half_value(uint32_t h) { return half_bits_to_float(static_cast<uint16_t>(h)); }
+#endif
+
+/// (xh + xl) * s per half as fp16 high + low parts: hi = fl(xh s), lo = fl(fl(xh s - hi) + xl s);
+/// one HMUL2 and two HFMA2 on the device, the same roundings on the host.
+KVQ_HD HiLo16 fold_f16x2(uint32_t xh, uint32_t xl, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  uint32_t hi, n, r, lo;  // ptxas folds the negation into the HFMA2's operand
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(hi) : "r"(xh), "r"(s));
+  asm("neg.f16x2 %0, %1;" : "=r"(n) : "r"(hi));
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(xh), "r"(s), "r"(n));
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(lo) : "r"(xl), "r"(s), "r"(r));
+  return {hi, lo};
+#else
+  HiLo16 out{0, 0};
+  for (int k = 0; k < 2; ++k) {
+    const int sh = 16 * k;
+    const double a = half_value(xh >> sh & 0xffffu), b = half_value(xl >> sh & 0xffffu),
+                 c = half_value(s >> sh & 0xffffu);
+    const uint32_t h = round_half_bits(a * c);                  // exact product, rounded
+    const uint32_t r = round_half_bits(a * c - half_value(h));  // fma: one rounding
+    const uint32_t l = round_half_bits(b * c + half_value(r));  // fma: one rounding
+    out.hi |= h << sh;
+    out.lo |= l << sh;
+  }
+  return out;
+#endif
+}
+
+/// The power of two 2^e that brings p (<= 1) times every value scale of a split below 2^14, so
+/// that a = p s never overflows fp16 and stays normal down to 2^-28 of the largest; smax_bits
+/// the largest scale's fp16 bits (non-negative). e in [-3, 15] (15 for zero or subnormal scales).
+KVQ_HD int value_shift(unsigned smax_bits) {
+  const int e = 28 - static_cast<int>((smax_bits >> 10) & 31u);  // scale < 2^(biased exp - 14)
+  return e > 15 ? 15 : e;
+}
+
+/// The PRMT selector that pairs half `which` (0 low, 1 high) of two words: half `which` of a in
+/// the low half, of b in the high half (the value scales and minima of tokens t, t + 1).
+KVQ_HD uint32_t half_pair_selector(int which) { return which ? 0x7632u : 0x5410u; }
 
 // ---- where the kernel keeps the words in shared memory ---------------------------------------
 

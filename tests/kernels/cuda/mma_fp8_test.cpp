@@ -22,6 +22,7 @@
 #include "core/half.h"
 #include "kernels/cuda/mma_layout.h"
 #include "kernels/cuda/unpack.h"
+#include "tests/kernels/cuda/mma_emu.h"
 
 namespace kvq::cuda::mma_fp8 {
 namespace {
@@ -200,29 +201,11 @@ TEST(MmaFp8, HighPlusLowCarriesTwentyTwoBits) {
 
 // ---- the kernel's steps, emulated -------------------------------------------------------------
 
-using Frag = std::vector<uint32_t>;  // one register per lane
-using Frag4 = std::array<Frag, 4>;
+using mma_emu::Frag;
+using mma_emu::Frag4;
 
-/// C += A B (fp16 fragments as mma_layout.h's tables say; products exact, sums in double).
 void mma(float (&c)[32][4], const Frag4& a, const Frag& b0, const Frag& b1) {
-  float A[16][16] = {}, B[16][8] = {};
-  for (int l = 0; l < 32; ++l) {
-    for (int r = 0; r < 4; ++r) {
-      A[a_row(l, r)][a_col(l, r, 0)] = lo_h(a[r][l]);
-      A[a_row(l, r)][a_col(l, r, 1)] = hi_h(a[r][l]);
-    }
-    for (int r = 0; r < 2; ++r) {
-      const uint32_t w = r == 0 ? b0[l] : b1[l];
-      B[b_row(l, r, 0)][b_col(l)] = lo_h(w);
-      B[b_row(l, r, 1)][b_col(l)] = hi_h(w);
-    }
-  }
-  for (int l = 0; l < 32; ++l)
-    for (int i = 0; i < 4; ++i) {
-      double s = 0;
-      for (int k = 0; k < 16; ++k) s += static_cast<double>(A[c_row(l, i)][k]) * B[k][c_col(l, i)];
-      c[l][i] += static_cast<float>(s);
-    }
+  mma_emu::mma<mma_emu::Elem::F16>(c, a, b0, b1);
 }
 
 /// A swizzled shared tile of 16 rows of D codes, from row-major codes.
