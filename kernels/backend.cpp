@@ -206,8 +206,8 @@ std::string cuda_unavailable() {
 #if KVQ_HAVE_CUDA
   return cuda::no_device_reason();
 #else
-  return "backend cuda: this kvq was built without CUDA (configure with nvcc present, or "
-         "-DKVQ_CUDA=ON)";
+  return "backend cuda: this kvq was built without CUDA (configure with nvcc present or "
+         "-DKVQ_CUDA=ON; the Python package: pip install . -C cmake.define.KVQ_CUDA=ON)";
 #endif
 }
 
@@ -475,6 +475,8 @@ double time_device_decode_us(AttentionBackend b, std::span<const SideStore* cons
       repeats);
 #else
   (void)q;
+  (void)q_heads;
+  (void)repeats;
   fail("{}", cuda_unavailable());
 #endif
 }

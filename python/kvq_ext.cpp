@@ -556,12 +556,13 @@ NB_MODULE(_kvq, m) {
   // kernels/backend.h's table: what each backend runs, and whether it can run here
   m.def("backends", [] {
     nlohmann::json out = nlohmann::json::array();
-    for (const BackendInfo& b : backends()) {
-      const BackendSupport& s = b.support;
+    for (const kvq::BackendInfo& b : kvq::backends()) {
+      const kvq::BackendSupport& s = b.support;
       out.push_back({{"name", b.name}, {"what", b.what}, {"host_memory", b.host},
                      {"decode", s.decode}, {"causal", s.causal}, {"model", s.model},
                      {"rot", s.rot}, {"sink", s.sink}, {"pre_rope", s.pre_rope},
-                     {"unavailable", b.id == AttentionBackend::kCuda ? cuda_unavailable() : ""}});
+                     {"unavailable",
+                      b.id == kvq::AttentionBackend::kCuda ? kvq::cuda_unavailable() : ""}});
     }
     return out.dump();
   });

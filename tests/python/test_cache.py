@@ -186,7 +186,6 @@ def test_bad_queries(rng):
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"backend": "gpu"}, "backend 'gpu'"),
-    ({"backend": "cuda"}, "backend cuda runs today in the CUDA kernels"),
     ({"int_mode": "int4"}, "int_mode"), ({"backend": "ref", "int_mode": "int8"}, "backend cpu"),
 ])
 def test_bad_options(kwargs, match):
