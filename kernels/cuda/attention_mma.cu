@@ -374,9 +374,10 @@ struct IntSmem {
   static constexpr int kRedBytes = kWarps * 8 * D * 4;  // the warps' output sums, at the end
   static constexpr int kBytes =
       kStages * kStageBytes > kRedBytes ? kStages* kStageBytes : kRedBytes;
+  static constexpr int kQBytes = D / 16 * 32 * 16;  // q' A fragments: [k-step][lane] uint4
   static_assert(kStageBytes % 16 == 0 && (kWords * 4) % 16 == 0, "16-byte copies");
   static size_t bytes(int64_t score_floats) {
-    return static_cast<size_t>(kBytes) + static_cast<size_t>(score_floats) * 4;
+    return static_cast<size_t>(kBytes + kQBytes) + static_cast<size_t>(score_floats) * 4;
   }
 };
 
@@ -450,35 +451,41 @@ struct KeyRunCopy {
 template <int D, int B, int NCG>
 struct ValueRowCopy {
   static constexpr int kRow = D * B / 32;  // words of a row
-  const uint32_t* src;
-  const uint16_t *ssrc, *msrc;
-  int64_t step, pstep, t0;
-  uint32_t dst, sdst;
+  const uint32_t* src;                     // the lane's row at the next tile
+  const uint16_t *ssrc, *msrc;             // its scales and minima
+  int step, pstep;                         // per tile: words, halves
+  int rel;                                 // the row's token at the next tile, from s0
   __device__ ValueRowCopy(const IntSideView& v, int64_t s0, int H, int h, int warp, int lane) {
+    rel = mma_int::kSpan * warp + lane;
+    const int64_t row = (s0 + rel) * H + h;
+    src = v.words + row * kRow;
+    ssrc = v.scales + row * NCG;
+    msrc = v.mins + row * NCG;
+    step = kTileI * H * kRow;
+    pstep = kTileI * H * NCG;
+  }
+  /// Issues the next tile's copies into the stage at shared address st (row r of the tile at
+  /// byte r kRow 4, its parameters after the words), then steps.
+  __device__ __forceinline__ void load(uint32_t st, int q1_rel, const IntSideView& v, int warp,
+                                       int lane) {
     using S = IntSmem<D, B>;
     const int r = mma_int::kSpan * warp + lane;
-    t0 = s0 + r;
-    src = v.words + (t0 * H + h) * kRow;
-    ssrc = v.scales + (t0 * H + h) * NCG;
-    msrc = v.mins + (t0 * H + h) * NCG;
-    step = static_cast<int64_t>(kTileI) * H * kRow;
-    pstep = static_cast<int64_t>(kTileI) * H * NCG;
-    dst = r * kRow * 4;
-    sdst = S::kWords * 4 + r * NCG * 2;
-  }
-  __device__ __forceinline__ void load(uint32_t st, int i, int64_t q1, const IntSideView& v) const {
-    const bool in = t0 + static_cast<int64_t>(i) * kTileI < q1;
-    const uint32_t* w = in ? src + i * step : v.words;
+    const bool in = rel < q1_rel;
+    const uint32_t* w = in ? src : v.words;
+    const uint32_t dst = st + r * kRow * 4, sdst = st + S::kWords * 4 + r * NCG * 2;
 #pragma unroll
-    for (int c = 0; c < kRow / 4; ++c) cp_async_to<16>(st + dst + 16 * c, w + 4 * c, in);
-    const uint16_t* sp = in ? ssrc + i * pstep : v.scales;
-    const uint16_t* mp = in ? msrc + i * pstep : v.mins;
-    constexpr uint32_t kMinsOff = IntSmem<D, B>::kParams * 2;
+    for (int c = 0; c < kRow / 4; ++c) cp_async_to<16>(dst + 16 * c, w + 4 * c, in);
+    const uint16_t* sp = in ? ssrc : v.scales;
+    const uint16_t* mp = in ? msrc : v.mins;
 #pragma unroll
     for (int c = 0; c < NCG; c += 2) {  // two groups' scales (minima) a copy
-      cp_async_to<4>(st + sdst + 2 * c, sp + c, in);
-      cp_async_to<4>(st + sdst + kMinsOff + 2 * c, mp + c, in);
+      cp_async_to<4>(sdst + 2 * c, sp + c, in);
+      cp_async_to<4>(sdst + S::kParams * 2 + 2 * c, mp + c, in);
     }
+    src += step;
+    ssrc += pstep;
+    msrc += pstep;
+    rel += kTileI;
   }
 };
 
@@ -514,7 +521,8 @@ __global__ void __launch_bounds__(kThreads, 4)
   extern __shared__ uint4 smem4[];
   __shared__ unsigned smax;  // the split's largest value scale (fp16 bits)
   char* stages = reinterpret_cast<char*>(smem4);
-  float* scores = reinterpret_cast<float*>(stages + S::kBytes);
+  uint4* qsm = reinterpret_cast<uint4*>(stages + S::kBytes);  // q' fragments, [k-step][lane]
+  float* scores = reinterpret_cast<float*>(stages + S::kBytes + S::kQBytes);
   if (tid == 0) smax = 0;
 
   // Key tile 0 in flight while q becomes fp16 A fragments.
@@ -528,10 +536,18 @@ __global__ void __launch_bounds__(kThreads, 4)
   cp_async_commit();
 
   // q' = q 2^qe (max |q'| in [1/2, 1): q' s < 65504 for every fp16 s) as high + low fp16 rows.
-  uint32_t qa[D / mma::kK][4];
-  const int qe = q_fragments_f16<D>(
-      qa, p.q + blk.qrow * D, g < nq, lane, -15,
-      [&](int ks, int r, int e) { return mma::a_col(lane, 2 * r, 0) + ks * mma::kK + e; });
+  // Kept in shared memory (one copy for the block's warps; the registers go to the loop).
+  int qe;
+  {
+    uint32_t qa[D / mma::kK][4];
+    qe = q_fragments_f16<D>(qa, p.q + blk.qrow * D, g < nq, lane, -15, [&](int ks, int r, int e) {
+      return mma::a_col(lane, 2 * r, 0) + ks * mma::kK + e;
+    });
+    if (warp == 0)
+#pragma unroll
+      for (int ks = 0; ks < D / mma::kK; ++ks)
+        qsm[ks * 32 + lane] = make_uint4(qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3]);
+  }
   const float kfac = pow2(-qe) * p.inv_sqrt_d;
 
   // ---- scores, quantized keys: one 32-token run per warp and tile -----------------------------
@@ -551,10 +567,12 @@ __global__ void __launch_bounds__(kThreads, 4)
 #pragma unroll
       for (int ks = 0; ks < D / mma::kK; ++ks) {
         uint32_t a[4], m2[2], y[2];
+        const uint4 q4 = qsm[ks * 32 + lane];
+        const uint32_t qa[4] = {q4.x, q4.y, q4.z, q4.w};
 #pragma unroll
         for (int r2 = 0; r2 < 2; ++r2) {  // channels d, d + 1: A registers 2 r2 (high), +1 (low)
           const int d = mma::a_col(lane, 2 * r2, 0) + ks * mma::kK;
-          const mi::HiLo16 f = mi::fold_f16x2(qa[ks][2 * r2], qa[ks][2 * r2 + 1], sc[d / 2]);
+          const mi::HiLo16 f = mi::fold_f16x2(qa[2 * r2], qa[2 * r2 + 1], sc[d / 2]);
           a[2 * r2] = f.hi;
           a[2 * r2 + 1] = f.lo;
           m2[r2] = mn[d / 2];
@@ -565,7 +583,7 @@ __global__ void __launch_bounds__(kThreads, 4)
         for (int j = 0; j < mi::kE; ++j)
           mma_f16(c[j], a, mi::code_half<B>(y[0], j), mi::code_half<B>(y[1], j));
         mma_f16(ex, a, mi::kMinus64x2, mi::kMinus64x2);  // -64 sum_c a_c: the codes' offsets
-        mma_f16(ex, qa[ks], m2[0], m2[1]);               // sum_c q'_c m_c
+        mma_f16(ex, qa, m2[0], m2[1]);                   // sum_c q'_c m_c
       }
       if (g < nq) {
         const float e = (ex[0] + ex[2]) * kfac;  // (high + low rows; the columns are alike)
@@ -595,8 +613,8 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int64_t vq1 = min(s1, max(s0, vv.quantized_tokens));  // quantized values: [s0, vq1)
   const int nv = static_cast<int>(vq1 - s0);
   const int vtiles = (nv + kTileI - 1) / kTileI;
-  const ValueRowCopy<D, B, NCG> vcopy(vv, s0, H, h, warp, lane);
-  if (vtiles > 0) vcopy.load(st0, 0, vq1, vv);
+  ValueRowCopy<D, B, NCG> vcopy(vv, s0, H, h, warp, lane);
+  if (vtiles > 0) vcopy.load(st0, nv, vv, warp, lane);
   cp_async_commit();
   value_scale_max(vv, s0, vq1, H, h, NCG, tid, &smax);
   __syncthreads();  // every score written, smax complete
@@ -612,7 +630,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   constexpr int kSets = D / mi::kSpan, kSetsPerGroup = kSets / NCG;
   float o[kSets][mi::kE][4] = {}, ex[NCG][4] = {};
   for (int i = 0; i < vtiles; ++i) {
-    if (i + 1 < vtiles) vcopy.load(st0 + ((i + 1) % kStages) * S::kStageBytes, i + 1, vq1, vv);
+    if (i + 1 < vtiles) vcopy.load(st0 + ((i + 1) % kStages) * S::kStageBytes, nv, vv, warp, lane);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
