@@ -417,6 +417,7 @@ ModelPlan plan_model(const toml::table& mt, const Where& w, const std::string& m
                 {"pre_rope", p.pre}, {"backend", p.backend}};
   if (p.rot) p.settings["hadamard"] = true;  // only when set, so rows of earlier runs still match
   if (p.o.score_from > 0) p.settings["score_from"] = p.o.score_from;
+  if (!model_flag.empty()) p.settings["model"] = model_flag;  // not the default SmolLM2: say which
   return p;
 }
 
@@ -1156,7 +1157,11 @@ void register_run(CLI::App& app) {
       fail("{}:{}:{}: {}", o->config, e.source().begin.line, e.source().begin.column, e.description());
     }
     const Where top{o->config, ""};
-    check_keys(cfg, top, {"name", "out", "schemes", "synthetic", "model", "needle", "throughput", "ruler", "sweep"});
+    check_keys(cfg, top,
+               {"name", "out", "model_file", "schemes", "synthetic", "model", "needle", "throughput", "ruler", "sweep"});
+    // The model: --model, else the config's model_file (a GGUF or a Hugging Face checkpoint folder),
+    // else the fetched SmolLM2.
+    if (o->model_file.empty()) o->model_file = get_or<std::string>(cfg, top, "model_file", "");
     auto table_of = [&](const char* name) -> const toml::table* {
       const auto* n = cfg.get(name);
       if (!n) return nullptr;

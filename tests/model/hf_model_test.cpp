@@ -22,6 +22,7 @@
 #include "model/hf_checkpoint.h"
 #include "model/llama.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/run_cli.h"
 
 namespace kvq {
 namespace {
@@ -462,6 +463,29 @@ TEST(HfCheckpoint, ErrorsNameTheFileAndTheKeyOrTensor) {
       "i: weight_map['a'] = '../x.safetensors' is not a file name in the folder");
   testing::expect_error([] { (void)parse_safetensors_index(R"({"metadata": {}})", "i"); },
                         "i: key 'weight_map'");
+}
+
+// The CLI and configs take a folder: `kvq run` with the config's model_file (a fixture folder)
+// runs its [model] rows and records the model in their settings; a folder without config.json is
+// one line naming it.
+TEST(HfCli, RunConfigModelFile_andFolderWithoutConfig) {
+  const std::string dir = fixture_root() + "/qwen2";
+  const fs::path tmp = testing::temp_dir("hf_cli");
+  write_file_atomic(
+      (tmp / "c.toml").string(),
+      "name = \"hf\"\nmodel_file = \"" + dir +
+          "\"\nschemes = [\"kivi2:g=8,r=0\"]\n[model]\nctx = [32]\nmax_tokens = 96\n");
+  const auto r = testing::run_kvq("run '" + (tmp / "c.toml").string() + "' --out '" +
+                                  (tmp / "out").string() + "'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto rows = testing::jsonl(tmp / "out" / "model.jsonl");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0]["settings"]["model"], dir);
+  EXPECT_GT(rows[0]["kld"].get<double>(), 0.0);  // the folder model ran with a quantized cache
+  // a folder without config.json: one line naming it, nonzero exit
+  const auto bad = testing::run_kvq("model ppl --model '" + tmp.string() + "' --text kjv");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find(tmp.string() + ": no config.json"), std::string::npos) << bad.err;
 }
 
 // The table's pieces from config.json: qwen3's explicit head_dim, qwen2's biases and layer
