@@ -246,6 +246,8 @@ void Tokenizer::finish(std::shared_ptr<Pipeline> pipe) {
   for (size_t i = 0; i < added_norm_.size(); ++i)
     pipe->norm_by_byte[static_cast<uint8_t>(text_[static_cast<size_t>(added_norm_[i].id)][0])]
         .push_back(static_cast<uint32_t>(i));
+  for (const Added& a : added_raw_) pipe->raw_all_special = pipe->raw_all_special && a.special;
+  for (const Added& a : added_norm_) pipe->norm_all_special = pipe->norm_all_special && a.special;
   // encode_first's cut after "\n" before [A-Za-z0-9] is exact when no token spans one.
   newline_cut_safe_ = true;
   for (size_t i = 0; i < n && newline_cut_safe_; ++i) {
@@ -460,7 +462,7 @@ void find_added(std::string_view s, const std::vector<Added>& list, const Bucket
 
 void Tokenizer::encode_with_added(std::string_view text, bool parse_special,
                                   EncodeState& st) const {
-  if (added_raw_.empty()) {
+  if (added_raw_.empty() || (!parse_special && pipe_->raw_all_special)) {
     encode_normalized(text, true, parse_special, st);
     return;
   }
@@ -506,7 +508,7 @@ void Tokenizer::encode_normalized(std::string_view seg, bool at_origin, bool par
     }
     s = buf;
   }
-  if (added_norm_.empty()) {
+  if (added_norm_.empty() || (!parse_special && pipe_->norm_all_special)) {
     pre_tokenize(0, s, at_origin, st);
     return;
   }

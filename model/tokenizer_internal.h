@@ -97,6 +97,9 @@ struct Tokenizer::Pipeline {
   tok::Regex word_char;  // single_word added tokens: a character that continues a word
   // Added tokens by the first byte of their text (indexes into added_raw_ / added_norm_).
   std::array<std::vector<uint32_t>, 256> raw_by_byte, norm_by_byte;
+  // Whether every raw / normalized added token is special (then without parse_special none is
+  // matched and the scan is skipped).
+  bool raw_all_special = true, norm_all_special = true;
 };
 
 }  // namespace kvq

@@ -44,6 +44,15 @@ struct Tokenizer::JsonLoader {
   std::shared_ptr<Pipeline> pipe = std::make_shared<Pipeline>();
   std::vector<std::string> pre_names;
   bool pre_byte_level = false;
+  int steps = 0;  // normalizer, pre-tokenizer, decoder and post-processor entries, nested or not
+  static constexpr int kMaxSteps = 64;
+
+  void count_step(const std::string& where) {
+    if (++steps > kMaxSteps)
+      bad(where, fmt::format("more than {} normalizer/pre-tokenizer/decoder/post-processor steps "
+                             "in all",
+                             kMaxSteps));
+  }
 
   [[noreturn]] void bad(const std::string& where, const std::string& what) const {
     fail("tokenizer: {}: {}: {}", name, where, what);
@@ -141,6 +150,7 @@ struct Tokenizer::JsonLoader {
 
   void normalizer(const json& n, const std::string& where) {
     if (n.is_null()) return;
+    count_step(where);
     const std::string type = str(n, "type", where);
     if (type == "Sequence") {
       const json& list = need(n, "normalizers", where);
@@ -165,6 +175,7 @@ struct Tokenizer::JsonLoader {
 
   void pre_tokenizer(const json& p, const std::string& where) {
     if (p.is_null()) return;
+    count_step(where);
     const std::string type = str(p, "type", where);
     if (pre_byte_level) bad(where, "a pre-tokenizer step after ByteLevel is not supported");
     if (type == "Sequence") {
@@ -246,6 +257,7 @@ struct Tokenizer::JsonLoader {
   bool fused = false, has_decoder = false;
   void decoder(const json& d, const std::string& where) {
     if (d.is_null()) return;
+    count_step(where);
     has_decoder = true;
     const std::string type = str(d, "type", where);
     if (type == "Sequence") {
@@ -328,6 +340,7 @@ struct Tokenizer::JsonLoader {
 
   void post_processor(const json& p, const std::string& where, const json& vocab_ids) {
     if (p.is_null()) return;
+    count_step(where);
     const std::string type = str(p, "type", where);
     if (type == "Sequence") {
       const json& list = need(p, "processors", where);
@@ -406,6 +419,11 @@ struct Tokenizer::JsonLoader {
                               fmt::format("added_tokens[{}].id", i), 0, kMaxId) +
                           1);
     if (n == 0) bad("model.vocab", "is empty");
+    // Ids are (nearly) contiguous in every real file; a few holes decode to nothing.
+    const auto entries = static_cast<int64_t>(vocab.size() + added.size());
+    if (n > 2 * entries + 1024)
+      bad("model.vocab", fmt::format("ids reach {} for {} tokens; they must be (nearly) contiguous",
+                                     n - 1, entries));
     const auto un = static_cast<size_t>(n);
     t.text_.assign(un, "");
     t.special_.assign(un, 0);

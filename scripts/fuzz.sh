@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 secs=${1:-60}
 shift || true
-all=(npy safetensors gguf tokenizer spec calibration config roundtrip hf_config)
+all=(npy safetensors gguf tokenizer spec calibration config roundtrip hf_config tokenizer_json)
 targets=("${@:-${all[@]}}")
 for t in "${targets[@]}"; do
   [[ " ${all[*]} " == *" $t "* ]] || { echo "fuzz.sh: unknown target '$t' (targets: ${all[*]})" >&2; exit 2; }

@@ -149,7 +149,8 @@ TEST_P(HfTokenizerTest, SpecialTokensOnlyWhenParsed) {
     if (tok.is_special(id)) specials.push_back(id);
   ASSERT_GE(specials.size(), 3u);
   for (int32_t id : specials) {
-    const std::string text = "a" + std::string(tok.token(id)) + "b";
+    std::string text = "a";
+    text.append(tok.token(id)).append("b");
     const auto parsed = tok.encode(text, true);
     EXPECT_EQ(std::count(parsed.begin(), parsed.end(), id), 1) << tok.token(id);
     const auto as_text = tok.encode(text, false);
