@@ -17,7 +17,9 @@
 # same run (bench/attention_goals.py), a split-size sweep (bench_attention_cuda --split-tokens
 # 128..1024, tiled, bf16 and kivi2 at 32k), Nsight Compute on the main decode kernels at one shape
 # (when ncu is present; scripts/ncu_table.py), and compute-sanitizer memcheck and racecheck on the
-# named subsets SAN_MEMCHECK and SAN_RACECHECK below. Bench repetitions and every step are capped
+# named subsets SAN_MEMCHECK and SAN_RACECHECK below, and `kvq run` of
+# experiments/configs/throughput_cuda.toml (the [throughput] task on backend cuda, issue 47; its
+# table goes into the report). Bench repetitions and every step are capped
 # so the whole run stays under 8 minutes.
 #
 # Without a GPU (no nvidia-smi, or it lists none) it writes a report saying so and exits 2.
@@ -173,7 +175,7 @@ declare -A BENCH_BIN=()
 if [[ "$MODE" == prebuilt ]]; then
   for b in "${BENCH_TARGETS[@]}"; do [[ -x "$BUILD/bench/$b" ]] && BENCH_BIN[$b]="$BUILD/bench/$b"; done
 elif [[ "$MODE" != nvcc ]]; then
-  targets=("${TEST_TARGETS[@]}")
+  targets=("${TEST_TARGETS[@]}" kvq)  # kvq: the [throughput] smoke on backend cuda
   [[ "$MODE" == cmake ]] && targets+=("${BENCH_TARGETS[@]}")
   t0=$(elapsed)
   if timeout "$(cap 330)" cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" -- "${KEEP_GOING[@]}" >"$LOGS/build.log" 2>&1; then
@@ -328,6 +330,32 @@ if [[ " ${BENCH_ORDER[*]} " == *" bench_attention_cuda "* ]]; then
       note "bench_attention_cuda --split-tokens $st failed (stderr: logs/split.stderr)."
     fi
   done
+fi
+
+# kvq run's [throughput] task on backend cuda (issue 47): experiments/configs/throughput_cuda.toml,
+# decode rows timed by CUDA events, the GPU's peak and a device-to-device copy from the same run.
+KVQ_BIN="$BUILD/experiments/kvq"
+[[ "$MODE" == prebuilt ]] && KVQ_BIN="$BUILD/bin/kvq"
+TP_OUT="$OUT/throughput_cuda"
+TP_RAN=0
+if [[ ! -x "$KVQ_BIN" ]]; then
+  note "kvq run throughput_cuda.toml: no kvq binary ($KVQ_BIN); not run."
+elif [[ -z "$GPU_NAME" ]]; then
+  note "kvq run throughput_cuda.toml: no GPU; not run."
+elif (( $(left) < 60 )); then
+  note "kvq run throughput_cuda.toml: skipped, the budget is nearly spent."
+else
+  t0=$(elapsed)
+  rm -rf "$TP_OUT"
+  if timeout "$(cap 100)" "$KVQ_BIN" run --out "$TP_OUT" experiments/configs/throughput_cuda.toml \
+      >"$LOGS/throughput_cuda.log" 2>&1; then
+    TP_RAN=1
+    note "kvq run experiments/configs/throughput_cuda.toml ran in $(( $(elapsed) - t0 )) s (throughput_cuda/)."
+  else
+    rc=$?
+    STATUS=1
+    note "kvq run throughput_cuda.toml failed (exit $rc after $(( $(elapsed) - t0 )) s): $(tail -1 "$LOGS/throughput_cuda.log") (logs/throughput_cuda.log)."
+  fi
 fi
 
 # Nsight Compute on the main decode kernels at one shape (8x128x4, 32k, batch 16): each split
@@ -546,6 +574,33 @@ write_header
       echo
       sed 's/^#\+ /##### /' "$OUT/split_$st.md"
     done
+  fi
+  echo
+  echo "## kvq run [throughput] on backend cuda (experiments/configs/throughput_cuda.toml)"
+  echo
+  if (( TP_RAN == 1 )) && [[ -n "$PY" ]]; then
+    "$PY" - "$TP_OUT/throughput.jsonl" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+if rows:
+    r = rows[0]
+    print(f"GPU {r.get('device')}, driver {r.get('driver_version')}, runtime {r.get('runtime_version')}; "
+          f"peak {r.get('peak_gb_per_s', 0):.0f} GB/s ({r.get('peak_formula')}); device-to-device "
+          f"cudaMemcpy {r.get('memcpy_gb_per_s', 0):.0f} GB/s (bytes copied per second). Decode timed by {r.get('clock')}.")
+    print()
+print("| context | batch | scheme | time (us) | GB/s | of peak | of memcpy | vs bf16 |")
+print("|---:|---:|---|---:|---:|---:|---:|---:|")
+for r in rows:
+    sp = r.get("speedup_vs_bf16")
+    print(f"| {r['context']} | {r['batch']} | {r['scheme']} | {r['time_us']:.1f} | {r['gb_per_s']:.0f} | "
+          f"{100 * r.get('of_peak', 0):.0f}% | {100 * r['of_memcpy']:.0f}% | {'-' if sp is None else f'{sp:.2f}x'} |")
+EOF
+    echo
+    echo "Rows: throughput_cuda/throughput.jsonl; log: logs/throughput_cuda.log."
+  elif (( TP_RAN == 1 )); then
+    echo "Ran (throughput_cuda/throughput.csv); no python3 for the table."
+  else
+    echo "Not run (see the build section)."
   fi
   echo
   echo "## Nsight Compute (8x128x4, ctx 32k, batch 16; one launch per split kernel)"

@@ -24,13 +24,14 @@ source scripts/cuda-targets.sh
 tests=$(cuda_test_targets)
 benches=$(cuda_bench_targets)
 # shellcheck disable=SC2086
-cmake --build "$BUILD" -j "$(nproc)" --target $tests $benches
+cmake --build "$BUILD" -j "$(nproc)" --target $tests $benches kvq
 rm -rf "$DIR"
-mkdir -p "$DIR/tests/cuda" "$DIR/bench" "$DIR/lib"
+mkdir -p "$DIR/tests/cuda" "$DIR/bench" "$DIR/bin" "$DIR/lib"
 for t in $tests; do cp "$BUILD/tests/cuda/$t" "$DIR/tests/cuda/"; done
 for b in $benches; do cp "$BUILD/bench/$b" "$DIR/bench/"; done
+cp "$BUILD/experiments/kvq" "$DIR/bin/"  # kvq run's [throughput] on backend cuda
 # Every shared library the binaries load except the C library's own and the driver's.
-for f in "$DIR"/tests/cuda/* "$DIR"/bench/*; do
+for f in "$DIR"/tests/cuda/* "$DIR"/bench/* "$DIR"/bin/*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/libcuda\.so' |
   while read -r l; do cp -L "$l" "$DIR/lib/"; done
