@@ -563,7 +563,8 @@ __global__ void __launch_bounds__(kThreads, 4)
       const uint32_t* wr = reinterpret_cast<const uint32_t*>(st) + warp * D * B;
       const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + S::kWords * 4) + warp * D / 2;
       const uint32_t* mn = sc + S::kParams / 2;
-      float c[mi::kE][4] = {}, ex[4] = {};
+      // ex: -64 sum a (4-bit; 2-bit: -sum a, in e1) + sum q' m; the columns are alike.
+      float c[mi::kE][4] = {}, ex[4] = {}, e1[4] = {};
 #pragma unroll
       for (int ks = 0; ks < D / mma::kK; ++ks) {
         uint32_t a[4], m2[2], y[2];
@@ -579,20 +580,29 @@ __global__ void __launch_bounds__(kThreads, 4)
           y[r2] = mi::pair_slices<B>(wr[mi::key_word<B>(d, g)], wr[mi::key_word<B>(d + 1, g)],
                                      mi::slice_of<B>(g));
         }
+        if constexpr (B == 2) {  // one shift per two codes; offsets 64 and 16 (key_code_half2)
 #pragma unroll
-        for (int j = 0; j < mi::kE; ++j)
-          mma_f16(c[j], a, mi::code_half<B>(y[0], j), mi::code_half<B>(y[1], j));
-        mma_f16(ex, a, mi::kMinus64x2, mi::kMinus64x2);  // -64 sum_c a_c: the codes' offsets
-        mma_f16(ex, qa, m2[0], m2[1]);                   // sum_c q'_c m_c
+          for (int j = 0; j < mi::kE; ++j)
+            mma_f16(c[j], a, mi::key_code_half2(y[0], j), mi::key_code_half2(y[1], j));
+          mma_f16(e1, a, mi::kMinus1x2, mi::kMinus1x2);  // -sum_c a_c
+        } else {
+#pragma unroll
+          for (int j = 0; j < mi::kE; ++j)
+            mma_f16(c[j], a, mi::code_half<B>(y[0], j), mi::code_half<B>(y[1], j));
+          mma_f16(ex, a, mi::kMinus64x2, mi::kMinus64x2);  // -64 sum_c a_c: the codes' offsets
+        }
+        mma_f16(ex, qa, m2[0], m2[1]);  // sum_c q'_c m_c
       }
       if (g < nq) {
-        const float e = (ex[0] + ex[2]) * kfac;  // (high + low rows; the columns are alike)
+        const float e = (ex[0] + ex[2]) * kfac, o1 = (e1[0] + e1[2]) * kfac;  // high + low rows
 #pragma unroll
-        for (int j = 0; j < mi::kE; ++j)
+        for (int j = 0; j < mi::kE; ++j) {
+          const float ej = B == 2 ? fmaf(o1, mi::key_base2(j), e) : e;
 #pragma unroll
           for (int x = 0; x < 2; ++x)
             scores[g * ld + r0 + mi::set_index(mma::c_col(lane, x), j)] =
-                fmaf(-(c[j][x] + c[j][x + 2]), kfac, e);
+                fmaf(-(c[j][x] + c[j][x + 2]), kfac, ej);
+        }
       }
     }
     __syncthreads();  // the stage is refilled next

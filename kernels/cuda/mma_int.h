@@ -58,6 +58,9 @@ inline constexpr int kPos = 4;
 /// code at mantissa bit kPos of -64 is worth c 2^(6 + kPos - 10) = c), and B of the offset mma.
 inline constexpr uint32_t kMinus64x2 = 0xd400d400u;
 inline constexpr float kOffset = 64.0f;
+/// fp16 -16 and -1 in both halves (key_code_half2; B of the 2-bit keys' offset mma).
+inline constexpr uint32_t kMinus16x2 = 0xcc00cc00u;
+inline constexpr uint32_t kMinus1x2 = 0xbc00bc00u;
 
 /// Element (token or channel) of a 32-run that n-tile j's column g holds.
 KVQ_HD int set_index(int g, int j) { return kE * g + j; }
@@ -116,6 +119,24 @@ KVQ_HD uint32_t code_half(uint32_t y, int k) {
   return r;
 #else
   return (x & kMask) | kMinus64x2;
+#endif
+}
+
+/// 2-bit key codes with one shift per two codes: code k of each half of y as fp16 -(kKeyBase2(k)
+/// + c), codes 0, 2 at mantissa bit 4 of -64 (from y << 4 and y), codes 1, 3 at bit 6 of -16
+/// (the unit is 1 at both places). The offsets differ per k, so the kernel keeps sum a apart.
+KVQ_HD float key_base2(int k) { return k % 2 == 0 ? 64.0f : 16.0f; }
+KVQ_HD uint32_t key_code_half2(uint32_t y, int k) {
+  const uint32_t x = k < 2 ? y << 4 : y;
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  if (k % 2 == 0)
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(x), "n"(0x00300030u), "n"(kMinus64x2));
+  else
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(x), "n"(0x00c000c0u), "n"(kMinus16x2));
+  return r;
+#else
+  return k % 2 == 0 ? (x & 0x00300030u) | kMinus64x2 : (x & 0x00c000c0u) | kMinus16x2;
 #endif
 }
 

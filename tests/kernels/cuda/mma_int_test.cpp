@@ -47,6 +47,12 @@ void mma(float (&c)[32][4], const Frag4& a, const Frag& b0, const Frag& b1) {
 
 /// fp16 bits of -(64 + c) (exact: c < 2^10).
 uint16_t minus64(uint32_t c) { return float_to_half_bits(-64.0f - static_cast<float>(c)); }
+/// What a key B register's half holds for code c at n-tile j (2-bit keys: key_code_half2).
+template <int B>
+uint16_t key_half(uint32_t c, int j) {
+  if constexpr (B == 2) return float_to_half_bits(-key_base2(j) - static_cast<float>(c));
+  return minus64(c);
+}
 
 /// Codes 4 s + k of w0 and w1 (kivi's unpack_one) as code_half's two halves.
 template <int B>
@@ -79,7 +85,24 @@ TEST(MmaInt, EveryCodeOfEverySliceBecomesMinus64MinusCode) {
         }
       }
   }
+  // 2-bit keys (key_code_half2): every pair of byte values at every slice.
+  for (uint32_t o : others)
+    for (int s = 0; s < 4; ++s)
+      for (uint32_t x = 0; x < 256; ++x)
+        for (uint32_t y = 0; y < 256; ++y) {
+          const uint32_t m = 0xffu << (8 * s);
+          const uint32_t w0 = (o & ~m) | (x << (8 * s)), w1 = (~o & ~m) | (y << (8 * s));
+          for (int k = 0; k < 4; ++k) {
+            const uint32_t got = key_code_half2(pair_slices<2>(w0, w1, s), k);
+            const uint32_t want =
+                key_half<2>(kivi::unpack_one(&w0, 4 * s + k, 2), k) |
+                (static_cast<uint32_t>(key_half<2>(kivi::unpack_one(&w1, 4 * s + k, 2), k)) << 16);
+            ASSERT_EQ(got, want) << "slice " << s << " code " << k;
+          }
+        }
   EXPECT_EQ(half_bits_to_float(static_cast<uint16_t>(kMinus64x2)), -kOffset);
+  EXPECT_EQ(half_bits_to_float(static_cast<uint16_t>(kMinus16x2)), -16.0f);
+  EXPECT_EQ(half_bits_to_float(static_cast<uint16_t>(kMinus1x2)), -1.0f);
   EXPECT_EQ(kMinus64x2 >> 16, kMinus64x2 & 0xffffu);
 }
 
@@ -94,10 +117,11 @@ std::vector<uint32_t> random_words(size_t n, uint32_t seed) {
 template <int B>
 uint32_t key_b_reg(const std::vector<uint32_t>& run, int lane, int ks, int r, int j) {
   const int g = group_of(lane), d = kK * ks + b_row(lane, r, 0);
-  return code_half<B>(
+  const uint32_t y =
       pair_slices<B>(run[static_cast<size_t>(key_word<B>(d, g))],
-                     run[static_cast<size_t>(key_word<B>(d + 1, g))], slice_of<B>(g)),
-      j);
+                     run[static_cast<size_t>(key_word<B>(d + 1, g))], slice_of<B>(g));
+  if constexpr (B == 2) return key_code_half2(y, j);
+  return code_half<B>(y, j);
 }
 
 /// A key run as the kernel copies it: channel d's words of tokens [t0, t0 + 32) of its group.
@@ -130,7 +154,7 @@ void check_key_fragments(int G) {
                 const int64_t d = kK * ks + b_row(l, r, hf);
                 const int64_t t = t0 + set_index(b_col(l), j);
                 ASSERT_EQ(static_cast<uint16_t>(reg >> (16 * hf)),
-                          minus64(L.code(words.data(), t, h, d)))
+                          key_half<B>(L.code(words.data(), t, h, d), j))
                     << "B " << B << " D " << D << " G " << G << " lane " << l << " token " << t
                     << " channel " << d;
               }
@@ -318,7 +342,7 @@ void check_int_scores(int nq) {
     return
         [&v](int d) { return half2_of(v[static_cast<size_t>(d)], v[static_cast<size_t>(d) + 1]); };
   };
-  float c[kE][32][4] = {}, ex[32][4] = {};
+  float c[kE][32][4] = {}, ex[32][4] = {}, e1[32][4] = {};
   for (int ks = 0; ks < D / kK; ++ks) {
     const Frag4 qa = a_frag(nq, ks, [&](int g, int d) {
       return std::ldexp(q[static_cast<size_t>(g * D + d)], qe[static_cast<size_t>(g)]);
@@ -332,7 +356,10 @@ void check_int_scores(int nq) {
       }
       mma(c[j], a, b0, b1);
     }
-    mma(ex, a, Frag(32, kMinus64x2), Frag(32, kMinus64x2));
+    if (B == 2)
+      mma(e1, a, Frag(32, kMinus1x2), Frag(32, kMinus1x2));
+    else
+      mma(ex, a, Frag(32, kMinus64x2), Frag(32, kMinus64x2));
     Frag m0(32), m1(32);
     for (int l = 0; l < 32; ++l) {
       m0[static_cast<size_t>(l)] = pair(mn)(kK * ks + b_row(l, 0, 0));
@@ -346,8 +373,10 @@ void check_int_scores(int nq) {
     for (int j = 0; j < kE; ++j)
       for (int e = 0; e < 2; ++e) {
         const int t = set_index(c_col(l, e), j);
+        const double base = B == 2 ? key_base2(j) : 0.0;  // 2-bit: the offsets' sum apart
         const double got =
-            ((static_cast<double>(ex[l][0]) + ex[l][2]) - (c[j][l][e] + c[j][l][e + 2])) *
+            ((static_cast<double>(ex[l][0]) + ex[l][2]) +
+             base * (static_cast<double>(e1[l][0]) + e1[l][2]) - (c[j][l][e] + c[j][l][e + 2])) *
             std::ldexp(1.0, -qe[static_cast<size_t>(g)]);
         double want = 0, mag = 0;
         for (int d = 0; d < D; ++d) {
