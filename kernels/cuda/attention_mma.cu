@@ -126,12 +126,14 @@ __device__ __forceinline__ void load_tile(uint16_t* stage, const uint16_t* data,
 }
 
 /// The split's softmax partial over scores[i * ld + t] (t < n), one warp per query head (as
-/// attention_kernels.cu): the scores become e^(s - m) times pscale (a power of two); m and l
-/// (the sum of e^(s - m)) go to part_ml.
+/// attention_kernels.cu): the scores become e^(s - m) times pscale (a power of two) and, where ts
+/// is given, times token t's value scale ts[t * ts_stride]; m and l (the sum of e^(s - m)) go to
+/// part_ml.
 template <class Params>
 __device__ __forceinline__ void softmax_partial(const Params& p, float* scores, int n, int nq,
                                                 int ld, int64_t qrow, int split, int warp, int lane,
-                                                float pscale = 1.0f) {
+                                                float pscale = 1.0f, const float* ts = nullptr,
+                                                int ts_stride = 0) {
   for (int i = warp; i < nq; i += kWarps) {
     float* row = scores + i * ld;
     float m = -INFINITY;
@@ -141,7 +143,7 @@ __device__ __forceinline__ void softmax_partial(const Params& p, float* scores, 
     float l = 0.0f;
     for (int t = lane; t < n; t += 32) {
       const float e = expf(row[t] - m);
-      row[t] = e * pscale;
+      row[t] = e * pscale * (ts ? __ldg(ts + static_cast<int64_t>(t) * ts_stride) : 1.0f);
       l += e;
     }
 #pragma unroll
@@ -729,13 +731,15 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
 }
 
-// ---- FP8 caches: e4m3 / e5m2 / e4m3fnuz, tensor or head scales (mma_fp8.h) --------------------
+// ---- FP8 caches: e4m3 / e5m2 / e4m3fnuz, tensor, head or token scales (mma_fp8.h) -------------
 //
 // As the bf16 kernel, with fp16 operands: a stage holds kTile rows of D code bytes (swizzled
 // 16-byte chunks, mma_fp8::chunk_offset); B registers come from 16-byte shared loads of codes, two
 // codes per register by the integer conversion (mma_fp8.h); q (times a power of two per head) and
-// p (times 2^kPShift) are fp16 high + low A rows. The scale and the powers of two multiply each
-// score and each output once.
+// p (times 2^kPShift) are fp16 high + low A rows. A tensor / head scale and the powers of two
+// multiply each score and each output once. Token scales: a key's scale multiplies its score (one
+// load and multiply a score); a value's scale folds into p in the softmax (p_t s_t 2^pe, pe from
+// the split's largest value scale, mma_fp8::token_pshift, so p' < 2^14).
 
 template <int D>
 struct Fp8Smem {
@@ -781,7 +785,25 @@ struct Fp8TileCopy {
 
 /// The scale of a tensor- or head-scaled side for head h.
 __device__ __forceinline__ float fp8_head_scale(const Fp8SideView& s, int h) {
+  if (s.gran == Granularity::Token) return 1.0f;  // per token: fp8_token_scale
   return __ldg(s.scales + (s.gran == Granularity::Head ? h : 0));
+}
+
+/// The scale of token t (absolute) of a token-scaled side, 1 otherwise (head / tensor scales:
+/// fp8_head_scale).
+__device__ __forceinline__ float fp8_token_scale(const Fp8SideView& s, int64_t t, int H, int h) {
+  return s.gran == Granularity::Token ? __ldg(s.scales + t * H + h) : 1.0f;
+}
+
+/// The largest |token scale| of [s0, s1) of a token-scaled side (float bits into *smax, which
+/// starts at 0).
+__device__ __forceinline__ void fp8_token_scale_max(const Fp8SideView& s, int64_t s0, int64_t s1,
+                                                    int H, int h, int tid, unsigned* smax) {
+  float m = 0.0f;
+  for (int64_t t = s0 + tid; t < s1; t += kThreads)
+    m = fmaxf(m, fabsf(__ldg(s.scales + t * H + h)));
+  const unsigned b = __reduce_max_sync(kFullMask, float_bits(m));  // non-negative: ordered as ints
+  if (tid % 32 == 0 && b != 0) atomicMax(smax, b);
 }
 
 template <int D, Fp8Format F>
@@ -798,9 +820,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tid = blk.tid, lane = blk.lane, warp = blk.warp, g = blk.g, tg = blk.tg;
 
   extern __shared__ uint4 smem4[];
+  __shared__ unsigned smax;  // the split's largest value token scale (float bits)
   char* stages = reinterpret_cast<char*>(smem4);
   float* scores = reinterpret_cast<float*>(stages + S::kBytes);
   const int tiles = (n + kTile - 1) / kTile;
+  if (tid == 0) smax = 0;
 
   // K tile 0 in flight while q becomes A fragments.
   const Fp8TileCopy<D> copy(tid, H, h);
@@ -840,8 +864,10 @@ __global__ void __launch_bounds__(kThreads, 2)
                 mf::fp8_hi_pair_half2<F>(mf::key_pair_word(w[ks], 1)));
       const int tok = i * kTile + row0 + mma::c_col(lane, 0);  // tokens tok, tok + 1
       if (g < nq) {
-        if (tok < n) scores[g * ld + tok] = (c[0] + c[2]) * kfac;
-        if (tok + 1 < n) scores[g * ld + tok + 1] = (c[1] + c[3]) * kfac;
+        if (tok < n)
+          scores[g * ld + tok] = (c[0] + c[2]) * kfac * fp8_token_scale(kv, s0 + tok, H, h);
+        if (tok + 1 < n)
+          scores[g * ld + tok + 1] = (c[1] + c[3]) * kfac * fp8_token_scale(kv, s0 + tok + 1, H, h);
       }
     }
     __syncthreads();  // the stage is refilled next
@@ -851,14 +877,20 @@ __global__ void __launch_bounds__(kThreads, 2)
   copy.load(stages, vv.codes, s0, s1);
   cp_async_commit();
 
+  // p' = p 2^pe (times s_t for token value scales, pe from the split's largest: p' < 2^14).
+  const bool vtok = vv.gran == Granularity::Token;
+  if (vtok) fp8_token_scale_max(vv, s0, s1, H, h, tid, &smax);
+  __syncthreads();
+  const int pe = vtok ? mf::token_pshift(bits_float(smax)) : mf::kPShift;
+
   // ---- softmax partial -------------------------------------------------------------------------
-  softmax_partial(p, scores, n, nq, ld, qrow, split, warp, lane);
+  softmax_partial(p, scores, n, nq, ld, qrow, split, warp, lane, pow2(pe),
+                  vtok ? vv.scales + s0 * H + h : nullptr, H);
   __syncthreads();
 
   // ---- values ----------------------------------------------------------------------------------
   constexpr int kNTiles = D / mma::kN;
   constexpr int kWords = D / 32;  // words of a lane's D / 8 channels of one token
-  const float pscale = pow2(mf::kPShift);
   float o[kNTiles][4];
 #pragma unroll
   for (int j = 0; j < kNTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
@@ -876,8 +908,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int tok = i * kTile + 16 * warp + mma::a_col(lane, 2 * half, 0);
       float x = 0.0f, y = 0.0f;
       if (g < nq) {
-        if (tok < n) x = scores[g * ld + tok] * pscale;
-        if (tok + 1 < n) y = scores[g * ld + tok + 1] * pscale;
+        if (tok < n) x = scores[g * ld + tok];
+        if (tok + 1 < n) y = scores[g * ld + tok + 1];
       }
       const mf::HiLo s = mf::split_half2(x, y);
       pa[2 * half] = s.hi;
@@ -917,7 +949,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   __syncthreads();
-  const float vfac = pow2(unpack::kHalfExpShift<F> - mf::kPShift) * fp8_head_scale(vv, h);
+  const float vfac = pow2(unpack::kHalfExpShift<F> - pe) * fp8_head_scale(vv, h);
   for (int x = tid; x < nq * D; x += kThreads) {
     const int i = x / D, d = x % D;
     float s = 0.0f;
@@ -965,7 +997,7 @@ bool mma_fp8_supported(int head_dim, int nq, int64_t split_tokens, std::span<con
   if (!mma_bf16_supported(head_dim, nq, split_tokens)) return false;
   for (auto side : {k, v})
     for (const Fp8SideView& x : side) {
-      if (x.gran != Granularity::Tensor && x.gran != Granularity::Head) return false;
+      if (x.gran == Granularity::Channel) return false;
       if (x.tokens > 0 && reinterpret_cast<uintptr_t>(x.codes) % 16 != 0) return false;
     }
   return true;

@@ -100,6 +100,15 @@ KVQ_HD int q_shift(float amax) {
   return e > 126 ? 126 : e;
 }
 
+/// The power of two 2^e for p' = p s_t 2^e with token value scales (p <= 1, s_t <= smax): smax
+/// 2^e in [2^13, 2^14) (p' fp16 with room for the high + low split), within [-100, 100] so that
+/// the output factor 2^(kHalfExpShift - e) stays a normal float; kPShift for smax 0, inf or NaN.
+KVQ_HD int token_pshift(float smax) {
+  if (!(smax > 0.0f) || ((float_bits(smax) >> 23) & 0xffu) == 0xffu) return kPShift;
+  const int e = q_shift(smax) - 1;
+  return e > 100 ? 100 : (e < -100 ? -100 : e);
+}
+
 /// Two floats as f16x2 bits (x low), round to nearest even.
 KVQ_HD uint32_t pack_half2(float x, float y) {
 #if defined(__CUDA_ARCH__)

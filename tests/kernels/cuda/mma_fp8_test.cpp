@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <random>
@@ -236,15 +237,26 @@ std::vector<uint8_t> random_codes(std::mt19937& rng, size_t n) {
   return c;
 }
 
+/// Token scales over 2^-20 .. 2^10 (per-token key or value scales, one per token of a tile).
+std::vector<float> token_scales(std::mt19937& rng, int n) {
+  std::uniform_real_distribution<float> u(1.0f, 2.0f);
+  std::vector<float> s(static_cast<size_t>(n));
+  for (int t = 0; t < n; ++t) s[static_cast<size_t>(t)] = std::ldexp(u(rng), -20 + 31 * t / n);
+  return s;
+}
+
+// token: per-token key scales, applied to each score (the kernel's fp8_token_scale) instead of
+// one scale for the tile.
 template <int D, Fp8Format F>
-void check_scores(int nq) {
+void check_scores(int nq, bool token) {
   std::mt19937 rng(static_cast<uint32_t>(D + nq + 10 * static_cast<int>(F)));
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> q(8 * D);
   for (float& x : q) x = nd(rng) * 0.01f;  // far from [2^14, 2^15): q_shift matters
   const std::vector<uint8_t> k = random_codes<F>(rng, 16 * D);
   const std::vector<uint8_t> tile = tile_of<D>(k);
-  const float scale = 0.37f;
+  const float scale = token ? 1.0f : 0.37f;
+  const std::vector<float> st = token ? token_scales(rng, 16) : std::vector<float>(16, 1.0f);
   // A fragments of q as the kernel builds them.
   std::vector<Frag4> qa(D / 16);
   for (Frag4& f : qa)
@@ -290,13 +302,16 @@ void check_scores(int nq) {
         double want = 0, mag = 0;
         for (int d = 0; d < D; ++d) {
           const double t = static_cast<double>(q[static_cast<size_t>(g * D + d)]) *
-                           fp8::decode<F>(k[static_cast<size_t>(tok * D + d)]) * scale;
+                           fp8::decode<F>(k[static_cast<size_t>(tok * D + d)]) * scale *
+                           st[static_cast<size_t>(tok)];
           want += t;
           mag += std::fabs(t);
         }
-        const double got = (static_cast<double>(c[l][i]) + c[l][i + 2]) * fac;
+        const double got =
+            (static_cast<double>(c[l][i]) + c[l][i + 2]) * fac * st[static_cast<size_t>(tok)];
         EXPECT_NEAR(got, want, kTolRel * mag + 1e-30)
-            << "D " << D << " format " << static_cast<int>(F) << " head " << g << " token " << tok;
+            << "D " << D << " format " << static_cast<int>(F) << " head " << g << " token " << tok
+            << " token scales " << token;
       }
     }
   }
@@ -304,10 +319,11 @@ void check_scores(int nq) {
 
 template <Fp8Format F>
 void scores_all() {
-  for (int nq : {1, 3, 8}) {
-    check_scores<64, F>(nq);
-    check_scores<128, F>(nq);
-  }
+  for (int nq : {1, 3, 8})
+    for (bool token : {false, true}) {
+      check_scores<64, F>(nq, token);
+      check_scores<128, F>(nq, token);
+    }
 }
 
 TEST(MmaFp8, ScoresOfATileEqualDecodeThenDot) {
@@ -316,22 +332,30 @@ TEST(MmaFp8, ScoresOfATileEqualDecodeThenDot) {
   scores_all<Fp8Format::E5M2>();
 }
 
+// token: per-token value scales folded into p (p_t s_t 2^token_pshift(max s_t), as the kernel's
+// softmax writes it) instead of one scale applied to the outputs.
 template <int D, Fp8Format F>
-void check_values(int nq) {
+void check_values(int nq, bool token) {
   std::mt19937 rng(static_cast<uint32_t>(3 * D + nq + 10 * static_cast<int>(F)));
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   std::vector<float> p(8 * 16);
   for (float& x : p) x = u(rng) * u(rng) * u(rng);  // softmax weights, some small
   const std::vector<uint8_t> v = random_codes<F>(rng, 16 * D);
   const std::vector<uint8_t> tile = tile_of<D>(v);
-  const float scale = 1.9f;
+  const float scale = token ? 1.0f : 1.9f;
+  const std::vector<float> st = token ? token_scales(rng, 16) : std::vector<float>(16, 1.0f);
+  const int pe = token ? token_pshift(*std::max_element(st.begin(), st.end())) : kPShift;
   Frag4 pa;
   for (Frag& r : pa) r.assign(32, 0);
   for (int l = 0; l < 32; ++l)
     for (int half = 0; half < 2; ++half) {
       const int g = group_of(l), tok = a_col(l, 2 * half, 0);
-      const float x = g < nq ? p[static_cast<size_t>(g * 16 + tok)] * pow2(kPShift) : 0.0f;
-      const float y = g < nq ? p[static_cast<size_t>(g * 16 + tok + 1)] * pow2(kPShift) : 0.0f;
+      const float x =
+          g < nq ? p[static_cast<size_t>(g * 16 + tok)] * pow2(pe) * st[static_cast<size_t>(tok)]
+                 : 0.0f;
+      const float y = g < nq ? p[static_cast<size_t>(g * 16 + tok + 1)] * pow2(pe) *
+                                   st[static_cast<size_t>(tok + 1)]
+                             : 0.0f;
       const HiLo s = split_half2(x, y);
       pa[2 * half][l] = s.hi;
       pa[2 * half + 1][l] = s.lo;
@@ -351,7 +375,15 @@ void check_values(int nq) {
     }
     mma(o[j], pa, b0, b1);
   }
-  const float fac = pow2(unpack::kHalfExpShift<F> - kPShift) * scale;
+  const float fac = pow2(unpack::kHalfExpShift<F> - pe) * scale;
+  // Token scales: p' below fp16's normal range (tokens whose s_t is far below the largest) is
+  // rounded to 2^-24 (high and low parts), so each token may add 2^-24 2^-pe |decode(v)| <=
+  // 2^-37 max s_t |decode(v)|: an error bound relative to the split's largest |V| (as the device
+  // tests' max-|V| tolerance), not to sum |terms|.
+  double vmax = 0;
+  for (uint8_t c : v) vmax = std::max(vmax, std::fabs(static_cast<double>(fp8::decode<F>(c))));
+  const double abs_tol =
+      token ? 16 * std::ldexp(*std::max_element(st.begin(), st.end()) * vmax, -37) : 1e-30;
   for (int l = 0; l < 32; ++l) {
     const int g = group_of(l);
     if (g >= nq) continue;
@@ -361,12 +393,13 @@ void check_values(int nq) {
         double want = 0, mag = 0;
         for (int t = 0; t < 16; ++t) {
           const double x = static_cast<double>(p[static_cast<size_t>(g * 16 + t)]) *
-                           fp8::decode<F>(v[static_cast<size_t>(t * D + d)]) * scale;
+                           fp8::decode<F>(v[static_cast<size_t>(t * D + d)]) * scale *
+                           st[static_cast<size_t>(t)];
           want += x;
           mag += std::fabs(x);
         }
         const double got = (static_cast<double>(o[j][l][i]) + o[j][l][i + 2]) * fac;
-        EXPECT_NEAR(got, want, kTolRel * mag + 1e-30)
+        EXPECT_NEAR(got, want, kTolRel * mag + abs_tol)
             << "D " << D << " format " << static_cast<int>(F) << " head " << g << " channel " << d;
       }
   }
@@ -374,10 +407,28 @@ void check_values(int nq) {
 
 template <Fp8Format F>
 void values_all() {
-  for (int nq : {1, 3, 8}) {
-    check_values<64, F>(nq);
-    check_values<128, F>(nq);
-  }
+  for (int nq : {1, 3, 8})
+    for (bool token : {false, true}) {
+      check_values<64, F>(nq, token);
+      check_values<128, F>(nq, token);
+    }
+}
+
+// token_pshift: the largest token scale times 2^e lands in [2^13, 2^14) over 2^-85 .. 2^85
+// (kPShift for 0, inf, NaN).
+TEST(MmaFp8, TokenPShiftBringsTheLargestScaleIntoRange) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(1.0f, 2.0f);
+  for (int e = -85; e <= 85; ++e)
+    for (int i = 0; i < 50; ++i) {
+      const float s = std::ldexp(u(rng), e);
+      const double x = std::ldexp(static_cast<double>(s), token_pshift(s));
+      ASSERT_GE(x, 8192.0) << s;
+      ASSERT_LT(x, 16384.0) << s;
+    }
+  EXPECT_EQ(token_pshift(0.0f), kPShift);
+  EXPECT_EQ(token_pshift(INFINITY), kPShift);
+  EXPECT_EQ(token_pshift(NAN), kPShift);
 }
 
 TEST(MmaFp8, ValuesOfATileEqualDecodeThenWeightedSum) {
