@@ -21,6 +21,8 @@
 #include "experiments/commands.h"
 #include "experiments/model_eval.h"
 #include "experiments/model_files.h"
+#include "experiments/planner.h"
+#include "experiments/serve.h"
 #include "fp8/scale.h"
 #include "kernels/backend.h"
 #include "model/llama.h"
@@ -589,6 +591,101 @@ void register_bench(CLI::App* model) {
   });
 }
 
+// Serving-style batches on the host (issue 47 item 3): experiments/serve.h's schedule run on the
+// model, each step's requests decoded one after another in the batch order (the cpu model has no
+// batched forward; backend cuda's model, which would batch them, does not exist yet).
+void register_serve_bench(CLI::App* model) {
+  struct O : Common {
+    std::string text = "kjv", mem = "0.02";
+    int requests = 8, prompt = 64, gen = 16;
+    int64_t max_batch = 0;
+  };
+  auto o = std::make_shared<O>();
+  auto* c = model->add_subcommand(
+      "serve-bench",
+      "Requests of different prompt and output lengths admitted first come first served while their\n"
+      "caches fit --mem (experiments/serve.h: each reserves its peak cache bytes, the planner's\n"
+      "formula), prefilled on admission, then decoded a token per step each, in admission order.\n"
+      "Reports decode and prefill tokens/s (wall), requests held, and the caches' peak bytes\n"
+      "measured beside the schedule's prediction. Request i has --prompt-tokens / 2 + (37 i mod\n"
+      "(--prompt-tokens / 2 + 1)) prompt tokens and --gen / 2 + (13 i mod (--gen / 2 + 1)) outputs.\n"
+      "Example: kvq model serve-bench --kv kivi2 --mem 0.02 --requests 8 --prompt-tokens 64 --gen 16");
+  add_common(c, *o);
+  c->add_option("--text", o->text, "text the prompts come from, or 'kjv'")->capture_default_str();
+  c->add_option("--mem", o->mem, "KV memory cap in GB (decimal; 80GiB for binary)")->capture_default_str();
+  c->add_option("--requests", o->requests, "requests")->check(at_least(1))->capture_default_str();
+  c->add_option("--prompt-tokens", o->prompt, "longest prompt (tokens)")->check(at_least(2))->capture_default_str();
+  c->add_option("--gen", o->gen, "most tokens a request generates")->check(at_least(2))->capture_default_str();
+  c->add_option("--max-batch", o->max_batch, "most requests held at once (0: only --mem limits)")
+      ->check(at_least(0))
+      ->capture_default_str();
+  c->callback([o] {
+    const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
+    const LlamaConfig& cfg = model_config(*o);
+    check_cache_options(co, cfg);
+    KVQ_CHECK(o->prompt + o->gen <= cfg.context, "serve-bench: --prompt-tokens {} + --gen {} exceed the model's context {}",
+              o->prompt, o->gen, cfg.context);
+    std::vector<eval::ServeRequest> reqs;
+    for (int i = 0; i < o->requests; ++i)
+      reqs.push_back({o->prompt / 2 + (37 * i) % (o->prompt / 2 + 1), o->gen / 2 + (13 * i) % (o->gen / 2 + 1)});
+    const planner::ModelDims dims{"model", cfg.layers, cfg.kv_heads, cfg.head_dim, 0};
+    const double mem = planner::parse_gb(o->mem, "--mem");
+    const eval::ServeSchedule plan = eval::schedule_serve(dims, co.spec, reqs, {mem, o->max_batch});
+    const Loaded& L = load(*o);
+    const auto ids = L.tok.encode_first(read_text(o->text), o->prompt);
+    KVQ_CHECK(static_cast<int64_t>(ids.size()) >= o->prompt, "serve-bench: the text has {} tokens, {} needed",
+              ids.size(), o->prompt);
+    std::vector<std::unique_ptr<LlamaCache>> caches(reqs.size());
+    std::vector<int32_t> next(reqs.size(), 0);
+    std::vector<float> logits;
+    const int64_t vocab = L.model.config().vocab;
+    auto argmax = [&] {
+      return static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + vocab) - logits.begin());
+    };
+    double prefill_s = 0, decode_s = 0, peak_bytes = 0;
+    int64_t prefill_tokens = 0, decode_tokens = 0;
+    for (const eval::ServeStep& st : plan.steps) {
+      for (const int64_t i : st.batch) {
+        const auto u = static_cast<size_t>(i);
+        const auto t0 = std::chrono::steady_clock::now();
+        if (!caches[u]) {  // admitted now: the prefill yields the first output token
+          caches[u] = std::make_unique<LlamaCache>(L.model.config(), co);
+          L.model.forward({ids.data(), static_cast<size_t>(reqs[u].prompt_tokens)}, *caches[u], logits, false,
+                          o->threads);
+          prefill_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          prefill_tokens += reqs[u].prompt_tokens;
+        } else {
+          L.model.forward({&next[u], 1}, *caches[u], logits, false, o->threads);
+          decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          ++decode_tokens;
+        }
+        next[u] = argmax();
+      }
+      double live = 0;
+      for (const int64_t i : st.batch) live += caches[static_cast<size_t>(i)]->bytes();
+      peak_bytes = std::max(peak_bytes, live);
+      for (const int64_t i : st.finished) caches[static_cast<size_t>(i)].reset();
+    }
+    const double decode_tps = decode_s > 0 ? decode_tokens / decode_s : 0;
+    fmt::print("kv          {}, backend {}, --mem {:.4g} GB, {} requests ({}-{} prompt, {}-{} output tokens)\n",
+               co.spec.canonical(), o->backend, mem / 1e9, reqs.size(), o->prompt / 2, o->prompt, o->gen / 2, o->gen);
+    fmt::print("steps       {}, requests held at most {}{}\n", plan.steps.size(), plan.max_held,
+               o->max_batch ? fmt::format(" (--max-batch {})", o->max_batch) : "");
+    fmt::print("decode      {:.1f} tokens/s ({} tokens, wall; a step's requests one after another)\n", decode_tps,
+               decode_tokens);
+    fmt::print("prefill     {:.1f} tokens/s ({} tokens)\n", prefill_s > 0 ? prefill_tokens / prefill_s : 0.0,
+               prefill_tokens);
+    fmt::print("cache bytes peak {:.0f} measured, {:.0f} predicted by the schedule; {:.0f} reserved (cap {:.0f})\n",
+               peak_bytes, plan.peak_live_bytes, plan.peak_reserved_bytes, mem);
+    write_json(o->json, {{"kv", co.spec.canonical()}, {"backend", o->backend}, {"mem_bytes", mem},
+                         {"requests", reqs.size()}, {"steps", plan.steps.size()}, {"max_held", plan.max_held},
+                         {"decode_tokens_per_s", decode_tps}, {"decode_tokens", decode_tokens},
+                         {"prefill_tokens", prefill_tokens}, {"peak_cache_bytes", peak_bytes},
+                         {"predicted_peak_cache_bytes", plan.peak_live_bytes},
+                         {"peak_reserved_bytes", plan.peak_reserved_bytes}});
+  });
+}
+
 }  // namespace
 
 void register_model(CLI::App& app) {
@@ -602,6 +699,7 @@ void register_model(CLI::App& app) {
   register_calibrate(model);
   register_logits(model);
   register_bench(model);
+  register_serve_bench(model);
   std::string names;  // from the registrations, so the list cannot fall behind them
   for (const CLI::App* sub : model->get_subcommands([](const CLI::App*) { return true; }))
     names += (names.empty() ? "" : ", ") + sub->get_name();
