@@ -112,6 +112,18 @@ bool unmap_bytes(std::string_view text, std::string& out) {
   return true;
 }
 
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  if (from.empty()) return std::string(s);
+  std::string r;
+  r.reserve(s.size());
+  for (size_t i = 0;;) {
+    const size_t k = s.find(from, i);
+    if (k == std::string_view::npos) return r.append(s.substr(i));
+    r.append(s.substr(i, k - i)).append(to);
+    i = k + from.size();
+  }
+}
+
 std::string map_bytes(std::string_view s) {
   std::string out;
   out.reserve(s.size() * 2);
@@ -487,20 +499,9 @@ void Tokenizer::encode_normalized(std::string_view seg, bool at_origin, bool par
         case Pipeline::Norm::kPrepend:
           if (!buf.empty()) buf.insert(0, step.a);
           break;
-        case Pipeline::Norm::kReplace: {
-          std::string r;
-          for (size_t i = 0;;) {
-            const size_t k = step.a.empty() ? std::string::npos : buf.find(step.a, i);
-            if (k == std::string::npos) {
-              r.append(buf, i, std::string::npos);
-              break;
-            }
-            r.append(buf, i, k - i).append(step.b);
-            i = k + step.a.size();
-          }
-          buf = std::move(r);
+        case Pipeline::Norm::kReplace:
+          buf = tok::replace_all(buf, step.a, step.b);
           break;
-        }
         case Pipeline::Norm::kNfc:
           buf = tok::nfc(buf);
           break;

@@ -25,6 +25,9 @@ int64_t next_codepoint(std::string_view s, size_t& i);
 void append_utf8(std::string& out, uint32_t cp);
 /// \brief Raw bytes of a string in byte-to-unicode form; false if it is not one.
 bool unmap_bytes(std::string_view text, std::string& out);
+/// \brief `s` with every `from` replaced by `to` (left to right, not overlapping; `s` for empty
+/// `from`), as `tokenizers`' Replace normalizer and decoder with a String pattern.
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to);
 /// \brief `s` in byte-to-unicode form.
 std::string map_bytes(std::string_view s);
 /// \brief Unicode White_Space (Rust's char::is_whitespace, which `tokenizers` uses).

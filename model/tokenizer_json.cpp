@@ -306,20 +306,9 @@ struct Tokenizer::JsonLoader {
         case TokenStep::kByteLevel:
           if (tok::unmap_bytes(s, tmp)) s = tmp;
           break;
-        case TokenStep::kReplace: {
-          std::string r;
-          for (size_t i = 0;;) {
-            const size_t k = s.find(d.a, i);
-            if (k == std::string::npos) {
-              r.append(s, i, std::string::npos);
-              break;
-            }
-            r.append(s, i, k - i).append(d.b);
-            i = k + d.a.size();
-          }
-          s = std::move(r);
+        case TokenStep::kReplace:
+          s = tok::replace_all(s, d.a, d.b);
           break;
-        }
         case TokenStep::kByteFallback:
           if (s.size() == 6 && s.starts_with("<0x") && s.ends_with('>') &&
               std::isxdigit(static_cast<unsigned char>(s[3])) &&
