@@ -709,8 +709,7 @@ void register_model(CLI::App& app) {
       "Hugging Face checkpoint folder (config.json, *.safetensors [+ index], tokenizer.json) of "
       "the families " +
       architecture_names() +
-      " (bf16/fp16/fp32 weights, or fp8 with their scales; README \"Models\"). Mistral's sliding "
-      "window runs on --backend ref; backend cpu refuses a context longer than the window.");
+      " (bf16/fp16/fp32 weights, or fp8 with their scales; README \"Your own checkpoint\").");
 }
 
 }  // namespace kvq::cli

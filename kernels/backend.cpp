@@ -519,9 +519,11 @@ void attend_decode(AttentionBackend b, const float* q, int64_t q_heads, const Si
 }
 
 namespace {
-// A sliding window is backend ref's alone today: refuse a call it would change.
+// A sliding window runs on backends ref and cpu (cpu::CausalInput::window): refuse a call it would
+// change on any other.
 void check_window(AttentionBackend b, const CausalArgs& a) {
-  KVQ_CHECK(b == AttentionBackend::kRef || a.window <= 0 || a.t_begin + a.n <= a.window,
+  KVQ_CHECK(b == AttentionBackend::kRef || b == AttentionBackend::kCpu ||
+                b == AttentionBackend::kCpuInt8 || a.window <= 0 || a.t_begin + a.n <= a.window,
             "backend {} has no sliding-window attention: this layer's window is {} tokens and "
             "the cache holds {}; use backend ref (or at most {} tokens)",
             to_string(b), a.window, a.t_begin + a.n, a.window);
@@ -538,6 +540,7 @@ CausalCall::CausalCall(AttentionBackend b, const CausalArgs& a, int threads, dou
   cpu::CausalInput in =
       cpu_causal_input(a.q, a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact, buf_);
   in.int_mode = int_mode(b);
+  in.window = a.window;
   in.working_set = working_set;
   cpu_ = std::make_unique<cpu::CausalAttention>(in, threads);
 }
@@ -577,6 +580,7 @@ void attend_causal(AttentionBackend b, const CausalArgs& a, float* out, int thre
   cpu::CausalInput in =
       cpu_causal_input(a.q, a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact, buf);
   in.int_mode = int_mode(b);
+  in.window = a.window;
   cpu::causal_attention(in, out, threads);
   unrotate_output(*a.v, out, a.n * a.q_heads);
 }

@@ -199,8 +199,8 @@ struct CausalArgs {
   const SideStore* k = nullptr;
   const SideStore* v = nullptr;
   ExactTail k_exact, v_exact;
-  /// > 0: a sliding window, position i attends to tokens i - window + 1 .. i only (backend ref;
-  /// backend cpu refuses a call in which some position reaches past its window).
+  /// > 0: a sliding window, position i attends to tokens i - window + 1 .. i only (backends ref
+  /// and cpu; cpu runs the positions past the window on its portable path, and not with sinks).
   int64_t window = 0;
 };
 

@@ -3443,6 +3443,10 @@ CausalAttention::CausalAttention(const CausalInput& given, int members) : in_(gi
             "cpu attention: the cache holds {} tokens, expected {} + {}", given.k.tokens,
             given.t_begin, given.n);
   const int64_t S = given.k.sink_tokens;
+  KVQ_CHECK(given.window <= 0 || S == 0,
+            "cpu attention: a sliding window (of {} tokens) with sinks (sink={}) runs on backend "
+            "ref only",
+            given.window, S);
   KVQ_CHECK(S == given.v.sink_tokens && S >= 0 && S <= given.k.tokens &&
                 (S == 0 || (given.k.sink && given.v.sink)),
             "cpu attention: {} key sinks and {} value sinks of {} tokens (both sides the same, "
@@ -3563,7 +3567,8 @@ Partial CausalAttention::sink_partial(int64_t p) const {
 struct CausalAttention::Position {
   StoredSide k, v;
   bool fast = false;
-  int64_t t = 0;  // the position's token index
+  int64_t t = 0;      // the position's token index
+  int64_t begin = 0;  // its sliding window's first token (CausalInput::window)
 };
 
 CausalAttention::Position CausalAttention::position(int64_t p) const {
@@ -3574,6 +3579,10 @@ CausalAttention::Position CausalAttention::position(int64_t p) const {
   pos.v = position_view(in_.v, t, tails ? in_.v_quantized[p] : 0, in_.v_exact);
   pos.fast = has_fast_path(pos.k, pos.v, in_.q_heads);
   pos.t = t;
+  if (in_.window > 0 && t + 1 > in_.window) {  // the window starts after token 0: portable path
+    pos.begin = t + 1 - in_.window;
+    pos.fast = false;
+  }
   return pos;
 }
 
@@ -3634,6 +3643,7 @@ struct Member {
   int64_t end;
   Partial* part;
   float* s;
+  int64_t begin = 0;  // a sliding window's first token (portable members only)
 };
 
 /// Segment [a, a + seg) of every member, block by block: each block's fast members together
@@ -3650,7 +3660,7 @@ void run_segment(std::span<const Member> ms, int64_t a, int64_t seg, Scratch& w)
       const int64_t b = std::min(x.end, a + seg), t1 = std::min(b, t0 + block);
       if (t0 >= b) continue;
       if (!x.fast) {
-        portable_range(*x.c, t0, t1, *x.part, w);
+        if (std::max(t0, x.begin) < t1) portable_range(*x.c, std::max(t0, x.begin), t1, *x.part, w);
         continue;
       }
       w.slots.push_back({x.c, x.part, x.s, t0, t1});
@@ -3668,7 +3678,7 @@ void CausalAttention::segment(const Position& pos, int64_t p, int64_t s, Partial
   const Call c = make_call(in_, p, pos.k, pos.v, segment_ / kBlocksPerSegment);
   out.init(in_.q_heads, c.D);
   w.impl->s.resize(static_cast<size_t>(in_.q_heads * (c.block + 8)));
-  const Member m{&c, pos.fast, pos.t + 1, &out, w.impl->s.data()};
+  const Member m{&c, pos.fast, pos.t + 1, &out, w.impl->s.data(), pos.begin};
   run_segment({&m, 1}, s * segment_, segment_, w.impl->scratch);
 }
 
@@ -3732,7 +3742,7 @@ void CausalAttention::run(int64_t item, float* out, Workspace& w) {
     calls.push_back(make_call(in_, lo + x, pos.back().k, pos.back().v, block));
     members.push_back({&calls.back(), pos.back().fast, pos.back().t + 1,
                        &part[static_cast<size_t>(x)],
-                       w.impl->s.data() + x * in_.q_heads * (block + 8)});
+                       w.impl->s.data() + x * in_.q_heads * (block + 8), pos.back().begin});
   }
   for (int64_t s = 0; s < segments(hi - 1); ++s) {
     for (int64_t x = 0; x < m; ++x)

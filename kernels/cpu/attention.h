@@ -140,6 +140,10 @@ struct CausalInput {
   /// 0: the sides' own. With them the kernels decide whether the sides stream from memory
   /// (set_l3_bytes).
   double working_set = 0;
+  /// > 0: a sliding window, position t attends to tokens t - window + 1 .. t only (transformers'
+  /// sliding_window mask). A position whose window starts after token 0 runs on the portable path
+  /// (scalar, block by block from the window's start); not with sinks (sink=S).
+  int64_t window = 0;
 };
 
 struct Partial;

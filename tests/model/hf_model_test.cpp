@@ -100,14 +100,6 @@ int32_t argmax(const float* x, int64_t n) {
   return static_cast<int32_t>(std::max_element(x, x + n) - x);
 }
 
-// Whether backend `b` can run the whole prompt of `c` (backend cpu refuses a sliding window that
-// the prompt outgrows; kernels/backend.h).
-bool window_bites(const LlamaConfig& c, int64_t tokens) {
-  for (int l = 0; l < c.layers; ++l)
-    if (c.window_of(l) > 0 && c.window_of(l) < tokens) return true;
-  return false;
-}
-
 using Case = std::tuple<const char*, AttentionBackend>;
 class HfFixture : public ::testing::TestWithParam<Case> {
  protected:
@@ -121,10 +113,6 @@ class HfFixture : public ::testing::TestWithParam<Case> {
     ASSERT_FALSE(x_.prompt.empty());
     ASSERT_EQ(x_.logits.size(), x_.prompt.size() * static_cast<size_t>(model_->config().vocab));
   }
-  bool refused() const {
-    return std::get<1>(GetParam()) != AttentionBackend::kRef &&
-           window_bites(model_->config(), static_cast<int64_t>(x_.prompt.size()));
-  }
   std::string dir_;
   std::unique_ptr<LlamaModel> model_;
   Expected x_;
@@ -134,11 +122,6 @@ class HfFixture : public ::testing::TestWithParam<Case> {
 TEST_P(HfFixture, Fp32CacheLogitsMatchTransformers) {
   LlamaCache c(model_->config(), cache("fp32"));
   std::vector<float> logits;
-  if (refused()) {  // backend cpu has no sliding window: it must say so, not attend everything
-    testing::expect_error([&] { model_->forward(x_.prompt, c, logits, true, 2); },
-                          "has no sliding-window attention");
-    return;
-  }
   model_->forward(x_.prompt, c, logits, true, 2);
   ASSERT_EQ(logits.size(), x_.logits.size());
   const double d = max_abs_diff(logits.data(), x_.logits.data(), logits.size());
@@ -149,7 +132,6 @@ TEST_P(HfFixture, Fp32CacheLogitsMatchTransformers) {
 
 // Greedy decoding, one token per forward pass, gives transformers' continuation.
 TEST_P(HfFixture, GreedyContinuationEqualsTransformers) {
-  if (refused()) GTEST_SKIP() << "backend cpu refuses this window (Fp32CacheLogits checks it)";
   const int64_t V = model_->config().vocab;
   LlamaCache c(model_->config(), cache("fp32"));
   std::vector<float> logits;
@@ -165,7 +147,6 @@ TEST_P(HfFixture, GreedyContinuationEqualsTransformers) {
 // Layer 0's post-RoPE K and V, as the observer sees them, equal transformers' past_key_values:
 // the checkpoint's rotate_half channel order is kept.
 TEST_P(HfFixture, Layer0KvEqualsTransformersCache) {
-  if (refused()) GTEST_SKIP() << "backend cpu refuses this window (Fp32CacheLogits checks it)";
   const LlamaConfig& cfg = model_->config();
   const int64_t n = static_cast<int64_t>(x_.prompt.size()), H = cfg.kv_heads, D = cfg.head_dim;
   // transformers' cache of a sliding-window layer may keep only its last m tokens
@@ -200,7 +181,6 @@ TEST_P(HfFixture, Layer0KvEqualsTransformersCache) {
 // window of 128) runs on every family: finite logits, moved away from the fp32 cache's (the cache
 // is quantized once the prompt outgrows the window; here with r=0 every full group is).
 TEST_P(HfFixture, Kivi2CacheRuns) {
-  if (refused()) GTEST_SKIP() << "backend cpu refuses this window (Fp32CacheLogits checks it)";
   LlamaCache c(model_->config(), cache("kivi2:g=8,r=0"));
   std::vector<float> logits;
   model_->forward(x_.prompt, c, logits, true, 2);
@@ -219,6 +199,48 @@ INSTANTIATE_TEST_SUITE_P(Families, HfFixture,
                                             ::testing::Values(AttentionBackend::kRef,
                                                               AttentionBackend::kCpu)),
                          case_name);
+
+// The sliding window on backend cpu (kernels/cpu/attention.h CausalInput::window: positions past
+// the window on the portable path) against backend ref's (reference_cpu/attention.h: older tokens'
+// probabilities set to 0), on the mistral fixture (window 8, 44 tokens) with an fp32 and two
+// quantized caches: logits within 1e-4 (the same stored bytes, fp32 sums in another order), and on
+// backend cpu chunked prefill bit-identical to token-by-token decode. With sinks, backend cpu
+// refuses the window in one line.
+TEST(HfSlidingWindow, CpuEqualsRefAndChunksEqualDecode) {
+  const LlamaModel m = LlamaModel::load(fixture_root() + "/mistral");
+  ASSERT_EQ(m.config().window_of(0), 8);
+  const Expected x = expected(fixture_root() + "/mistral");
+  const int64_t V = m.config().vocab, n = static_cast<int64_t>(x.prompt.size());
+  ASSERT_GT(n, 3 * 8);
+  for (const char* spec : {"fp32", "kivi2:g=8,r=0", "fp8_e4m3:gran=token"}) {
+    auto run = [&](AttentionBackend b, int64_t chunk) {
+      LlamaModel& mm = const_cast<LlamaModel&>(m);
+      mm.set_backend(b);
+      LlamaCache c(m.config(), cache(spec));
+      std::vector<float> all, part;
+      for (int64_t a = 0; a < n; a += chunk) {
+        const int64_t len = std::min(chunk, n - a);
+        m.forward({x.prompt.data() + a, static_cast<size_t>(len)}, c, part, true, 2);
+        all.insert(all.end(), part.begin(), part.end());
+      }
+      return all;
+    };
+    const std::vector<float> ref = run(AttentionBackend::kRef, n),
+                             cpu = run(AttentionBackend::kCpu, n),
+                             cpu1 = run(AttentionBackend::kCpu, 1),
+                             cpu5 = run(AttentionBackend::kCpu, 5);
+    ASSERT_EQ(ref.size(), static_cast<size_t>(n * V));
+    EXPECT_LE(max_abs_diff(ref.data(), cpu.data(), ref.size()), kLogitTol) << spec;
+    EXPECT_EQ(cpu, cpu1) << spec;
+    EXPECT_EQ(cpu, cpu5) << spec;
+  }
+  const_cast<LlamaModel&>(m).set_backend(AttentionBackend::kCpu);
+  LlamaCache c(m.config(), cache("kivi2:sink=4"));
+  std::vector<float> logits;
+  testing::expect_error(
+      [&] { m.forward(x.prompt, c, logits, true, 2); },
+      "a sliding window (of 8 tokens) with sinks (sink=4) runs on backend ref only");
+}
 
 // ---- checkpoints written here: the loader's formats and errors --------------------------------
 
