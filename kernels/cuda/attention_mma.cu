@@ -91,24 +91,28 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(smem_addr(row)));
 }
 
-/// c += A B (m16n8k16, bf16 inputs, fp32 accumulators).
+/// c += A B (m16n8k16, fp32 accumulators; bf16 inputs, or fp16 where !kBf16).
+template <bool kBf16>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+#define KVQ_MMA_16816(T)                                                                \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T                         \
+               ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n" \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+  if constexpr (kBf16)
+    KVQ_MMA_16816("bf16");
+  else
+    KVQ_MMA_16816("f16");
+#undef KVQ_MMA_16816
+}
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  mma_16816<true>(c, a, b0, b1);
 }
-
-/// c += A B (m16n8k16, fp16 inputs, fp32 accumulators).
 __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  mma_16816<false>(c, a, b0, b1);
 }
 
 /// Issues the copies of tile [t0, t0 + kTile) of one side (rows (t * H + h) * D of `data`) into
@@ -184,6 +188,36 @@ struct SplitBlock {
     ld = static_cast<int>(p.split_tokens);
   }
 };
+
+/// p of head g (zero for heads >= nq and tokens >= lim) at the lane's A columns of the k-step
+/// of 16 tokens from tok0, as high + low A registers by split (bf16 or fp16 high + low parts).
+template <class Split>
+__device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float* scores, int g, int nq,
+                                           int ld, int tok0, int lim, int lane, Split split) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int tok = tok0 + mma::a_col(lane, 2 * half, 0);  // tokens tok, tok + 1
+    const float x = g < nq && tok < lim ? scores[g * ld + tok] : 0.0f;
+    const float y = g < nq && tok + 1 < lim ? scores[g * ld + tok + 1] : 0.0f;
+    const auto s = split(x, y);
+    pa[2 * half] = s.hi;      // row g
+    pa[2 * half + 1] = s.lo;  // row g + 8
+  }
+}
+
+/// The split's partial outputs: the warps' sums red[w][i][d] in a fixed order, plus extra(i, d)
+/// (the residual window's values of the int kernel), times fac, into part_o.
+template <int D, class Params, class Extra>
+__device__ __forceinline__ void write_partial(const Params& p, const float* red, int64_t qrow,
+                                              int split, int tid, float fac, Extra extra) {
+  for (int x = tid; x < p.nq * D; x += kThreads) {
+    const int i = x / D, d = x % D;
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += red[(w * 8 + i) * D + d];
+    p.part_o[((qrow + i) * p.splits + split) * D + d] = extra(i, d, s) * fac;
+  }
+}
 
 /// q of head g (zero where !real) as fp16 A fragments of the D / 16 k-steps, high parts in
 /// registers [ks][2 r], low parts in [ks][2 r + 1]; A register pair r of k-step ks holds the
@@ -309,18 +343,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     const uint16_t* st = stages + (i % kStages) * Smem<D>::kStageHalves;
     uint32_t pa[4];  // A: probabilities of head g at this warp's 16 tokens
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int tok = i * kTile + 16 * warp + mma::a_col(lane, 2 * half, 0);
-      float x = 0.0f, y = 0.0f;
-      if (g < nq) {
-        if (tok < n) x = scores[g * ld + tok];
-        if (tok + 1 < n) y = scores[g * ld + tok + 1];
-      }
-      const mma::HiLo s = mma::split_bf16x2(x, y);
-      pa[2 * half] = s.hi;
-      pa[2 * half + 1] = s.lo;
-    }
+    p_fragment(pa, scores, g, nq, ld, i * kTile + 16 * warp, n, lane, mma::split_bf16x2);
 #pragma unroll
     for (int j = 0; j < kNTiles; j += 2) {
       uint32_t r[4];
@@ -344,13 +367,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   __syncthreads();
-  for (int x = tid; x < nq * D; x += kThreads) {
-    const int i = x / D, d = x % D;
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += red[(w * 8 + i) * D + d];
-    p.part_o[((qrow + i) * p.splits + split) * D + d] = s;
-  }
+  write_partial<D>(p, red, qrow, split, tid, 1.0f, [](int, int, float s) { return s; });
 }
 
 // ---- int caches: KIVI 2- and 4-bit, per-channel keys and per-token values (mma_int.h) ---------
@@ -654,15 +671,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     for (int kk = 0; kk < 2; ++kk) {
       const int rk = mi::kSpan * warp + mma::kK * kk;  // the k-step's first row in the tile
       uint32_t pa[4];  // p' of head g at this lane's A columns, high + low fp16 rows
-#pragma unroll
-      for (int r2 = 0; r2 < 2; ++r2) {
-        const int tok = i * kTileI + rk + mma::a_col(lane, 2 * r2, 0);  // in the split
-        const float x = g < nq && tok < nv ? scores[g * ld + tok] : 0.0f;
-        const float y = g < nq && tok + 1 < nv ? scores[g * ld + tok + 1] : 0.0f;
-        const mma_fp8::HiLo f = mma_fp8::split_half2(x, y);
-        pa[2 * r2] = f.hi;
-        pa[2 * r2 + 1] = f.lo;
-      }
+      p_fragment(pa, scores, g, nq, ld, i * kTileI + rk, nv, lane, mma_fp8::split_half2);
 #pragma unroll
       for (int cg = 0; cg < NCG; ++cg) {
         uint32_t a[4], m2[2];
@@ -719,16 +728,12 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
   __syncthreads();
   const float vfac = pow2(-ve);
-  for (int x = tid; x < nq * D; x += kThreads) {
-    const int i = x / D, d = x % D;
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += red[(w * 8 + i) * D + d];
-    for (int64_t t = vq1; t < s1; ++t)
+  write_partial<D>(p, red, blk.qrow, blk.split, tid, vfac, [&](int i, int d, float s) {
+    for (int64_t t = vq1; t < s1; ++t)  // the residual window's values (fp32)
       s = fmaf(scores[i * ld + (t - s0)],
                __ldg(vv.residual + ((t - vv.quantized_tokens) * H + h) * D + d), s);
-    p.part_o[((blk.qrow + i) * p.splits + blk.split) * D + d] = s * vfac;
-  }
+    return s;
+  });
 }
 
 // ---- FP8 caches: e4m3 / e5m2 / e4m3fnuz, tensor, head or token scales (mma_fp8.h) -------------
@@ -902,19 +907,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     cp_async_wait<1>();
     __syncthreads();
     const char* st = stages + (i % kStages) * S::kStageBytes;
-    uint32_t pa[4];  // A: probabilities of head g at this warp's 16 tokens, times 2^kPShift
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int tok = i * kTile + 16 * warp + mma::a_col(lane, 2 * half, 0);
-      float x = 0.0f, y = 0.0f;
-      if (g < nq) {
-        if (tok < n) x = scores[g * ld + tok];
-        if (tok + 1 < n) y = scores[g * ld + tok + 1];
-      }
-      const mf::HiLo s = mf::split_half2(x, y);
-      pa[2 * half] = s.hi;
-      pa[2 * half + 1] = s.lo;
-    }
+    uint32_t pa[4];  // A: p' of head g at this warp's 16 tokens (times 2^pe, s_t)
+    p_fragment(pa, scores, g, nq, ld, i * kTile + 16 * warp, n, lane, mf::split_half2);
     uint32_t w[4][kWords];  // tokens 2 tg, 2 tg + 1, 2 tg + 8, 2 tg + 9: channels [g D/8, ..)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -950,13 +944,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
   const float vfac = pow2(unpack::kHalfExpShift<F> - pe) * fp8_head_scale(vv, h);
-  for (int x = tid; x < nq * D; x += kThreads) {
-    const int i = x / D, d = x % D;
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) s += red[(w * 8 + i) * D + d];
-    p.part_o[((qrow + i) * p.splits + split) * D + d] = s * vfac;
-  }
+  write_partial<D>(p, red, qrow, split, tid, vfac, [](int, int, float s) { return s; });
 }
 
 }  // namespace
