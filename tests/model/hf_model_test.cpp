@@ -297,11 +297,22 @@ RawTensor raw_f32(const std::string& n, const std::vector<int64_t>& shape,
   return {n, "F32", shape, std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4)};
 }
 
+// Removed when the test binary exits.
+struct TempDirs {
+  std::vector<std::string> dirs;
+  ~TempDirs() {
+    std::error_code ec;
+    for (const std::string& d : dirs) fs::remove_all(d, ec);
+  }
+};
+
 std::string fresh_dir(const std::string& name) {
   const std::string d =
       (fs::temp_directory_path() / ("kvq_hf_" + name + "_" + std::to_string(::getpid()))).string();
   fs::remove_all(d);
   fs::create_directories(d);
+  static TempDirs made;
+  made.dirs.push_back(d);
   return d;
 }
 
@@ -508,6 +519,7 @@ TEST(HfCli, RunConfigModelFile_andFolderWithoutConfig) {
   const auto bad = testing::run_kvq("model ppl --model '" + tmp.string() + "' --text kjv");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.err.find(tmp.string() + ": no config.json"), std::string::npos) << bad.err;
+  fs::remove_all(tmp);
 }
 
 // The table's pieces from config.json: qwen3's explicit head_dim, qwen2's biases and layer
