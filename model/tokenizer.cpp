@@ -559,6 +559,30 @@ void Tokenizer::pre_tokenize(size_t step, std::string_view piece, bool at_origin
     }
     s = buf;
   }
+  if (ps.behavior == P::Behavior::kIsolated && !ps.invert) {
+    // The common case (Split "Isolated", Digits, ByteLevel's regex): every match and every gap is
+    // a piece, in order, with no list built.
+    for (size_t pos = 0; pos < s.size();) {
+      auto [ms, me] = st.find(ps.re.code(), s, pos);
+      if (ms == std::string_view::npos) ms = me = s.size();
+      if (me == ms && ms < s.size()) {  // an empty match splits nothing: one character on
+        size_t i = ms;
+        if (tok::next_codepoint(s, i) < 0) i = ms + 1;
+        me = i;
+      }
+      if (ms > pos) pre_tokenize(step + 1, s.substr(pos, ms - pos), at_origin && pos == 0, st);
+      if (me > ms) pre_tokenize(step + 1, s.substr(ms, me - ms), at_origin && ms == 0, st);
+      pos = me;
+    }
+    return;
+  }
+  split_pieces(step, s, at_origin, st);
+}
+
+void Tokenizer::split_pieces(size_t step, std::string_view s, bool at_origin,
+                             EncodeState& st) const {
+  using P = Pipeline;
+  const P::PreStep& ps = pipe_->pre[step];
   // Split s by ps.re: matches and the gaps between them, then the delimiter behaviour.
   auto& ranges = st.ranges[step];
   ranges.clear();

@@ -128,6 +128,7 @@ class Tokenizer {
   void encode_normalized(std::string_view text, bool at_origin, bool parse_special,
                          EncodeState& st) const;
   void pre_tokenize(size_t step, std::string_view piece, bool at_origin, EncodeState& st) const;
+  void split_pieces(size_t step, std::string_view s, bool at_origin, EncodeState& st) const;
   void encode_piece(std::string_view piece, EncodeState& st) const;
   void bpe(std::string_view piece, EncodeState& st) const;
   const Merge* find_merge(int32_t left, int32_t right) const;
