@@ -187,6 +187,47 @@ __device__ __forceinline__ void reduce_range(kivi::GroupRange& r, int span) {
   }
 }
 
+/// What both per-token kernels take from their job and their thread: the job's arrays, and the
+/// place of this lane in the flat list of rows * n_cg channel groups (32 / span groups a warp:
+/// group gi of the warp, part `part` of the group's span lanes).
+struct TokenLane {
+  const float* x;
+  uint32_t* words;
+  uint16_t *scales, *mins;
+  bool vec;
+  int warp, per_warp, gi, part;
+  int64_t ncg, total;
+  __device__ TokenLane(const JobTable& t, int64_t heads, const TokenLayout& lay, int span) {
+    const KiviQuantizeJob& job = t.job[blockIdx.y];
+    x = job.x;
+    words = job.words;
+    scales = job.scales;
+    mins = job.mins;
+    vec = (t.vec_mask >> blockIdx.y) & 1u;
+    warp = static_cast<int>(threadIdx.x) / 32;
+    const int lane = static_cast<int>(threadIdx.x) % 32;
+    per_warp = 32 / span;
+    gi = lane / span;
+    part = lane % span;
+    ncg = lay.channel_groups();
+    total = job.tokens * heads * ncg;
+  }
+  /// The warp's first group and the step between its iterations (a grid-stride loop).
+  __device__ int64_t first() const {
+    return (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * per_warp;
+  }
+  __device__ int64_t step() const { return static_cast<int64_t>(gridDim.x) * kWarps * per_warp; }
+  /// This lane's group f of the iteration at f0: its row, channel group and length (0: past the
+  /// last group).
+  __device__ void group(const TokenLayout& lay, int64_t f0, int64_t& f, int64_t& row, int64_t& c,
+                        int& len) const {
+    f = f0 + gi;
+    row = f < total ? f / ncg : 0;
+    c = f < total ? f - row * ncg : 0;
+    len = f < total ? lay.group_len(c) : 0;
+  }
+};
+
 /// The flat list of rows * ceil(D / G) channel groups (row r = (token, head); `lay` has heads = 1,
 /// so row r is its token r and group f = r * n_cg + c has parameters at index f), 32 / span
 /// groups per warp. Lane i of a group owns words [i*K, i*K + K) of it: it folds their values into
@@ -198,23 +239,18 @@ template <int B>
 __global__ void __launch_bounds__(kBlock)
     quantize_token_kernel(const __grid_constant__ JobTable t, int64_t heads, TokenLayout lay,
                           TokenSplit split, bool sym) {
-  const KiviQuantizeJob job = t.job[blockIdx.y];
-  const float* x = job.x;
-  uint32_t* words = job.words;
-  uint16_t *scales = job.scales, *mins = job.mins;
-  const int64_t rows = job.tokens * heads;
-  const bool vec = (t.vec_mask >> blockIdx.y) & 1u;
+  const TokenLane tl(t, heads, lay, split.span);
+  const float* x = tl.x;
+  uint32_t* words = tl.words;
+  uint16_t *scales = tl.scales, *mins = tl.mins;
+  const bool vec = tl.vec;
   constexpr int kCpw = kivi::codes_per_word(B);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int span = split.span, per_warp = 32 / span, K = split.words_per_lane;
-  const int64_t ncg = lay.channel_groups(), total = rows * ncg;
-  const int gi = lane / span, i0 = lane % span;  // this lane's group in the warp, its part
+  const int span = split.span, K = split.words_per_lane, i0 = tl.part;
 
-  for (int64_t f0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * per_warp; f0 < total;
-       f0 += static_cast<int64_t>(gridDim.x) * kWarps * per_warp) {
-    const int64_t f = f0 + gi;
-    const int64_t row = f < total ? f / ncg : 0, c = f < total ? f - row * ncg : 0;
-    const int len = f < total ? lay.group_len(c) : 0;  // 0: past the last group
+  for (int64_t f0 = tl.first(); f0 < tl.total; f0 += tl.step()) {
+    int64_t f, row, c;
+    int len;
+    tl.group(lay, f0, f, row, c, len);
     const float* xg = x + row * lay.dim + c * lay.group;
     const int w_end = min(i0 * K + K, static_cast<int>(kivi::words_for(len, B)));
 
@@ -258,24 +294,19 @@ template <int B>
 __global__ void __launch_bounds__(kBlock)
     quantize_token_word_kernel(const __grid_constant__ JobTable t, int64_t heads, TokenLayout lay,
                                int span, bool sym) {
-  const KiviQuantizeJob job = t.job[blockIdx.y];
-  const float* x = job.x;
-  uint32_t* words = job.words;
-  uint16_t *scales = job.scales, *mins = job.mins;
-  const int64_t rows = job.tokens * heads;
-  const bool vec = (t.vec_mask >> blockIdx.y) & 1u;
+  const TokenLane tl(t, heads, lay, span);
+  const float* x = tl.x;
+  uint32_t* words = tl.words;
+  uint16_t *scales = tl.scales, *mins = tl.mins;
+  const bool vec = tl.vec;
   constexpr int kCpw = kivi::codes_per_word(B);
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int per_warp = 32 / span;
-  const int64_t ncg = lay.channel_groups(), total = rows * ncg;
-  const int gi = lane / span, w = lane % span;  // this lane's group in the warp, its word
+  const int w = tl.part;  // this lane's word of its group
 
-  for (int64_t f0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * per_warp; f0 < total;
-       f0 += static_cast<int64_t>(gridDim.x) * kWarps * per_warp) {
-    const int64_t f = f0 + gi;
-    const int64_t row = f < total ? f / ncg : 0, c = f < total ? f - row * ncg : 0;
-    const int len = f < total ? lay.group_len(c) : 0;  // 0: past the last group
-    const int n = max(0, min(kCpw, len - w * kCpw));   // this lane's values (0: none)
+  for (int64_t f0 = tl.first(); f0 < tl.total; f0 += tl.step()) {
+    int64_t f, row, c;
+    int len;
+    tl.group(lay, f0, f, row, c, len);
+    const int n = max(0, min(kCpw, len - w * kCpw));  // this lane's values (0: none)
     const float* xw = x + row * lay.dim + c * lay.group + w * kCpw;
     float v[kCpw];
     load_run<kCpw>(xw, n, vec, v);
