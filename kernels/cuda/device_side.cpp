@@ -61,21 +61,26 @@ std::vector<T> download(const T* p, int64_t n) {
   return out;
 }
 
-// The one upload buffer every append goes through (all work is on the legacy default stream,
-// so the next upload into it waits for the kernels that read the last one).
-float* staging(const float* x, int64_t count) {
+// The one upload buffer every append goes through, locked for the whole append: all work is on
+// the legacy default stream, so the next upload into it (any thread's) waits for the kernels the
+// holder queued, and no upload can come between the holder's copy and its launches.
+struct Staged {
+  std::unique_lock<std::mutex> lock;
+  float* ptr = nullptr;
+};
+Staged staging(const float* x, int64_t count) {
   static std::mutex m;
   static Grow<float>* buf = new Grow<float>;  // never freed: used until the process exits
-  const std::lock_guard<std::mutex> lock(m);
+  Staged st{std::unique_lock<std::mutex>(m), nullptr};
   buf->need(count, 0);
   KVQ_CUDA_CHECK(
       cudaMemcpy(buf->ptr, x, static_cast<size_t>(count) * sizeof(float), cudaMemcpyHostToDevice));
-  return buf->ptr;
+  st.ptr = buf->ptr;
+  return st;
 }
 
 struct Bf16Store {
   Grow<uint16_t> data;
-  std::vector<uint16_t> host;  // the chunk converted on the host
 };
 
 struct Fp8Store {
@@ -226,13 +231,14 @@ void DeviceSide::append(const float* x, int64_t n) {
   Impl& p = *p_;
   const int64_t row = p.H * p.D, T = p.tokens;
   if (auto* b = std::get_if<Bf16Store>(&p.store)) {
-    b->host.resize(static_cast<size_t>(n * row));
-    for (size_t i = 0; i < b->host.size(); ++i) b->host[i] = float_to_bf16_bits(x[i]);
+    std::vector<uint16_t> h(static_cast<size_t>(n * row));  // the chunk rounded on the host
+    for (size_t i = 0; i < h.size(); ++i) h[i] = float_to_bf16_bits(x[i]);
     b->data.need(std::max((T + n) * row, 2 * T * row), T * row);
-    KVQ_CUDA_CHECK(cudaMemcpy(b->data.ptr + T * row, b->host.data(),
-                              b->host.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    KVQ_CUDA_CHECK(cudaMemcpy(b->data.ptr + T * row, h.data(), h.size() * sizeof(uint16_t),
+                              cudaMemcpyHostToDevice));
   } else if (auto* f = std::get_if<Fp8Store>(&p.store)) {
-    const float* xd = staging(x, n * row);
+    const Staged st = staging(x, n * row);
+    const float* xd = st.ptr;
     f->codes.need(std::max((T + n) * row, 2 * T * row), T * row);
     const Shape3 shape{n, p.H, p.D};
     const float* scales = f->scales.ptr;
@@ -246,7 +252,8 @@ void DeviceSide::append(const float* x, int64_t n) {
         fp8_quantize(p.spec.fp8.format, f->gran, shape, xd, scales, f->codes.ptr + T * row));
   } else {
     auto& c = std::get<KiviSideCache>(p.store);
-    KVQ_CUDA_CHECK(c.append(staging(x, n * row), n));
+    const Staged st = staging(x, n * row);
+    KVQ_CUDA_CHECK(c.append(st.ptr, n));
   }
   p.tokens += n;
 }
