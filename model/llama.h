@@ -102,7 +102,7 @@ class LlamaModel {
   /// \brief The attention backend of every later forward pass (default kCpu). Within one
   /// backend, chunked prefill and token-by-token decode give bit-identical logits; between the
   /// two, attention outputs differ by float rounding (tests/model/llama_test.cpp bounds the KLD).
-  /// Throws kvq::Error (kernels/backend.h require_host) for a backend the model cannot run yet (cuda).
+  /// Throws kvq::Error (require_host) for a backend the model cannot run yet (cuda).
   void set_backend(AttentionBackend b) {
     require_host(b);
     backend_ = b;
