@@ -39,6 +39,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench/cuda_bench.h"
 #include "core/error.h"
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -657,10 +658,5 @@ int run(int argc, char** argv) {
 }  // namespace kvq::cuda
 
 int main(int argc, char** argv) {
-  try {
-    return kvq::cuda::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_attention_cuda: %s\n", e.what());
-    return 1;
-  }
+  return kvq::bench::bench_main("bench_attention_cuda", kvq::cuda::run, argc, argv);
 }

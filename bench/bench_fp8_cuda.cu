@@ -143,29 +143,20 @@ int run(int argc, char** argv) {
       "the single-pass bytes\n",
       static_cast<long long>(tokens), static_cast<long long>(heads), static_cast<long long>(dim),
       format_name.c_str());
-  std::printf("%-26s %12s %10s %9s %8s %8s\n", "case", "MB moved", "ms", "GB/s", "% peak",
-              "vs copy");
-  for (const Result& r : results)
-    std::printf("%-26s %12.2f %10.4f %9.1f %8.1f %8.2f\n", r.name.c_str(), r.bytes / 1e6,
-                r.median_ms, r.gbps, r.pct_peak, r.vs_copy);
+  kvq::bench::print_rates(results, 26);
 
   if (!json_path.empty()) {
     nlohmann::json j =
         kvq::bench::run_record("bench_fp8_cuda", dev, flush_bytes, tokens, heads, dim, runs);
     j["format"] = format_name;
     j["cases"] = nlohmann::json::array();
-    for (const Result& r : results)
-      j["cases"].push_back({{"name", r.name},
-                            {"granularity", r.gran},
-                            {"dynamic", r.dynamic},
-                            {"bytes", r.bytes},
-                            {"median_ms", r.median_ms},
-                            {"gbps", r.gbps},
-                            {"pct_peak", r.pct_peak},
-                            {"vs_copy", r.vs_copy}});
-    std::ofstream out(json_path);
-    out << j.dump(2) << "\n";
-    if (!out) throw kvq::Error("cannot write --json " + json_path);
+    for (const Result& r : results) {
+      nlohmann::json c = kvq::bench::rate_json(r);
+      c["granularity"] = r.gran;
+      c["dynamic"] = r.dynamic;
+      j["cases"].push_back(c);
+    }
+    kvq::bench::write_json(json_path, j);
   }
   return 0;
 }
@@ -173,10 +164,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_fp8_cuda: %s\n", e.what());
-    return 1;
-  }
+  return kvq::bench::bench_main("bench_fp8_cuda", run, argc, argv);
 }

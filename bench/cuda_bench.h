@@ -1,7 +1,8 @@
 // Shared by the plain CUDA throughput benches (bench_kivi_cuda, bench_fp8_cuda): a device
 // allocation, the device's peak DRAM bandwidth, and the cold-L2 median timing every such bench
 // uses (STYLE 10): each timed run after writing a flush buffer of twice the L2, cudaEvents
-// around the launch, the median of the runs after one warm-up call.
+// around the launch, the median of the runs after one warm-up call; the table, the JSON file and
+// main's error line (bench_main, bench_attention_cuda's too).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -122,6 +124,42 @@ inline nlohmann::json run_record(const char* bench, const Device& d, size_t flus
   j["shape"] = {tokens, heads, dim};
   j["runs"] = runs;
   return j;
+}
+
+/// One measured case of a throughput bench, the fields both tables and JSON share (R: the
+/// bench's own Result with name, bytes, median_ms, gbps, pct_peak and vs_copy).
+template <class R>
+nlohmann::json rate_json(const R& r) {
+  return {{"name", r.name}, {"bytes", r.bytes},       {"median_ms", r.median_ms},
+          {"gbps", r.gbps}, {"pct_peak", r.pct_peak}, {"vs_copy", r.vs_copy}};
+}
+
+/// The cases as a table on stdout, the name column `width` wide.
+template <class R>
+void print_rates(const std::vector<R>& results, int width) {
+  std::printf("%-*s %12s %10s %9s %8s %8s\n", width, "case", "MB moved", "ms", "GB/s", "% peak",
+              "vs copy");
+  for (const R& r : results)
+    std::printf("%-*s %12.2f %10.4f %9.1f %8.1f %8.2f\n", width, r.name.c_str(), r.bytes / 1e6,
+                r.median_ms, r.gbps, r.pct_peak, r.vs_copy);
+}
+
+/// Writes a bench's JSON record (--json PATH); a path that cannot be written is an error.
+inline void write_json(const std::string& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) throw std::runtime_error("cannot write --json " + path);
+}
+
+/// A bench's main: run(argc, argv), or a one-line "bench: message" on stderr and exit 1.
+template <class Run>
+int bench_main(const char* bench, Run run, int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", bench, e.what());
+    return 1;
+  }
 }
 
 }  // namespace kvq::bench
