@@ -261,6 +261,15 @@ void Tokenizer::finish(std::shared_ptr<Pipeline> pipe) {
   for (const Added& a : added_raw_) pipe->raw_all_special = pipe->raw_all_special && a.special;
   for (const Added& a : added_norm_) pipe->norm_all_special = pipe->norm_all_special && a.special;
   // encode_first's cut after "\n" before [A-Za-z0-9] is exact when no token spans one.
+  // Metaspace-style vocabularies (not byte-level): "▁" starts words and is never inside a token,
+  // so encode_piece may cut a piece before each one (the SentencePiece families' long pieces).
+  word_start_.clear();
+  if (!byte_level_ && !ignore_merges_ && vocab_.contains("\u2581")) {
+    bool inside = false;
+    for (const auto& [text, id] : vocab_)
+      inside = inside || text.find("\u2581", 1) != std::string::npos;
+    if (!inside) word_start_ = "\u2581";
+  }
   newline_cut_safe_ = true;
   for (size_t i = 0; i < n && newline_cut_safe_; ++i) {
     if (special_[i]) continue;
@@ -656,6 +665,18 @@ void Tokenizer::encode_piece(std::string_view piece, EncodeState& st) const {
   if (piece.size() == 1 && byte_level_ && !ignore_merges_) {
     if (const int32_t id = byte_token_[static_cast<uint8_t>(piece[0])]; id >= 0) {
       st.out.push_back(id);
+      return;
+    }
+  }
+  if (!word_start_.empty()) {
+    // No token holds word_start_ ("▁") after its first character, so no merge crosses the
+    // position before one: BPE on the piece is BPE on each stretch from one to the next.
+    const size_t next = piece.find(word_start_, 1);
+    if (next != std::string_view::npos) {
+      for (size_t a = 0, b = next;; a = b, b = piece.find(word_start_, b + 1)) {
+        encode_piece(piece.substr(a, b == std::string_view::npos ? b : b - a), st);
+        if (b == std::string_view::npos) break;
+      }
       return;
     }
   }

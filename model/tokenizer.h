@@ -155,6 +155,7 @@ class Tokenizer {
   int strip_start_ = 0, strip_stop_ = 0;  // decoder Strip(" ", start, stop) after Fuse
   bool strip_first_token_space_ = false;  // decoder Metaspace (prepend_scheme not never)
   bool newline_cut_safe_ = true;          // encode_first may cut after "\n" + [A-Za-z0-9]
+  std::string word_start_;  // "\u2581" when no token holds it past its start (encode_piece)
   int32_t bos_ = -1, eos_ = -1, pad_ = -1, unk_ = -1;
   ChatFormat chat_ = ChatFormat::kNone;
   std::string chat_system_;    // ChatML: the template's default system message ("" for none)

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/io.h"
+#include "experiments/model_files.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_internal.h"
 
@@ -212,6 +214,44 @@ TEST_P(HfTokenizerTest, MergesAsStringsGiveTheSameIds) {
     const std::string text = c.at("text");
     EXPECT_EQ(b.encode(text, true, true), a.encode(text, true, true)) << c.at("name");
   }
+}
+
+// FNV-1a over the ids' little-endian int32 bytes.
+std::string fnv1a64(const std::vector<int32_t>& ids) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (int32_t id : ids) {
+    const auto u = static_cast<uint32_t>(id);
+    for (int k = 0; k < 4; ++k) h = (h ^ ((u >> (8 * k)) & 0xFF)) * 0x100000001B3ull;
+  }
+  return fmt::format("{:016x}", h);
+}
+
+TEST_P(HfTokenizerTest, WholeBibleEqualsTokenizers) {
+  // The King James Bible (scripts/fetch-text.sh, 4,137,850 bytes) in one encode call: one
+  // piece of 4 MB for the Metaspace families. Count and hash of `tokenizers` 0.23.3's
+  // encode(text, add_special_tokens=False).ids on the same file, computed when the test was
+  // written.
+  struct Expected {
+    size_t tokens;
+    const char* fnv;
+  };
+  static const std::map<std::string, Expected> expected = {
+      {"llama", {2126485, "4ae329125d723306"}},   {"llama3", {1866123, "b5234a8cf6948909"}},
+      {"mistral", {2126485, "4ae329125d723306"}}, {"qwen2", {1866123, "b5234a8cf6948909"}},
+      {"qwen3", {1866123, "b5234a8cf6948909"}},   {"smollm2", {1866123, "a0af95349189904c"}}};
+  std::string text;
+  try {
+    text = cli::read_text("kjv");
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  if (text.size() != 4137850u)
+    GTEST_SKIP() << "kjv.txt has " << text.size() << " bytes, not 4137850";
+  const Tokenizer tok = Tokenizer::from_tokenizer_json(dir());
+  const auto ids = tok.encode(text, true, false);
+  EXPECT_EQ(ids.size(), expected.at(GetParam()).tokens);
+  EXPECT_EQ(fnv1a64(ids), expected.at(GetParam()).fnv);
+  EXPECT_EQ(tok.decode(ids), text);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfTokenizerTest, ::testing::ValuesIn(kFamilies),
