@@ -33,7 +33,9 @@ size_t invalid_utf8_at(std::string_view s);
 /// Any byte string encodes (invalid UTF-8 included: each invalid byte is a piece of its own). For
 /// byte-level BPE, decode(encode(s)) == s except that bytes with no token of their own (see
 /// encodable) are dropped, as `tokenizers` and llama.cpp do. For Metaspace BPE the round trip
-/// holds for text without added tokens when every character has a token or a byte-fallback token.
+/// holds for text without added tokens when every character has a token or a byte-fallback token
+/// (Metaspace prepend_scheme "first" then loses a leading space, as `tokenizers` does). An NFC
+/// normalizer (Qwen) makes it decode(encode(s)) == NFC(s).
 class Tokenizer {
  public:
   /// \brief Builds the tokenizer from a GGUF's tokenizer.* metadata. Throws kvq::Error for a
@@ -95,7 +97,8 @@ class Tokenizer {
   bool adds_bos() const { return !prefix_.empty() && prefix_.front() == bos_ && bos_ >= 0; }
   /// \brief The token as stored in the vocabulary (byte-to-unicode form, e.g. "Ġthe").
   std::string_view token(int32_t id) const;
-  /// \brief The bytes the token decodes to in mid-sequence (" the").
+  /// \brief The bytes the token decodes to in mid-sequence (" the"): stream generated text with
+  /// this, not with decode({id}), which strips a Metaspace tokenizer's leading space.
   std::string_view token_bytes(int32_t id) const;
   /// \brief True for special tokens (GGUF CONTROL / USER_DEFINED; tokenizer.json added tokens
   /// with "special": true), matched only by encode(..., true).
