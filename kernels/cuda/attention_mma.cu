@@ -508,10 +508,19 @@ struct ValueRowCopy {
   }
 };
 
+/// The largest of the warps' maxima (written by every warp before a barrier).
+__device__ __forceinline__ unsigned block_max(const unsigned* wmax) {
+  unsigned m = wmax[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) m = max(m, wmax[w]);
+  return m;
+}
+
 /// The largest |value| of a split's per-token value scales (fp16 bits; the block's maximum in
-/// *smax, which starts at 0): one pass over [s0, q1), ncg halves a token (ncg even).
+/// wmax[warp]; block_max reads the block's after a barrier): one pass over [s0, q1), ncg halves
+/// a token (ncg even).
 __device__ __forceinline__ void value_scale_max(const IntSideView& v, int64_t s0, int64_t q1, int H,
-                                                int h, int ncg, int tid, unsigned* smax) {
+                                                int h, int ncg, int tid, unsigned* wmax) {
   unsigned m = 0;
   for (int64_t t = s0 + tid; t < q1; t += kThreads) {
     const uint32_t* w = reinterpret_cast<const uint32_t*>(v.scales + (t * H + h) * ncg);
@@ -521,7 +530,7 @@ __device__ __forceinline__ void value_scale_max(const IntSideView& v, int64_t s0
     }
   }
   m = __reduce_max_sync(kFullMask, m);
-  if (tid % 32 == 0 && m != 0) atomicMax(smax, m);
+  if (tid % 32 == 0) wmax[tid / 32] = m;
 }
 
 template <int D, int B, int NCG>
@@ -538,11 +547,10 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int tid = blk.tid, lane = blk.lane, warp = blk.warp, g = blk.g;
 
   extern __shared__ uint4 smem4[];
-  __shared__ unsigned smax;  // the split's largest value scale (fp16 bits)
+  __shared__ unsigned wmax[kWarps];  // the warps' largest value scales (fp16 bits)
   char* stages = reinterpret_cast<char*>(smem4);
   uint4* qsm = reinterpret_cast<uint4*>(stages + S::kBytes);  // q' fragments, [k-step][lane]
   float* scores = reinterpret_cast<float*>(stages + S::kBytes + S::kQBytes);
-  if (tid == 0) smax = 0;
 
   // Key tile 0 in flight while q becomes fp16 A fragments.
   const int64_t kq1 = min(s1, max(s0, kv.quantized_tokens));  // quantized keys: [s0, kq1)
@@ -645,12 +653,12 @@ __global__ void __launch_bounds__(kThreads, 4)
   ValueRowCopy<D, B, NCG> vcopy(vv, s0, H, h, warp, lane);
   if (vtiles > 0) vcopy.load(st0, nv, vv, warp, lane);
   cp_async_commit();
-  value_scale_max(vv, s0, vq1, H, h, NCG, tid, &smax);
-  __syncthreads();  // every score written, smax complete
+  value_scale_max(vv, s0, vq1, H, h, NCG, tid, wmax);
+  __syncthreads();  // every score written, wmax complete
 
   // ---- softmax partial: p' = p 2^ve in the score buffer
   // ------------------------------------------
-  const int ve = mma_int::value_shift(smax);
+  const int ve = mma_int::value_shift(block_max(wmax));
   softmax_partial(p, scores, n, nq, ld, blk.qrow, blk.split, warp, lane, pow2(ve));
   __syncthreads();
 
@@ -800,15 +808,15 @@ __device__ __forceinline__ float fp8_token_scale(const Fp8SideView& s, int64_t t
   return s.gran == Granularity::Token ? __ldg(s.scales + t * H + h) : 1.0f;
 }
 
-/// The largest |token scale| of [s0, s1) of a token-scaled side (float bits into *smax, which
-/// starts at 0).
+/// The largest |token scale| of [s0, s1) of a token-scaled side (float bits, the warp's into
+/// wmax[warp]; block_max reads the block's after a barrier).
 __device__ __forceinline__ void fp8_token_scale_max(const Fp8SideView& s, int64_t s0, int64_t s1,
-                                                    int H, int h, int tid, unsigned* smax) {
+                                                    int H, int h, int tid, unsigned* wmax) {
   float m = 0.0f;
   for (int64_t t = s0 + tid; t < s1; t += kThreads)
     m = fmaxf(m, fabsf(__ldg(s.scales + t * H + h)));
   const unsigned b = __reduce_max_sync(kFullMask, float_bits(m));  // non-negative: ordered as ints
-  if (tid % 32 == 0 && b != 0) atomicMax(smax, b);
+  if (tid % 32 == 0) wmax[tid / 32] = b;
 }
 
 template <int D, Fp8Format F>
@@ -825,11 +833,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int tid = blk.tid, lane = blk.lane, warp = blk.warp, g = blk.g, tg = blk.tg;
 
   extern __shared__ uint4 smem4[];
-  __shared__ unsigned smax;  // the split's largest value token scale (float bits)
+  __shared__ unsigned wmax[kWarps];  // the warps' largest value token scales (float bits)
   char* stages = reinterpret_cast<char*>(smem4);
   float* scores = reinterpret_cast<float*>(stages + S::kBytes);
   const int tiles = (n + kTile - 1) / kTile;
-  if (tid == 0) smax = 0;
 
   // K tile 0 in flight while q becomes A fragments.
   const Fp8TileCopy<D> copy(tid, H, h);
@@ -884,9 +891,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // p' = p 2^pe (times s_t for token value scales, pe from the split's largest: p' < 2^14).
   const bool vtok = vv.gran == Granularity::Token;
-  if (vtok) fp8_token_scale_max(vv, s0, s1, H, h, tid, &smax);
+  if (vtok) fp8_token_scale_max(vv, s0, s1, H, h, tid, wmax);
   __syncthreads();
-  const int pe = vtok ? mf::token_pshift(bits_float(smax)) : mf::kPShift;
+  const int pe = vtok ? mf::token_pshift(bits_float(block_max(wmax))) : mf::kPShift;
 
   // ---- softmax partial -------------------------------------------------------------------------
   softmax_partial(p, scores, n, nq, ld, qrow, split, warp, lane, pow2(pe),
