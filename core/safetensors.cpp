@@ -185,4 +185,12 @@ MappedSafetensors MappedSafetensors::open(const std::string& path) {
   return m;
 }
 
+void MappedSafetensors::release(const SafetensorsEntry& e) const {
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t a = reinterpret_cast<uintptr_t>(base_ + e.offset),
+                  z = reinterpret_cast<uintptr_t>(base_ + e.offset + e.bytes);
+  const uintptr_t a1 = (a + page - 1) / page * page, z1 = z / page * page;  // whole pages inside
+  if (z1 > a1) ::madvise(reinterpret_cast<void*>(a1), z1 - a1, MADV_DONTNEED);  // advice only
+}
+
 }  // namespace kvq

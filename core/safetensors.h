@@ -70,6 +70,9 @@ class MappedSafetensors {
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   /// \brief The first byte of `e`'s data (an entry of this file).
   const uint8_t* data(const SafetensorsEntry& e) const { return base_ + e.offset; }
+  /// \brief Lets the kernel drop the pages holding only `e`'s data from memory (a reader done
+  /// with it: the model once it packed the tensor); reading it again maps them back from the file.
+  void release(const SafetensorsEntry& e) const;
 
  private:
   std::string name_;

@@ -129,6 +129,10 @@ const uint8_t* HfCheckpoint::data(const SafetensorsEntry& e) const {
   return files_[file_index(files_, where_, e)].data(e);
 }
 
+void HfCheckpoint::release(const SafetensorsEntry& e) const {
+  files_[file_index(files_, where_, e)].release(e);
+}
+
 const std::string& HfCheckpoint::file_of(const SafetensorsEntry& e) const {
   return files_[file_index(files_, where_, e)].name();
 }

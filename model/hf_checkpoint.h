@@ -42,6 +42,8 @@ class HfCheckpoint {
   const SafetensorsEntry& tensor(const std::string& name) const;
   /// \brief Its bytes, in place in the mapping.
   const uint8_t* data(const SafetensorsEntry& e) const;
+  /// \brief Drops `e`'s pages from memory once read (MappedSafetensors::release).
+  void release(const SafetensorsEntry& e) const;
   /// \brief The shard file holding `e`.
   const std::string& file_of(const SafetensorsEntry& e) const;
   /// \brief Bytes of all tensors.

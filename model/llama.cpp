@@ -154,9 +154,11 @@ struct HfSource {
     const bool dense = e.dtype == "F32" || e.dtype == "F16" || e.dtype == "BF16";
     if (store == WeightStore::kPacked && dense) {
       lin.packed = PackedMatrix::from_dense(c.data(e), dense_type(e.dtype), rows, cols);
+      c.release(e);  // packed: its mapped pages may go (peak memory ~ the panels, not 2x)
       return lin;
     }
     const std::vector<float> w = values(n, e);
+    c.release(e);
     if (store == WeightStore::kPacked) {
       lin.packed = PackedMatrix::from_rows(w.data(), rows, cols);
     } else {

@@ -249,22 +249,26 @@ PackedMatrix PackedMatrix::from_dense(const uint8_t* w, gguf::GgmlType type, int
             gguf::ggml_type_name(static_cast<uint32_t>(type)));
   const int64_t item = type == GgmlType::kF32 ? 4 : 2;
   PackedMatrix pm;
-  pm.kind_ = Kind::kF32;
+  pm.kind_ = item == 4 ? Kind::kF32 : Kind::k16;
   pm.type_ = type;
   pm.in_ = in;
   pm.out_ = out;
   pm.panels_ = (out + P - 1) / P;
   pm.kblock_ = 1;
   pm.kblocks_ = in;
-  pm.block_bytes_ = P * static_cast<int64_t>(sizeof(float));
+  pm.block_bytes_ = P * item;
   pm.data_.assign(static_cast<size_t>(pm.panels_ * in * pm.block_bytes_), 0);
-  auto* f = reinterpret_cast<float*>(pm.data_.data());
-  std::vector<float> row(static_cast<size_t>(in));
-  for (int64_t c = 0; c < out; ++c) {
-    gguf::dequantize_row(type, w + c * in * item, in, row.data());  // exact conversions
-    for (int64_t k = 0; k < in; ++k)
-      f[((c / P) * in + k) * P + c % P] = row[static_cast<size_t>(k)];
+  if (item == 2) {  // the 16-bit values as they are, converted exactly when a tile is decoded
+    auto* h = reinterpret_cast<uint16_t*>(pm.data_.data());
+    for (int64_t c = 0; c < out; ++c)
+      for (int64_t k = 0; k < in; ++k)
+        std::memcpy(&h[((c / P) * in + k) * P + c % P], w + (c * in + k) * 2, 2);
+    return pm;
   }
+  auto* f = reinterpret_cast<float*>(pm.data_.data());
+  for (int64_t c = 0; c < out; ++c)
+    for (int64_t k = 0; k < in; ++k)
+      std::memcpy(&f[((c / P) * in + k) * P + c % P], w + (c * in + k) * 4, 4);
   return pm;
 }
 
@@ -342,6 +346,8 @@ std::string PackedMatrix::format() const {
   switch (kind_) {
     case Kind::kF32:
       return name + " (fp32 panels)";
+    case Kind::k16:
+      return name + " (16-bit panels)";
     case Kind::kBlocks:
       return name + " (file blocks in panels)";
     default:
@@ -397,6 +403,22 @@ void PackedMatrix::decode_tile(int64_t p, int64_t k0, int64_t k1, float* tile) c
       case Kind::kF32:
         std::memcpy(t, blk, static_cast<size_t>(P) * sizeof(float));
         break;
+      case Kind::k16: {  // exact conversions of F16 / BF16
+        const auto* u = reinterpret_cast<const uint16_t*>(blk);
+#if KVQ_PACKED_AVX2
+        for (int g = 0; g < 8; ++g) {
+          const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 8 * g));
+          _mm256_storeu_ps(
+              t + 8 * g, type_ == GgmlType::kBF16
+                             ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                             : _mm256_cvtph_ps(h));
+        }
+#else
+        for (int64_t c = 0; c < P; ++c)
+          t[c] = type_ == GgmlType::kBF16 ? bf16_bits_to_float(u[c]) : half_bits_to_float(u[c]);
+#endif
+        break;
+      }
       case Kind::kBlocks: {
         float col[256];  // the largest ggml block
         for (int64_t c = 0; c < P; ++c) {

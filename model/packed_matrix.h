@@ -15,8 +15,11 @@
 //                codes of column c for k = 2j (low nibble) and 2j + 1 (high nibble).
 //                Q4_1: 1,280 bytes per 2,048 weights = 5 bits/weight, as in the file.
 //   Q8_0:        fp16 d[64], then 32 rows of 64 int8 codes: 8.5 bits/weight, as in the file.
+//   F32:         fp32 panels, [k][64] floats (the tile itself).
+//   F16 / BF16:  16-bit panels, [k][64] of the file's values, converted exactly into a tile (half
+//                the memory of fp32 panels; the same values, so the same logits).
 //   other types: the file's own blocks, the 64 columns' blocks of each k-block side by side,
-//                decoded by gguf::dequantize_row into a tile (F32, F16, BF16: fp32 panels).
+//                decoded by gguf::dequantize_row into a tile.
 // A last panel narrower than 64 columns is padded with zero weights that are never stored.
 #pragma once
 
@@ -41,8 +44,7 @@ class PackedMatrix {
   /// \brief An fp32 matrix given row-major as W [out][in] (the reference the tests compare with).
   static PackedMatrix from_rows(const float* w, int64_t out, int64_t in);
   /// \brief W [out][in] given row-major as F32, F16 or BF16 values (a GGUF tensor's data or a
-  /// safetensors tensor's, read in place), converted exactly into fp32 panels; format() names
-  /// `type`.
+  /// safetensors tensor's, read in place) into fp32 or 16-bit panels; format() names `type`.
   static PackedMatrix from_dense(const uint8_t* w, gguf::GgmlType type, int64_t out, int64_t in);
 
   int64_t in() const { return in_; }
@@ -63,7 +65,7 @@ class PackedMatrix {
   void weight_row(int64_t c, float* out) const;
 
  private:
-  enum class Kind { kQ4_1, kQ4_0, kQ8_0, kF32, kBlocks };
+  enum class Kind { kQ4_1, kQ4_0, kQ8_0, kF32, k16, kBlocks };
   void panel(int64_t p, const float* x, int64_t m, float* y, bool accumulate) const;
   void decode_tile(int64_t p, int64_t k0, int64_t k1, float* tile) const;
   const uint8_t* block_ptr(int64_t p, int64_t kb) const {

@@ -385,7 +385,7 @@ class Model:
     """A Llama-family model with a KV cache in any scheme: a llama GGUF (default
     SmolLM2-135M-Instruct Q4_1; weights stay in their GGUF blocks) or a Hugging Face checkpoint
     folder (config.json, *.safetensors, tokenizer.json) of the families llama, mistral, qwen2,
-    qwen3 (weights in fp32 panels). Logits are exact fp32 arithmetic.
+    qwen3 (weights in 16-bit or fp32 panels). Logits are exact fp32 arithmetic.
 
     Example::
 

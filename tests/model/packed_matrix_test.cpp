@@ -2,9 +2,9 @@
 // reference_cpu/matmul.h over the weights gguf::dequantize_row decodes (an independent
 // implementation of the same definition: fp32 [in][out] weights, a plain tiled loop). Checked on
 // GGUF tensors of every kind the packing handles (its own Q4_1 / Q4_0 / Q8_0 panels, fp32 panels
-// for F32 / F16 / BF16, the file's blocks for K-quants), ragged shapes (out not a multiple of the
-// 64-column panel), the decode (m < 4) and prefill (m >= 4) kernels, with and without
-// accumulation, and on every matrix of the real model.
+// for F32, 16-bit panels for F16 / BF16, the file's blocks for K-quants), ragged shapes (out not a
+// multiple of the 64-column panel), the decode (m < 4) and prefill (m >= 4) kernels, with and
+// without accumulation, and on every matrix of the real model.
 #include "model/packed_matrix.h"
 
 #include <gtest/gtest.h>
