@@ -1,7 +1,7 @@
 // A Llama-family decoder (SmolLM2-135M-Instruct and kin; Mistral, Qwen2/2.5, Qwen3 through
 // model/arch.h's table) from a GGUF file or a Hugging Face checkpoint folder: weights kept in their
-// GGUF block format or as fp32 panels (model/packed_matrix.h), fp32 activations, and a KV cache in
-// any kvq scheme.
+// GGUF block format or as the checkpoint's 16-bit or fp32 values in panels (model/packed_matrix.h),
+// fp32 activations, and a KV cache in any kvq scheme.
 // Prefill in chunks and single-token decode are the same call: forward() appends the tokens to the
 // cache and attends causally, so every position sees exactly the cache a token-by-token decode
 // would hold (quantized outside the residual window).
@@ -91,7 +91,8 @@ class LlamaModel {
   static LlamaModel load(const gguf::GgufFile& f, WeightStore store = WeightStore::kPacked);
   /// \brief Loads a checkpoint folder (its config: c.config()); errors name the shard file and
   /// the tensor (missing, shape, dtype). F32/F16/BF16 weights are packed from the mapping into
-  /// fp32 panels, F8_E4M3 ones with their weight_scale / weight_scale_inv dequantized first.
+  /// fp32 / 16-bit panels (each tensor's pages released once packed), F8_E4M3 ones with their
+  /// weight_scale / weight_scale_inv dequantized into fp32 panels.
   static LlamaModel load(const HfCheckpoint& c, WeightStore store = WeightStore::kPacked);
   /// \brief A model path's config without its weights: a folder's config.json, a GGUF's
   /// metadata (HfCheckpoint::is_folder decides).
