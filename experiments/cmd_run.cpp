@@ -1069,6 +1069,12 @@ std::string merge_shards(const std::optional<SyntheticPlan>& sp, const std::opti
       for (const auto& s : tp->specs) plan.emplace_back(s.canonical(), tp->case_settings(c));
     merge("throughput", plan);
   }
+  if (rp) {
+    std::vector<std::pair<std::string, json>> plan;
+    for (const auto& c : rp->cases())
+      for (const auto& s : rp->specs) plan.emplace_back(s.canonical(), rp->case_settings(c));
+    merge("ruler", plan);
+  }
   return tables;
 }
 
@@ -1098,12 +1104,6 @@ void register_run(CLI::App& app) {
   c->add_option("config", o->config, "TOML config")->required();
   // kernels/backend.h's table: what [model].backend and [throughput].backends can name
   c->footer("Backends ([model].backend, [throughput].backends; kernels/backend.h):\n" + support_help());
-  if (rp) {
-    std::vector<std::pair<std::string, json>> plan;
-    for (const auto& c : rp->cases())
-      for (const auto& s : rp->specs) plan.emplace_back(s.canonical(), rp->case_settings(c));
-    merge("ruler", plan);
-  }
   c->add_option("--out", o->out, "results directory (default: the config's `out`)");
   c->add_option("--model-file,--model", o->model_file,
                 "GGUF file or Hugging Face checkpoint folder (default: the fetched SmolLM2)");
@@ -1137,18 +1137,6 @@ void register_run(CLI::App& app) {
       shard = {static_cast<int>(i), static_cast<int>(n)};
       KVQ_CHECK(!o->merge, "--shard and --merge: run the shards first, then --merge once without --shard");
     }
-    std::optional<RulerPlan> rp;
-    if (want_ruler) {
-      rp = plan_ruler(*rt, Where{o->config, "ruler"}, o->model_file, model_config().context);
-      if (o->smoke) {  // the first task, one sample at 1,024 tokens, 4 generated tokens
-        rp->tasks.resize(1);
-        rp->lengths = {1024};
-        rp->samples = 1;
-        rp->max_new = 4;
-        rp->settings["smoke"] = true;
-      }
-      rp->specs = fitting(task_rows(*rt, "ruler"), "ruler", model_config().kv_heads, model_config().head_dim,
-                          errors, model_config().layers);
     toml::table cfg;
     const std::string config_text = read_file(o->config);
     try {
@@ -1173,6 +1161,7 @@ void register_run(CLI::App& app) {
     const toml::table* nt = table_of("needle");
     const toml::table* sw = table_of("sweep");
     const toml::table* tt = table_of("throughput");
+    const toml::table* rt = table_of("ruler");
     // Rows: explicit specs, then the sweep's combinations; a combination whose spec does not
     // parse is skipped with a line, an explicit spec that does not parse is an error.
     std::vector<std::string> errors;
@@ -1199,7 +1188,6 @@ void register_run(CLI::App& app) {
     KVQ_CHECK(!rows.empty() || !errors.empty() || swept > 0,
               "{}: no schemes (give schemes = [...] or a [sweep])", o->config);
     const bool want_syn = syn && (o->only.empty() || o->only == "synthetic"),
-    const toml::table* rt = table_of("ruler");
                want_model = mt && (o->only.empty() || o->only == "model"),
                want_needle = nt && (o->only.empty() || o->only == "needle"),
                want_tp = tt && (o->only.empty() || o->only == "throughput"),
@@ -1314,6 +1302,19 @@ void register_run(CLI::App& app) {
           }
       }
     }
+    std::optional<RulerPlan> rp;
+    if (want_ruler) {
+      rp = plan_ruler(*rt, Where{o->config, "ruler"}, o->model_file, model_config().context);
+      if (o->smoke) {  // the first task, one sample at 1,024 tokens, 4 generated tokens
+        rp->tasks.resize(1);
+        rp->lengths = {1024};
+        rp->samples = 1;
+        rp->max_new = 4;
+        rp->settings["smoke"] = true;
+      }
+      rp->specs = fitting(task_rows(*rt, "ruler"), "ruler", model_config().kv_heads, model_config().head_dim,
+                          errors, model_config().layers);
+    }
     if (errors.size() == 1) fail("{}: {}; nothing was run", o->config, errors[0]);
     if (!errors.empty()) {
       for (const auto& e : errors) fmt::print(stderr, "kvq run: {}\n", e);
@@ -1348,6 +1349,12 @@ void register_run(CLI::App& app) {
                    "{} rows\n",
                    fmt::join(tp->ops, ", "), fmt::join(tp->backends, ", "), fmt::join(tp->contexts, ", "),
                    fmt::join(tp->batches, ", "), tp->cases().size() * tp->specs.size());
+      }
+      if (rp) {
+        list("ruler", rp->specs);
+        fmt::print("ruler rows repeat for each length ({}) x task ({}) x sample ({}): {} rows\n",
+                   fmt::join(rp->lengths, ", "), fmt::join(rp->tasks, ", "), rp->samples,
+                   rp->specs.size() * rp->cases().size());
       }
       fmt::print("{}: ok, nothing run (--check)\n", o->config);
       return;
@@ -1397,12 +1404,6 @@ void register_run(CLI::App& app) {
                sp ? sp->specs.size() : 0, mp ? mp->specs.size() * mp->ctxs.size() : 0,
                np ? np->specs.size() * np->ctxs.size() * np->depths.size() * static_cast<size_t>(np->trials) : 0,
                tp ? tp->cases().size() * tp->specs.size() : 0, rp ? rp->cases().size() * rp->specs.size() : 0,
-      if (rp) {
-        list("ruler", rp->specs);
-        fmt::print("ruler rows repeat for each length ({}) x task ({}) x sample ({}): {} rows\n",
-                   fmt::join(rp->lengths, ", "), fmt::join(rp->tasks, ", "), rp->samples,
-                   rp->specs.size() * rp->cases().size());
-      }
                shard.n > 1 ? fmt::format(" (shard {} of {}: every {}th row)", shard.i, shard.n, shard.n) : "", out);
     std::optional<StopOnCtrlC> stop(std::in_place);
     try {
@@ -1411,6 +1412,7 @@ void register_run(CLI::App& app) {
       if (mp && !mp->specs.empty()) run_model(*mp, out, shard, source);
       if (np && !np->specs.empty()) run_needle(*np, out, shard, source);
       if (tp) run_throughput(*tp, out, shard);
+      if (rp && !rp->specs.empty()) run_ruler(*rp, out, shard, source);
     } catch (const Interrupted&) {
       throw Interrupted(fmt::format(
           "interrupted (Ctrl-C): every finished row is in {}/; run the same command again to resume", out));
@@ -1445,4 +1447,3 @@ void register_run(CLI::App& app) {
 }
 
 }  // namespace kvq::cli
-      if (rp && !rp->specs.empty()) run_ruler(*rp, out, shard, source);

@@ -422,15 +422,6 @@ TEST_F(RunCli, Throughput_rowsPerCase_bf16Baseline_resumesAndShards) {
   }
 }
 
-// Issue 16: kvq run killed with SIGKILL at 20 points spread over a sweep (some inside a write),
-// resumed after each kill: every file holds whole rows only, and the final rows equal an
-// uninterrupted run's, none lost, none doubled. The same for a shard killed mid-run and merged.
-TEST_F(RunCli, SigkillAt20Points_resumeEqualsUninterruptedRun_andShardsMerge) {
-  const auto cfg = dir_ / "k.toml";
-  const auto write_cfg = [&](const std::filesystem::path& out) {
-    std::ofstream(cfg) << "out = \"" << out.string() << "\"\nschemes = [\"bf16\", \"fp8_e4m3:gran=token\"]\n"
-                       << "[sweep]\ntemplate = \"int{b}:k={k},v=token,g={g},r=0\"\nb = [2, 3, 4, 8]\n"
-                       << "k = [\"channel\", \"token\"]\ng = [8, 16, 32]\n"
 // [ruler] (experiments/ruler.h): one row per scheme x length x task x sample with the fp32 cache's
 // score on the same prompt beside it; a rerun resumes, 2 shards merge to the rows of one run, and
 // its keys are checked before anything runs.
@@ -494,6 +485,15 @@ TEST_F(RunCli, Ruler_rowsPerCase_fp32Beside_resumesShardsAndBadKeys) {
   bad("depth = [0.5]\n", "unknown key [ruler].depth (allowed: tasks, lengths");
 }
 
+// Issue 16: kvq run killed with SIGKILL at 20 points spread over a sweep (some inside a write),
+// resumed after each kill: every file holds whole rows only, and the final rows equal an
+// uninterrupted run's, none lost, none doubled. The same for a shard killed mid-run and merged.
+TEST_F(RunCli, SigkillAt20Points_resumeEqualsUninterruptedRun_andShardsMerge) {
+  const auto cfg = dir_ / "k.toml";
+  const auto write_cfg = [&](const std::filesystem::path& out) {
+    std::ofstream(cfg) << "out = \"" << out.string() << "\"\nschemes = [\"bf16\", \"fp8_e4m3:gran=token\"]\n"
+                       << "[sweep]\ntemplate = \"int{b}:k={k},v=token,g={g},r=0\"\nb = [2, 3, 4, 8]\n"
+                       << "k = [\"channel\", \"token\"]\ng = [8, 16, 32]\n"
                        << "[synthetic]\ntokens = 8192\nheads = 2\nhead_dim = 64\nqueries = 2\n";
   };
   const auto whole = dir_ / "whole", killed = dir_ / "killed";
@@ -680,6 +680,12 @@ TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
       EXPECT_EQ(rows.front()["settings"]["ctx"], 256) << e.path();
       EXPECT_TRUE(rows.front()["fp32_correct"].is_boolean()) << rows.front().dump();
     }
+    if (nruler) {  // the first task once at 1,024 tokens: one row per scheme
+      const auto rows = jsonl(out / "ruler.jsonl");
+      EXPECT_EQ(rows.size(), nruler) << e.path();
+      EXPECT_EQ(rows.front()["settings"]["length"], 1024) << e.path();
+      EXPECT_TRUE(rows.front()["fp32_score"].is_number()) << rows.front().dump();
+    }
   }
   std::filesystem::current_path(cwd);
   std::filesystem::remove_all(dir);
@@ -688,9 +694,3 @@ TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
 
 }  // namespace
 }  // namespace kvq
-    if (nruler) {  // the first task once at 1,024 tokens: one row per scheme
-      const auto rows = jsonl(out / "ruler.jsonl");
-      EXPECT_EQ(rows.size(), nruler) << e.path();
-      EXPECT_EQ(rows.front()["settings"]["length"], 1024) << e.path();
-      EXPECT_TRUE(rows.front()["fp32_score"].is_number()) << rows.front().dump();
-    }
