@@ -198,39 +198,24 @@ void SideCache::append(const float* x, int64_t n) {
   KVQ_CHECK(n >= 0, "kivi: append of n={} tokens (must be >= 0)", n);
   if (n == 0) return;
   KVQ_CHECK(x != nullptr, "kivi: append of n={} tokens from a null pointer", n);
-  const int64_t total = tokens_ + n;
-  const int64_t target = kvq::quantized_tokens(spec_, axis_, total);
-  if (axis_ == Axis::Channel) {
-    // Blocks of B tokens flush whole: first the one the residual has started (topped up from x),
-    // then every complete block straight from x; what is left starts the next block.
-    int64_t used = 0;
-    if (target > quantized_) {
-      if (resid_count_ > 0) {
-        const int64_t block = spec_.residual > 0 ? spec_.residual : group_;
-        used = block - resid_count_;
-        push_residual(x, used);
-        quantize_channel_blocks(residual_row(0), resid_count_);
-        drop_residual(resid_count_);
-      }
-      quantize_channel_blocks(x + used * row_, target - quantized_);
-      used = n - (total - target);
-    }
-    push_residual(x + used * row_, n - used);
-  } else {
-    // Token i (global index) is residual row i - quantized_ while i < tokens_, else x row
-    // i - tokens_. Quantize [quantized_, target), then slide the window.
-    const int64_t from_resid = std::min(std::max<int64_t>(target - quantized_, 0), resid_count_);
-    quantize_token_rows(residual_row(0), from_resid);
-    drop_residual(from_resid);
-    const int64_t from_x = target - quantized_;  // tokens of x quantized directly
-    if (from_x > 0) quantize_token_rows(x, from_x);
-    const int64_t skip = std::max<int64_t>(from_x, 0);
-    push_residual(x + skip * row_, n - skip);
-  }
-  tokens_ = total;
-  KVQ_CHECK(quantized_ == target && resid_count_ == total - target,
+  // The one append policy (kivi/append_plan.h), carried out step by step.
+  const AppendPlan p = append_rule().plan(tokens_, n);
+  push_residual(x, p.topup);
+  quantize(residual_row(0), p.from_window);
+  drop_residual(p.from_window);
+  quantize(x + p.topup * row_, p.from_x);
+  push_residual(x + p.kept_from() * row_, n - p.kept_from());
+  tokens_ = p.tokens;
+  KVQ_CHECK(quantized_ == p.quantized && resid_count_ == p.tokens - p.quantized,
             "kivi: internal error: {} quantized + {} residual tokens after an append, expected {}",
-            quantized_, resid_count_, target);
+            quantized_, resid_count_, p.quantized);
+}
+
+void SideCache::quantize(const float* src, int64_t count) {
+  if (axis_ == Axis::Channel)
+    quantize_channel_blocks(src, count);
+  else
+    quantize_token_rows(src, count);
 }
 
 // Quantizes `count` (a multiple of G) tokens src[count, H, D] as count / G token groups per

@@ -2,15 +2,12 @@
 // size; the old ones are quantized in groups (kivi/minmax.h), packed (kivi/pack.h) and laid out
 // as kivi/layout.h says; the recent ones stay exact in the residual window.
 //
-// Residual rules (REFERENCE.md section 3), T tokens appended so far:
-// - per-channel side: B = R if R > 0 else G; the first floor(T / B) * B tokens are quantized in
-//   groups of G tokens per (head, channel), a whole block of B tokens at once when it completes.
-// - per-token side: every token older than the last R is quantized on its own (a sliding window
-//   of exactly R tokens).
-// Both rules depend on T only, so any partition of the same tokens into appends (a prefill,
-// chunks, one token at a time, empty appends) stores bit-identical bytes. Nothing quantized is
-// ever quantized again; an append costs O(n * H * D) plus amortized O(H * D) per token of
-// window bookkeeping.
+// Which tokens leave the residual window on an append is kivi/append_plan.h's one plan (the
+// REFERENCE.md section 3 rules are stated there): per-channel, whole blocks of B tokens flush
+// together; per-token, a sliding window of R tokens. Both depend on the token count only, so any
+// partition of the same tokens into appends (a prefill, chunks, one token at a time, empty
+// appends) stores bit-identical bytes. Nothing quantized is ever quantized again; an append costs
+// O(n * H * D) plus amortized O(H * D) per token of window bookkeeping.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +17,7 @@
 #include "core/footprint.h"
 #include "core/spec.h"
 #include "core/tensor.h"
+#include "kivi/append_plan.h"
 #include "kivi/layout.h"
 
 namespace kvq::kivi {
@@ -69,6 +67,8 @@ class SideCache {
   Role role() const { return role_; }
   bool sym() const { return spec_.sym; }
   const IntSpec& spec() const { return spec_; }
+  /// \brief The side's residual rule (kivi/append_plan.h), which every append carries out.
+  AppendRule append_rule() const { return AppendRule{axis_, group_, spec_.residual}; }
 
   /// \brief Packed codes of the quantized tokens (kivi/layout.h).
   std::span<const uint32_t> words() const { return words_; }
@@ -93,6 +93,8 @@ class SideCache {
   Footprint footprint() const;
 
  private:
+  /// Quantizes `count` tokens src[count, H, D] after those stored, along the side's axis.
+  void quantize(const float* src, int64_t count);
   void quantize_channel_blocks(const float* src, int64_t count);
   void quantize_token_rows(const float* src, int64_t count);
   void push_residual(const float* src, int64_t count);

@@ -1,9 +1,9 @@
-// The device KIVI cache: kivi/cache.cpp's append, line for line, with kvq::cuda::kivi_quantize
-// (kernels/cuda/kivi_kernels.cu) in place of the CPU quantizers and device copies for the residual.
-// Appends are planned on the host (the counts move as the CPU cache's do) into a few lists of
-// jobs, launched together for every request of a batch (KiviSideCache::append_batch). Host code
-// only (the kernels are kivi_kernels.cu's), so tests/kernels/cuda runs it on the CPU against a
-// host stand-in of the runtime calls and launchers.
+// The device KIVI cache: kivi/cache.cpp's append (both carry out kivi/append_plan.h), with
+// kvq::cuda::kivi_quantize (kernels/cuda/kivi_kernels.cu) in place of the CPU quantizers and device
+// copies for the residual. Appends are planned on the host (the counts move as the CPU cache's do)
+// into a few lists of jobs, launched together for every request of a batch
+// (KiviSideCache::append_batch). Host code only (the kernels are kivi_kernels.cu's), so
+// tests/kernels/cuda runs it on the CPU against a host stand-in of the runtime calls and launchers.
 #include "kernels/cuda/kivi_cache_device.cuh"
 
 #include <algorithm>
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/footprint.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kivi_kernels.cuh"
+#include "kivi/append_plan.h"
 #include "kivi/cache.h"
 
 namespace kvq::cuda {
@@ -165,12 +165,11 @@ cudaError_t KiviSideCache::grow_quantized(int64_t quantized_tokens) {
 
 cudaError_t KiviSideCache::reserve(int64_t tokens) {
   if (tokens < 0) bad_call("reserve of tokens=" + std::to_string(tokens) + " (must be >= 0)");
-  KVQ_CUDA_CALL(grow_quantized(kvq::quantized_tokens(spec_, axis_, tokens)));
+  const kivi::AppendRule rule = append_rule();
+  KVQ_CUDA_CALL(grow_quantized(rule.quantized_count(tokens)));
   // Per-channel: at most one block of B tokens; per-token: the window of R plus its dead prefix
   // (reclaimed once it outgrows the live part), under 2R.
-  const int64_t window = axis_ == Axis::Channel
-                             ? (spec_.residual > 0 ? spec_.residual : group_)
-                             : 2 * static_cast<int64_t>(spec_.residual);
+  const int64_t window = axis_ == Axis::Channel ? rule.block() : 2 * rule.residual;
   const int64_t rows = std::min(tokens, window);
   if (rows * row_ > resid_.capacity) {
     KVQ_CUDA_CALL(grow(resid_, rows * row_, resid_start_ * row_, resid_count_ * row_));
@@ -238,41 +237,19 @@ cudaError_t KiviSideCache::append_batch(std::span<KiviSideCache* const> caches,
 }
 
 void KiviSideCache::plan_append(const float* x, int64_t n, Steps& steps) {
-  const int64_t total = tokens_ + n;
-  const int64_t target = kvq::quantized_tokens(spec_, axis_, total);
-  if (axis_ == Axis::Channel) {
-    // Blocks of B tokens flush whole: first the one the residual has started (topped up from x),
-    // then every complete block straight from x; what is left starts the next block.
-    int64_t used = 0;
-    if (target > quantized_) {
-      if (resid_count_ > 0) {
-        const int64_t block = spec_.residual > 0 ? spec_.residual : group_;
-        used = block - resid_count_;
-        plan_push(x, used, steps, 0);
-        plan_quantize(residual_row(0), resid_count_, steps);
-        drop_residual(resid_count_);
-      }
-      plan_quantize(x + used * row_, target - quantized_, steps);
-      used = n - (total - target);
-    }
-    plan_push(x + used * row_, n - used, steps, 2);
-  } else {
-    // Token i (global index) is residual row i - quantized_ while i < tokens_, else x row
-    // i - tokens_. Quantize [quantized_, target), then slide the window.
-    const int64_t from_resid =
-        std::min(std::max<int64_t>(target - quantized_, 0), resid_count_);
-    plan_quantize(residual_row(0), from_resid, steps);
-    drop_residual(from_resid);
-    const int64_t from_x = target - quantized_;  // tokens of x quantized directly
-    if (from_x > 0) plan_quantize(x, from_x, steps);
-    const int64_t skip = std::max<int64_t>(from_x, 0);
-    plan_push(x + skip * row_, n - skip, steps, 2);
-  }
-  tokens_ = total;
-  if (quantized_ != target || resid_count_ != total - target)
+  // The one append policy (kivi/append_plan.h), as kivi::SideCache::append carries it out: the
+  // top-up is copied before the quantize launch, the kept rows after it.
+  const kivi::AppendPlan p = append_rule().plan(tokens_, n);
+  plan_push(x, p.topup, steps, 0);
+  plan_quantize(residual_row(0), p.from_window, steps);
+  drop_residual(p.from_window);
+  plan_quantize(x + p.topup * row_, p.from_x, steps);
+  plan_push(x + p.kept_from() * row_, n - p.kept_from(), steps, 2);
+  tokens_ = p.tokens;
+  if (quantized_ != p.quantized || resid_count_ != p.tokens - p.quantized)
     bad_call("internal error: " + std::to_string(quantized_) + " quantized + " +
              std::to_string(resid_count_) + " residual tokens after an append, expected " +
-             std::to_string(target));
+             std::to_string(p.quantized));
 }
 
 // Queues the quantization of `count` tokens src[count, H, D] (per-channel: a multiple of G)

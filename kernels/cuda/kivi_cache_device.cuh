@@ -1,9 +1,7 @@
 // The streaming KIVI cache of one side (K or V) of one layer, on the device: the port of
-// kivi::SideCache (kivi/cache.h, the spec). Same residual rules, same layout (kivi/layout.h), the
-// same bytes after the same appends, whatever their partition:
-// - per-channel side: B = R if R > 0 else G; whole blocks of B tokens are quantized when they
-//   complete (the block the residual has started is topped up from the new tokens first);
-// - per-token side: every token older than the last R is quantized (a sliding window of R).
+// kivi::SideCache (kivi/cache.h, the spec). Same residual rules (one plan, kivi/append_plan.h:
+// per-channel, whole blocks of B tokens flush together; per-token, a sliding window of R), same
+// layout (kivi/layout.h), the same bytes after the same appends, whatever their partition.
 // Storage is device memory with a capacity, grown on the host side by reallocation (geometric,
 // so appends cost amortized O(n * H * D)); the residual window stays float32 [n, H, D] on the
 // device, oldest first, contiguous.
@@ -21,16 +19,17 @@
 #include <vector>
 
 #include "core/spec.h"
+#include "kivi/append_plan.h"
 #include "kivi/layout.h"
 
 namespace kvq::cuda {
 
 /// \brief A host copy of everything a KiviSideCache stores (what kivi::SideCache exposes).
 struct KiviSideCacheHost {
-  std::vector<uint32_t> words;    ///< packed codes (kivi/layout.h)
-  std::vector<uint16_t> scales;   ///< fp16 bits of the group scales
-  std::vector<uint16_t> mins;     ///< fp16 bits of the group minima; empty for sym
-  std::vector<float> residual;    ///< float32 [residual_tokens, heads, head_dim], oldest first
+  std::vector<uint32_t> words;   ///< packed codes (kivi/layout.h)
+  std::vector<uint16_t> scales;  ///< fp16 bits of the group scales
+  std::vector<uint16_t> mins;    ///< fp16 bits of the group minima; empty for sym
+  std::vector<float> residual;   ///< float32 [residual_tokens, heads, head_dim], oldest first
 };
 
 /// \brief One side (K or V) of one layer's KIVI cache in device memory.
@@ -84,6 +83,8 @@ class KiviSideCache {
   bool sym() const { return spec_.sym; }
   const IntSpec& spec() const { return spec_; }
   cudaStream_t stream() const { return stream_; }
+  /// \brief The side's residual rule (kivi/append_plan.h), which every append carries out.
+  kivi::AppendRule append_rule() const { return kivi::AppendRule{axis_, group_, spec_.residual}; }
   /// \brief Index arithmetic of the per-channel side's storage (axis() == Axis::Channel).
   kivi::ChannelLayout channel_layout() const {
     return kivi::ChannelLayout{heads_, dim_, group_, spec_.bits};
