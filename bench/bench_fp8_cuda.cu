@@ -1,13 +1,16 @@
-// CUDA bench: FP8 quantize throughput (kvq::cuda::fp8_quantize and fp8_dynamic_scales,
-// kernels/cuda/fp8_kernels.cu) at every granularity (tensor, head, token, channel) on one
-// layer's [32768 tokens, 8 heads, 128 dim] float32 tensor, against a device-to-device copy of the
-// same tensor in the same run; the companion of bench_kivi_cuda, with its conventions.
+// CUDA bench: FP8 quantize throughput (kvq::cuda::fp8_quantize, fp8_dynamic_scales and
+// fp8_quantize_dynamic_token, kernels/cuda/fp8_kernels.cu) at every granularity (tensor, head,
+// token, channel) on one layer's [32768 tokens, 8 heads, 128 dim] float32 tensor, against a
+// device-to-device copy of the same tensor in the same run; the companion of bench_kivi_cuda, with
+// its conventions.
 //
-// Two cases per granularity:
+// Two cases per granularity, and a third per token:
 // - fp8_<format>_<gran>: fp8_quantize with the scales already on the device (static or
 //   calibrated scales; what an append does once the scales are known).
 // - fp8_<format>_<gran>_dynamic: fp8_dynamic_scales then fp8_quantize (two passes over x: the
 //   amax reduction, then the codes), what an append with dynamic scales costs.
+// - fp8_<format>_token_dynamic_fused: fp8_quantize_dynamic_token, the same scales and codes in
+//   one pass (x read once; what backend cuda's per-token append runs).
 // Reported per case (STYLE 10): the bytes the result needs moved (x read once, the codes
 // written, the scales read or written; the dynamic case reads x twice, so its GB/s on these bytes
 // is at most about 5/9 of a single pass's), the median kernel time over --runs runs timed with
@@ -53,6 +56,7 @@ struct Result {
   std::string name;
   std::string gran;
   bool dynamic = false;
+  bool fused = false;
   double bytes = 0;
   double median_ms = 0;
   double gbps = 0;
@@ -104,7 +108,7 @@ int run(int argc, char** argv) {
   const double copy_gbps = copy_bytes / 1e9 / (copy_ms / 1e3);
 
   std::vector<Result> results;
-  results.push_back({"copy_fp32", "-", false, copy_bytes, copy_ms, copy_gbps,
+  results.push_back({"copy_fp32", "-", false, false, copy_bytes, copy_ms, copy_gbps,
                      100.0 * copy_gbps / dev.peak_gbps, 1.0});
   for (Granularity gran :
        {Granularity::Tensor, Granularity::Head, Granularity::Token, Granularity::Channel}) {
@@ -113,8 +117,11 @@ int run(int argc, char** argv) {
     // The scales the timed quantize reads: this tensor's own dynamic scales.
     KVQ_CUDA_CHECK(kvq::cuda::fp8_dynamic_scales(format, gran, shape, x.ptr, scales.ptr));
     KVQ_CUDA_CHECK(cudaDeviceSynchronize());
-    for (bool dynamic : {false, true}) {
+    for (int mode = 0; mode < (gran == Granularity::Token ? 3 : 2); ++mode) {
+      const bool dynamic = mode >= 1, fused = mode == 2;
       const double ms = median_ms(runs, flush, flush_bytes, [&]() -> cudaError_t {
+        if (fused)
+          return kvq::cuda::fp8_quantize_dynamic_token(format, shape, x.ptr, scales.ptr, codes.ptr);
         if (dynamic) {
           const cudaError_t e =
               kvq::cuda::fp8_dynamic_scales(format, gran, shape, x.ptr, scales.ptr);
@@ -125,7 +132,9 @@ int run(int argc, char** argv) {
       Result r;
       r.gran = std::string(kvq::to_string(gran));
       r.dynamic = dynamic;
-      r.name = "fp8_" + format_name + "_" + r.gran + (dynamic ? "_dynamic" : "");
+      r.fused = fused;
+      r.name = "fp8_" + format_name + "_" + r.gran + (dynamic ? "_dynamic" : "") +
+               (fused ? "_fused" : "");
       r.bytes = n * 4.0 + n * 1.0 + scale_count * 4.0;  // x, codes, scales
       r.median_ms = ms;
       r.gbps = r.bytes / 1e9 / (ms / 1e3);
@@ -140,10 +149,10 @@ int run(int argc, char** argv) {
               flush_bytes >> 20, runs);
   std::printf(
       "shape [T=%lld, H=%lld, D=%lld], format %s; _dynamic: scales pass + quantize, GB/s on "
-      "the single-pass bytes\n",
+      "the single-pass bytes; _fused: one pass\n",
       static_cast<long long>(tokens), static_cast<long long>(heads), static_cast<long long>(dim),
       format_name.c_str());
-  kvq::bench::print_rates(results, 26);
+  kvq::bench::print_rates(results, 33);
 
   if (!json_path.empty()) {
     nlohmann::json j =
@@ -154,6 +163,7 @@ int run(int argc, char** argv) {
       nlohmann::json c = kvq::bench::rate_json(r);
       c["granularity"] = r.gran;
       c["dynamic"] = r.dynamic;
+      c["fused"] = r.fused;
       j["cases"].push_back(c);
     }
     kvq::bench::write_json(json_path, j);

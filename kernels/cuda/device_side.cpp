@@ -241,15 +241,14 @@ void DeviceSide::append(const float* x, int64_t n) {
     const float* xd = st.ptr;
     f->codes.need(std::max((T + n) * row, 2 * T * row), T * row);
     const Shape3 shape{n, p.H, p.D};
-    const float* scales = f->scales.ptr;
     if (f->gran == Granularity::Token && !f->fixed) {  // per (token, head): streaming-safe
       f->scales.need(std::max((T + n) * p.H, 2 * T * p.H), T * p.H);
-      KVQ_CUDA_CHECK(
-          fp8_dynamic_scales(p.spec.fp8.format, f->gran, shape, xd, f->scales.ptr + T * p.H));
-      scales = f->scales.ptr + T * p.H;
+      KVQ_CUDA_CHECK(fp8_quantize_dynamic_token(p.spec.fp8.format, shape, xd,
+                                                f->scales.ptr + T * p.H, f->codes.ptr + T * row));
+    } else {
+      KVQ_CUDA_CHECK(fp8_quantize(p.spec.fp8.format, f->gran, shape, xd, f->scales.ptr,
+                                  f->codes.ptr + T * row));
     }
-    KVQ_CUDA_CHECK(
-        fp8_quantize(p.spec.fp8.format, f->gran, shape, xd, scales, f->codes.ptr + T * row));
   } else {
     auto& c = std::get<KiviSideCache>(p.store);
     const Staged st = staging(x, n * row);

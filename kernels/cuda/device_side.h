@@ -5,10 +5,11 @@
 //
 //   bf16  [T, H, D] bf16 bits: converted on the host (float_to_bf16_bits, as the CPU side), then
 //         uploaded (no quantize kernel exists for a rounding)
-//   fp8   codes [T, H, D] and float32 scales (fp8/scale.h's layouts): per-token dynamic scales by
-//         fp8_dynamic_scales on each append; constant and calib scales read once on the host
-//         (fp8::compute_scales, as the CPU side) and applied by fp8_quantize. Dynamic tensor /
-//         head / channel scales (first=N: exact tokens held until N arrive) are not here.
+//   fp8   codes [T, H, D] and float32 scales (fp8/scale.h's layouts): per-token dynamic scales and
+//         codes in one pass by fp8_quantize_dynamic_token on each append; constant and calib
+//         scales read once on the host (fp8::compute_scales, as the CPU side) and applied by
+//         fp8_quantize. Dynamic tensor / head / channel scales (first=N: exact tokens held
+//         until N arrive) are not here.
 //   int   the device KIVI cache (kivi_cache_device.cuh): kivi::SideCache's bytes, bit for bit
 // The bytes of every kind equal the CPU side's (reference_cpu/kv_cache.h) after the same appends;
 // host_copy() reads them back for the tests. rot= and sink= are not this file's: the backend

@@ -14,6 +14,7 @@
 #include "fp8/scale.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_kernels.cuh"
+#include "kernels/cuda/fp8_token_split.h"
 #include "kernels/cuda/quant_index.h"
 
 namespace kvq::cuda {
@@ -176,6 +177,92 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
+// ---- fused per-token dynamic quantize ----------------------------------------------------------
+
+/// Per-token dynamic scales and codes in one pass when dim fits fp8_token::fits_registers and x
+/// and codes are 16-byte aligned: `span` lanes share a (t, h) row (fp8_token_split.h), each loads
+/// its K chunks of 16 floats into registers (four streaming float4 loads a chunk, all issued
+/// before the first is used), takes max |x| on the float bits, a segmented xor-shuffle max over
+/// the span gives every lane of the row the amax (order-independent, so the CPU's), each lane
+/// computes fp8::scale_from_amax itself and writes its codes from the registers as one 16-byte
+/// store a chunk; lane part 0 writes the scale. x is read once from DRAM. The warp loop bound is
+/// warp-uniform (all 32 lanes reach every shuffle); lanes past the last row or the row's end idle.
+template <Fp8Format F, int K>
+__global__ void __launch_bounds__(kBlock)
+    quantize_token_fused_kernel(const float* x, float* scales, uint8_t* codes, int64_t rows,
+                                int64_t dim, fp8_token::Split sp) {
+  constexpr int kC = quant_index::kFp8Chunk;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int per_warp = 32 / sp.span, part = lane % sp.span;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps * per_warp;
+  for (int64_t base = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * per_warp; base < rows;
+       base += step) {
+    const int64_t row = base + lane / sp.span;
+    const bool live = row < rows;
+    const float* xr = x + row * dim;
+    float v[K][kC];
+    uint32_t m = 0;
+#pragma unroll
+    for (int c = 0; c < K; ++c) {
+      const int64_t d0 = fp8_token::chunk_start(sp, part, c);
+      if (live && d0 >= 0) {
+#pragma unroll
+        for (int q = 0; q < kC / 4; ++q) {
+          const float4 f = __ldcs(reinterpret_cast<const float4*>(xr + d0) + q);
+          v[c][4 * q] = f.x;
+          v[c][4 * q + 1] = f.y;
+          v[c][4 * q + 2] = f.z;
+          v[c][4 * q + 3] = f.w;
+        }
+#pragma unroll
+        for (int j = 0; j < kC; ++j) m = max(m, abs_bits(v[c][j]));
+      }
+    }
+    for (int off = sp.span / 2; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (!live) continue;
+    const float s = fp8::scale_from_amax(bits_float(m), F);
+    if (part == 0) scales[row] = s;  // == fp8::scale_index(Token, t, h, 0, heads, dim)
+#pragma unroll
+    for (int c = 0; c < K; ++c) {
+      const int64_t d0 = fp8_token::chunk_start(sp, part, c);
+      if (d0 < 0) continue;
+      uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int j = 0; j < kC; ++j) quant_index::put_byte(w, j, fp8::quantize_value<F>(v[c][j], s));
+      *reinterpret_cast<uint4*>(codes + row * dim + d0) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+/// The same scales and codes for any other shape or alignment: one warp a row, one launch; the
+/// amax loop reads the row (float4 where `vec`), the code loop reads it again (from L1 / L2: a
+/// row is at most a few KB), byte stores.
+template <Fp8Format F>
+__global__ void __launch_bounds__(kBlock)
+    quantize_token_row_kernel(const float* x, float* scales, uint8_t* codes, int64_t rows,
+                              int64_t dim, bool vec) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const float* r = x + row * dim;
+    uint32_t m = 0;
+    if (vec) {
+      const float4* r4 = reinterpret_cast<const float4*>(r);
+      for (int64_t q = lane; q < dim / 4; q += 32) {
+        const float4 f = r4[q];
+        m = max(max(m, abs_bits(f.x)), max(abs_bits(f.y), max(abs_bits(f.z), abs_bits(f.w))));
+      }
+    } else {
+      for (int64_t d = lane; d < dim; d += 32) m = max(m, abs_bits(r[d]));
+    }
+    for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    const float s = fp8::scale_from_amax(bits_float(m), F);
+    if (lane == 0) scales[row] = s;
+    for (int64_t d = lane; d < dim; d += 32)
+      codes[row * dim + d] = fp8::quantize_value<F>(__ldcs(r + d), s);
+  }
+}
+
 template <Fp8Format F, Granularity G>
 __global__ void __launch_bounds__(kBlock)
     dequantize_kernel(const uint8_t* codes, const float* scales, float* y, int64_t tokens,
@@ -329,6 +416,43 @@ cudaError_t fp8_quantize(Fp8Format format, Granularity gran, Shape3 shape, const
           x, scales, codes, shape.tokens, shape.heads, shape.dim);
       return cudaGetLastError();
     });
+  });
+}
+
+cudaError_t fp8_quantize_dynamic_token(Fp8Format format, Shape3 shape, const float* x,
+                                       float* scales, uint8_t* codes, cudaStream_t stream) {
+  constexpr const char* kFn = "fp8_quantize_dynamic_token";
+  check_format(kFn, format);
+  check_shape(kFn, shape);
+  const int64_t n = shape.numel(), rows = shape.tokens * shape.heads;
+  check_ptr(kFn, x, "x", n);
+  check_ptr(kFn, scales, "scales", rows);
+  check_ptr(kFn, codes, "codes", n);
+  if (rows == 0) return cudaSuccess;
+  if (shape.dim == 0) {  // every row is empty: amax 0, scale 1 (fp8::scale_from_amax)
+    return fp8_dynamic_scales(format, Granularity::Token, shape, x, scales, stream);
+  }
+  return with_format(kFn, format, [&](auto fc) -> cudaError_t {
+    constexpr Fp8Format F = decltype(fc)::value;
+    if (fp8_token::fits_registers(shape.dim) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(codes) % 16 == 0) {
+      const fp8_token::Split sp = fp8_token::split_for(shape.dim);
+      const int grid = grid_for(rows, static_cast<int64_t>(kWarps) * (32 / sp.span));
+      if (sp.chunks_per_lane == 1)
+        quantize_token_fused_kernel<F, 1>
+            <<<grid, kBlock, 0, stream>>>(x, scales, codes, rows, shape.dim, sp);
+      else if (sp.chunks_per_lane == 2)
+        quantize_token_fused_kernel<F, 2>
+            <<<grid, kBlock, 0, stream>>>(x, scales, codes, rows, shape.dim, sp);
+      else
+        quantize_token_fused_kernel<F, 4>
+            <<<grid, kBlock, 0, stream>>>(x, scales, codes, rows, shape.dim, sp);
+      return cudaGetLastError();
+    }
+    const bool vec = shape.dim % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    quantize_token_row_kernel<F>
+        <<<grid_for(rows, kWarps), kBlock, 0, stream>>>(x, scales, codes, rows, shape.dim, vec);
+    return cudaGetLastError();
   });
 }
 

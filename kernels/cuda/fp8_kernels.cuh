@@ -36,6 +36,15 @@ cudaError_t fp8_dynamic_scales(Fp8Format format, Granularity gran, Shape3 shape,
 cudaError_t fp8_quantize(Fp8Format format, Granularity gran, Shape3 shape, const float* x,
                          const float* scales, uint8_t* codes, cudaStream_t stream = nullptr);
 
+/// \brief fp8_dynamic_scales then fp8_quantize at Granularity::Token (the same scales [T * H]
+/// and codes, bit for bit) in one pass over x: when dim % 16 == 0, dim <= 2048 and x and codes
+/// are 16-byte aligned, lanes of a warp share a row (kernels/cuda/fp8_token_split.h), hold its
+/// values in registers from 16-byte loads, reduce max |x| with warp shuffles and store 16 codes
+/// at a time; otherwise one warp a row in one launch (the row read a second time from cache).
+cudaError_t fp8_quantize_dynamic_token(Fp8Format format, Shape3 shape, const float* x,
+                                       float* scales, uint8_t* codes,
+                                       cudaStream_t stream = nullptr);
+
 /// \brief y[i] = fp8::dequantize_value(codes[i], scales[scale_index(gran, t, h, d)]).
 cudaError_t fp8_dequantize(Fp8Format format, Granularity gran, Shape3 shape, const uint8_t* codes,
                            const float* scales, float* y, cudaStream_t stream = nullptr);

@@ -252,6 +252,121 @@ INSTANTIATE_TEST_SUITE_P(Special, Fp8KernelSpecial,
                                   std::string(to_string(std::get<1>(p.param)));
                          });
 
+// ---- fused per-token dynamic quantize (fp8_quantize_dynamic_token) --------------------------
+
+/// fp8_quantize_dynamic_token against the CPU reference at Granularity::Token
+/// (fp8::compute_scales, fp8::quantize). `misalign`: x and codes start one element past a
+/// 16-byte boundary (the one-warp-a-row kernel); the element before them must keep its sentinel.
+void run_fused_and_compare(FormatName f, const Tensor3& x, bool nan_allowed, bool misalign) {
+  const Shape3 s = x.shape;
+  Fp8Spec spec;
+  spec.format = f.format;
+  spec.gran = Granularity::Token;
+  spec.source = ScaleSource::Dynamic;
+  const std::vector<float> scales_ref = fp8::compute_scales(spec, Role::Value, x);
+  std::vector<uint8_t> codes_ref;
+  fp8::quantize(spec, scales_ref, x, codes_ref);
+
+  const size_t n = x.data.size(), count = scales_ref.size(), pad = misalign ? 1 : 0;
+  ASSERT_EQ(static_cast<int64_t>(count), s.tokens * s.heads);
+  GuardedBuffer<float> dx(n + pad), dscales(count);
+  GuardedBuffer<uint8_t> dcodes(n + pad);
+  std::vector<float> xh(pad, 0.0f);
+  xh.insert(xh.end(), x.data.begin(), x.data.end());
+  dx.upload(xh);
+  KVQ_CUDA_CHECK(
+      fp8_quantize_dynamic_token(f.format, s, dx.get() + pad, dscales.get(), dcodes.get() + pad));
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+
+  const auto float_eq = [&](float a, float b) {
+    return nan_allowed ? same_float(a, b) : float_bits(a) == float_bits(b);
+  };
+  EXPECT_EQ(report_mismatches("scale", dscales.download(), scales_ref, float_eq), 0);
+  std::vector<uint8_t> codes = dcodes.download();
+  if (misalign) {
+    EXPECT_EQ(codes[0], GuardedBuffer<uint8_t>::kSentinel) << "the byte before the codes";
+    codes.erase(codes.begin());
+  }
+  EXPECT_EQ(
+      report_mismatches("code", codes, codes_ref, [](uint8_t a, uint8_t b) { return a == b; }), 0);
+  EXPECT_EQ(dscales.damaged_guard_bytes(), 0u) << "scales";
+  EXPECT_EQ(dcodes.damaged_guard_bytes(), 0u) << "codes";
+  // Not vacuous: every code was compared and some code is nonzero.
+  EXPECT_EQ(codes.size(), n);
+  bool any = false;
+  for (uint8_t c : codes) any = any || (c & 0x7f) != 0;
+  if (n > 0) EXPECT_TRUE(any);
+}
+
+using FusedCase = std::tuple<FormatName, int64_t, int64_t, int64_t, bool>;
+
+class Fp8FusedToken : public ::testing::TestWithParam<FusedCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_DEVICE(); }
+};
+
+// Expected: the CPU reference (fp8::compute_scales then fp8::quantize, per token), bit for bit.
+// D covers every split of the register kernel (fp8_token_split.h): 16 (1 lane a row), 48 (3 of
+// 4 lanes), 64 and 128 (the model shapes), 96 (6 of 8 lanes), 640 (2 chunks a lane, some lanes
+// 1), 2048 (4 a lane); 72 and 2064 take the row kernel, as does every misaligned case. T = 37
+// and 300 leave a partial last warp of rows.
+TEST_P(Fp8FusedToken, MatchesCpuReference) {
+  const auto& [f, T, H, D, misalign] = GetParam();
+  const Tensor3 x = make_input(Shape3{T, H, D}, static_cast<uint32_t>(T * 7 + H * 3 + D));
+  run_fused_and_compare(f, x, false, misalign);
+}
+
+std::string fused_case_name(const ::testing::TestParamInfo<FusedCase>& p) {
+  const auto& [f, T, H, D, misalign] = p.param;
+  return std::string(f.name) + "_T" + std::to_string(T) + "_H" + std::to_string(H) + "_D" +
+         std::to_string(D) + (misalign ? "_misaligned" : "_aligned");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Fp8FusedToken,
+    ::testing::Combine(::testing::ValuesIn(kFormats), ::testing::Values<int64_t>(1, 37, 300),
+                       ::testing::Values<int64_t>(1, 3, 8),
+                       ::testing::Values<int64_t>(16, 48, 64, 72, 96, 128, 640, 2048, 2064),
+                       ::testing::Bool()),
+    fused_case_name);
+
+class Fp8FusedTokenSpecial : public ::testing::TestWithParam<FormatName> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_DEVICE(); }
+};
+
+// Expected: the CPU reference on special_input (NaN, +-inf, near FLT_MAX, a subnormal-only row:
+// NaN / inf / smallest-float scales), through the register kernel (D = 64) and the row kernel
+// (D = 72); NaN scales may differ in payload only.
+TEST_P(Fp8FusedTokenSpecial, NaNInfHugeAndSubnormalRows) {
+  run_fused_and_compare(GetParam(), special_input(64, 97), true, false);
+  run_fused_and_compare(GetParam(), special_input(72, 96), true, false);
+}
+
+// Expected: T = 0 writes nothing; D = 0 gives every (t, h) the scale 1 (amax 0, as
+// fp8::scale_from_amax and the CPU reference) and no codes.
+TEST_P(Fp8FusedTokenSpecial, EmptyTensors) {
+  const FormatName f = GetParam();
+  GuardedBuffer<float> dscales(6);
+  KVQ_CUDA_CHECK(fp8_quantize_dynamic_token(f.format, Shape3{0, 3, 64}, nullptr, nullptr, nullptr));
+  KVQ_CUDA_CHECK(
+      fp8_quantize_dynamic_token(f.format, Shape3{2, 3, 0}, nullptr, dscales.get(), nullptr));
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  Fp8Spec spec;
+  spec.format = f.format;
+  spec.gran = Granularity::Token;
+  const std::vector<float> want = fp8::compute_scales(spec, Role::Value, Tensor3(Shape3{2, 3, 0}));
+  EXPECT_EQ(report_mismatches("scale", dscales.download(), want,
+                              [](float a, float b) { return float_bits(a) == float_bits(b); }),
+            0);
+  EXPECT_EQ(dscales.damaged_guard_bytes(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Special, Fp8FusedTokenSpecial, ::testing::ValuesIn(kFormats),
+                         [](const ::testing::TestParamInfo<FormatName>& p) {
+                           return std::string(p.param.name);
+                         });
+
 // ---- configuration errors (host only: these run without a device) ----------------------------
 
 // Expected: the offending value appears in the message (STYLE 9).
@@ -287,6 +402,17 @@ TEST(Fp8KernelConfig, BadConfigurationThrowsNamingTheValue) {
   expect_error(
       [&] { (void)fp8_dynamic_scales(Fp8Format::E4M3, static_cast<Granularity>(9), ok, &f, &f); },
       "unknown Granularity value 9");
+  expect_error(
+      [&] {
+        (void)fp8_quantize_dynamic_token(Fp8Format::E4M3, Shape3{2, 2, -4}, &f, &f, &c);
+      },
+      "D=-4");
+  expect_error([&] { (void)fp8_quantize_dynamic_token(Fp8Format::E4M3, ok, &f, nullptr, &c); },
+               "scales is null but must hold 4 values");
+  expect_error([&] { (void)fp8_quantize_dynamic_token(Fp8Format::E5M2, ok, &f, &f, nullptr); },
+               "codes is null");
+  expect_error([&] { (void)fp8_quantize_dynamic_token(static_cast<Fp8Format>(5), ok, &f, &f, &c); },
+               "unknown Fp8Format value 5");
 }
 
 }  // namespace
