@@ -146,7 +146,9 @@ void add_text_option(CLI::App* c, std::string& file) {
 }
 
 std::vector<int32_t> encode_prompt(const Tokenizer& t, const std::string& text, bool chat) {
-  auto ids = chat ? t.encode(t.chat({{"user", text}}, true), true) : t.encode(text);
+  // A plain prompt gets what the tokenizer's post-processor adds (Llama's and Mistral's BOS, as
+  // `tokenizers` encodes by default; nothing for SmolLM2); a rendered chat holds its own BOS.
+  auto ids = chat ? t.encode(t.chat({{"user", text}}, true), true) : t.encode(text, false, true);
   if (ids.empty()) fail("the prompt is empty after tokenization");
   return ids;
 }
@@ -177,7 +179,7 @@ void register_generate(CLI::App* model) {
     std::string out;
     const auto gen = eval::generate(L.model, co, ids, o->n, {L.tok.eos()}, o->threads, [&](int32_t t) {
       if (t == L.tok.eos()) return;
-      const std::string piece = L.tok.decode(std::span<const int32_t>(&t, 1));
+      const std::string piece(L.tok.token_bytes(t));  // mid-sequence bytes: keeps "▁"'s space
       out += piece;
       std::fputs(piece.c_str(), stdout);
       std::fflush(stdout);
@@ -311,7 +313,7 @@ void register_diverge(CLI::App* model) {
     fmt::print("{:>5}  {:<28} {:<28}\n", "step", ref.spec.canonical(), test.spec.canonical());
     for (size_t i = 0; i < r.ref.size(); ++i) {
       auto show = [&](int32_t t) {
-        std::string s = L.tok.decode(std::span<const int32_t>(&t, 1));
+        std::string s(L.tok.token_bytes(t));
         for (char& ch : s)
           if (ch == '\n') ch = ' ';
         return fmt::format("{:>6} {:<21}", t, "'" + s + "'");
