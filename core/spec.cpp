@@ -196,6 +196,26 @@ SchemeSpec parse_layered(std::string_view text) {
   std::vector<std::pair<int, SchemeSpec>> by_layer;
   std::set<int> seen;
   for (size_t i = 1; i < parts.size(); ++i) {
+    if (parts[i].starts_with("first=") || parts[i].starts_with("last=")) {  // the edges preset
+      for (std::string_view item : split(parts[i], ',')) {
+        const bool first_item = item.starts_with("first=");
+        if (!first_item && !item.starts_with("last="))
+          fail("bad scheme spec '{}': '@{}': a layer preset is first=N[,last=N]", text, parts[i]);
+        const std::string_view v = item.substr(item.find('=') + 1);
+        int n = 0;
+        auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+        if (v.empty() || ec != std::errc() || p != v.data() + v.size() || n < 1 || n > 4095)
+          fail(
+              "bad scheme spec '{}': '{}' takes a layer count 1-4095 (the kept layers take the "
+              "exact fp32 cache; for another scheme name the layers: @0-1=SPEC)",
+              text, item);
+        int& slot = first_item ? s.keep_first : s.keep_last;
+        if (slot != 0)
+          fail("bad scheme spec '{}': {} is given twice", text, first_item ? "first=" : "last=");
+        slot = n;
+      }
+      continue;
+    }
     const size_t eq = parts[i].find('=');
     if (eq == std::string_view::npos || eq == 0 || eq + 1 == parts[i].size())
       fail("bad scheme spec '{}': '@{}' should be @LAYERS=SPEC (e.g. kivi2@0-1,29=kivi4)", text,
@@ -203,9 +223,13 @@ SchemeSpec parse_layered(std::string_view text) {
     const SchemeSpec o = parse_spec(parts[i].substr(eq + 1));
     for (int l : parse_layers(text, parts[i].substr(0, eq))) {
       if (!seen.insert(l).second) fail("bad scheme spec '{}': layer {} is given twice", text, l);
-      if (o.canonical() != first) by_layer.push_back({l, o});
+      by_layer.push_back({l, o});
     }
   }
+  // An override that repeats the first spec says nothing, unless a preset would keep that layer
+  // exact (explicit overrides win over first=/last=).
+  if (s.keep_first == 0 && s.keep_last == 0)
+    std::erase_if(by_layer, [&](const auto& lo) { return lo.second.canonical() == first; });
   std::sort(by_layer.begin(), by_layer.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& lo : by_layer) {  // (no structured binding: clang 14 cannot capture one)
@@ -225,14 +249,25 @@ SchemeSpec parse_layered(std::string_view text) {
 SchemeSpec SchemeSpec::for_layer(int l) const {
   for (const LayerOverride& o : layers)
     if (std::binary_search(o.layers.begin(), o.layers.end(), l)) return *o.spec;
+  if (l >= 0 && l < keep_first) return SchemeSpec{};  // the exact fp32 cache
+  if (l >= 0 && keep_last > 0) {
+    KVQ_CHECK(model_layers >= 0,
+              "--kv '{}' keeps the last {} layers exact: which layers those are depends on the "
+              "model's layer count (use it with a model, or name the layers: @L=fp32)",
+              canonical(), keep_last);
+    if (l >= model_layers - keep_last) return SchemeSpec{};
+  }
   SchemeSpec s = *this;
   s.layers.clear();
+  s.keep_first = s.keep_last = 0;
+  s.model_layers = -1;
   return s;
 }
 
 std::vector<SchemeSpec> SchemeSpec::distinct_layer_specs() const {
   std::vector<SchemeSpec> out{for_layer(-1)};
   for (const LayerOverride& o : layers) out.push_back(*o.spec);
+  if (keep_first > 0 || keep_last > 0) out.push_back(SchemeSpec{});
   return out;
 }
 
@@ -442,6 +477,17 @@ SchemeSpec parse_spec(std::string_view text) {
 void check_layers(const SchemeSpec& s, int64_t layers, std::string_view model) {
   KVQ_CHECK(s.max_layer() < layers, "--kv '{}' names layer {}, but {} has {} layers (0-{})",
             s.canonical(), s.max_layer(), model, layers, layers - 1);
+  KVQ_CHECK(s.keep_first + s.keep_last < layers,
+            "--kv '{}' keeps the first {} and last {} layers exact, but {} has {} layers: none "
+            "would be quantized (keep at most {} together)",
+            s.canonical(), s.keep_first, s.keep_last, model, layers, layers - 1);
+}
+
+SchemeSpec resolve_layers(const SchemeSpec& s, int64_t layers, std::string_view model) {
+  check_layers(s, layers, model);
+  SchemeSpec r = s;
+  r.model_layers = layers;
+  return r;
 }
 
 SchemeSpec with_rotation(const SchemeSpec& s, const RotSpec& r) {
@@ -449,6 +495,9 @@ SchemeSpec with_rotation(const SchemeSpec& s, const RotSpec& r) {
     SchemeSpec o = with_rotation(s.for_layer(-1), r);
     for (const LayerOverride& l : s.layers)
       o.layers.push_back({l.layers, std::make_shared<const SchemeSpec>(with_rotation(*l.spec, r))});
+    o.keep_first = s.keep_first;  // the kept layers stay the plain exact cache
+    o.keep_last = s.keep_last;
+    o.model_layers = s.model_layers;
     return o;
   }
   if (s.split()) {
@@ -471,6 +520,10 @@ SchemeSpec SchemeSpec::base() const {
 std::string SchemeSpec::canonical() const {
   if (layered()) {
     std::string c = for_layer(-1).canonical();
+    if (keep_first > 0 || keep_last > 0)
+      c += keep_first == 0  ? fmt::format("@last={}", keep_last)
+           : keep_last == 0 ? fmt::format("@first={}", keep_first)
+                            : fmt::format("@first={},last={}", keep_first, keep_last);
     for (const LayerOverride& o : layers)
       c += fmt::format("@{}={}", format_layers(o.layers), o.spec->canonical());
     return c;

@@ -27,6 +27,12 @@
 //                              SPEC. e.g. kivi2@0-1,29=kivi4, fp32@3=kivi2 (one layer quantized).
 //                              A one-tensor command (quant, compare, synthetic rows) uses the
 //                              scheme of its --layer (0 unless given); a calib path cannot hold '@'
+//   SPEC@first=F[,last=L]      layer preset (the peers' keep-the-edges rule: vLLM TurboQuant keeps
+//   SPEC@last=L                2 first and 2 last layers unquantized, SGLang's int4 cache layer 0):
+//                              the first F and last L layers of the model keep the exact fp32 cache
+//                              (kvq's reference cache, so those layers add no error at all);
+//                              explicit @LAYERS=SPEC overrides still win. last= resolves against
+//                              the model's layer count (resolve_layers); e.g. kivi2@first=2,last=2
 #pragma once
 
 #include <cstdint>
@@ -75,9 +81,9 @@ struct IntSpec {
   int bits = 2;
   Axis key_axis = Axis::Channel;
   Axis value_axis = Axis::Token;
-  int group = 32;     ///< G, or kGroupWholeDim
-  int residual = 0;   ///< R full-precision recent tokens
-  bool sym = false;   ///< symmetric (scale only, no zero point)
+  int group = 32;    ///< G, or kGroupWholeDim
+  int residual = 0;  ///< R full-precision recent tokens
+  bool sym = false;  ///< symmetric (scale only, no zero point)
   Arith arith = Arith::Exact;
   bool kivi = false;  ///< spelled kivi<B> (only changes the canonical name)
   Axis axis(Role r) const { return r == Role::Key ? key_axis : value_axis; }
@@ -125,8 +131,14 @@ struct SchemeSpec {
 
   /// Per-layer schemes (SPEC@LAYERS=SPEC), each layer listed once; empty: every layer this one.
   std::vector<LayerOverride> layers;
-  bool layered() const { return !layers.empty(); }
-  /// \brief The scheme of model layer `l` (without per-layer overrides of its own).
+  /// SPEC@first=F,last=L: the first F and the last L layers take the exact fp32 cache unless
+  /// `layers` names them. `model_layers`: the model's layer count once resolve_layers() has run
+  /// (-1 before: for_layer() of a layer that last= might cover throws).
+  int keep_first = 0, keep_last = 0;
+  int64_t model_layers = -1;
+  bool layered() const { return !layers.empty() || keep_first > 0 || keep_last > 0; }
+  /// \brief The scheme of model layer `l` (without per-layer overrides of its own); -1: the
+  /// first spec.
   SchemeSpec for_layer(int l) const;
   /// \brief The first spec and every override's, each once (what must fit a cache's shape).
   std::vector<SchemeSpec> distinct_layer_specs() const;
@@ -134,9 +146,13 @@ struct SchemeSpec {
   int max_layer() const;
 };
 
-/// \brief Throws kvq::Error when a per-layer spec names a layer that `model` (a name for the message)
-/// with `layers` layers does not have.
+/// \brief Throws kvq::Error when a per-layer spec names a layer that `model` (a name for the
+/// message) with `layers` layers does not have, or its first=/last= preset keeps every layer exact.
 void check_layers(const SchemeSpec& s, int64_t layers, std::string_view model);
+
+/// \brief `s` checked (check_layers) and resolved for a model of `layers` layers: for_layer()
+/// then answers every layer, last= included. The canonical name is unchanged.
+SchemeSpec resolve_layers(const SchemeSpec& s, int64_t layers, std::string_view model);
 
 /// \brief `s` with rot=`r` on each side that has none (what the model's --hadamard flag adds).
 SchemeSpec with_rotation(const SchemeSpec& s, const RotSpec& r);

@@ -556,7 +556,8 @@ void run_model(const ModelPlan& p, const std::filesystem::path& out, const Shard
                   {"bytes_per_token", f.total_bytes() / o.ctx}};
       for (const auto& [name, value] : eval::result_fields(r)) row[name] = value;
       // which tokens of each window set the scales (the first layer's scheme; issue 50 item 3)
-      const SchemeSpec first_layer = s->for_layer(0);
+      const SchemeSpec first_layer =
+          resolve_layers(*s, m.config().layers, "the model").for_layer(0);
       const std::string key_from = scales_from(first_layer, Role::Key, ctx),
                         value_from = scales_from(first_layer, Role::Value, ctx);
       const bool key_prefix = scales_from_prefix(first_layer, Role::Key, ctx),

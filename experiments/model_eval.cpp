@@ -135,8 +135,9 @@ double quantized_fraction(const SchemeSpec& spec, const PplOptions& o, int64_t t
   // share[t]: the quantized part of a t-token cache, summed over the sides that quantize.
   std::vector<double> share(static_cast<size_t>(o.ctx), 0.0);
   int sides = 0;
+  const SchemeSpec whole = resolve_layers(spec, layers, "the model");
   for (int l = 0; l < layers; ++l) {
-    const SchemeSpec one = spec.for_layer(l);
+    const SchemeSpec one = whole.for_layer(l);
     for (Role r : {Role::Key, Role::Value}) {
       const SchemeSpec& side = one.side(r);
       if (side.kind == SchemeKind::Fp32) continue;  // exact by design: not in the mean

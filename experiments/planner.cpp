@@ -184,11 +184,11 @@ RequestFootprint request_footprint(const ModelDims& m, const SchemeSpec& spec, i
   KVQ_CHECK(elements <= kMaxElements,
             "a request of {} tokens x {} layers x {} kv heads x {} head dim is too large to plan",
             tokens, m.layers, m.kv_heads, m.head_dim);
-  check_layers(spec, m.layers, m.name);
+  const SchemeSpec whole = resolve_layers(spec, m.layers, m.name);
   const Shape3 shape{tokens, m.kv_heads, m.head_dim};
   RequestFootprint r;
   for (int l = 0; l < m.layers; ++l) {
-    const SchemeSpec one = spec.for_layer(l);
+    const SchemeSpec one = whole.for_layer(l);
     r.key += footprint(one, Role::Key, shape);
     r.value += footprint(one, Role::Value, shape);
   }

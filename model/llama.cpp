@@ -190,12 +190,13 @@ void rms_norm_heads(Mat& x, const Eigen::VectorXf& w, float eps, Eigen::Index r0
 }  // namespace
 
 LlamaCache::LlamaCache(const LlamaConfig& c, const CacheOptions& o) : opts_(o) {
+  opts_.spec = resolve_layers(o.spec, c.layers, "the model");  // @first=/@last= name layers now
   // Appends quantize on backend cpu's kernels whatever the attention backend: the bytes are the
   // reference's, bit for bit (tests/kernels/cpu/, tests/reference_cpu/kv_cache_test.cpp).
   const SideKernels k = cpu_side_kernels();
   for (int l = 0; l < c.layers; ++l) {
-    layers_.push_back({make_side(o.spec, Role::Key, c.kv_heads, c.head_dim, l, k),  // layer l's
-                       make_side(o.spec, Role::Value, c.kv_heads, c.head_dim, l, k)});
+    layers_.push_back({make_side(opts_.spec, Role::Key, c.kv_heads, c.head_dim, l, k),  // layer l's
+                       make_side(opts_.spec, Role::Value, c.kv_heads, c.head_dim, l, k)});
     // The model's whole context as address space: no copies as the cache grows (resident memory
     // stays the tokens written).
     layers_.back().k->reserve(c.context);

@@ -133,6 +133,72 @@ TEST(Spec, PerLayerSchemes) {
   EXPECT_NE(error_of("kivi2@1=int9").find("9 bits not supported"), std::string::npos);
 }
 
+// Layer presets (issue 49 item 5): SPEC@first=F,last=L keeps the first F and last L layers in the
+// exact fp32 cache; explicit @LAYERS=SPEC overrides win; last= needs the model's layer count.
+TEST(Spec, LayerPresetFirstLast_parsesRoundTripsAndResolvesFor30Layers) {
+  const SchemeSpec s = parse_spec("kivi2@15=kivi4@last=2,first=2@0=kivi4@1=kivi2");
+  EXPECT_EQ(s.canonical(),
+            "kivi2:g=32,r=128@first=2,last=2@0,15=kivi4:g=32,r=128@1=kivi2:g=32,r=128");
+  EXPECT_EQ(parse_spec(s.canonical()).canonical(), s.canonical());
+  EXPECT_TRUE(s.layered());
+  EXPECT_EQ(s.max_layer(), 15);  // explicit overrides only
+  EXPECT_EQ(parse_spec("kivi4@first=1").canonical(), "kivi4:g=32,r=128@first=1");
+  EXPECT_EQ(parse_spec("kivi4@last=3").canonical(), "kivi4:g=32,r=128@last=3");
+  EXPECT_NE(parse_spec("kivi2@first=2").canonical(), parse_spec("kivi2").canonical());
+  // Without the layer count: first= answers, a layer last= might cover is an error.
+  EXPECT_EQ(s.for_layer(-1).canonical(), "kivi2:g=32,r=128");
+  EXPECT_EQ(parse_spec("kivi2@first=2").for_layer(1).canonical(), "fp32");
+  EXPECT_EQ(parse_spec("kivi2@first=2").for_layer(2).canonical(), "kivi2:g=32,r=128");
+  try {
+    (void)s.for_layer(5);
+    ADD_FAILURE() << "last= resolved without a layer count";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("depends on the model's layer count"), std::string::npos)
+        << e.what();
+  }
+  // Resolved for a 30-layer model (SmolLM2-135M), the expected list written out by hand: layer 0
+  // kivi4 (explicit wins over first=2), 1 kivi2 (explicit, although it repeats the first spec),
+  // 15 kivi4, 28-29 fp32 (last=2), every other layer kivi2.
+  const SchemeSpec r = resolve_layers(s, 30, "the model");
+  EXPECT_EQ(r.canonical(), s.canonical());
+  std::vector<std::string> want(30, "kivi2:g=32,r=128");
+  want[0] = want[15] = "kivi4:g=32,r=128";
+  want[28] = want[29] = "fp32";
+  for (int l = 0; l < 30; ++l) EXPECT_EQ(r.for_layer(l).canonical(), want[l]) << "layer " << l;
+  const SchemeSpec plain = resolve_layers(parse_spec("kivi2@first=2,last=2"), 30, "the model");
+  for (int l = 0; l < 30; ++l)
+    EXPECT_EQ(plain.for_layer(l).canonical(), l < 2 || l >= 28 ? "fp32" : "kivi2:g=32,r=128")
+        << "layer " << l;
+  EXPECT_EQ(plain.distinct_layer_specs().size(), 2u);
+  // The model's --hadamard rotates the quantized layers; the kept ones stay the plain exact cache.
+  const SchemeSpec rot = with_rotation(plain, RotSpec{true});
+  EXPECT_EQ(rot.canonical(), "kivi2:g=32,r=128,rot=hadamard@first=2,last=2");
+  EXPECT_EQ(rot.for_layer(29).canonical(), "fp32");
+  EXPECT_EQ(rot.for_layer(2).canonical(), "kivi2:g=32,r=128,rot=hadamard");
+}
+
+TEST(Spec, LayerPresetErrors) {
+  auto resolve_error = [](const char* spec, int layers) -> std::string {
+    try {
+      (void)resolve_layers(parse_spec(spec), layers, "the model");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(resolve_error("kivi2@first=15,last=15", 30).find("none would be quantized"),
+            std::string::npos);
+  EXPECT_NE(resolve_error("kivi2@first=31", 30).find("has 30 layers"), std::string::npos);
+  EXPECT_EQ(resolve_error("kivi2@first=15,last=14", 30), "");
+  EXPECT_NE(resolve_error("kivi2@first=2@30=kivi4", 30).find("names layer 30"), std::string::npos);
+  EXPECT_NE(error_of("kivi2@first=2@first=3").find("first= is given twice"), std::string::npos);
+  EXPECT_NE(error_of("kivi2@last=2,last=2").find("last= is given twice"), std::string::npos);
+  EXPECT_NE(error_of("kivi2@first=0").find("takes a layer count 1-4095"), std::string::npos);
+  EXPECT_NE(error_of("kivi2@first=2=kivi4").find("takes a layer count"), std::string::npos);
+  EXPECT_NE(error_of("kivi2@first=2,window=1").find("a layer preset is first=N[,last=N]"),
+            std::string::npos);
+}
+
 TEST(Spec, CanonicalReparsesToItself) {
   for (const char* t : {"fp32", "fp8_e5m2:gran=token,scale=2", "kivi3:g=16,r=32,sym",
                         "int4:k=channel,v=channel,g=128,r=256", "bf16:rot=hadamard:1,sink=3",

@@ -254,6 +254,46 @@ TEST(ModelEval, Fp32CacheNeverDivergesFromItself) {
   EXPECT_EQ(r.ref, r.test);
 }
 
+// Layer presets (issue 49 item 5): kivi2@first=1,last=1 on SmolLM2 (30 layers) stores layers 0
+// and 29 in the exact cache: after a 160-token prefill their footprints equal the fp32 cache's
+// (which stores 4 bytes per element, core/footprint.h) and nothing in them is quantized; layer 0,
+// whose input does not depend on the cache, holds the fp32 run's values bit for bit. Layer 1 is
+// quantized (non-vacuous), and a preset that keeps all 30 layers is refused before any work.
+TEST(LayerPreset, FirstAndLastLayerHoldTheExactCache) {
+  KVQ_REQUIRE_MODEL();
+  const LlamaConfig& c = M->model.config();
+  ASSERT_EQ(c.layers, 30);
+  const auto ids = kjv_tokens(M->tok, 160);
+  auto prefill = [&](const char* spec) {
+    auto cache = std::make_unique<LlamaCache>(c, opts(spec));
+    std::vector<float> lg;
+    M->model.forward(ids, *cache, lg, false, 2);
+    return cache;
+  };
+  const auto exact = prefill("fp32");
+  const auto preset = prefill("kivi2:g=32,r=32@first=1,last=1");
+  EXPECT_EQ(preset->options().spec.canonical(), "kivi2:g=32,r=32@first=1,last=1");
+  for (int l : {0, 29})
+    for (bool key : {true, false}) {
+      const SideStore& a = *(key ? exact->layers()[l].k : exact->layers()[l].v);
+      const SideStore& b = *(key ? preset->layers()[l].k : preset->layers()[l].v);
+      EXPECT_EQ(b.footprint().total_bytes(), a.footprint().total_bytes()) << "layer " << l;
+      EXPECT_EQ(b.footprint().total_bytes(), 4.0 * 160 * c.kv_heads * c.head_dim);
+      EXPECT_EQ(b.quantized_tokens_at(160), 0) << "layer " << l;
+      if (l == 0) EXPECT_EQ(b.dequantize().data, a.dequantize().data) << "layer 0 values";
+    }
+  EXPECT_LT(preset->layers()[1].k->footprint().total_bytes(),
+            exact->layers()[1].k->footprint().total_bytes() / 2);
+  EXPECT_GT(preset->layers()[1].k->quantized_tokens_at(160), 0);
+  CacheOptions all = opts("kivi2@first=15,last=15");
+  try {
+    check_cache_options(all, c);
+    ADD_FAILURE() << "a preset keeping every layer was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("none would be quantized"), std::string::npos) << e.what();
+  }
+}
+
 std::vector<int32_t> kjv_file_tokens(const Tokenizer& t, size_t n) {
   const std::string p = cli::model_dir() + "/kjv.txt";
   if (!std::filesystem::exists(p)) return {};
