@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -33,28 +36,68 @@ size_t dtype_size(const std::string& dt) {
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const std::vector<RawTensor>& tensors,
+void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
+                       const std::function<void(size_t, std::ostream&)>& write_bytes,
                        const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json h;
   if (!metadata.empty()) h["__metadata__"] = metadata;
+  std::vector<uint64_t> sizes;
   uint64_t off = 0;
+  for (const auto& t : tensors) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    const uint64_t bytes = static_cast<uint64_t>(n) * dtype_size(t.dtype);
+    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
+    sizes.push_back(bytes);
+    off += bytes;
+  }
+  std::string header = h.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t len = header.size();
+  const std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(::getpid()));
+  try {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail("{}: cannot open for writing ({})", path, std::strerror(errno));
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out.write(header.data(), static_cast<std::streamsize>(header.size()));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const std::streamoff begin = out.tellp();
+      write_bytes(i, out);
+      const auto wrote = static_cast<uint64_t>(out.tellp() - begin);
+      KVQ_CHECK(wrote == sizes[i], "{}: tensor {} got {} bytes, its shape and dtype need {}", path,
+                tensors[i].name, wrote, sizes[i]);
+    }
+    out.flush();
+    if (!out) fail("{}: write failed ({})", path, std::strerror(errno));
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    fail("{}: cannot rename temporary into place ({})", path, ec.message());
+  }
+}
+
+void write_safetensors(const std::string& path, const std::vector<RawTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsEntry> entries;
   for (const auto& t : tensors) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
     const uint64_t bytes = static_cast<uint64_t>(n) * dtype_size(t.dtype);
     KVQ_CHECK(bytes == t.bytes.size(), "safetensors: tensor {} has {} bytes for {} {} values",
               t.name, t.bytes.size(), n, t.dtype);
-    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
-    off += bytes;
+    entries.push_back({t.name, t.dtype, t.shape, 0, bytes});
   }
-  std::string header = h.dump();
-  header.append((8 - header.size() % 8) % 8, ' ');
-  std::string out(8, '\0');
-  const uint64_t len = header.size();
-  std::memcpy(out.data(), &len, 8);
-  out += header;
-  for (const auto& t : tensors) out += t.bytes;
-  write_file_atomic(path, out);
+  write_safetensors(
+      path, entries,
+      [&](size_t i, std::ostream& out) {
+        out.write(tensors[i].bytes.data(), static_cast<std::streamsize>(tensors[i].bytes.size()));
+      },
+      metadata);
 }
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,

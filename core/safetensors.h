@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <string>
@@ -53,6 +55,14 @@ struct SafetensorsEntry {
   uint64_t offset = 0;  ///< from the start of the file
   uint64_t bytes = 0;
 };
+
+/// \brief Writes the file streaming: the header of `tensors` (name, dtype, shape; offsets and
+/// bytes are computed here), then `write_bytes(i, out)` writes tensor i's data, which must be its
+/// shape's element count times its dtype's size (checked). Atomic (a temporary renamed into
+/// place); nothing but the header is held, so it writes files larger than memory.
+void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& tensors,
+                       const std::function<void(size_t, std::ostream&)>& write_bytes,
+                       const std::map<std::string, std::string>& metadata = {});
 
 /// \brief Parses and checks the header of a safetensors file of `file_size` bytes whose first
 /// bytes are `head` (at least 8 + the header length); errors name `name` and the bad entry (bad

@@ -6,11 +6,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/io.h"
 #include "tests/support/expect_error.h"
 
 namespace kvq {
@@ -87,4 +90,23 @@ TEST(Safetensors, RejectsWrongTypesAndWrappingShapes_2pow60Elements) {
 }
 
 }  // namespace
+// The streamed writer (what writes checkpoints larger than memory) gives the bytes the
+// in-memory one gives, and rejects a callback that writes the wrong byte count, naming the tensor.
+TEST(Safetensors, StreamedWriterEqualsInMemory_andChecksByteCounts) {
+  const std::string dir = ::testing::TempDir(), a = dir + "kvq_st_a", b = dir + "kvq_st_b";
+  const std::vector<RawTensor> raw = {{"h", "BF16", {2, 3}, std::string(12, '\x3f')},
+                                      {"u", "U8", {5}, "abcde"}};
+  write_safetensors(a, raw, {{"k", "v"}});
+  std::vector<SafetensorsEntry> entries;
+  for (const RawTensor& t : raw) entries.push_back({t.name, t.dtype, t.shape, 0, 0});
+  write_safetensors(b, entries, [&](size_t i, std::ostream& out) { out << raw[i].bytes; },
+                    {{"k", "v"}});
+  EXPECT_EQ(read_file(a), read_file(b));
+  kvq::testing::expect_error(
+      [&] { write_safetensors(b, entries, [&](size_t, std::ostream& out) { out << "xyz"; }); },
+      "kvq_st_b: tensor h got 3 bytes, its shape and dtype need 12");
+  std::remove(a.c_str());
+  std::remove(b.c_str());
+}
+
 }  // namespace kvq
