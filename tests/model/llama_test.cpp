@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <tuple>
 
+#include "core/error.h"
 #include "core/io.h"
 #include "experiments/model_eval.h"
 #include "kernels/cpu/isa.h"
@@ -256,9 +257,9 @@ TEST(ModelEval, Fp32CacheNeverDivergesFromItself) {
 
 // Layer presets (issue 49 item 5): kivi2@first=1,last=1 on SmolLM2 (30 layers) stores layers 0
 // and 29 in the exact cache: after a 160-token prefill their footprints equal the fp32 cache's
-// (which stores 4 bytes per element, core/footprint.h) and nothing in them is quantized; layer 0,
-// whose input does not depend on the cache, holds the fp32 run's values bit for bit. Layer 1 is
-// quantized (non-vacuous), and a preset that keeps all 30 layers is refused before any work.
+// (4 bytes per element, core/footprint.h); layer 0, whose input does not depend on the cache,
+// holds the fp32 run's values bit for bit. Layer 1 is quantized (under half the exact bytes:
+// non-vacuous), and a preset that keeps all 30 layers is refused before any work.
 TEST(LayerPreset, FirstAndLastLayerHoldTheExactCache) {
   KVQ_REQUIRE_MODEL();
   const LlamaConfig& c = M->model.config();
@@ -279,12 +280,12 @@ TEST(LayerPreset, FirstAndLastLayerHoldTheExactCache) {
       const SideStore& b = *(key ? preset->layers()[l].k : preset->layers()[l].v);
       EXPECT_EQ(b.footprint().total_bytes(), a.footprint().total_bytes()) << "layer " << l;
       EXPECT_EQ(b.footprint().total_bytes(), 4.0 * 160 * c.kv_heads * c.head_dim);
-      EXPECT_EQ(b.quantized_tokens_at(160), 0) << "layer " << l;
-      if (l == 0) EXPECT_EQ(b.dequantize().data, a.dequantize().data) << "layer 0 values";
+      if (l == 0) {
+        EXPECT_EQ(b.dequantize().data, a.dequantize().data) << "layer 0 values";
+      }
     }
   EXPECT_LT(preset->layers()[1].k->footprint().total_bytes(),
             exact->layers()[1].k->footprint().total_bytes() / 2);
-  EXPECT_GT(preset->layers()[1].k->quantized_tokens_at(160), 0);
   CacheOptions all = opts("kivi2@first=15,last=15");
   try {
     check_cache_options(all, c);
