@@ -32,6 +32,7 @@
 #include "experiments/model_files.h"
 #include "experiments/planner.h"
 #include "experiments/report.h"
+#include "experiments/ruler.h"
 #include "fp8/scale.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
@@ -481,6 +482,63 @@ class Model {
     return rows;
   }
 
+  // One RULER-style case (experiments/ruler.h): (prompt ids, answers, gen_tokens), the case
+  // `kvq run`'s [ruler] task builds for the same task, length, seed, sample and haystack.
+  std::tuple<std::vector<int32_t>, std::vector<std::string>, int> ruler_case(
+      const std::string& task, int length, uint64_t seed, int sample,
+      const std::string& haystack) const {
+    check_ruler(length, sample);
+    eval::RulerCase c;
+    {
+      nb::gil_scoped_release release;
+      c = eval::ruler_case(m_->tok, ruler_haystack(haystack), task, length, seed, sample);
+    }
+    return {c.prompt, c.answers, c.gen_tokens};
+  }
+
+  // The RULER-style suite over length x task x sample, each case answered greedily with the fp32
+  // cache and with `kv`, as `kvq run`'s [ruler] rows (--json rows: its score, output and
+  // fp32_score, fp32_output, answers, prompt_tokens, generated).
+  std::vector<std::string> ruler(const std::string& kv, std::vector<std::string> tasks,
+                                 const std::vector<int>& lengths, int samples, uint64_t seed,
+                                 const std::string& haystack, int max_new, int threads,
+                                 const std::string& backend) {
+    const CacheOptions test{parse_spec(kv)}, ref{parse_spec("fp32")};
+    const AttentionBackend b = parse_backend(backend);
+    KVQ_CHECK(!lengths.empty(), "length: give at least one value");
+    if (tasks.empty())  // every task, in RULER's order
+      for (const auto& t : eval::ruler_tasks()) tasks.emplace_back(t.name);
+    for (const auto& t : tasks) (void)eval::ruler_task(t);
+    for (int l : lengths) check_ruler(l, 0);
+    KVQ_CHECK(samples >= 1, "samples must be at least 1, got {}", samples);
+    KVQ_CHECK(max_new >= 0, "max_new must be 0 (each task's budget) or more, got {}", max_new);
+    std::vector<std::string> rows;
+    nb::gil_scoped_release release;
+    m_->model.set_backend(b);
+    const eval::RulerHaystack hay = ruler_haystack(haystack);
+    for (int l : lengths)
+      for (const auto& t : tasks)
+        for (int i = 0; i < samples; ++i) {
+          const eval::RulerCase c = eval::ruler_case(m_->tok, hay, t, l, seed, i);
+          const eval::RulerOutput a =
+              eval::ruler_trial(m_->model, m_->tok, ref, c, max_new, threads, poll_signals);
+          const eval::RulerOutput r =
+              eval::ruler_trial(m_->model, m_->tok, test, c, max_new, threads, poll_signals);
+          rows.push_back(nlohmann::json{{"length", l},
+                                        {"task", t},
+                                        {"sample", i},
+                                        {"answers", c.answers},
+                                        {"prompt_tokens", c.prompt.size()},
+                                        {"fp32_score", a.score},
+                                        {"fp32_output", a.text},
+                                        {"score", r.score},
+                                        {"output", r.text},
+                                        {"generated", r.tokens}}
+                             .dump());
+        }
+    return rows;
+  }
+
   // Per-layer, per-head amax of K and V, as `kvq model calibrate`: (model, source, k_amax [layers,
   // heads], v_amax); written to `out` (the CLI's file, byte for byte) when it is not empty.
   std::tuple<std::string, std::string, FloatOut, FloatOut> calibrate(
@@ -532,6 +590,18 @@ class Model {
   }
 
  private:
+  void check_ruler(int length, int sample) const {
+    const int context = m_->model.config().context;
+    KVQ_CHECK(length >= 1 && length <= context, "length {} outside [1, {}] (the model's context)",
+              length, context);
+    KVQ_CHECK(sample >= 0, "sample must be 0 or more, got {}", sample);
+  }
+  // "kjv" (or a text file: read_text) or "noise" (RULER's repeated sentences).
+  eval::RulerHaystack ruler_haystack(const std::string& haystack) const {
+    const bool noise = haystack == "noise";
+    return eval::ruler_haystack(m_->tok, noise ? std::string() : cli::read_text(haystack), noise);
+  }
+
   std::unique_ptr<eval::LoadedModel> m_;
   std::string path_;
 };
@@ -596,5 +666,7 @@ NB_MODULE(_kvq, m) {
       .def("logits", &Model::logits)
       .def("diverge", &Model::diverge)
       .def("needle", &Model::needle)
+      .def("ruler_case", &Model::ruler_case)
+      .def("ruler", &Model::ruler)
       .def("calibrate", &Model::calibrate);
 }

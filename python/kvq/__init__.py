@@ -552,6 +552,53 @@ class Model:
                               _int(seed, "seed"), hay, _int(threads, "threads"), backend)
         return [json.loads(r) for r in rows]
 
+    def ruler_case(self, task: str, length: int, sample: int = 0, seed: int = 1,
+                   haystack: str = "kjv") -> dict:
+        """One case of the RULER-style suite, the one ``kvq run``'s [ruler] task builds for the
+        same ``task`` (RULER's name: niah_single_1..3, niah_multikey_1..3, niah_multivalue,
+        niah_multiquery, vt, cwe, fwe), ``length`` (tokens: prompt plus the task's generation
+        budget), ``seed`` and ``sample``, from ``haystack`` ("kjv", "noise" or a text file). A dict:
+        prompt (token ids, the chat template around the task with RULER's answer prefix),
+        answers (what the output must contain) and gen_tokens (the task's budget).
+
+        Example::
+
+            >>> c = m.ruler_case("niah_multikey_1", 2048, sample=3)
+            >>> len(c["prompt"]) + c["gen_tokens"], c["answers"]
+        """
+        prompt, answers, gen = self._m.ruler_case(str(task), _int(length, "length"),
+                                                  _int(seed, "seed"), _int(sample, "sample"),
+                                                  str(haystack))
+        return {"prompt": list(prompt), "answers": list(answers), "gen_tokens": gen}
+
+    def ruler(self, kv: SpecLike = DEFAULT_KV, task: Union[None, str, Sequence[str]] = None,
+              length: Union[int, Sequence[int]] = (1024, 2048, 4096), samples: int = 5,
+              seed: int = 1, haystack: str = "kjv", max_new: int = 0, threads: int = 0,
+              backend: str = "cpu") -> list[dict]:
+        """The RULER-style long-context suite, as ``kvq run``'s [ruler] task (the same cases,
+        greedy outputs and scores as its rows): every ``length`` x ``task`` (default: all of
+        them) x sample (``samples`` from ``seed``) answered with the fp32 cache and with ``kv``,
+        scored by RULER's string_match_all. One dict per case in that order: length, task,
+        sample, answers (a list), prompt_tokens, fp32_score, fp32_output, score, output,
+        generated (``kv``'s tokens, the stop token included). ``max_new`` > 0 caps the generated
+        tokens (``kvq run --smoke`` uses 4); ``haystack`` is "kjv", "noise" or a text file.
+        Ctrl-C stops it between tokens.
+
+        Example::
+
+            >>> rows = m.ruler(kv="kivi2", task="niah_single_2", length=[1024, 4096], samples=2)
+            >>> [(r["length"], r["score"], r["fp32_score"]) for r in rows]
+        """
+        # None: every task (the C++ side's list, RULER's order)
+        tasks = [] if task is None else [task] if isinstance(task, str) else [str(t) for t in task]
+        if task is not None and not tasks:
+            raise Error("task: give at least one task name (or None for all of them)")
+        lengths = [length] if isinstance(length, (int, np.integer)) else list(length)
+        rows = self._m.ruler(_spec_text(kv, "kv"), tasks, [_int(x, "length") for x in lengths],
+                             _int(samples, "samples"), _int(seed, "seed"), str(haystack),
+                             _int(max_new, "max_new"), _int(threads, "threads"), backend)
+        return [json.loads(r) for r in rows]
+
     def calibrate(self, text: Optional[str] = None, max_tokens: int = DEFAULT_MAX_TOKENS,
                   skip_tokens: int = 0, ctx: int = 1024, pre_rope: bool = False,
                   out: Union[None, str, os.PathLike] = None, text_name: Optional[str] = None,
