@@ -57,6 +57,18 @@ def test_ppl_equals_cli(model, cli, tmp_path, text):
         assert r[1][key] == want[key], key
 
 
+def test_layer_preset_row_is_named_and_equals_explicit_layers(model, text):
+    # Issue 49 item 5: on SmolLM2's 30 layers @first=1,last=1 is @0,29=fp32 under another name:
+    # the same caches, so the same numbers bit for bit; the row keeps the preset's name.
+    r = model.ppl(text, kv=["kivi2:g=16,r=16@first=1,last=1", "kivi2:g=16,r=16@0,29=fp32"],
+                  ctx=64, max_tokens=TEXT_TOKENS, chunk=32)
+    assert r[0]["kv"] == "kivi2:g=16,r=16@first=1,last=1"
+    assert r[1]["kv"] == "kivi2:g=16,r=16@0,29=fp32"
+    assert r[0]["kld"] > 0
+    for key in ("ppl", "kld", "kld_p99", "top1", "quantized"):
+        assert r[0][key] == r[1][key], key
+
+
 def test_generate_equals_cli(model, cli):
     prompt = "The capital of France is"
     out = cli("model", "generate", "--prompt", prompt, "-n", 6, "--kv", "kivi2").stdout
@@ -160,6 +172,7 @@ except KeyboardInterrupt:
     (lambda m: m.ppl("short text", ctx=64), "fewer than --ctx"),
     (lambda m: m.ppl("x" * 100, kv="kivi7"), "bits"),
     (lambda m: m.ppl("x" * 100, kv=[]), "at least one"),
+    (lambda m: m.ppl("x " * 200, ctx=64, kv="kivi2@first=15,last=15"), "none would be quantized"),
     (lambda m: m.generate("hello", n=0), "at least 1"),
     (lambda m: m.generate("hello", backend="gpu"), "gpu"),
     (lambda m: m.dump_kv(""), "empty"),

@@ -68,3 +68,6 @@ def test_rotation_and_sinks():
     assert kvq.parse_spec("bf16:rot=hadamard").rot == "hadamard"
     assert kvq.parse_spec("kivi2").rot is None and kvq.parse_spec("kivi2").sink is None
     assert kvq.parse_spec("kivi2@0-1=kivi4").canonical == "kivi2:g=32,r=128@0-1=kivi4:g=32,r=128"
+    # Issue 49 item 5: the layer preset stays in the name, explicit overrides after it.
+    assert (kvq.parse_spec("kivi2@0=kivi4@last=2,first=2").canonical ==
+            "kivi2:g=32,r=128@first=2,last=2@0=kivi4:g=32,r=128")
