@@ -32,6 +32,24 @@ int grid_for(int64_t work, int64_t per_block) {
 
 // ---- amax -------------------------------------------------------------------------------------
 
+// max |x| of one row of `dim` floats as ordered bits, reduced over the warp (every lane gets it):
+// 16-byte loads when `vec` (row 16-byte aligned, dim % 4 == 0); kStream marks them evict-first.
+template <bool kStream>
+__device__ uint32_t warp_row_amax_bits(const float* r, int64_t dim, bool vec, int lane) {
+  uint32_t m = 0;
+  if (vec) {
+    const float4* r4 = reinterpret_cast<const float4*>(r);
+    for (int64_t q = lane; q < dim / 4; q += 32) {
+      const float4 v = kStream ? __ldcs(r4 + q) : r4[q];
+      m = max(max(m, abs_bits(v.x)), max(abs_bits(v.y), max(abs_bits(v.z), abs_bits(v.w))));
+    }
+  } else {
+    for (int64_t d = lane; d < dim; d += 32) m = max(m, abs_bits(r[d]));
+  }
+  for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+  return m;
+}
+
 /// Token granularity: one warp reduces one (t, h) row and writes its scale directly: float4 loads
 /// where `vec` (dim % 4 == 0 and x 16-byte aligned), an xor-shuffle max over the warp (max on
 /// the |x| bits is order-independent, so the scale is the CPU's), no shared memory.
@@ -43,18 +61,7 @@ __global__ void __launch_bounds__(kBlock)
   const int64_t rows = tokens * heads;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const float* r = x + row * dim;
-    uint32_t m = 0;
-    if (vec) {
-      const float4* r4 = reinterpret_cast<const float4*>(r);
-      for (int64_t q = lane; q < dim / 4; q += 32) {
-        const float4 v = __ldcs(r4 + q);
-        m = max(max(m, abs_bits(v.x)), max(abs_bits(v.y), max(abs_bits(v.z), abs_bits(v.w))));
-      }
-    } else {
-      for (int64_t d = lane; d < dim; d += 32) m = max(m, abs_bits(r[d]));
-    }
-    for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    const uint32_t m = warp_row_amax_bits</*kStream=*/true>(x + row * dim, dim, vec, lane);
     const int64_t t = row / heads, h = row - t * heads;
     if (lane == 0)
       scales[fp8::scale_index(Granularity::Token, t, h, 0, heads, dim)] =
@@ -245,17 +252,8 @@ __global__ void __launch_bounds__(kBlock)
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
     const float* r = x + row * dim;
-    uint32_t m = 0;
-    if (vec) {
-      const float4* r4 = reinterpret_cast<const float4*>(r);
-      for (int64_t q = lane; q < dim / 4; q += 32) {
-        const float4 f = r4[q];
-        m = max(max(m, abs_bits(f.x)), max(abs_bits(f.y), max(abs_bits(f.z), abs_bits(f.w))));
-      }
-    } else {
-      for (int64_t d = lane; d < dim; d += 32) m = max(m, abs_bits(r[d]));
-    }
-    for (int off = 16; off > 0; off /= 2) m = max(m, __shfl_xor_sync(0xffffffffu, m, off));
+    // plain loads: the codes pass below reads the row again, from cache
+    const uint32_t m = warp_row_amax_bits</*kStream=*/false>(r, dim, vec, lane);
     const float s = fp8::scale_from_amax(bits_float(m), F);
     if (lane == 0) scales[row] = s;
     for (int64_t d = lane; d < dim; d += 32)
