@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "kernels/cpu/isa.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -235,7 +236,153 @@ void decode_q8_block(const uint8_t* blk, float* t) {
 }
 #endif
 
+// ---- mapped rows: W [out][in] row-major, F32 / F16 / BF16 ----------------------------------
+
+size_t dense_item(GgmlType type) { return type == GgmlType::kF32 ? 4 : 2; }
+
+#if KVQ_CPU_AVX512
+using cpu::kAll16;
+constexpr __mmask8 kAll8 = 0xff;
+
+// out[j] = word j of in[0..15] (lane i from in[i]): the 16 x 16 transpose of 32-bit words.
+inline void transpose16(const __m512i in[16], __m512i out[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {  // lane L of t[2i]: words 4L, 4L + 1 of in[2i], in[2i + 1]
+    t[2 * i] = _mm512_maskz_unpacklo_epi32(kAll16, in[2 * i], in[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_epi32(kAll16, in[2 * i], in[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // lane L of u[4i + e]: word 4L + e of in[4i .. 4i + 3]
+    u[4 * i] = _mm512_maskz_unpacklo_epi64(kAll8, t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_maskz_unpackhi_epi64(kAll8, t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_maskz_unpacklo_epi64(kAll8, t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_maskz_unpackhi_epi64(kAll8, t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {  // 128-bit lanes: lane L of out[4L' + e] from u[4i + e]'s lane L'
+    const __m512i s0 = _mm512_maskz_shuffle_i32x4(kAll16, u[e], u[4 + e], 0x88),
+                  s1 = _mm512_maskz_shuffle_i32x4(kAll16, u[e], u[4 + e], 0xDD),
+                  s2 = _mm512_maskz_shuffle_i32x4(kAll16, u[8 + e], u[12 + e], 0x88),
+                  s3 = _mm512_maskz_shuffle_i32x4(kAll16, u[8 + e], u[12 + e], 0xDD);
+    out[e] = _mm512_maskz_shuffle_i32x4(kAll16, s0, s2, 0x88);
+    out[4 + e] = _mm512_maskz_shuffle_i32x4(kAll16, s1, s3, 0x88);
+    out[8 + e] = _mm512_maskz_shuffle_i32x4(kAll16, s0, s2, 0xDD);
+    out[12 + e] = _mm512_maskz_shuffle_i32x4(kAll16, s1, s3, 0xDD);
+  }
+}
+
+// A block of `rows` (<= 16) consecutive rows from `w` (row stride `ld` bytes), values k .. k + kn
+// - 1 (kn <= the block's 16 F32 or 32 16-bit values), transposed: word j of lane i holds row i's
+// j-th 32 bits (values 2j, 2j + 1 of 16-bit types; value j of F32). Rows and values past the ends
+// read as zero and are not touched in memory.
+template <GgmlType T>
+inline void load_block(const uint8_t* w, int64_t ld, int rows, int64_t kn, __m512i out[16]) {
+  __m512i r[16];
+  constexpr bool k32 = T == GgmlType::kF32;
+  const __mmask32 m16 = kn >= 32 ? ~__mmask32{0} : (__mmask32{1} << kn) - 1;
+  const __mmask16 m32 = kn >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << kn) - 1);
+  for (int i = 0; i < 16; ++i) {
+    const void* at = w + (i < rows ? i : 0) * ld;
+    r[i] = k32 ? _mm512_maskz_loadu_epi32(i < rows ? m32 : 0, at)
+               : _mm512_maskz_loadu_epi16(i < rows ? m16 : 0, at);
+  }
+  transpose16(r, out);
+}
+
+// Word j of a transposed block as floats: values 2j (lo) and 2j + 1 (hi) of a 16-bit type, the
+// exact conversions (BF16: the bits shifted into a float's high half; F16: F16C).
+template <GgmlType T>
+inline void split_word(__m512i v, __m512& lo, __m512& hi) {
+  if constexpr (T == GgmlType::kBF16) {
+    lo = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll16, v, 16));
+    hi = _mm512_castsi512_ps(
+        _mm512_maskz_and_epi32(kAll16, v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  } else {
+    lo = _mm512_maskz_cvtph_ps(kAll16, _mm512_maskz_cvtepi32_epi16(kAll16, v));
+    hi = _mm512_maskz_cvtph_ps(
+        kAll16, _mm512_maskz_cvtepi32_epi16(kAll16, _mm512_maskz_srli_epi32(kAll16, v, 16)));
+  }
+}
+
+// Decode: y [R][16] (stride ldy) += the chain over `in` values of x [R][in] (stride ldx) against
+// 16 mapped rows (`rows` real ones), in increasing k, straight from the transposed blocks.
+template <GgmlType T, int R>
+void gemv_mapped(const uint8_t* w, int64_t ld, int rows, int64_t in, const float* x, int64_t ldx,
+                 float* y, int64_t ldy) {
+  constexpr int64_t kb = T == GgmlType::kF32 ? 16 : 32;  // values per block
+  constexpr int64_t item = T == GgmlType::kF32 ? 4 : 2;
+  __m512 a[R];
+  for (int r = 0; r < R; ++r) a[r] = _mm512_loadu_ps(y + r * ldy);
+  __m512i t[16];
+  for (int64_t k0 = 0; k0 < in; k0 += kb) {
+    const int64_t kn = std::min(kb, in - k0);
+    load_block<T>(w + k0 * item, ld, rows, kn, t);
+    const float* xk = x + k0;
+    if constexpr (T == GgmlType::kF32) {
+      for (int64_t j = 0; j < kn; ++j) {
+        const __m512 wv = _mm512_castsi512_ps(t[j]);
+        for (int r = 0; r < R; ++r)
+          a[r] = _mm512_fmadd_ps(_mm512_set1_ps(xk[r * ldx + j]), wv, a[r]);
+      }
+    } else {
+      for (int64_t j = 0; 2 * j < kn; ++j) {
+        __m512 lo, hi;
+        split_word<T>(t[j], lo, hi);
+        for (int r = 0; r < R; ++r)
+          a[r] = _mm512_fmadd_ps(_mm512_set1_ps(xk[r * ldx + 2 * j]), lo, a[r]);
+        if (2 * j + 1 < kn)
+          for (int r = 0; r < R; ++r)
+            a[r] = _mm512_fmadd_ps(_mm512_set1_ps(xk[r * ldx + 2 * j + 1]), hi, a[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * ldy, a[r]);
+}
+
+// The tile: t[(k - k0) * 64 + c] for 16 mapped rows (columns c .. c + 15 of the tile), k in
+// [k0, k1); rows past `rows` give zero columns.
+template <GgmlType T>
+void tile_mapped(const uint8_t* w, int64_t ld, int rows, int64_t k0, int64_t k1, float* t) {
+  constexpr int64_t kb = T == GgmlType::kF32 ? 16 : 32;
+  constexpr int64_t item = T == GgmlType::kF32 ? 4 : 2;
+  __m512i v[16];
+  for (int64_t k = k0; k < k1; k += kb) {
+    const int64_t kn = std::min(kb, k1 - k);
+    load_block<T>(w + k * item, ld, rows, kn, v);
+    float* o = t + (k - k0) * P;
+    if constexpr (T == GgmlType::kF32) {
+      for (int64_t j = 0; j < kn; ++j) _mm512_storeu_ps(o + j * P, _mm512_castsi512_ps(v[j]));
+    } else {
+      for (int64_t j = 0; 2 * j < kn; ++j) {
+        __m512 lo, hi;
+        split_word<T>(v[j], lo, hi);
+        _mm512_storeu_ps(o + 2 * j * P, lo);
+        if (2 * j + 1 < kn) _mm512_storeu_ps(o + (2 * j + 1) * P, hi);
+      }
+    }
+  }
+}
+#endif
+
 }  // namespace
+
+PackedMatrix PackedMatrix::from_mapped(const uint8_t* w, gguf::GgmlType type, int64_t out,
+                                       int64_t in, std::shared_ptr<const void> owner) {
+  KVQ_CHECK(out > 0 && in > 0, "PackedMatrix: empty matrix [{}, {}]", out, in);
+  KVQ_CHECK(type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16,
+            "PackedMatrix::from_mapped: {} is not F32, F16 or BF16",
+            gguf::ggml_type_name(static_cast<uint32_t>(type)));
+  PackedMatrix pm;
+  pm.kind_ = Kind::kMapped;
+  pm.type_ = type;
+  pm.in_ = in;
+  pm.out_ = out;
+  pm.panels_ = (out + P - 1) / P;
+  pm.kblock_ = 1;
+  pm.kblocks_ = in;
+  pm.rows_ = w;
+  pm.owner_ = std::move(owner);
+  pm.mapped_bytes_ = static_cast<size_t>(out * in) * dense_item(type);
+  return pm;
+}
 
 PackedMatrix PackedMatrix::from_rows(const float* w, int64_t out, int64_t in) {
   return from_dense(reinterpret_cast<const uint8_t*>(w), GgmlType::kF32, out, in);
@@ -350,6 +497,8 @@ std::string PackedMatrix::format() const {
       return name + " (16-bit panels)";
     case Kind::kBlocks:
       return name + " (file blocks in panels)";
+    case Kind::kMapped:
+      return name + " (mapped rows)";
     default:
       return name + " (panels)";
   }
@@ -357,6 +506,34 @@ std::string PackedMatrix::format() const {
 
 // tile[(k - k0) * 64 + c] = W[p * 64 + c][k] for k in [k0, k1) (k0, k1 on block boundaries).
 void PackedMatrix::decode_tile(int64_t p, int64_t k0, int64_t k1, float* tile) const {
+  if (kind_ == Kind::kMapped) {  // 64 rows' values k0 .. k1 - 1, transposed
+    const int64_t width = std::min(P, out_ - p * P), item = static_cast<int64_t>(dense_item(type_));
+    const uint8_t* w = rows_ + p * P * in_ * item;
+#if KVQ_CPU_AVX512
+    for (int64_t g = 0; g < P; g += 16) {
+      const int rows = static_cast<int>(std::clamp<int64_t>(width - g, 0, 16));
+      const uint8_t* wg = w + (rows > 0 ? g : 0) * in_ * item;
+      if (type_ == GgmlType::kBF16)
+        tile_mapped<GgmlType::kBF16>(wg, in_ * item, rows, k0, k1, tile + g);
+      else if (type_ == GgmlType::kF16)
+        tile_mapped<GgmlType::kF16>(wg, in_ * item, rows, k0, k1, tile + g);
+      else
+        tile_mapped<GgmlType::kF32>(wg, in_ * item, rows, k0, k1, tile + g);
+    }
+#else
+    float row[256];
+    for (int64_t c = 0; c < P; ++c)
+      for (int64_t k = k0; k < k1; k += 256) {
+        const int64_t n = std::min<int64_t>(256, k1 - k);
+        if (c < width)
+          gguf::dequantize_row(type_, w + (c * in_ + k) * item, n, row);
+        else
+          std::fill(row, row + n, 0.0f);
+        for (int64_t j = 0; j < n; ++j) tile[(k - k0 + j) * P + c] = row[j];
+      }
+#endif
+    return;
+  }
   for (int64_t kb = k0 / kblock_; kb < k1 / kblock_; ++kb) {
     const uint8_t* blk = block_ptr(p, kb);
     float* t = tile + (kb * kblock_ - k0) * P;
@@ -419,6 +596,8 @@ void PackedMatrix::decode_tile(int64_t p, int64_t k0, int64_t k1, float* tile) c
 #endif
         break;
       }
+      case Kind::kMapped:  // handled above
+        break;
       case Kind::kBlocks: {
         float col[256];  // the largest ggml block
         for (int64_t c = 0; c < P; ++c) {
@@ -469,6 +648,12 @@ void PackedMatrix::panel(int64_t p, const float* x, int64_t m, float* y, bool ac
         gemv_tile(reinterpret_cast<const float*>(block_ptr(p, 0)), in_, xr, acc);
         continue;
       }
+#if KVQ_CPU_AVX512
+      if (kind_ == Kind::kMapped) {  // all m rows at once, in registers, 16 columns at a time
+        mapped_gemv(p, x, m, yy, ldy);
+        break;
+      }
+#endif
       const int64_t chunk = std::max(kChunk / kblock_, int64_t{1}) * kblock_;
       float* tile = scratch(static_cast<size_t>(chunk * P)).data();
       for (int64_t k0 = 0; k0 < in_; k0 += chunk) {
@@ -498,8 +683,38 @@ void PackedMatrix::panel(int64_t p, const float* x, int64_t m, float* y, bool ac
       std::copy(pad.data() + r * P, pad.data() + r * P + width, y + r * out_);
 }
 
+#if KVQ_CPU_AVX512
+// Decode rows x [m < 4][in] against panel p's mapped rows: y [m][64] (stride ldy) += the chain.
+void PackedMatrix::mapped_gemv(int64_t p, const float* x, int64_t m, float* y, int64_t ldy) const {
+  const int64_t width = std::min(P, out_ - p * P), item = static_cast<int64_t>(dense_item(type_));
+  const int64_t ld = in_ * item;
+  auto run = [&]<GgmlType T>() {
+    for (int64_t g = 0; g < width; g += 16) {
+      const int rows = static_cast<int>(std::min<int64_t>(width - g, 16));
+      const uint8_t* w = rows_ + (p * P + g) * ld;
+      if (m == 1)
+        gemv_mapped<T, 1>(w, ld, rows, in_, x, in_, y + g, ldy);
+      else if (m == 2)
+        gemv_mapped<T, 2>(w, ld, rows, in_, x, in_, y + g, ldy);
+      else
+        gemv_mapped<T, 3>(w, ld, rows, in_, x, in_, y + g, ldy);
+    }
+  };
+  if (type_ == GgmlType::kBF16)
+    run.template operator()<GgmlType::kBF16>();
+  else if (type_ == GgmlType::kF16)
+    run.template operator()<GgmlType::kF16>();
+  else
+    run.template operator()<GgmlType::kF32>();
+}
+#endif
+
 void PackedMatrix::weight_row(int64_t c, float* out) const {
   KVQ_CHECK(c >= 0 && c < out_, "PackedMatrix: row {} outside [0, {})", c, out_);
+  if (kind_ == Kind::kMapped) {  // the row as it lies, converted exactly
+    gguf::dequantize_row(type_, rows_ + static_cast<size_t>(c * in_) * dense_item(type_), in_, out);
+    return;
+  }
   const int64_t chunk = std::max(kChunk / kblock_, int64_t{1}) * kblock_;
   std::vector<float> tile(static_cast<size_t>(chunk * P));
   for (int64_t k0 = 0; k0 < in_; k0 += chunk) {

@@ -20,10 +20,18 @@
 //                the memory of fp32 panels; the same values, so the same logits).
 //   other types: the file's own blocks, the 64 columns' blocks of each k-block side by side,
 //                decoded by gguf::dequantize_row into a tile.
+//   mapped:      F32 / F16 / BF16 W [out][in] row-major where it lies (a checkpoint's mapped
+//                safetensors), not copied: a shared owner keeps the mapping alive. A panel is 64
+//                consecutive rows; a block of 16 rows x 32 k (16 for F32) is transposed in
+//                registers (AVX-512: a 16 x 16 transpose of 32-bit words, a word holding two
+//                16-bit k values, split exactly into floats by a shift and a mask, or F16C), then
+//                enters the same chain: straight into the accumulators when decoding (m < 4),
+//                into the tile for the prefill kernel. Portable builds transpose into the tile.
 // A last panel narrower than 64 columns is padded with zero weights that are never stored.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,12 +54,19 @@ class PackedMatrix {
   /// \brief W [out][in] given row-major as F32, F16 or BF16 values (a GGUF tensor's data or a
   /// safetensors tensor's, read in place) into fp32 or 16-bit panels; format() names `type`.
   static PackedMatrix from_dense(const uint8_t* w, gguf::GgmlType type, int64_t out, int64_t in);
+  /// \brief W [out][in] row-major as F32, F16 or BF16 values multiplied where they lie (no copy);
+  /// `owner` keeps `w`'s memory (a file mapping) alive as long as the matrix. Every product and
+  /// row equals from_dense's bit for bit (the same values in the same chain).
+  static PackedMatrix from_mapped(const uint8_t* w, gguf::GgmlType type, int64_t out, int64_t in,
+                                  std::shared_ptr<const void> owner);
 
   int64_t in() const { return in_; }
   int64_t out() const { return out_; }
-  /// \brief Bytes held for the weights.
-  size_t bytes() const { return data_.size(); }
-  /// \brief "Q4_1 (panels)", "F32 (panels)", "Q6_K (file blocks)" ...
+  /// \brief Bytes of the weights: held in panels, or mapped (mapped()).
+  size_t bytes() const { return data_.size() + mapped_bytes_; }
+  /// \brief Whether the weights are read in place from memory the matrix does not own.
+  bool mapped() const { return kind_ == Kind::kMapped; }
+  /// \brief "Q4_1 (panels)", "F32 (panels)", "BF16 (mapped rows)", "Q6_K (file blocks)" ...
   std::string format() const;
 
   /// \brief y [m][out] (=, or += when `accumulate`) x [m][in] W^T, each element the fixed chain
@@ -65,9 +80,10 @@ class PackedMatrix {
   void weight_row(int64_t c, float* out) const;
 
  private:
-  enum class Kind { kQ4_1, kQ4_0, kQ8_0, kF32, k16, kBlocks };
+  enum class Kind { kQ4_1, kQ4_0, kQ8_0, kF32, k16, kBlocks, kMapped };
   void panel(int64_t p, const float* x, int64_t m, float* y, bool accumulate) const;
   void decode_tile(int64_t p, int64_t k0, int64_t k1, float* tile) const;
+  void mapped_gemv(int64_t p, const float* x, int64_t m, float* y, int64_t ldy) const;
   const uint8_t* block_ptr(int64_t p, int64_t kb) const {
     return data_.data() + static_cast<size_t>((p * kblocks_ + kb) * block_bytes_);
   }
@@ -80,6 +96,9 @@ class PackedMatrix {
   int64_t block_bytes_ = 0;  ///< bytes of one (panel, k-block): 64 columns' worth
   int64_t file_block_bytes_ = 0;
   std::vector<uint8_t> data_;
+  const uint8_t* rows_ = nullptr;      ///< Kind::kMapped: W [out][in], row-major
+  std::shared_ptr<const void> owner_;  ///< Kind::kMapped: keeps rows_ alive
+  size_t mapped_bytes_ = 0;            ///< Kind::kMapped: out * in * item
 };
 
 }  // namespace kvq

@@ -4,12 +4,14 @@
 // GGUF tensors of every kind the packing handles (its own Q4_1 / Q4_0 / Q8_0 panels, fp32 panels
 // for F32, 16-bit panels for F16 / BF16, the file's blocks for K-quants), ragged shapes (out not a
 // multiple of the 64-column panel), the decode (m < 4) and prefill (m >= 4) kernels, with and
-// without accumulation, and on every matrix of the real model.
+// without accumulation, and on every matrix of the real model; mapped rows (from_mapped) against
+// the same chain and the panels.
 #include "model/packed_matrix.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include "core/half.h"
@@ -154,6 +156,71 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{GgmlType::kQ8_0, 192, 320}, Case{GgmlType::kF32, 70, 37},
                       Case{GgmlType::kF16, 65, 300}, Case{GgmlType::kBF16, 64, 64},
                       Case{GgmlType::kQ4_K, 70, 512}, Case{GgmlType::kQ6_K, 66, 256}),
+    case_name);
+
+// Mapped rows (PackedMatrix::from_mapped: F32 / F16 / BF16 W [out][in] multiplied where it lies,
+// no copy) against the same two independent results: the reference chain of
+// reference_cpu/matmul.h over the values gguf::dequantize_row decodes, and the panel copy
+// (from_dense); bit for bit, for decode (m < 4, the in-register kernel) and prefill (m >= 4, the
+// transposed tile), ragged shapes (out not a multiple of 16 or 64, in not a multiple of the 16-
+// or 32-value block, odd in for 16-bit types), with and without accumulation. The values include
+// -0, subnormals and, for F16, the largest finite magnitude. The matrix holds the only owner of
+// its bytes (the test drops its own), so a dangling view would read freed memory (ASan).
+class PackedMapped : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PackedMapped, EqualsReferenceChainAndPanelsBitForBit) {
+  const Case c = GetParam();
+  const size_t item = c.type == GgmlType::kF32 ? 4 : 2, n = static_cast<size_t>(c.out * c.in);
+  std::mt19937 rng(static_cast<uint32_t>(c.out * 977 + c.in));
+  std::normal_distribution<float> nd(0.0f, 0.5f);
+  auto bytes = std::make_shared<std::vector<uint8_t>>(n * item);
+  for (size_t i = 0; i < n; ++i) {
+    float v = nd(rng);
+    if (i % 97 == 3) v = -0.0f;
+    if (i % 101 == 5) v = c.type == GgmlType::kF16 ? 3e-6f : 1e-39f;  // subnormal in the type
+    if (i % 211 == 7 && c.type == GgmlType::kF16) v = -65504.0f;
+    const uint16_t h = c.type == GgmlType::kF16 ? float_to_half_bits(v) : float_to_bf16_bits(v);
+    std::memcpy(bytes->data() + i * item, item == 4 ? static_cast<const void*>(&v) : &h, item);
+  }
+  std::vector<float> w(n);  // the reader's values, row-major
+  gguf::dequantize_row(c.type, bytes->data(), static_cast<int64_t>(n), w.data());
+  const PackedMatrix panels = PackedMatrix::from_dense(bytes->data(), c.type, c.out, c.in);
+  const uint8_t* at = bytes->data();
+  const PackedMatrix pm = PackedMatrix::from_mapped(at, c.type, c.out, c.in, std::move(bytes));
+  ASSERT_FALSE(bytes);
+  ASSERT_TRUE(pm.mapped());
+  ASSERT_FALSE(panels.mapped());
+  EXPECT_EQ(pm.bytes(), n * item);
+  std::vector<float> wt(n);
+  for (int64_t r = 0; r < c.out; ++r)
+    for (int64_t k = 0; k < c.in; ++k) wt[static_cast<size_t>(k * c.out + r)] = w[r * c.in + k];
+  for (int64_t m : {1, 2, 3, 4, 5, 9})
+    for (bool acc : {false, true}) {
+      std::vector<float> x(static_cast<size_t>(m * c.in)), y0(static_cast<size_t>(m * c.out));
+      for (float& v : x) v = nd(rng);
+      for (float& v : y0) v = nd(rng);
+      std::vector<float> y = y0, yp = y0, want = y0;
+      pm.multiply(x.data(), m, y.data(), acc);
+      panels.multiply(x.data(), m, yp.data(), acc);
+      matmul(x.data(), m, c.in, wt.data(), c.out, want.data(), acc);
+      const std::string what = pm.format() + " m=" + std::to_string(m) + (acc ? " +=" : " =");
+      expect_bit_equal(y, want, what + " vs reference chain");
+      expect_bit_equal(y, yp, what + " vs panels");
+    }
+  std::vector<float> row(static_cast<size_t>(c.in));
+  for (int64_t r : {int64_t{0}, c.out / 2, c.out - 1}) {
+    pm.weight_row(r, row.data());
+    expect_bit_equal(row, std::vector<float>(w.begin() + r * c.in, w.begin() + (r + 1) * c.in),
+                     "weight_row " + std::to_string(r));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Types, PackedMapped,
+    ::testing::Values(Case{GgmlType::kBF16, 64, 64}, Case{GgmlType::kBF16, 70, 37},
+                      Case{GgmlType::kBF16, 200, 576}, Case{GgmlType::kBF16, 9, 31},
+                      Case{GgmlType::kF16, 65, 300}, Case{GgmlType::kF16, 130, 33},
+                      Case{GgmlType::kF32, 70, 37}, Case{GgmlType::kF32, 128, 100}),
     case_name);
 
 // Every distinct matrix of the real model (Q4_1 layers, the Q8_0 tied embeddings as output head).
