@@ -32,8 +32,7 @@ constexpr BackendSupport cuda_support() {
   s.int_fp16_arith = false;
   s.sink = false;
   s.mixed_sides = false;
-  s.model = false;
-  s.pre_rope = false;
+  s.pre_rope = false;  // the model runs (model/llama_cuda.cpp: decode steps over device sides)
   s.head_dims = cuda::HeadDims::values;
   s.bits = cuda::BitWidths::values;
   s.max_gqa = cuda::kMaxGqa;
@@ -49,7 +48,8 @@ constexpr std::array<BackendInfo, 4> kBackends{{
      "the SIMD kernels' reduced-precision dot products on 2/4-bit and FP8 codes",
      true,
      {}},
-    {AttentionBackend::kCuda, "cuda", "the CUDA kernels (decode attention on a GPU)", false,
+    {AttentionBackend::kCuda, "cuda", "the CUDA kernels (decode attention and the model on a GPU)",
+     false,
      cuda_support()},
 }};
 
@@ -198,8 +198,11 @@ void require_model(AttentionBackend b) {
 void require_host(AttentionBackend b) {
   if (backend_info(b).host) return;
   require_model(b);  // the host-only callers are the model's: say it in its words
-  fail("backend {} keeps its cache in device memory (backends with host caches: {})", to_string(b),
-       backend_names(", ", true));
+  fail(
+      "backend {} keeps its cache in device memory, and this reads host caches (the fp32 reference "
+      "caches of [model] / [needle] / [ruler] and kvq model ppl / diverge; backends with host "
+      "caches: {})",
+      to_string(b), backend_names(", ", true));
 }
 
 std::string cuda_unavailable() {

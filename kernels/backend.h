@@ -98,7 +98,8 @@ std::string backends_for(const SchemeSpec& spec, AttentionOp op);
 /// attention over 'SPEC': WHY (backends that can: ref, cpu, cpu-int8)".
 void require_supported(AttentionBackend b, const SchemeSpec& spec, AttentionOp op);
 /// \brief Throws kvq::Error unless `b` runs the model (its causal prefill and decode steps):
-/// "backend cuda does not run the model yet (...); backends that do: ref, cpu, cpu-int8".
+/// "backend X does not run the model yet (...); backends that run the model: ...". Every backend
+/// runs it today (cuda: model/llama_cuda.cpp).
 void require_model(AttentionBackend b);
 /// \brief Throws kvq::Error unless `b`'s sides live in host memory (BackendInfo::host): what a
 /// host-only caller (the model's cache) asks.

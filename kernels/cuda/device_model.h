@@ -1,0 +1,93 @@
+// A Llama-family decoder's weights in device memory and the dense part of one decode step on the
+// GPU (batch 1, one token), as plain C++ (no CUDA types: model/llama_cuda.cpp includes it). The
+// attention between attention_in and attention_out is the caller's: the model appends K and V to
+// its backend cuda cache sides and runs backend cuda's decode attention (kernels/backend.h) over
+// them, so every cache scheme backend cuda stores runs here.
+//
+// One step, all on the legacy default stream (model_kernels.h's kernels):
+//   embed(id)            x = E[id]
+//   attention_in(l, a)   h = RMSNorm(x) * attn_norm; q, k, v = Wq h, Wk h, Wv h (+ biases);
+//                        qwen3's per-head q/k RMSNorm; RoPE at the angles `a`; q|k|v to the host
+//   attention_out(l, o)  x += Wo o (+ o bias); h = RMSNorm(x) * ffn_norm;
+//                        x += Wdown (SiLU(Wgate h) * Wup h)
+//   logits(out)          out = Whead RMSNorm(x) * out_norm, to the host
+// Weights are uploaded once (set_matrix / set_vector), as bf16 (half the bytes a token reads; the
+// rounding is the only change from the CPU's values) or float32 (the CPU's values exactly).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "kernels/cuda/model_kernels.h"
+
+namespace kvq::cuda {
+
+/// \brief The shape DeviceModel needs (model/arch.h's LlamaConfig, restated below the model layer).
+struct DeviceModelShape {
+  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
+  float eps = 1e-5f;
+  bool qkv_bias = false, o_bias = false, qk_norm = false;
+  bool rope_half = true;  ///< rotate_half's channel pairs (checkpoint folders), else adjacent
+  bool tied = true;       ///< the token embeddings are the output head
+  int64_t q_dim() const { return heads * head_dim; }
+  int64_t kv_dim() const { return kv_heads * head_dim; }
+};
+
+class DeviceModel {
+ public:
+  enum class Matrix { kQ, kK, kV, kO, kGate, kUp, kDown, kHead, kEmbed };
+  enum class Vector {
+    kAttnNorm,
+    kFfnNorm,
+    kQBias,
+    kKBias,
+    kVBias,
+    kOBias,
+    kQNorm,
+    kKNorm,
+    kOutNorm
+  };
+
+  /// \brief Checks the shape (throws kvq::Error naming what is wrong) and allocates the
+  /// activations; `bf16`: weights held as bf16, else float32. Throws no_device_reason()'s line
+  /// without a device.
+  DeviceModel(const DeviceModelShape& s, bool bf16);
+  ~DeviceModel();
+  DeviceModel(const DeviceModel&) = delete;
+  DeviceModel& operator=(const DeviceModel&) = delete;
+
+  /// \brief [rows, cols] of matrix `m` (kHead / kEmbed: `layer` ignored).
+  std::pair<int64_t, int64_t> matrix_shape(Matrix m) const;
+  /// \brief Length of vector `v` (0 when the shape has none: biases / q-k norms off).
+  int64_t vector_size(Vector v) const;
+  /// \brief Uploads matrix `m` of `layer`: row(r, out) writes row r of W [rows][cols] as float
+  /// (converted to bf16 here when held as bf16), in chunks through a bounded host buffer.
+  void set_matrix(Matrix m, int layer, const std::function<void(int64_t, float*)>& row);
+  /// \brief Uploads vector `v` of `layer` (vector_size(v) floats).
+  void set_vector(Vector v, int layer, const float* x);
+  /// \brief Empty when every weight the shape needs was set, else the first missing one's name.
+  std::string missing() const;
+  /// \brief Bytes of weights in device memory (what one decode step reads from them).
+  int64_t weight_bytes() const;
+  bool bf16() const;
+  const DeviceModelShape& shape() const;
+
+  /// \brief x = the embedding of token `id` (0 <= id < vocab, checked).
+  void embed(int32_t id);
+  /// \brief Layer `layer`'s q, k, v of x at the rotation `a`, copied to the host: q_dim() + 2 x
+  /// kv_dim() floats (q, then k, then v), after the device finishes.
+  void attention_in(int layer, const model::RopeAngles& a, float* qkv);
+  /// \brief The rest of layer `layer` with the attention output o [q_dim()] (host memory).
+  void attention_out(int layer, const float* o);
+  /// \brief The logits [vocab] of x, copied to the host.
+  void logits(float* out);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> p_;
+};
+
+}  // namespace kvq::cuda

@@ -1,0 +1,107 @@
+// The model's small CUDA kernels (model_kernels.cu) as plain C++: the decode step of a Llama-family
+// forward pass on one token (batch 1), every buffer float32 in device memory except the weights
+// (bf16 bits or float32, row-major W [rows][cols] as the checkpoint writes it).
+//
+//   gemv         y[r] (+)= sum_c W[r][c] x[c]: one warp a row, 16-byte loads (8 bf16 or 4 fp32
+//                weights a lane) where the row allows, float32 accumulation, a fixed shuffle
+//                reduction (the same bits every run)
+//   embed_row    out = W[row] as float32
+//   rms_norm     each of `rows` rows of `dim` values: x * w / sqrt(mean(x^2) + eps) (the model's
+//                final / block norms: rows = 1; qwen3's q/k norm: rows = heads, dim = head_dim)
+//   add          x += b (biases)
+//   rope         each head's channel pairs rotated by host-computed angles (RopeAngles)
+//   silu_mul     g = g / (1 + exp(-g)) * u
+//
+// The host-side arithmetic they take (rope angles and channel pairs, the gemv's launch shape) is
+// here as inline functions, so that host tests check it without a device
+// (tests/kernels/cuda/model_kernels_test.cpp). Every launcher queues on the legacy default stream
+// and throws kvq::Error (kernels/cuda/cuda_check.h) when a launch fails.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include "core/error.h"
+#include "core/hostdev.h"
+
+namespace kvq::cuda::model {
+
+/// \brief The most channel pairs a head rotates (head_dim <= 256): RopeAngles' capacity.
+inline constexpr int kMaxRopePairs = 128;
+
+/// \brief One position's rotation: cos and sin of position x inv_freq[i] for each channel pair i,
+/// passed to the kernel by value (2 x 512 bytes of kernel parameters).
+struct RopeAngles {
+  float cs[kMaxRopePairs];
+  float sn[kMaxRopePairs];
+};
+
+#if !defined(__CUDACC__)  // host code only (kvq::fail is not in CUDA translation units)
+/// \brief The angles at position `pos`, computed as LlamaModel::rope does on the CPU (the angle in
+/// double, cos and sin in double, then rounded to float), so the device rotation multiplies by
+/// the same float factors.
+inline RopeAngles rope_angles(std::span<const float> inv_freq, int64_t pos) {
+  KVQ_CHECK(inv_freq.size() <= static_cast<size_t>(kMaxRopePairs),
+            "rope: {} channel pairs, the CUDA model takes at most {} (head_dim <= {})",
+            inv_freq.size(), kMaxRopePairs, 2 * kMaxRopePairs);
+  RopeAngles a{};
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const double t = static_cast<double>(pos) * inv_freq[i];
+    a.cs[i] = static_cast<float>(std::cos(t));
+    a.sn[i] = static_cast<float>(std::sin(t));
+  }
+  return a;
+}
+#endif
+
+/// \brief The channels (a, b) of pair i in a head of `dim` channels: rotate_half's (i, i + dim/2)
+/// when `half` (checkpoint folders), else adjacent (2i, 2i + 1) (GGUF).
+KVQ_HD void rope_pair(int64_t i, int64_t dim, bool half, int64_t& a, int64_t& b) {
+  a = half ? i : 2 * i;
+  b = half ? i + dim / 2 : 2 * i + 1;
+}
+
+/// \brief One pair rotated: (x0 cos - x1 sin, x0 sin + x1 cos). On the device each product is
+/// rounded before the sum (__fmul_rn / __fadd_rn: no fused multiply-add), as the CPU's plain
+/// expression is without contraction.
+KVQ_HD void rope_rotate(float& x0, float& x1, float cs, float sn) {
+  const float a = x0, b = x1;
+#ifdef __CUDA_ARCH__
+  x0 = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+  x1 = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+#else
+  x0 = a * cs - b * sn;
+  x1 = a * sn + b * cs;
+#endif
+}
+
+/// \brief The gemv's launch shape: kGemvWarps warps a block, one output row a warp.
+inline constexpr int kGemvWarps = 8;
+inline int64_t gemv_blocks(int64_t rows) { return (rows + kGemvWarps - 1) / kGemvWarps; }
+/// \brief Weights a lane loads at once when a row allows 16-byte loads: 8 bf16 or 4 float32.
+inline constexpr int vec_width(bool bf16) { return bf16 ? 8 : 4; }
+/// \brief Whether rows of `cols` weights (each row starting 16-byte aligned when the matrix does)
+/// and x take the vector path: cols a multiple of the vector width. Else every lane loads one
+/// weight at a time (correct for any cols, slower).
+inline bool gemv_vectorized(int64_t cols, bool bf16) { return cols % vec_width(bf16) == 0; }
+
+// ---- launchers (model_kernels.cu) --------------------------------------------------------------
+
+/// \brief y [rows] (+)= W [rows][cols] x [cols]; W bf16 bits (`bf16`) or float32. `accumulate`
+/// adds to y (the residual stream), else y is overwritten. W, x, y 16-byte aligned (cudaMalloc).
+void gemv(const void* w, bool bf16, int64_t rows, int64_t cols, const float* x, float* y,
+          bool accumulate);
+/// \brief out [cols] = row `row` of W [rows][cols] (bf16 bits or float32) as float32.
+void embed_row(const void* w, bool bf16, int64_t cols, int64_t row, float* out);
+/// \brief y [rows][dim] = RMSNorm of each row of x with weight w [dim]; y may be x.
+void rms_norm(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y);
+/// \brief x [n] += b [n].
+void add(float* x, const float* b, int64_t n);
+/// \brief x [heads][dim] rotated in place by `a` (dim / 2 pairs, rope_pair's channels).
+void rope(float* x, int64_t heads, int64_t dim, bool half, const RopeAngles& a);
+/// \brief g [n] = SiLU(g) * u.
+void silu_mul(float* g, const float* u, int64_t n);
+
+}  // namespace kvq::cuda::model

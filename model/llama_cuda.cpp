@@ -1,0 +1,187 @@
+// The model on backend cuda (issue 47 item 2): LlamaModel::forward on the GPU, one token at a time
+// (batch 1). The dense part of each step runs in kernels/cuda/device_model.h (weights uploaded
+// once, bf16 or float32); each layer's K and V go to the cache's backend cuda sides and its
+// attention is backend cuda's decode attention (kernels/backend.h: rot= handled there, every
+// scheme backend cuda stores). A chunk of n tokens is n decode steps: the same logits a
+// token-by-token decode gives, which is what a causal pass over the cache means here too.
+//
+// Per layer the step moves q|k|v (q_dim + 2 kv_dim floats) to the host and the attention output
+// back: the cache sides take host appends and backend cuda's decode takes a host q
+// (kernels/cuda/device_side.h), so each layer synchronizes with the device a few times. That
+// bounds the decode rate well below what the weights' bytes allow (docs/benchmarks.md).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+#include "model/llama.h"
+#if KVQ_HAVE_CUDA
+#include "kernels/cuda/device_model.h"
+#endif
+
+namespace kvq {
+
+struct LlamaModel::CudaState {
+#if KVQ_HAVE_CUDA
+  std::unique_ptr<cuda::DeviceModel> dev;
+#endif
+  std::vector<float> qkv, attn;  // one step's host copies
+};
+
+void LlamaModel::set_backend(AttentionBackend b) {
+  if (b == AttentionBackend::kCuda) {
+    if (const std::string why = cuda_unavailable(); !why.empty()) fail("{}", why);
+  } else {
+    require_host(b);
+  }
+  backend_ = b;
+}
+
+void LlamaModel::set_device_weights(DeviceWeights w) {
+  const std::lock_guard<std::mutex> lock(team_->mutex);
+  if (w == device_weights_) return;
+  device_weights_ = w;
+  cuda_.reset();  // uploaded again, in the new format, by the next backend cuda pass
+}
+
+int64_t LlamaModel::device_weight_bytes() const {
+  const std::lock_guard<std::mutex> lock(team_->mutex);
+#if KVQ_HAVE_CUDA
+  if (cuda_ && cuda_->dev) return cuda_->dev->weight_bytes();
+#endif
+  return 0;
+}
+
+void LlamaModel::weight_row(const Linear& l, int64_t r, float* out) const {
+  if (store_ != WeightStore::kFp32) {
+    l.packed.weight_row(r, out);
+  } else {  // wt is W transposed, [in][out]
+    for (int64_t k = 0; k < l.in; ++k) out[k] = l.wt[static_cast<size_t>(k * l.out + r)];
+  }
+}
+
+#if KVQ_HAVE_CUDA
+void LlamaModel::forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache,
+                              std::vector<float>& logits, bool all_logits,
+                              const KvObserver& observe) const {
+  const LlamaConfig& c = cfg_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  KVQ_CHECK(n > 0, "forward: no tokens");
+  KVQ_CHECK(cache.layers().size() == static_cast<size_t>(c.layers),
+            "forward: the cache has {} layers, the model {}", cache.layers().size(), c.layers);
+  for (const int32_t id : tokens)
+    KVQ_CHECK(id >= 0 && id < c.vocab, "forward: token id {} outside the vocabulary [0, {})", id,
+              c.vocab);
+  KVQ_CHECK(!observe,
+            "backend cuda does not observe the forward pass's K/V (kvq model dump / calibrate): "
+            "use backend cpu");
+  check_cache_options(cache.options(), c);
+  KVQ_CHECK(!cache.options().pre_rope,
+            "backend cuda cannot run pre_rope (pre-RoPE keys): use backend ref, cpu or cpu-int8");
+  const int64_t pos0 = cache.tokens();
+  for (int l = 0; l < c.layers; ++l)
+    if (const int64_t w = c.window_of(l); w > 0 && pos0 + n > w)
+      fail(
+          "backend cuda has no sliding-window attention: layer {}'s window is {} tokens and the "
+          "cache would hold {}; use backend ref or cpu (or at most {} tokens)",
+          l, w, pos0 + n, w);
+  const std::lock_guard<std::mutex> lock(team_->mutex);
+  // The cache's sides in device memory: made on the first pass over an empty cache.
+  for (int l = 0; l < c.layers; ++l) {
+    LlamaCache::Layer& side = cache.layers()[static_cast<size_t>(l)];
+    if (on_device(*side.k) && on_device(*side.v)) continue;
+    KVQ_CHECK(side.k->tokens() == 0 && side.v->tokens() == 0,
+              "backend cuda: this cache already holds {} tokens in host memory (written on a host "
+              "backend); a backend cuda pass starts from an empty cache",
+              side.k->tokens());
+    const SchemeSpec& spec = cache.options().spec;
+    side.k = make_backend_side(AttentionBackend::kCuda, spec, Role::Key, c.kv_heads, c.head_dim, l);
+    side.v =
+        make_backend_side(AttentionBackend::kCuda, spec, Role::Value, c.kv_heads, c.head_dim, l);
+  }
+  if (!cuda_) cuda_ = std::make_shared<CudaState>();
+  CudaState& st = *cuda_;
+  using M = cuda::DeviceModel::Matrix;
+  using V = cuda::DeviceModel::Vector;
+  if (!st.dev) {
+    cuda::DeviceModelShape s;
+    s.layers = c.layers;
+    s.hidden = c.hidden;
+    s.heads = c.heads;
+    s.kv_heads = c.kv_heads;
+    s.head_dim = c.head_dim;
+    s.ffn = c.ffn;
+    s.vocab = c.vocab;
+    s.eps = c.rms_eps;
+    s.qkv_bias = c.qkv_bias;
+    s.o_bias = c.o_bias;
+    s.qk_norm = c.qk_norm;
+    s.rope_half = c.rope_style == RopeStyle::kHalf;
+    s.tied = c.tied;
+    auto dev = std::make_unique<cuda::DeviceModel>(s, device_weights_ == DeviceWeights::kBf16);
+    auto put = [&](M m, int l, const Linear& w) {
+      const auto [rows, cols] = dev->matrix_shape(m);
+      KVQ_CHECK(w.out == rows && w.in == cols, "backend cuda: weight [{}, {}], expected [{}, {}]",
+                w.out, w.in, rows, cols);
+      dev->set_matrix(m, l, [&](int64_t r, float* out) { weight_row(w, r, out); });
+    };
+    for (int l = 0; l < c.layers; ++l) {
+      const Block& b = blocks_[static_cast<size_t>(l)];
+      put(M::kQ, l, b.wq);
+      put(M::kK, l, b.wk);
+      put(M::kV, l, b.wv);
+      put(M::kO, l, b.wo);
+      put(M::kGate, l, b.w_gate);
+      put(M::kUp, l, b.w_up);
+      put(M::kDown, l, b.w_down);
+      dev->set_vector(V::kAttnNorm, l, b.attn_norm.data());
+      dev->set_vector(V::kFfnNorm, l, b.ffn_norm.data());
+      if (c.qkv_bias) {
+        dev->set_vector(V::kQBias, l, b.bq.data());
+        dev->set_vector(V::kKBias, l, b.bk.data());
+        dev->set_vector(V::kVBias, l, b.bv.data());
+      }
+      if (c.o_bias) dev->set_vector(V::kOBias, l, b.bo.data());
+      if (c.qk_norm) {
+        dev->set_vector(V::kQNorm, l, b.q_norm.data());
+        dev->set_vector(V::kKNorm, l, b.k_norm.data());
+      }
+    }
+    put(M::kHead, 0, head_);
+    if (!c.tied) put(M::kEmbed, 0, embed_);
+    dev->set_vector(V::kOutNorm, 0, out_norm_.data());
+    const std::string gap = dev->missing();
+    KVQ_CHECK(gap.empty(), "backend cuda: the model's {} was not uploaded", gap);
+    st.dev = std::move(dev);
+  }
+  cuda::DeviceModel& dev = *st.dev;
+  const int64_t qd = c.q_dim(), kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim;
+  st.qkv.resize(static_cast<size_t>(qd + 2 * kvd));
+  st.attn.resize(static_cast<size_t>(qd));
+  logits.resize(static_cast<size_t>((all_logits ? n : 1) * c.vocab));
+  for (int64_t t = 0; t < n; ++t) {
+    dev.embed(tokens[static_cast<size_t>(t)]);
+    const cuda::model::RopeAngles angles = cuda::model::rope_angles(inv_freq_, pos0 + t);
+    for (int l = 0; l < c.layers; ++l) {
+      LlamaCache::Layer& side = cache.layers()[static_cast<size_t>(l)];
+      dev.attention_in(l, angles, st.qkv.data());
+      side.k->append(st.qkv.data() + qd, 1);
+      side.v->append(st.qkv.data() + qd + kvd, 1);
+      attend_decode(AttentionBackend::kCuda, st.qkv.data(), c.heads, *side.k, *side.v,
+                    st.attn.data());
+      dev.attention_out(l, st.attn.data());
+    }
+    if (all_logits || t == n - 1)
+      dev.logits(logits.data() + (all_logits ? t : 0) * static_cast<int64_t>(c.vocab));
+  }
+}
+#else
+void LlamaModel::forward_cuda(std::span<const int32_t>, LlamaCache&, std::vector<float>&, bool,
+                              const KvObserver&) const {
+  fail("{}", cuda_unavailable());
+}
+#endif
+
+}  // namespace kvq
