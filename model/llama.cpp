@@ -381,6 +381,8 @@ void LlamaModel::embed(int32_t id, float* out) const {
 void LlamaModel::forward(std::span<const int32_t> tokens, LlamaCache& cache,
                          std::vector<float>& logits, bool all_logits, int threads,
                          const KvObserver& observe) const {
+  if (backend_ == AttentionBackend::kCuda)
+    return forward_cuda(tokens, cache, logits, all_logits, observe);  // model/llama_cuda.cpp
   const LlamaConfig& c = cfg_;
   const int64_t n = static_cast<int64_t>(tokens.size());
   KVQ_CHECK(n > 0, "forward: no tokens");

@@ -103,12 +103,20 @@ class LlamaModel {
   /// \brief The attention backend of every later forward pass (default kCpu). Within one
   /// backend, chunked prefill and token-by-token decode give bit-identical logits; between the
   /// two, attention outputs differ by float rounding (tests/model/llama_test.cpp bounds the KLD).
-  /// Throws kvq::Error (require_host) for a backend the model cannot run yet (cuda).
-  void set_backend(AttentionBackend b) {
-    require_host(b);
-    backend_ = b;
-  }
+  /// Backend cuda (model/llama_cuda.cpp) runs the whole pass on the GPU, token by token (a
+  /// chunk is its tokens in turn), over a cache whose sides it moves to device memory on its
+  /// first pass (an empty cache; LlamaCache holds host sides until then). Throws kvq::Error:
+  /// require_host's for a backend the model does not run, cuda_unavailable()'s line for cuda
+  /// without a device.
+  void set_backend(AttentionBackend b);
   AttentionBackend backend() const { return backend_; }
+  /// \brief How backend cuda holds the weights in device memory: bf16 (the default: half the
+  /// bytes a decode step reads; each weight rounded to bf16) or float32 (the host's values
+  /// exactly). Uploaded once, on the first backend cuda pass after a change.
+  enum class DeviceWeights { kBf16, kFp32 };
+  void set_device_weights(DeviceWeights w);
+  /// \brief Bytes of the weights in device memory (0 before the first backend cuda pass).
+  int64_t device_weight_bytes() const;
   /// \brief Bytes of weights held in memory.
   size_t weight_bytes() const;
   /// \brief "Q4_1 (panels) x 210, Q8_0 (panels) x 1"-style summary of the weight formats.
@@ -139,6 +147,10 @@ class LlamaModel {
   void apply(const Linear& l, const float* x, int64_t n, float* y, bool accumulate, int me,
              int members) const;
   void embed(int32_t id, float* out) const;
+  struct CudaState;  // model/llama_cuda.cpp: the weights in device memory
+  void forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache, std::vector<float>& logits,
+                    bool all_logits, const KvObserver& observe) const;
+  void weight_row(const Linear& l, int64_t r, float* out) const;  // row r of W [out][in]
 
   LlamaConfig cfg_;
   WeightStore store_ = WeightStore::kPacked;
@@ -155,6 +167,9 @@ class LlamaModel {
   Eigen::VectorXf out_norm_;
   std::vector<Block> blocks_;
   std::vector<float> inv_freq_;
+  DeviceWeights device_weights_ = DeviceWeights::kBf16;
+  mutable std::shared_ptr<CudaState> cuda_;  // made by the first backend cuda pass, under team_'s
+                                             // mutex
 };
 
 }  // namespace kvq
