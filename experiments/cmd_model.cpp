@@ -43,7 +43,9 @@ using Loaded = eval::LoadedModel;
 const Loaded& load(const Common& c) {
   static std::unique_ptr<Loaded> l;
   const AttentionBackend backend = parse_backend(c.backend);  // before the long load
-  require_host(backend);
+  require_model(backend);  // cuda: the model on the GPU (model/llama_cuda.cpp)
+  if (backend == AttentionBackend::kCuda)
+    if (const std::string why = cuda_unavailable(); !why.empty()) fail("{}", why);
   if (!l) {
     const std::string path = model_path(c.model_file);
     const auto t0 = std::chrono::steady_clock::now();
@@ -93,13 +95,14 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
                     "dot products: on 2/4-bit kivi codes int8 queries on keys and 8-bit weights on values, "
                     "on FP8 codes bf16 queries and weights in builds for AVX-512 BF16 and VBMI, head_dim a "
                     "multiple of 32) or ref (the scalar reference); all read the same stored codes, and "
-                    "each keeps chunked prefill == token-by-token decode bit-identical. cuda: the model "
-                    "does not run on it yet (decode attention does: kvq run's [throughput], Python's "
-                    "Cache). What each runs:\n" + support_help())
+                    "each keeps chunked prefill == token-by-token decode bit-identical. cuda: the whole "
+                    "model on the GPU (bf16 weights, token by token, its cache in device memory: "
+                    "generate and bench; ppl / diverge / dump need host caches). What each runs:\n" +
+                    support_help())
       ->check(
           [](const std::string& s) {
             try {
-              require_host(parse_backend(s));  // kernels/backend.h: the one list of backend names
+              require_model(parse_backend(s));  // kernels/backend.h: the one list of backend names
               return std::string();
             } catch (const Error& e) {
               return std::string(e.what());
@@ -586,10 +589,22 @@ void register_bench(CLI::App* model) {
     if (!pp.tps.empty()) fmt::print("{:<8} {:>10.1f} {:>14.2f} {:>6}\n", fmt::format("pp{}", o->prompt), median(pp.tps), median(pp.cpu), o->reps);
     if (!tg.tps.empty()) fmt::print("{:<8} {:>10.1f} {:>14.2f} {:>6}\n", fmt::format("tg{}", o->gen), median(tg.tps), median(tg.cpu), o->reps);
     fmt::print("peak RSS    {:.0f} MB\n", rss_mb);
-    write_json(o->json, {{"kv", co.spec.canonical()}, {"backend", o->backend}, {"threads", threads}, {"depth", o->depth}, {"prompt", o->prompt},
-                         {"gen", o->gen}, {"pp_tokens_per_s", median(pp.tps)}, {"tg_tokens_per_s", median(tg.tps)},
-                         {"pp_cpu_ms_per_token", median(pp.cpu)}, {"tg_cpu_ms_per_token", median(tg.cpu)},
-                         {"peak_rss_mb", rss_mb}, {"weights", L.model.weight_formats()}});
+    nlohmann::json j = {{"kv", co.spec.canonical()}, {"backend", o->backend}, {"threads", threads}, {"depth", o->depth}, {"prompt", o->prompt},
+              {"gen", o->gen}, {"pp_tokens_per_s", median(pp.tps)}, {"tg_tokens_per_s", median(tg.tps)},
+              {"pp_cpu_ms_per_token", median(pp.cpu)}, {"tg_cpu_ms_per_token", median(tg.cpu)},
+              {"peak_rss_mb", rss_mb}, {"weights", L.model.weight_formats()}};
+    if (L.model.backend() == AttentionBackend::kCuda) {
+      // Every decode step reads every device weight once: the bandwidth tg's rate implies from them.
+      const DeviceReport d = device_report(AttentionBackend::kCuda);
+      const double wb = static_cast<double>(L.model.device_weight_bytes()), gbps = median(tg.tps) * wb / 1e9;
+      fmt::print("device      {}: {:.1f} MB of weights; tg reads them at {:.1f} GB/s = {:.3f} of peak {:.0f} GB/s ({})\n",
+                 d.name, wb / 1e6, gbps, d.peak_gbps > 0 ? gbps / d.peak_gbps : 0.0, d.peak_gbps, d.peak_formula);
+      j["device"] = d.name;
+      j["device_weight_bytes"] = wb;
+      j["tg_weight_gbps"] = gbps;
+      j["peak_gbps"] = d.peak_gbps;
+    }
+    write_json(o->json, j);
   });
 }
 

@@ -358,6 +358,35 @@ else
   fi
 fi
 
+# The model on backend cuda (issue 47 item 2, model/llama_cuda.cpp): `kvq model bench --backend
+# cuda` decode (tg) tokens/s with bf16 device weights, and the fraction of the GPU's peak bandwidth
+# the weights' bytes per token imply, for a bf16 and a kivi2 cache. The model: the SmolLM2 GGUF
+# when ${KVQ_MODEL_DIR:-~/.cache/kvq} holds it, else the tiny tests/fixtures/hf/smollm2 (2 layers,
+# hidden 64: its rate is launch- and copy-bound, its fraction of peak means nothing).
+MB_OUT="$OUT/model_bench"
+MB_RAN=0
+MB_MODEL="${KVQ_MODEL_DIR:-$HOME/.cache/kvq}/SmolLM2-135M-Instruct.Q4_1.gguf"
+[[ -f "$MB_MODEL" ]] || MB_MODEL="$ROOT/tests/fixtures/hf/smollm2"
+if [[ ! -x "$KVQ_BIN" || -z "$GPU_NAME" ]]; then
+  note "kvq model bench --backend cuda: no kvq binary or no GPU; not run."
+elif (( $(left) < 40 )); then
+  note "kvq model bench --backend cuda: skipped, the budget is nearly spent."
+else
+  t0=$(elapsed)
+  mkdir -p "$MB_OUT"
+  MB_RAN=1
+  for kv in bf16 kivi2; do
+    if ! timeout "$(cap 60)" "$KVQ_BIN" model bench --backend cuda --model "$MB_MODEL" --kv "$kv" \
+        --text "$ROOT/README.md" --prompt-tokens 0 --gen 64 --depth 256 --reps 3 \
+        --json "$MB_OUT/$kv.json" >"$MB_OUT/$kv.txt" 2>"$LOGS/model_bench_$kv.log"; then
+      STATUS=1
+      MB_RAN=0
+      note "kvq model bench --backend cuda --kv $kv failed: $(tail -1 "$LOGS/model_bench_$kv.log") (logs/model_bench_$kv.log)."
+    fi
+  done
+  (( MB_RAN == 1 )) && note "kvq model bench --backend cuda ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (model_bench/)."
+fi
+
 # Nsight Compute on the main decode kernels at one shape (8x128x4, 32k, batch 16): each split
 # kernel of tiled and mma for bf16, fp8 per tensor, kivi4 and kivi2, one launch each.
 NCU_MD=""
@@ -599,6 +628,22 @@ EOF
     echo "Rows: throughput_cuda/throughput.jsonl; log: logs/throughput_cuda.log."
   elif (( TP_RAN == 1 )); then
     echo "Ran (throughput_cuda/throughput.csv); no python3 for the table."
+  else
+    echo "Not run (see the build section)."
+  fi
+  echo
+  echo "## The model on backend cuda (kvq model bench --backend cuda, bf16 weights, tg64 at depth 256)"
+  echo
+  if (( MB_RAN == 1 )); then
+    echo "Model: $MB_MODEL"
+    for kv in bf16 kivi2; do
+      echo
+      echo "### --kv $kv"
+      echo
+      echo '```'
+      cat "$MB_OUT/$kv.txt"
+      echo '```'
+    done
   else
     echo "Not run (see the build section)."
   fi

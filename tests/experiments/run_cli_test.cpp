@@ -120,7 +120,7 @@ TEST_F(RunCli, SectionKeysTypesAndEmptyConfigs_oneLineBeforeAnythingIsWritten) {
   check("schemes = [\"kivi2\"]\n[throughput]\nbackends = [\"cpu-int8\"]\n",
         "backend cpu-int8 is backend cpu with int_mode = \"int8\" here");
   check("schemes = [\"kivi2\"]\n[model]\nbackend = \"cuda\"\n",
-        "[model].backend: backend cuda does not run the model yet");
+        "[model].backend: backend cuda keeps its cache in device memory, and this reads host caches");
   check("schemes = [\"kivi2\"]\n[throughput]\ncontexts = [0]\n", "[throughput].contexts 0 is outside [1, 1048576]");
   check("schemes = [\"kivi2\"]\n[throughput]\nops = [\"prefill\"]\n",
         "[throughput].ops \"prefill\" is not one of: decode, quantize");

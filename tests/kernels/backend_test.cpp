@@ -48,18 +48,18 @@ TEST(BackendNames, unknownName_oneLineNamingEveryBackend) {
   testing::expect_error([] { parse_backend(""); }, "unknown backend ''");
 }
 
-// Backend cuda is parsed; what it does not run is refused with the table's one line, naming the
-// backends that do.
+// Backend cuda is parsed; it runs the model (model/llama_cuda.cpp) but keeps its cache in device
+// memory: a host-only caller refuses it with the table's one line, naming the backends that can.
 TEST(BackendNames, cudaIsKnownButRefusedWhereItCannotRun) {
   EXPECT_EQ(parse_backend("cuda"), AttentionBackend::kCuda);
   testing::expect_error([] { require_host(AttentionBackend::kCuda); },
-                        "backend cuda does not run the model yet");
-  testing::expect_error([] { require_model(AttentionBackend::kCuda); },
-                        "backends that run the model: ref, cpu, cpu-int8");
+                        "backend cuda keeps its cache in device memory, and this reads host caches");
+  testing::expect_error([] { require_host(AttentionBackend::kCuda); },
+                        "backends with host caches: ref, cpu, cpu-int8)");
   for (const BackendInfo& b : backends()) {
+    EXPECT_NO_THROW(require_model(b.id)) << b.name;
     if (b.host) {
       EXPECT_NO_THROW(require_host(b.id)) << b.name;
-      EXPECT_NO_THROW(require_model(b.id)) << b.name;
     }
   }
   const SchemeSpec s = parse_spec("bf16");
@@ -107,7 +107,8 @@ TEST(BackendSupport, cudaLimitsAreDispatchHsLists) {
   EXPECT_EQ(c.max_batch, cuda::kMaxBatch);
   EXPECT_TRUE(c.decode);
   EXPECT_FALSE(c.causal);
-  EXPECT_FALSE(c.model);
+  EXPECT_TRUE(c.model);
+  EXPECT_FALSE(c.pre_rope);
   for (const BackendInfo& b : backends())
     if (b.host) {
       EXPECT_TRUE(b.support.causal && b.support.model && b.support.sink && b.support.pre_rope &&
@@ -195,12 +196,12 @@ TEST(BackendSupport, helpHasOneLinePerBackend) {
     ASSERT_NE(p, std::string::npos) << b.name << "\n" << h;
     at = p + 1;
   }
-  EXPECT_NE(h.find("cuda: the CUDA kernels (decode attention on a GPU); decode attention over "
-                   "bf16, fp8, int/kivi; head_dim 64, 128; bits 2, 3, 4, 8; GQA <= 8"),
+  EXPECT_NE(h.find("cuda: the CUDA kernels (decode attention and the model on a GPU); decode "
+                   "attention over bf16, fp8, int/kivi; head_dim 64, 128; bits 2, 3, 4, 8; GQA <= 8"),
             std::string::npos)
       << h;
   EXPECT_NE(h.find("not: fp8 dynamic tensor/head/channel scales, arith=fp16, sink=, k/v of "
-                   "different kinds, the model"),
+                   "different kinds, pre_rope"),
             std::string::npos)
       << h;
 }
