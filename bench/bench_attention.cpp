@@ -34,8 +34,8 @@
 
 #include "bench/bench_ratio.h"
 #include "core/error.h"
-#include "experiments/commands.h"
-#include "experiments/synthetic.h"
+#include "core/io.h"
+#include "evaluation/synthetic.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
@@ -350,7 +350,7 @@ int main(int argc, char** argv) {
   const std::string kv = kvq::bench::take_flag(argc, argv, "kv", "");
   const std::string l3 = kvq::bench::take_flag(argc, argv, "l3-bytes", "-1");
   {
-    const std::optional<long long> b = kvq::cli::whole_number(l3);
+    const std::optional<long long> b = kvq::whole_number(l3);
     if (!b || *b < -1) {
       std::fprintf(stderr,
                    "bench_attention: --l3-bytes=%s: expected a byte count, or -1 for the "
@@ -384,7 +384,7 @@ int main(int argc, char** argv) {
     g_contexts.clear();
     std::stringstream ss(contexts);
     for (std::string x; std::getline(ss, x, ',');) {
-      const std::optional<long long> t = kvq::cli::whole_number(x);
+      const std::optional<long long> t = kvq::whole_number(x);
       if (!t || *t < 1) {
         std::fprintf(stderr,
                      "bench_attention: --contexts=%s: expected token counts >= 1, "

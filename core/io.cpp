@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,14 @@
 #include "core/error.h"
 
 namespace kvq {
+
+std::optional<long long> whole_number(const std::string& s) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE) return std::nullopt;
+  return v;
+}
 
 std::string read_file(const std::string& path) {
   std::error_code ec;

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <csignal>
 #include <cmath>
 #include <cstdlib>
@@ -13,18 +12,11 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/io.h"
 #include "experiments/commands.h"
-#include "experiments/kv_input.h"
+#include "evaluation/kv_input.h"
 
 namespace kvq::cli {
-
-std::optional<long long> whole_number(const std::string& s) {
-  errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || errno == ERANGE) return std::nullopt;
-  return v;
-}
 
 CLI::Validator at_least(long long min) {
   return CLI::Validator(

@@ -1,5 +1,5 @@
 // kvq advise: which KV-cache scheme to serve a workload with, from the planner's bounds and the
-// quality rows of `kvq run` results (experiments/advisor.h has the rule).
+// quality rows of `kvq run` results (evaluation/advisor.h has the rule).
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -7,9 +7,9 @@
 #include "core/error.h"
 #include "core/gguf.h"
 #include "core/io.h"
-#include "experiments/advisor.h"
+#include "evaluation/advisor.h"
 #include "experiments/commands.h"
-#include "experiments/model_files.h"
+#include "evaluation/model_files.h"
 #include "model/llama.h"
 
 namespace kvq::cli {

@@ -5,9 +5,9 @@
 #include "core/io.h"
 #include "core/npy.h"
 #include "experiments/commands.h"
-#include "experiments/kv_input.h"
-#include "experiments/report.h"
-#include "experiments/synthetic.h"
+#include "evaluation/kv_input.h"
+#include "evaluation/report.h"
+#include "evaluation/synthetic.h"
 
 namespace kvq::cli {
 namespace {

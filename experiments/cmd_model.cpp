@@ -19,10 +19,10 @@
 #include "core/npy.h"
 #include "core/safetensors.h"
 #include "experiments/commands.h"
-#include "experiments/model_eval.h"
-#include "experiments/model_files.h"
-#include "experiments/planner.h"
-#include "experiments/serve.h"
+#include "evaluation/model_eval.h"
+#include "evaluation/model_files.h"
+#include "evaluation/planner.h"
+#include "evaluation/serve.h"
 #include "fp8/scale.h"
 #include "kernels/backend.h"
 #include "model/llama.h"
@@ -608,7 +608,7 @@ void register_bench(CLI::App* model) {
   });
 }
 
-// Serving-style batches on the host (issue 47 item 3): experiments/serve.h's schedule run on the
+// Serving-style batches on the host (issue 47 item 3): evaluation/serve.h's schedule run on the
 // model, each step's requests decoded one after another in the batch order (the cpu model has no
 // batched forward; backend cuda's model, which would batch them, does not exist yet).
 void register_serve_bench(CLI::App* model) {
@@ -621,7 +621,7 @@ void register_serve_bench(CLI::App* model) {
   auto* c = model->add_subcommand(
       "serve-bench",
       "Requests of different prompt and output lengths admitted first come first served while their\n"
-      "caches fit --mem (experiments/serve.h: each reserves its peak cache bytes, the planner's\n"
+      "caches fit --mem (evaluation/serve.h: each reserves its peak cache bytes, the planner's\n"
       "formula), prefilled on admission, then decoded a token per step each, in admission order.\n"
       "Reports decode and prefill tokens/s (wall), requests held, and the caches' peak bytes\n"
       "measured beside the schedule's prediction. Request i has --prompt-tokens / 2 + (37 i mod\n"

@@ -5,7 +5,7 @@
 #include "core/error.h"
 #include "core/io.h"
 #include "experiments/commands.h"
-#include "experiments/planner.h"
+#include "evaluation/planner.h"
 
 namespace kvq::cli {
 namespace {

@@ -28,13 +28,13 @@
 #include "core/gguf.h"
 #include "core/io.h"
 #include "experiments/commands.h"
-#include "experiments/model_eval.h"
-#include "experiments/model_files.h"
-#include "experiments/planner.h"
-#include "experiments/report.h"
-#include "experiments/ruler.h"
-#include "experiments/synthetic.h"
-#include "experiments/throughput.h"
+#include "evaluation/model_eval.h"
+#include "evaluation/model_files.h"
+#include "evaluation/planner.h"
+#include "evaluation/report.h"
+#include "evaluation/ruler.h"
+#include "evaluation/synthetic.h"
+#include "evaluation/throughput.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "reference_cpu/attention.h"
@@ -684,7 +684,7 @@ void run_needle(const NeedlePlan& p, const std::filesystem::path& out, const Sha
       }
 }
 
-// [ruler]: the RULER-style suite (experiments/ruler.h), length x task x sample, every scheme
+// [ruler]: the RULER-style suite (evaluation/ruler.h), length x task x sample, every scheme
 // against the fp32 cache on the same prompt and the same greedy decoding.
 struct RulerPlan {
   std::vector<std::string> tasks;
@@ -815,7 +815,7 @@ void run_ruler(const RulerPlan& p, const std::filesystem::path& out, const Shard
 }
 
 // [throughput]: decode attention and prefill quantization per op x backend x context x batch x
-// scheme (experiments/throughput.h), with bf16 timed in every group as the speed-up's baseline.
+// scheme (evaluation/throughput.h), with bf16 timed in every group as the speed-up's baseline.
 struct ThroughputPlan {
   std::vector<int64_t> contexts{1024, 4096, 16384}, batches{1, 16};
   std::vector<std::string> backends{"ref", "cpu"}, ops{"decode", "quantize"};

@@ -12,11 +12,11 @@
 #include "core/gguf.h"
 #include "core/io.h"
 #include "core/safetensors.h"
-#include "experiments/channel_stats.h"
+#include "evaluation/channel_stats.h"
 #include "experiments/commands.h"
-#include "experiments/kv_input.h"
-#include "experiments/model_eval.h"
-#include "experiments/model_files.h"
+#include "evaluation/kv_input.h"
+#include "evaluation/model_eval.h"
+#include "evaluation/model_files.h"
 #include "model/tokenizer.h"
 
 namespace kvq::cli {

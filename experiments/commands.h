@@ -11,8 +11,8 @@
 #include <string_view>
 #include <utility>
 
-#include "experiments/defaults.h"
-#include "experiments/planner.h"
+#include "evaluation/defaults.h"
+#include "evaluation/planner.h"
 
 namespace kvq::cli {
 
@@ -77,9 +77,6 @@ const std::string& build_version();
 /// \brief "host: CPU model x N cores" from /proc/cpuinfo, for the record of a run.
 std::string machine_name();
 
-/// \brief s as a whole number (decimal, all of it, within long long), or nullopt: at_least's
-/// reading, also the benches' (bench_attention's --contexts, --l3-bytes).
-std::optional<long long> whole_number(const std::string& s);
 /// \brief A whole number >= `min`, rejected with a plain message ("must be at least 1, got -3")
 /// where CLI11's own range checks print the type's maximum, a 300-digit number.
 CLI::Validator at_least(long long min);

@@ -4,7 +4,7 @@
 #include <cstdlib>
 
 #include "core/gguf.h"
-#include "experiments/model_files.h"
+#include "evaluation/model_files.h"
 #include "fuzz/fuzz_util.h"
 #include "model/tokenizer.h"
 

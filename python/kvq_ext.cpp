@@ -26,13 +26,13 @@
 #include "core/gguf.h"
 #include "core/io.h"
 #include "core/spec.h"
-#include "experiments/defaults.h"
-#include "experiments/kv_input.h"
-#include "experiments/model_eval.h"
-#include "experiments/model_files.h"
-#include "experiments/planner.h"
-#include "experiments/report.h"
-#include "experiments/ruler.h"
+#include "evaluation/defaults.h"
+#include "evaluation/kv_input.h"
+#include "evaluation/model_eval.h"
+#include "evaluation/model_files.h"
+#include "evaluation/planner.h"
+#include "evaluation/report.h"
+#include "evaluation/ruler.h"
 #include "fp8/scale.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
@@ -482,7 +482,7 @@ class Model {
     return rows;
   }
 
-  // One RULER-style case (experiments/ruler.h): (prompt ids, answers, gen_tokens), the case
+  // One RULER-style case (evaluation/ruler.h): (prompt ids, answers, gen_tokens), the case
   // `kvq run`'s [ruler] task builds for the same task, length, seed, sample and haystack.
   std::tuple<std::vector<int32_t>, std::vector<std::string>, int> ruler_case(
       const std::string& task, int length, uint64_t seed, int sample,

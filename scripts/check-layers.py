@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
-"""The layering check (issue 48; ../shared/ARCHITECTURE.md): every #include "..." between kvq's
-folders, and every import of the Python package, must point down the folder graph
+"""The layering check (issue 48; README "Architecture"): every #include "..." of a C++/CUDA source
+and every import of a Python file, read as an arrow between kvq's folders, must be an arrow of the
+allowed folder graph (GRAPH below, written once, here). The graph is layered, lowest first:
 
-    core  <-  fp8, kivi (schemes)  <-  reference_cpu, kernels/cpu, kernels/cuda (backends)
-          <-  the backend interface (kernels/backend.h, .cpp: kernels/'s own files)
-          <-  model  <-  evaluation library (experiments/: the kvq_eval sources and defaults.h)
-          <-  the kvq CLI (the rest of experiments/)  and  python/ (never the CLI)
-    tests/, bench/, fuzz/, examples/ may include anything.
+    core  <-  fp8, kivi (the schemes)  <-  reference_cpu, kernels/cpu, kernels/cuda (the backends)
+          <-  kernels (the backend interface: kernels/backend.h, .cpp)  <-  model
+          <-  evaluation (the evaluation library, kvq_eval)  <-  python  <-  experiments (the kvq
+          CLI, its configs, and the plot scripts, which import the Python package)
+    tests/, bench/, fuzz/, examples/, scripts/, docs/ may include anything; nothing includes them.
 
-Fails (exit 1, one line per arrow: FILE:LINE, the two layers) on an arrow up the graph, between two
-layers of the same rank (schemes never include each other, nor do backends), or on two folders that
-include each other. Prints the folder graph with --graph. --root DIR checks another tree (the test).
+No arrow points up, none joins two folders of one rank (schemes never include each other, nor do
+backends), so no two folders include each other: the script refuses a GRAPH that breaks this.
+
+Fails (exit 1) with one line per arrow that is not in GRAPH: FILE:LINE: FROM -> TO ("include"),
+and why (up the graph, or a new arrow down to add to GRAPH if it is meant). A source file in a folder
+the graph does not know fails too. --graph prints the arrows found and their counts.
+
+    scripts/check-layers.py                    # the whole tree (ctest layers.check)
+    scripts/check-layers.py --root DIR         # another tree (the check's own test)
+    scripts/check-layers.py [--root DIR] FILE  # just these files (paths under the root)
 """
 import argparse
 import collections
@@ -18,76 +26,112 @@ import pathlib
 import re
 import sys
 
-RANK = {"core": 0, "fp8": 1, "kivi": 1, "reference_cpu": 2, "kernels/cpu": 2, "kernels/cuda": 2,
-        "backend": 3, "model": 4, "eval": 5, "cli": 6, "python": 6}
-TOP = ("tests", "bench", "fuzz", "examples")  # may include anything
+ME = "scripts/check-layers.py"
+# The allowed folder graph: each folder, lowest first, and the folders its files may include or
+# import. An arrow goes only to a folder on an earlier line (checked at start).
+GRAPH = {
+    "core": [],
+    "fp8": ["core"],
+    "kivi": ["core"],
+    "reference_cpu": ["core", "fp8", "kivi"],
+    "kernels/cpu": ["core", "fp8", "kivi"],
+    "kernels/cuda": ["core", "fp8", "kivi"],
+    "kernels": ["core", "reference_cpu", "kernels/cpu", "kernels/cuda"],
+    "model": ["core", "fp8", "reference_cpu", "kernels/cpu", "kernels/cuda", "kernels"],
+    "evaluation": ["core", "fp8", "reference_cpu", "kernels", "model"],
+    "python": ["core", "fp8", "reference_cpu", "kernels/cpu", "kernels", "model", "evaluation"],
+    "experiments": ["core", "fp8", "kivi", "reference_cpu", "kernels/cpu", "kernels", "model",
+                    "evaluation", "python"],
+}
+# Folders of one rank: no arrow between them (the schemes; the backends).
+PEERS = [{"fp8", "kivi"}, {"reference_cpu", "kernels/cpu", "kernels/cuda"}]
+TOP = ("tests", "bench", "fuzz", "examples", "scripts", "docs")  # may include anything
+SKIP = ("build", ".venv", ".git", ".pytest_cache")
 SOURCES = (".h", ".hpp", ".cpp", ".cu", ".cuh")
 INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
-IMPORT = re.compile(r"\s*(?:from|import)\s+(experiments|tests|bench)\b")
+IMPORT = re.compile(r"\s*(?:from|import)\s+([A-Za-z_]\w*)")
+PACKAGE = {"kvq": "python"}  # Python package name -> the folder that holds it
 
 
-def eval_names(root):
-    """Basenames (no extension) of the evaluation library: kvq_eval's sources, and defaults.h."""
-    text = (root / "experiments" / "CMakeLists.txt").read_text()
-    m = re.search(r"add_library\(kvq_eval\s+STATIC([^)]*)\)", text)
-    if not m:
-        sys.exit("check-layers: experiments/CMakeLists.txt has no add_library(kvq_eval STATIC ...)")
-    return {pathlib.Path(s).stem for s in m.group(1).split()} | {"defaults"}
+def check_graph():
+    """GRAPH itself: every arrow to an earlier line, none between peers (so no cycle, no pair)."""
+    order = list(GRAPH)
+    for src, dsts in GRAPH.items():
+        for d in dsts:
+            if d not in GRAPH or order.index(d) >= order.index(src) or any(
+                    {src, d} <= p for p in PEERS):
+                sys.exit(f"{ME}: GRAPH's arrow {src} -> {d} does not point down the layers")
 
 
-def layer(rel, evals):
-    """The layer of a repo-relative path, None outside the graph."""
+def folder(rel):
+    """The graph folder of a repo-relative path; 'top' for TOP; None outside kvq's folders."""
     parts = rel.split("/")
+    if len(parts) < 2 or parts[0] in SKIP:
+        return None
     if parts[0] in TOP:
         return "top"
-    if parts[0] == "kernels":
-        return "kernels/" + parts[1] if len(parts) > 2 else "backend"
-    if parts[0] == "experiments":
-        return "eval" if len(parts) == 2 and pathlib.Path(parts[1]).stem in evals else "cli"
-    return parts[0] if parts[0] in RANK else None
+    if parts[0] == "kernels" and len(parts) > 2:
+        return "kernels/" + parts[1]
+    return parts[0]
+
+
+def target(name, is_py):
+    """The folder an include path or imported module names; None for one outside kvq."""
+    if is_py:
+        if name in PACKAGE:
+            return PACKAGE[name]
+        name += "/x.py"
+    f = folder(name)
+    return f if f == "top" or f in GRAPH else None
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", default=pathlib.Path(__file__).resolve().parent.parent, type=pathlib.Path)
+    ap.add_argument("--root", type=pathlib.Path,
+                    default=pathlib.Path(__file__).resolve().parent.parent)
     ap.add_argument("--graph", action="store_true", help="print every folder arrow and its count")
+    ap.add_argument("files", nargs="*", type=pathlib.Path, help="only these files (default: all)")
     a = ap.parse_args()
+    check_graph()
     root = a.root.resolve()
-    evals = eval_names(root)
+    paths = [(root / f).resolve() for f in a.files] if a.files else sorted(root.rglob("*"))
     arrows, bad = collections.Counter(), []
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if rel.startswith(("build/", ".venv/", ".git/")) or not path.is_file():
+    for path in paths:
+        try:
+            rel = path.relative_to(root).as_posix()
+        except ValueError:
+            sys.exit(f"{ME}: {path} is not under the root {root}")
+        if not path.is_file() or (path.suffix not in SOURCES and path.suffix != ".py"):
             continue
-        src = layer(rel, evals)
+        src = folder(rel)
         if src in (None, "top"):
             continue
-        is_py = path.suffix == ".py" and src == "python"
-        if path.suffix not in SOURCES and not is_py:
+        if src not in GRAPH:
+            bad.append(f"{rel}: folder {src}/ is in no layer of the allowed graph in {ME}")
             continue
+        is_py = path.suffix == ".py"
         for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-            m = INCLUDE.match(line) if not is_py else IMPORT.match(line)
-            if not m:
-                continue
-            dst = layer(m.group(1) + ("/x.py" if is_py else ""), evals)
-            if dst is None or dst == src:
+            m = (IMPORT if is_py else INCLUDE).match(line)
+            dst = m and target(m.group(1), is_py)
+            if not dst or dst == src:
                 continue
             arrows[(src, dst)] += 1
-            if dst == "top" or RANK[dst] >= RANK[src]:
-                bad.append(f"{rel}:{n}: {src} includes {dst} ({m.group(1)}): arrows point down "
-                           f"the graph only (scripts/check-layers.py)")
-    for (s, d) in arrows:
-        if (d, s) in arrows and s < d:
-            bad.append(f"{s} and {d} include each other ({arrows[(s, d)]} and {arrows[(d, s)]} "
-                       f"includes)")
+            if dst in GRAPH[src]:
+                continue
+            order = list(GRAPH)
+            why = ("points up the layers" if dst == "top" or order.index(dst) > order.index(src)
+                   or any({src, dst} <= p for p in PEERS)
+                   else "a new arrow down: add it to GRAPH if it is meant")
+            bad.append(f'{rel}:{n}: {src} -> {dst} ("{m.group(1)}") is not in the allowed graph '
+                       f"in {ME} ({why})")
     if a.graph:
         for (s, d), c in sorted(arrows.items()):
             print(f"{s} -> {d}: {c}")
     for b in bad:
         print(b, file=sys.stderr)
     if not bad:
-        print(f"check-layers: {sum(arrows.values())} includes across {len(arrows)} folder arrows, "
-              f"all pointing down")
+        print(f"check-layers: {sum(arrows.values())} includes and imports across {len(arrows)} "
+              f"folder arrows, all in the allowed graph")
     return 1 if bad else 0
 
 

@@ -21,7 +21,7 @@
 
 #include "core/error.h"
 #include "core/spec.h"
-#include "experiments/synthetic.h"
+#include "evaluation/synthetic.h"
 #include "kernels/backend.h"
 #include "kivi/layout.h"
 #include "reference_cpu/attention.h"

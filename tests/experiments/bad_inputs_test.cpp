@@ -12,7 +12,7 @@
 #include <sstream>
 #include <string>
 
-#include "experiments/model_files.h"
+#include "evaluation/model_files.h"
 #include "tests/support/gguf_writer.h"
 #include "tests/support/run_cli.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/npy.h"
-#include "experiments/model_files.h"
+#include "evaluation/model_files.h"
 #include "tests/support/run_cli.h"
 
 namespace kvq {

@@ -261,7 +261,7 @@ TEST(plan_cli, JsonToAFile_tableStillPrinted) {
   std::filesystem::remove(path);
   const auto j = nlohmann::json::parse(ss.str());
   EXPECT_EQ(j["rows"][0]["tokens_in_mem_rounded"], 419617);
-  // fp8 against bf16, by hand (tests/experiments/planner_test.cpp's design-note figures): the same
+  // fp8 against bf16, by hand (tests/evaluation/planner_test.cpp's design-note figures): the same
   // batch of 64, so the speed-up is the ratio of the step bounds,
   // (16.06e9 + 64 x 2,000 x 131,072) / (16.06e9 + 64 x (2,000 x 65,536 + 256)) = 1.343111.
   EXPECT_EQ(j["rows"][1]["kv"], "fp8");

@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "experiments/model_files.h"
+#include "evaluation/model_files.h"
 #include "kernels/backend.h"
 
 namespace kvq {
@@ -422,7 +422,7 @@ TEST_F(RunCli, Throughput_rowsPerCase_bf16Baseline_resumesAndShards) {
   }
 }
 
-// [ruler] (experiments/ruler.h): one row per scheme x length x task x sample with the fp32 cache's
+// [ruler] (evaluation/ruler.h): one row per scheme x length x task x sample with the fp32 cache's
 // score on the same prompt beside it; a rerun resumes, 2 shards merge to the rows of one run, and
 // its keys are checked before anything runs.
 TEST_F(RunCli, Ruler_rowsPerCase_fp32Beside_resumesShardsAndBadKeys) {

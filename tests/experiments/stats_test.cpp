@@ -12,8 +12,8 @@
 #include "core/error.h"
 #include "core/npy.h"
 #include "core/safetensors.h"
-#include "experiments/channel_stats.h"
-#include "experiments/model_files.h"
+#include "evaluation/channel_stats.h"
+#include "evaluation/model_files.h"
 #include "tests/support/run_cli.h"
 
 namespace kvq {

@@ -16,7 +16,7 @@
 
 #include "core/rotation.h"
 #include "core/spec.h"
-#include "experiments/synthetic.h"
+#include "evaluation/synthetic.h"
 #include "kernels/cuda/dispatch.h"
 #include "reference_cpu/attention.h"
 #include "tests/support/expect_error.h"

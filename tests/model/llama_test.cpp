@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "core/io.h"
-#include "experiments/model_eval.h"
+#include "evaluation/model_eval.h"
 #include "kernels/cpu/isa.h"
 #include "tests/support/model.h"
 #include "tests/support/names.h"

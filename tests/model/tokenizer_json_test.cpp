@@ -18,7 +18,7 @@
 
 #include "core/error.h"
 #include "core/io.h"
-#include "experiments/model_files.h"
+#include "evaluation/model_files.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_internal.h"
 

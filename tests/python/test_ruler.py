@@ -11,7 +11,7 @@ import kvq
 @pytest.mark.parametrize("task", ["niah_single_2", "niah_multivalue", "vt"])
 def test_ruler_case_fits_its_length_and_holds_its_answers(model, task):
     c = model.ruler_case(task, 1024, sample=1, seed=3)
-    # RULER's definition (experiments/ruler.h): prompt + generation budget == length exactly
+    # RULER's definition (evaluation/ruler.h): prompt + generation budget == length exactly
     assert len(c["prompt"]) + c["gen_tokens"] == 1024
     text = model.decode(c["prompt"])
     assert c["answers"] and all(a in text for a in c["answers"])

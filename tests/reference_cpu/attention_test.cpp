@@ -13,7 +13,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "experiments/synthetic.h"
+#include "evaluation/synthetic.h"
 #include "fp8/scale.h"
 #include "reference_cpu/quantize.h"
 #include "tests/support/names.h"

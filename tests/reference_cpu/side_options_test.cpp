@@ -13,7 +13,7 @@
 
 #include "core/footprint.h"
 #include "core/stored_side.h"
-#include "experiments/synthetic.h"
+#include "evaluation/synthetic.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/kv_cache.h"
 #include "reference_cpu/metrics.h"

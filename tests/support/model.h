@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/gguf.h"
-#include "experiments/model_files.h"
+#include "evaluation/model_files.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 

@@ -23,7 +23,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
-#include "experiments/synthetic.h"
+#include "evaluation/synthetic.h"
 #include "fp8/format.h"
 #include "fp8/scale.h"
 #include "kernels/cpu/isa.h"

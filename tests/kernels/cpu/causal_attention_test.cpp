@@ -4,7 +4,7 @@
 // cache fed token by token give bit-identical outputs for every position on this backend, for any
 // thread count.
 //
-// Inputs: synthetic keys with x12 outlier channels and plain values (experiments/synthetic.h),
+// Inputs: synthetic keys with x12 outlier channels and plain values (evaluation/synthetic.h),
 // chunk sizes that cross the block (256), the segment (512), the key group and the residual
 // window at ragged points. Tolerance against the reference: kExactTol * max |V|, the bound of
 // tests/kernels/cpu/attention_test.cpp (the same kernels; float arithmetic in another order and a
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "experiments/synthetic.h"
+#include "evaluation/synthetic.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/isa.h"
 #include "model/llama.h"

@@ -1,4 +1,4 @@
-#include "experiments/channel_stats.h"
+#include "evaluation/channel_stats.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
-// experiments/model_eval.h without the model: how much of the attended K/V a model row quantized
+// evaluation/model_eval.h without the model: how much of the attended K/V a model row quantized
 // (issue 50: a row whose window covers every scored position measured nothing of its scheme), and
 // the block bootstrap behind every interval a model row reports.
-#include "experiments/model_eval.h"
+#include "evaluation/model_eval.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "experiments/advisor.h"
+#include "evaluation/advisor.h"
 
 #include <fmt/format.h>
 
@@ -11,8 +11,8 @@
 #include "core/error.h"
 #include "core/io.h"
 #include "core/spec.h"
-#include "experiments/model_eval.h"
-#include "experiments/report.h"
+#include "evaluation/model_eval.h"
+#include "evaluation/report.h"
 
 namespace kvq::advisor {
 

@@ -1,4 +1,4 @@
-#include "experiments/throughput.h"
+#include "evaluation/throughput.h"
 
 #include <malloc.h>
 #include <sys/resource.h>
@@ -13,8 +13,8 @@
 #include <random>
 
 #include "core/error.h"
-#include "experiments/channel_stats.h"
-#include "experiments/synthetic.h"
+#include "evaluation/channel_stats.h"
+#include "evaluation/synthetic.h"
 #include "kernels/backend.h"
 #include "reference_cpu/attention.h"
 #include "reference_cpu/kv_cache.h"

@@ -1,4 +1,4 @@
-#include "experiments/report.h"
+#include "evaluation/report.h"
 
 #include <fmt/format.h>
 

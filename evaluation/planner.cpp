@@ -1,4 +1,4 @@
-#include "experiments/planner.h"
+#include "evaluation/planner.h"
 
 #include <fmt/format.h>
 

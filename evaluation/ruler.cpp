@@ -1,4 +1,4 @@
-#include "experiments/ruler.h"
+#include "evaluation/ruler.h"
 
 #include <algorithm>
 #include <cctype>
@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "core/splitmix.h"
-#include "experiments/model_eval.h"
+#include "evaluation/model_eval.h"
 #include "fmt/format.h"
 
 namespace kvq::eval {

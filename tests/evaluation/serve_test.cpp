@@ -1,9 +1,9 @@
-// experiments/serve.h: admission under a KV memory cap and the batch order of each step.
+// evaluation/serve.h: admission under a KV memory cap and the batch order of each step.
 // Expected values: a hand-computed schedule (bf16 bytes per token by hand), the planner's own
 // capacity column (make_plan's `requests`, an independent use of the same footprint formula) for
 // how many equal requests a cap holds per scheme, and invariants every step must keep
 // (reserved <= cap, live <= reserved, first come first served, every token generated once).
-#include "experiments/serve.h"
+#include "evaluation/serve.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <numeric>
 #include <random>
 
-#include "experiments/model_files.h"
+#include "evaluation/model_files.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/run_cli.h"
 

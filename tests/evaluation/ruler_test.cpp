@@ -1,9 +1,9 @@
-// experiments/ruler.h: the RULER-style suite's generator and scorer. The scorer against
+// evaluation/ruler.h: the RULER-style suite's generator and scorer. The scorer against
 // hand-computed cases (RULER's string_match_all / string_match_part definitions); the generator
 // on SmolLM2's tokenizer: determinism from the seed, prompt lengths, and each task's answers in
 // its prompt as many times as RULER's definition of the task puts them there, counted in the
 // decoded prompt.
-#include "experiments/ruler.h"
+#include "evaluation/ruler.h"
 
 #include <gtest/gtest.h>
 
@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 #include "core/gguf.h"
-#include "experiments/model_files.h"
+#include "evaluation/model_files.h"
 
 namespace kvq::eval {
 namespace {

@@ -1,6 +1,6 @@
 // kvq plan's numbers, checked against the design note (REFERENCE.md sections 1 and 5) and
 // against byte counts worked out by hand.
-#include "experiments/planner.h"
+#include "evaluation/planner.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "experiments/synthetic.h"
+#include "evaluation/synthetic.h"
 
 #include <cmath>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "experiments/model_eval.h"
+#include "evaluation/model_eval.h"
 
 #include <omp.h>
 

@@ -1,4 +1,4 @@
-#include "experiments/model_files.h"
+#include "evaluation/model_files.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 // kvq advise: which KV-cache scheme to serve with, decided from measurements. The planner
-// (experiments/planner.h) gives each scheme's capacity and decode-step bound for the workload;
+// (evaluation/planner.h) gives each scheme's capacity and decode-step bound for the workload;
 // the quality comes from the model rows of `kvq run` results directories (KLD and perplexity
 // against the fp32 cache, measured, never guessed). The rule, the design note's own advice:
 //   1. a scheme is eligible when its measured quality meets the budget (--max-kld, --max-dppl) at
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "experiments/planner.h"
+#include "evaluation/planner.h"
 
 namespace kvq::advisor {
 

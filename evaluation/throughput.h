@@ -8,7 +8,7 @@
 // step reads caches no step has read since at least `pool_bytes` (256 MiB, 8x this machine's L3)
 // of other caches went by, as in a model's decode where every other layer's cache and weights
 // pass between two reads of one layer. Caches are built once per (scheme, context) from the same
-// synthetic K/V (experiments/synthetic.h; keys with outlier channels).
+// synthetic K/V (evaluation/synthetic.h; keys with outlier channels).
 //
 // Backend cuda (decode only): the same pool, of device-resident sides (make_backend_side), at least
 // `batch` distinct caches so no two sequences of a step share bytes in the GPU's L2; q and out in

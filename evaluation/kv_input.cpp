@@ -1,4 +1,4 @@
-#include "experiments/kv_input.h"
+#include "evaluation/kv_input.h"
 
 #include <fmt/format.h>
 

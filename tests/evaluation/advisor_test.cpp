@@ -1,4 +1,4 @@
-// experiments/advisor.h (kvq advise) on hand-made results whose right answer is known from the
+// evaluation/advisor.h (kvq advise) on hand-made results whose right answer is known from the
 // rule and hand arithmetic. The workload is the design note's: llama-3.1-8b (16.06 GB of bf16
 // weights), 55 GB of KV memory, an H100 SXM (3.35 TB/s), 64 requests of 2,000 tokens. bf16 K+V is
 // 131,072 B per token (32 layers x 8 heads x 128 x 2 x 2 B): 64 x 2,000 tokens = 16.8 GB, so the
@@ -11,7 +11,7 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "experiments/advisor.h"
+#include "evaluation/advisor.h"
 #include "tests/support/names.h"
 
 namespace kvq::advisor {

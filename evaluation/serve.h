@@ -1,7 +1,7 @@
 // Serving-style batches (issue 47 item 3), the host-side logic: which requests a decode step
 // holds under a KV memory cap (`--mem`, to emulate a smaller card), in what order they are
 // batched, and the bytes and tokens each step accounts for. The byte counts are the planner's
-// (experiments/planner.h request_footprint: kvq::footprint summed over layers, the one formula the
+// (evaluation/planner.h request_footprint: kvq::footprint summed over layers, the one formula the
 // caches store by), so a schedule's capacity is the plan's `requests` column by construction.
 //
 // Policy (vLLM's first-come-first-served scheduler without preemption, with whole-request
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/spec.h"
-#include "experiments/planner.h"
+#include "evaluation/planner.h"
 
 namespace kvq::eval {
 

@@ -1,4 +1,4 @@
-// experiments/throughput.h: what the [throughput] task times. Issue 50 item 2: bf16's "quantize"
+// evaluation/throughput.h: what the [throughput] task times. Issue 50 item 2: bf16's "quantize"
 // baseline took ~1,074 us at 1k on both backends, so kivi2 read "4.84x bf16". Two causes, both
 // checked here without timing anything (a timing bound would be flaky on a shared host):
 //   - Half16Side::append pushed element by element (the vector regrew and copied log2(n) times);
@@ -6,7 +6,7 @@
 //     about twice the conversion), which a preallocated serving cache never pays per token.
 // The timed repetitions now run in steady state: no page faults (measured, Timing::page_faults;
 // before the fix ~2,000 a repetition for bf16 at 1k, of which ~1,000 from the stores alone).
-#include "experiments/throughput.h"
+#include "evaluation/throughput.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "experiments/serve.h"
+#include "evaluation/serve.h"
 
 #include <algorithm>
 #include <deque>
