@@ -55,8 +55,9 @@ int main(int argc, char** argv) {
       "Schemes are named by spec strings such as fp8_e4m3:gran=head or kivi2:g=32,r=128.\n"
       "Run 'kvq <command> --help' for each command's options and examples.",
       "kvq"};
-  app.set_version_flag("--version", kvq::version_string(),
-                       "print the version and the commit built");
+  app.set_version_flag(
+      "--version", [] { return kvq::version_text(); },
+      "print the version, the commit built and backend cpu's CPU paths");
   app.require_subcommand(1);
   // A file-size limit (ulimit -f) or a full disk makes a write fail with an error naming the file
   // (core/io.cpp) instead of killing kvq with SIGXFSZ; the finished rows stay as they were.

@@ -7,7 +7,7 @@
 #include "fp8/scale.h"
 #include "kernels/cpu/isa.h"
 
-namespace kvq::cpu {
+namespace kvq::cpu::KVQ_CPU_PATH_NS {
 namespace {
 
 #if KVQ_CPU_AVX2
@@ -264,4 +264,4 @@ void fp8_quantize_dynamic(const Fp8Spec& spec, Role role, const Tensor3& x,
   }
 }
 
-}  // namespace kvq::cpu
+}  // namespace kvq::cpu::KVQ_CPU_PATH_NS

@@ -1,13 +1,15 @@
-// Backend `cpu`: which instruction set the kernels were compiled for. The AVX2+FMA+F16C path is
-// chosen at compile time (-march=native on this machine, or -mavx2 -mfma -mf16c); without those
-// flags, or with KVQ_CPU_PORTABLE defined, every kernel takes its portable scalar path (the same
-// results: the quantizers are bit-identical either way, attention stays within the tolerances
-// stated in kernels/cpu/attention.h). Where the compiler also targets AVX-512 F/BW/VL/DQ (and
-// VNNI), the hot loops have 512-bit forms beside the AVX2 ones (KVQ_CPU_AVX512; isa() ends in
-// "+avx512").
+// Backend `cpu`: which instruction set a kernel translation unit is compiled for, and which CPU
+// path this process runs. Each kernel source (attention.cpp, kivi.cpp, fp8.cpp) is compiled once
+// per path with that path's flags (kernels/cpu/CMakeLists.txt: portable = baseline x86-64, avx2 =
+// AVX2+FMA+F16C, avx512 = x86-64-v4 + VNNI, avx512bf16 = that + VBMI, BF16 and AMX-TILE/BF16), and
+// the macros below say what the compiler targets in that build: without AVX2+FMA+F16C every
+// kernel takes its portable scalar path (the same results: the quantizers are bit-identical
+// either way, attention stays within the tolerances stated in kernels/cpu/attention.h). Where the
+// compiler also targets AVX-512 F/BW/VL/DQ (and VNNI), the hot loops have 512-bit forms beside the
+// AVX2 ones (KVQ_CPU_AVX512). kernels/cpu/dispatch.cpp chooses the path at run time (path()).
 #pragma once
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(KVQ_CPU_PORTABLE)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define KVQ_CPU_AVX2 1
 #include <immintrin.h>
 #else
@@ -43,27 +45,60 @@
 
 // AMX tiles (tdpbf16ps; fp8 sides in the int8 mode, kernels/cpu/attention.cpp): where the
 // compiler targets AMX-TILE and AMX-BF16 beside the bf16 dot products. Linux lends the tiles to a
-// process that asks (arch_prctl ARCH_REQ_XCOMP_PERM); amx() says whether this one got them, and
-// the kernels fall back to vdpbf16ps where it did not.
+// process that asks (arch_prctl ARCH_REQ_XCOMP_PERM); amx() says whether this one got them (and
+// the CPU has them), and the kernels fall back to vdpbf16ps where it did not.
 #if KVQ_CPU_BF16DOT && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #define KVQ_CPU_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
 #else
 #define KVQ_CPU_AMX 0
 #endif
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
+#include <string>
+
+// The namespace a translation unit's SIMD helpers (below, kernels/cpu/simd_decode.h) and kernels
+// live in: each CPU path's build names its own (kernels/cpu/CMakeLists.txt), so the same helper
+// compiled for two paths is two functions, never one the linker picks.
+#ifndef KVQ_CPU_PATH_NS
+#define KVQ_CPU_PATH_NS native
+#endif
 
 namespace kvq::cpu {
 
-/// \brief True when the AVX2+FMA+F16C kernels are compiled in.
-inline constexpr bool kAvx2 = KVQ_CPU_AVX2 != 0;
+/// \brief One CPU path of backend cpu: its name and the instruction sets its kernels use (what
+/// the macros above say in its build; amx: the AMX kernels are compiled in, whether they run is
+/// amx()).
+struct PathInfo {
+  const char* name;
+  bool avx2, vnni, avx512, bf16dot, amx;
+};
 
-/// \brief True when the byte dot products use VNNI's vpdpbusd.
-inline constexpr bool kVnni = KVQ_CPU_VNNI != 0;
+/// \brief The path this process runs: the one KVQ_CPU_PATH names (a kvq::Error naming the
+/// supported ones where this CPU lacks it or no path has that name), else the widest this CPU
+/// runs. Chosen once, at first use, from cpuid / xgetbv (kernels/cpu/dispatch.cpp).
+const PathInfo& path();
+
+/// \brief The paths compiled in, widest last ("portable, avx2, avx512, avx512bf16"), and those of
+/// them this CPU runs.
+std::string compiled_paths();
+std::string supported_paths();
+
+/// \brief Whether this process may use the AMX tiles: the path runs AMX kernels, the CPU has
+/// AMX-TILE and AMX-BF16, and Linux granted the tiles (arch_prctl ARCH_REQ_XCOMP_PERM, asked
+/// once).
+bool amx_granted();
+/// \brief True when fp8 sides in the int8 mode take the AMX kernels: granted, and neither
+/// KVQ_AMX=0 in the environment nor set_amx(false).
+bool amx();
+/// \brief Turns the AMX kernels on (where granted) or off, for tests and A/B runs; not while
+/// an attention call runs.
+void set_amx(bool on);
+
+/// \brief The instruction set of the path this process runs, for result rows and bench output
+/// ("portable", "avx2+fma+f16c", ..., "+amx" where amx() holds).
+const char* isa();
+
+inline namespace KVQ_CPU_PATH_NS {
 
 #if KVQ_CPU_AVX512
 /// \brief Every lane of a 16-lane mask. The kernels use the zero-masking forms of 512-bit
@@ -75,42 +110,6 @@ constexpr __mmask32 kAll32 = ~__mmask32{0};
 /// \brief Every byte of a 64-byte mask (the byte forms' zero-masking, as kAll16).
 constexpr __mmask64 kAll64 = ~__mmask64{0};
 #endif
-
-/// \brief True when fp8 sides in the int8 mode take bf16 dot products.
-inline constexpr bool kBf16Dot = KVQ_CPU_BF16DOT != 0;
-
-/// \brief True when the float row kernels also have their 512-bit form.
-inline constexpr bool kAvx512 = KVQ_CPU_AVX512 != 0;
-
-/// \brief True when the AMX kernels are compiled in (whether they run: amx()).
-inline constexpr bool kAmx = KVQ_CPU_AMX != 0;
-
-/// \brief Whether this process may use the AMX tiles: compiled in and granted by the kernel
-/// (asked once).
-inline bool amx_granted() {
-#if KVQ_CPU_AMX
-  static const bool granted =
-      syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
-  return granted;
-#else
-  return false;
-#endif
-}
-namespace detail {
-inline bool& amx_switch() {
-  static bool on = [] {
-    const char* e = std::getenv("KVQ_AMX");  // KVQ_AMX=0: vdpbf16ps instead (A/B runs)
-    return amx_granted() && !(e != nullptr && std::strcmp(e, "0") == 0);
-  }();
-  return on;
-}
-}  // namespace detail
-/// \brief True when fp8 sides in the int8 mode take the AMX kernels: granted, and neither
-/// KVQ_AMX=0 in the environment nor set_amx(false).
-inline bool amx() { return detail::amx_switch(); }
-/// \brief Turns the AMX kernels on (where granted) or off, for tests and A/B runs; not while
-/// an attention call runs.
-inline void set_amx(bool on) { detail::amx_switch() = on && amx_granted(); }
 
 #if KVQ_CPU_AMX
 /// \brief A tile configuration (palette 1) as ldtilecfg reads it: rows and bytes per row of
@@ -130,17 +129,6 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 #endif
-
-/// \brief The instruction set of the compiled kernels, for result rows and bench output ("+amx"
-/// where amx() holds).
-inline const char* isa() {
-  if (!kAvx2) return "portable";
-  if (kAvx512) {
-    if (amx()) return kVnni ? "avx2+fma+f16c+vnni+avx512+amx" : "avx2+fma+f16c+avx512+amx";
-    return kVnni ? "avx2+fma+f16c+vnni+avx512" : "avx2+fma+f16c+avx512";
-  }
-  return kVnni ? "avx2+fma+f16c+vnni" : "avx2+fma+f16c";
-}
 
 #if KVQ_CPU_AVX2
 /// \brief acc + sum of the four products u8 x s8 in each 32-bit lane, without VNNI: vpmaddubsw
@@ -187,4 +175,5 @@ inline __m512i dpbusd512(__m512i acc, __m512i u8, __m512i s8) {
 #endif
 #endif
 
+}  // namespace KVQ_CPU_PATH_NS
 }  // namespace kvq::cpu

@@ -9,7 +9,7 @@
 #include "kivi/group.h"
 #include "kivi/layout.h"
 
-namespace kvq::cpu {
+namespace kvq::cpu::KVQ_CPU_PATH_NS {
 namespace {
 
 using kivi::codes_per_word;
@@ -957,4 +957,4 @@ void kivi_quantize(const IntSpec& spec, Role role, const float* x, int64_t token
   }
 }
 
-}  // namespace kvq::cpu
+}  // namespace kvq::cpu::KVQ_CPU_PATH_NS

@@ -1,7 +1,7 @@
 // Backend `cpu`: exact SIMD decoders of stored elements, shared by the attention kernels
 // (kernels/cpu/attention.cpp) and tested against the reference decoders on every code
 // (tests/kernels/cpu/simd_decode_test.cpp). Internal to the backend: compiled only where the
-// AVX2 path is (kernels/cpu/isa.h).
+// AVX2 forms are (kernels/cpu/isa.h), in each path's own namespace.
 #pragma once
 
 #include "kernels/cpu/isa.h"
@@ -14,6 +14,7 @@
 #include "fp8/format.h"
 
 namespace kvq::cpu {
+inline namespace KVQ_CPU_PATH_NS {
 
 #if KVQ_CPU_AVX512
 // The 512-bit conversions in their zero-masking form with every lane on (kAll16, isa.h).
@@ -146,6 +147,7 @@ inline void fp8_bf16x64(const Fp8Bf16Table& t, __m512i c, __m512i& a, __m512i& b
 constexpr int fp8_bf16x64_code(int w, int e) { return 16 * (e / 8) + 8 * w + e % 8; }
 #endif
 
+}  // namespace KVQ_CPU_PATH_NS
 }  // namespace kvq::cpu
 
 #endif  // KVQ_CPU_AVX2

@@ -171,15 +171,15 @@ std::pair<double, int> mean_kl(const std::vector<float>& a, const std::vector<fl
 // paths ran).
 TEST(Backends, CpuInt8DamageWithinHalfMoreThanCpu) {
   KVQ_REQUIRE_MODEL();
-  if (!cpu::kAvx2)
-    GTEST_SKIP() << "the int8 mode is an AVX2 path; the portable build reads codes exactly";
+  if (!cpu::path().avx2)
+    GTEST_SKIP() << "the int8 mode is an AVX2 path; the portable path reads codes exactly";
   const auto ids = kjv_tokens(M->tok, 192);
   const int64_t V = M->model.config().vocab;
   const LlamaModel& cpu = testing::model_with(AttentionBackend::kCpu);
   const LlamaModel& int8 = testing::model_with(AttentionBackend::kCpuInt8);
   const auto f32 = run(cpu, opts("fp32"), ids, {100, 92});
   std::vector<const char*> specs = {"kivi4:g=32,r=32", "kivi2:g=32,r=32"};
-  if (cpu::kBf16Dot) specs.push_back("fp8_e4m3:gran=token");  // bf16 dot products
+  if (cpu::path().bf16dot) specs.push_back("fp8_e4m3:gran=token");  // bf16 dot products
   for (const char* spec : specs) {
     const auto a = run(cpu, opts(spec), ids, {100, 92}), b = run(int8, opts(spec), ids, {100, 92});
     const double d_cpu = mean_kl(f32, a, V).first, d_int8 = mean_kl(f32, b, V).first;

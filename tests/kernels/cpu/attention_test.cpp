@@ -17,7 +17,6 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -78,7 +77,7 @@ Result run(const Case& c, IntMode mode) {
   decode_attention(q.data(), qh, *k, *v, want.data());
   cpu::decode_attention(q.data(), qh, k->stored(), v->stored(), got.data(), {c.threads, mode});
   EXPECT_EQ(got.back(), 7.0f) << "wrote past the output";
-  EXPECT_EQ(has_fast_path(k->stored(), v->stored(), qh), c.fast && kAvx2) << c.spec;
+  EXPECT_EQ(has_fast_path(k->stored(), v->stored(), qh), c.fast && path().avx2) << c.spec;
   Result r;
   for (float x : v->dequantize().data)
     r.max_v = std::max(r.max_v, std::fabs(static_cast<double>(x)));
@@ -122,7 +121,7 @@ TEST_P(cpuDecodeAttention, exactMode_withinTolOfReference) {
 // (kernels/cpu/attention.h): equal outputs, bit for bit, in both modes.
 TEST_P(cpuDecodeAttention, streamedAndCached_sameBits) {
   const Case c = GetParam();
-  if (!kAvx2 || !c.fast)
+  if (!path().avx2 || !c.fast)
     GTEST_SKIP() << "the portable path has one order of reads: nothing to compare";
   const auto [k, v] = case_sides(c);
   const int64_t qh = c.heads * c.gqa;
@@ -205,8 +204,8 @@ TEST(cpuIntMode, parse_namesExactAndInt8Only) {
 class cpuDecodeAttentionInt8 : public ::testing::TestWithParam<Case> {};
 
 TEST_P(cpuDecodeAttentionInt8, int8Mode_equalsItsDefinition) {
-  if (!kAvx2)
-    GTEST_SKIP() << "the int8 mode is an AVX2 path; the portable build reads codes exactly";
+  if (!path().avx2)
+    GTEST_SKIP() << "the int8 mode is an AVX2 path; the portable path reads codes exactly";
   const Case c = GetParam();
   const auto [k, v] = case_sides(c);
   const StoredSide ks = k->stored();
@@ -337,9 +336,9 @@ INSTANTIATE_TEST_SUITE_P(Grid, cpuDecodeAttentionInt8,
                                            Case{"kivi4:g=32,r=32", 334, 2, 96, 3, 1, true}),
                          name_of);
 
-// Int8 mode on fp8 sides (kernels/cpu/attention.h; compiled where kBf16Dot): the definition,
-// computed here in double from the stored bytes. With b(x) the float x rounded to bf16
-// (nearest-even, core/half.h's round_to_bf16), val(c) = fp8::decode(c) but 0 for the subnormal
+// Int8 mode on fp8 sides (kernels/cpu/attention.h; paths with bf16 dot products, path().bf16dot):
+// the definition, computed here in double from the stored bytes. With b(x) the float x rounded to
+// bf16 (nearest-even, core/half.h's round_to_bf16), val(c) = fp8::decode(c) but 0 for the subnormal
 // codes (exponent field 0), g_hd the per-channel scale (gran=channel, else 1) and f_th the
 // per-(token, head) scale (else 1):
 //   s_t = f_th * sum_d b(float(q_jd * g_hd)) * val(k_thd)
@@ -356,7 +355,7 @@ constexpr double kTieBf16 = 4e-3;
 class cpuDecodeAttentionFp8Bf16 : public ::testing::TestWithParam<Case> {};
 
 TEST_P(cpuDecodeAttentionFp8Bf16, int8Mode_equalsItsDefinition) {
-  if (!kBf16Dot)
+  if (!path().bf16dot)
     GTEST_SKIP() << "fp8 bf16 dot products need AVX-512 BF16 and VBMI; fp8 reads exactly";
   const Case c = GetParam();
   const auto [k, v] = case_sides(c);
@@ -559,7 +558,7 @@ TEST(cpuDecodeAttentionInfScores, minusInfScores_asInTheReference) {
 // keys hold q as bf16 in it: a second call with the same q buffer, rewritten, must read the new q
 // (the same bits as a fresh workspace).
 TEST(cpuDecodeAttentionFp8Bf16Reuse, keptWorkspace_rewrittenQ_sameAsFresh) {
-  if (!kBf16Dot) GTEST_SKIP() << "fp8 reads exactly: no bf16 query is kept";
+  if (!path().bf16dot) GTEST_SKIP() << "fp8 reads exactly: no bf16 query is kept";
   const int64_t T = 600, H = 2, D = 128, qh = 8;
   const auto [k, v] = case_sides("fp8_e4m3:gran=token", T, H, D);
   const auto q1 = random_q(qh * D, 3), q2 = random_q(qh * D, 4);
@@ -586,73 +585,6 @@ TEST(cpuDecodeAttentionFp8Bf16Reuse, keptWorkspace_rewrittenQ_sameAsFresh) {
   EXPECT_NE(std::memcmp(o1.data(), o2.data(), o1.size() * 4), 0);
   EXPECT_EQ(std::memcmp(o2.data(), o3.data(), o2.size() * 4), 0);
 }
-
-#if KVQ_CPU_AVX2
-// The byte dot product's two forms (kernels/cpu/isa.h): vpdpbusd where compiled in, else
-// vpmaddubsw + vpmaddwd, against the definition acc + sum of four u8 * s8 products per lane, on
-// the operands the int8 mode gives them (unsigned up to 255 against signed codes up to 15, unsigned
-// codes up to 15 against int8 queries -127..127), extremes included. On this CPU dpbusd is VNNI;
-// dpbusd_avx2 is the path of CPUs without it.
-TEST(cpuDpbusd, bothForms_equalTheDefinition) {
-  std::mt19937 rng(7);
-  for (int trial = 0; trial < 20000; ++trial) {
-    const bool values = trial % 2 == 0;
-    alignas(32) uint8_t u[32];
-    alignas(32) int8_t s8[32];
-    alignas(32) int32_t acc[8], got[8], emu[8];
-    for (int i = 0; i < 32; ++i) {
-      const int ext = trial < 4;  // the first trials: every operand at its extreme
-      u[i] = static_cast<uint8_t>(values ? (ext ? 255 : rng() % 256) : (ext ? 15 : rng() % 16));
-      s8[i] = static_cast<int8_t>(
-          values ? (ext ? 15 : static_cast<int>(rng() % 16))
-                 : (ext ? (trial % 4 == 1 ? -127 : 127) : static_cast<int>(rng() % 255) - 127));
-    }
-    for (int l = 0; l < 8; ++l) acc[l] = static_cast<int32_t>(rng() % 2000001) - 1000000;
-    const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc));
-    const __m256i x = _mm256_load_si256(reinterpret_cast<const __m256i*>(u));
-    const __m256i y = _mm256_load_si256(reinterpret_cast<const __m256i*>(s8));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(got), dpbusd(a, x, y));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(emu), dpbusd_avx2(a, x, y));
-    for (int l = 0; l < 8; ++l) {
-      int32_t want = acc[l];
-      for (int b = 0; b < 4; ++b) want += u[4 * l + b] * s8[4 * l + b];
-      ASSERT_EQ(got[l], want) << "dpbusd, trial " << trial << " lane " << l;
-      ASSERT_EQ(emu[l], want) << "dpbusd_avx2, trial " << trial << " lane " << l;
-    }
-  }
-}
-#endif
-
-#if KVQ_CPU_AVX512 && defined(__AVX512VNNI__)
-// isa.h's dpbusd512 (vpdpbusd in an asm statement, the accumulator its destination) against the
-// definition: acc + the four products u8 x s8 of each 32-bit lane, over full-range bytes, chained
-// three deep as the kernels carry their accumulators.
-TEST(cpuDpbusd, inPlace512_equalsTheDefinition) {
-  std::mt19937 rng(11);
-  for (int trial = 0; trial < 5000; ++trial) {
-    alignas(64) uint8_t u[3][64];
-    alignas(64) int8_t s8[3][64];
-    alignas(64) int32_t acc[16], got[16];
-    for (int k = 0; k < 3; ++k)
-      for (int i = 0; i < 64; ++i) {
-        const bool ext = trial < 2;  // every operand at its extreme
-        u[k][i] = static_cast<uint8_t>(ext ? 255 : rng() % 256);
-        s8[k][i] = static_cast<int8_t>(ext ? (trial == 0 ? -128 : 127)
-                                           : static_cast<int>(rng() % 256) - 128);
-      }
-    for (int l = 0; l < 16; ++l) acc[l] = static_cast<int32_t>(rng() % 2000001) - 1000000;
-    __m512i a = _mm512_load_si512(acc);
-    for (int k = 0; k < 3; ++k) a = dpbusd512(a, _mm512_load_si512(u[k]), _mm512_load_si512(s8[k]));
-    _mm512_store_si512(got, a);
-    for (int l = 0; l < 16; ++l) {
-      int64_t want = acc[l];
-      for (int k = 0; k < 3; ++k)
-        for (int b = 0; b < 4; ++b) want += u[k][4 * l + b] * s8[k][4 * l + b];
-      ASSERT_EQ(got[l], want) << "trial " << trial << " lane " << l;
-    }
-  }
-}
-#endif
 
 TEST(cpuDecodeAttentionErrors, mismatchedSidesAndBadGqa_throw) {
   const auto k = make_side(parse_spec("bf16"), Role::Key, synthetic_kv({{8, 2, 64}, 0, 1.0f, 1}));

@@ -178,7 +178,7 @@ TEST_P(cpuCausalAttentionInt8, chunkedBitIdenticalToDecode) {
       first_diff = static_cast<int64_t>(i);
   EXPECT_EQ(first_diff, -1) << "position " << first_diff / (qh * D);
   // the int8 paths really ran: kivi's on every AVX2 build, fp8's where bf16 dots are compiled
-  if (c.spec.find("kivi") != std::string::npos ? kAvx2 : kBf16Dot) {
+  if (c.spec.find("kivi") != std::string::npos ? path().avx2 : path().bf16dot) {
     EXPECT_NE(std::memcmp(chunked.data(), exact.data(), chunked.size() * 4), 0);
   }
 }
