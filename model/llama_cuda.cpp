@@ -27,7 +27,6 @@ struct LlamaModel::CudaState {
 #if KVQ_HAVE_CUDA
   std::unique_ptr<cuda::DeviceModel> dev;
 #endif
-  std::vector<float> qkv, attn;  // one step's host copies
 };
 
 void LlamaModel::set_backend(AttentionBackend b) {
@@ -156,26 +155,19 @@ void LlamaModel::forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache
     KVQ_CHECK(gap.empty(), "backend cuda: the model's {} was not uploaded", gap);
     st.dev = std::move(dev);
   }
-  cuda::DeviceModel& dev = *st.dev;
   const int64_t qd = c.q_dim(), kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim;
-  st.qkv.resize(static_cast<size_t>(qd + 2 * kvd));
-  st.attn.resize(static_cast<size_t>(qd));
   logits.resize(static_cast<size_t>((all_logits ? n : 1) * c.vocab));
-  for (int64_t t = 0; t < n; ++t) {
-    dev.embed(tokens[static_cast<size_t>(t)]);
-    const cuda::model::RopeAngles angles = cuda::model::rope_angles(inv_freq_, pos0 + t);
-    for (int l = 0; l < c.layers; ++l) {
-      LlamaCache::Layer& side = cache.layers()[static_cast<size_t>(l)];
-      dev.attention_in(l, angles, st.qkv.data());
-      side.k->append(st.qkv.data() + qd, 1);
-      side.v->append(st.qkv.data() + qd + kvd, 1);
-      attend_decode(AttentionBackend::kCuda, st.qkv.data(), c.heads, *side.k, *side.v,
-                    st.attn.data());
-      dev.attention_out(l, st.attn.data());
-    }
-    if (all_logits || t == n - 1)
-      dev.logits(logits.data() + (all_logits ? t : 0) * static_cast<int64_t>(c.vocab));
-  }
+  // q|k|v and the attention output live in the device model's pinned buffers: the sides' appends
+  // and the decode call copy from and to pinned memory.
+  st.dev->decode(
+      tokens, pos0, inv_freq_,
+      [&](int l, int64_t, const float* qkv, float* attn) {
+        LlamaCache::Layer& side = cache.layers()[static_cast<size_t>(l)];
+        side.k->append(qkv + qd, 1);
+        side.v->append(qkv + qd + kvd, 1);
+        attend_decode(AttentionBackend::kCuda, qkv, c.heads, *side.k, *side.v, attn);
+      },
+      logits.data(), all_logits);
 }
 #else
 void LlamaModel::forward_cuda(std::span<const int32_t>, LlamaCache&, std::vector<float>&, bool,

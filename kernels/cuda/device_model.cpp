@@ -13,7 +13,6 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/device_side.h"
 
 namespace kvq::cuda {
 namespace {
@@ -55,8 +54,23 @@ constexpr const char* kVectorNames[] = {"input_layernorm",
                                         "q_norm",
                                         "k_norm",
                                         "norm"};
-constexpr int kLayerMatrices = 7;  // kQ .. kDown
-constexpr int kLayerVectors = 8;   // kAttnNorm .. kKNorm
+constexpr int kMatrices = 9, kVectors = 9;
+
+// Where a layer's matrices live: q, k and v stacked in one [q_dim + 2 kv_dim][hidden] matrix (one
+// gemv writes q|k|v), gate and up in one [2 ffn][hidden] (one gemv writes g|u); o and down alone.
+enum Slot { kQkv, kOutProj, kGateUp, kDownProj, kHeadSlot, kEmbedSlot };
+constexpr int kLayerSlots = 4;
+// Vectors likewise: the three biases stacked as one [q_dim + 2 kv_dim].
+enum VecSlot {
+  kAttnNormSlot,
+  kFfnNormSlot,
+  kQkvBias,
+  kOBiasSlot,
+  kQNormSlot,
+  kKNormSlot,
+  kOutNormSlot
+};
+constexpr int kLayerVecSlots = 6;
 
 // Rows converted and uploaded at once: bounds the host buffer to ~16 MB of floats.
 int64_t chunk_rows(int64_t cols) { return std::max<int64_t>(1, (int64_t{4} << 20) / cols); }
@@ -66,35 +80,95 @@ int64_t chunk_rows(int64_t cols) { return std::max<int64_t>(1, (int64_t{4} << 20
 struct DeviceModel::Impl {
   DeviceModelShape s;
   bool bf16 = true;
-  // matrices: layer * kLayerMatrices + m for the layers' own, then head and embed
-  std::vector<DeviceBuffer> mats, vecs;
-  DeviceBuffer x, h, qkv, o, g, u;
+  std::vector<DeviceBuffer> mats, vecs;  // by slot: layer * per-layer slots + slot, then globals
+  std::vector<char> mat_set, vec_set;    // by (layer, Matrix / Vector)
+  DeviceBuffer x, h, qkv, o, gu, logits;
+  float* pinned = nullptr;  // host: q|k|v, then the attention output (cudaMallocHost)
   std::vector<float> staging;
   std::vector<uint16_t> staging16;
 
-  int64_t mat_index(Matrix m, int layer) const {
-    const int mi = static_cast<int>(m);
-    if (mi >= kLayerMatrices) return s.layers * kLayerMatrices + (mi - kLayerMatrices);
+  ~Impl() {
+    if (pinned) cudaFreeHost(pinned);  // no throw from a destructor
+  }
+  int64_t qd() const { return s.q_dim(); }
+  int64_t kvd() const { return s.kv_dim(); }
+  void check_layer(int layer) const {
     KVQ_CHECK(layer >= 0 && layer < s.layers, "device model: layer {} outside [0, {})", layer,
               s.layers);
-    return static_cast<int64_t>(layer) * kLayerMatrices + mi;
   }
-  int64_t vec_index(Vector v, int layer) const {
-    const int vi = static_cast<int>(v);
-    if (vi >= kLayerVectors) return s.layers * kLayerVectors;
-    KVQ_CHECK(layer >= 0 && layer < s.layers, "device model: layer {} outside [0, {})", layer,
-              s.layers);
-    return static_cast<int64_t>(layer) * kLayerVectors + vi;
+  // The buffer index, its [rows, cols], and the first row matrix m takes in it.
+  struct Place {
+    size_t index;
+    int64_t rows, cols, row0;
+  };
+  Place place(Matrix m, int layer) const {
+    const int64_t L = s.layers, qkv_rows = qd() + 2 * kvd();
+    auto at = [&](int slot, int64_t rows, int64_t cols, int64_t row0) {
+      check_layer(layer);
+      return Place{static_cast<size_t>(layer * kLayerSlots + slot), rows, cols, row0};
+    };
+    switch (m) {
+      case Matrix::kQ:
+        return at(kQkv, qkv_rows, s.hidden, 0);
+      case Matrix::kK:
+        return at(kQkv, qkv_rows, s.hidden, qd());
+      case Matrix::kV:
+        return at(kQkv, qkv_rows, s.hidden, qd() + kvd());
+      case Matrix::kO:
+        return at(kOutProj, s.hidden, qd(), 0);
+      case Matrix::kGate:
+        return at(kGateUp, 2 * s.ffn, s.hidden, 0);
+      case Matrix::kUp:
+        return at(kGateUp, 2 * s.ffn, s.hidden, s.ffn);
+      case Matrix::kDown:
+        return at(kDownProj, s.hidden, s.ffn, 0);
+      case Matrix::kHead:
+        return Place{static_cast<size_t>(L * kLayerSlots), s.vocab, s.hidden, 0};
+      case Matrix::kEmbed:
+        return Place{static_cast<size_t>(L * kLayerSlots + 1), s.vocab, s.hidden, 0};
+    }
+    fail("device model: unknown matrix {}", static_cast<int>(m));
   }
-  const void* mat(Matrix m, int layer) const {
-    return mats[static_cast<size_t>(mat_index(m, layer))].ptr;
+  struct VecPlace {
+    size_t index;
+    int64_t size, offset;
+  };
+  VecPlace vplace(Vector v, int layer) const {
+    const int64_t qkv_rows = qd() + 2 * kvd();
+    auto at = [&](int slot, int64_t size, int64_t offset) {
+      check_layer(layer);
+      return VecPlace{static_cast<size_t>(layer * kLayerVecSlots + slot), size, offset};
+    };
+    switch (v) {
+      case Vector::kAttnNorm:
+        return at(kAttnNormSlot, s.hidden, 0);
+      case Vector::kFfnNorm:
+        return at(kFfnNormSlot, s.hidden, 0);
+      case Vector::kQBias:
+        return at(kQkvBias, qkv_rows, 0);
+      case Vector::kKBias:
+        return at(kQkvBias, qkv_rows, qd());
+      case Vector::kVBias:
+        return at(kQkvBias, qkv_rows, qd() + kvd());
+      case Vector::kOBias:
+        return at(kOBiasSlot, s.hidden, 0);
+      case Vector::kQNorm:
+        return at(kQNormSlot, s.head_dim, 0);
+      case Vector::kKNorm:
+        return at(kKNormSlot, s.head_dim, 0);
+      case Vector::kOutNorm:
+        return VecPlace{static_cast<size_t>(s.layers * kLayerVecSlots), s.hidden, 0};
+    }
+    fail("device model: unknown vector {}", static_cast<int>(v));
   }
-  const float* vec(Vector v, int layer) const {
-    return vecs[static_cast<size_t>(vec_index(v, layer))].f();
+  size_t set_index(int what, int layer, int per_layer, bool global) const {
+    return global ? static_cast<size_t>(s.layers * per_layer + what)
+                  : static_cast<size_t>(layer * per_layer + what);
   }
-  void product(Matrix m, int layer, const float* in, float* out, bool acc, int64_t rows,
-               int64_t cols) const {
-    model::gemv(mat(m, layer), bf16, rows, cols, in, out, acc);
+  const void* slot(int index) const { return mats[static_cast<size_t>(index)].ptr; }
+  const void* layer_mat(int layer, Slot sl) const { return slot(layer * kLayerSlots + sl); }
+  const float* layer_vec(int layer, VecSlot sl) const {
+    return vecs[static_cast<size_t>(layer * kLayerVecSlots + sl)].f();
   }
 };
 
@@ -107,18 +181,22 @@ DeviceModel::DeviceModel(const DeviceModelShape& s, bool bf16) : p_(std::make_un
   KVQ_CHECK(s.head_dim / 2 <= model::kMaxRopePairs,
             "device model: head_dim {} is over the {} the CUDA RoPE takes", s.head_dim,
             2 * model::kMaxRopePairs);
-  require_device();
-  p_->s = s;
-  p_->bf16 = bf16;
-  p_->mats.resize(static_cast<size_t>(s.layers * kLayerMatrices + 2));
-  p_->vecs.resize(static_cast<size_t>(s.layers * kLayerVectors + 1));
-  const int64_t f = sizeof(float);
-  p_->x.alloc(s.hidden * f);
-  p_->h.alloc(std::max(s.hidden, s.q_dim()) * f);
-  p_->qkv.alloc((s.q_dim() + 2 * s.kv_dim()) * f);
-  p_->o.alloc(std::max(s.q_dim(), s.vocab) * f);  // the attention output, then the logits
-  p_->g.alloc(s.ffn * f);
-  p_->u.alloc(s.ffn * f);
+  Impl& p = *p_;
+  p.s = s;
+  p.bf16 = bf16;
+  p.mats.resize(static_cast<size_t>(s.layers * kLayerSlots + 2));
+  p.vecs.resize(static_cast<size_t>(s.layers * kLayerVecSlots + 1));
+  p.mat_set.assign(static_cast<size_t>(s.layers * kMatrices + kMatrices), 0);
+  p.vec_set.assign(static_cast<size_t>(s.layers * kVectors + kVectors), 0);
+  const int64_t f = sizeof(float), qkv = s.q_dim() + 2 * s.kv_dim();
+  p.x.alloc(s.hidden * f);
+  p.h.alloc(s.hidden * f);
+  p.qkv.alloc(qkv * f);
+  p.o.alloc(s.q_dim() * f);
+  p.gu.alloc(2 * s.ffn * f);
+  p.logits.alloc(s.vocab * f);
+  KVQ_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p.pinned),
+                                static_cast<size_t>((qkv + s.q_dim()) * f)));
 }
 
 DeviceModel::~DeviceModel() = default;
@@ -167,53 +245,62 @@ int64_t DeviceModel::vector_size(Vector v) const {
 }
 
 void DeviceModel::set_matrix(Matrix m, int layer, const std::function<void(int64_t, float*)>& row) {
-  KVQ_CHECK(m != Matrix::kEmbed || !p_->s.tied,
+  Impl& p = *p_;
+  KVQ_CHECK(m != Matrix::kEmbed || !p.s.tied,
             "device model: a tied model has no separate embed_tokens (the head is the embedding)");
   const auto [rows, cols] = matrix_shape(m);
-  DeviceBuffer& d = p_->mats[static_cast<size_t>(p_->mat_index(m, layer))];
-  const int64_t esize = p_->bf16 ? 2 : 4;
-  if (!d.ptr) d.alloc(rows * cols * esize);
+  const Impl::Place at = p.place(m, layer);
+  DeviceBuffer& d = p.mats[at.index];
+  const int64_t esize = p.bf16 ? 2 : 4;
+  if (!d.ptr) d.alloc(at.rows * at.cols * esize);
   const int64_t step = chunk_rows(cols);
-  p_->staging.resize(static_cast<size_t>(std::min(step, rows) * cols));
-  if (p_->bf16) p_->staging16.resize(p_->staging.size());
+  p.staging.resize(static_cast<size_t>(std::min(step, rows) * cols));
+  if (p.bf16) p.staging16.resize(p.staging.size());
   for (int64_t r0 = 0; r0 < rows; r0 += step) {
     const int64_t n = std::min(step, rows - r0);
-    for (int64_t r = 0; r < n; ++r) row(r0 + r, p_->staging.data() + r * cols);
-    const void* src = p_->staging.data();
-    if (p_->bf16) {
+    for (int64_t r = 0; r < n; ++r) row(r0 + r, p.staging.data() + r * cols);
+    const void* src = p.staging.data();
+    if (p.bf16) {
       for (int64_t i = 0; i < n * cols; ++i)
-        p_->staging16[static_cast<size_t>(i)] =
-            float_to_bf16_bits(p_->staging[static_cast<size_t>(i)]);
-      src = p_->staging16.data();
+        p.staging16[static_cast<size_t>(i)] = float_to_bf16_bits(p.staging[static_cast<size_t>(i)]);
+      src = p.staging16.data();
     }
     // synchronous: the staging buffer is reused by the next chunk
-    KVQ_CUDA_CHECK(cudaMemcpy(static_cast<char*>(d.ptr) + r0 * cols * esize, src,
+    KVQ_CUDA_CHECK(cudaMemcpy(static_cast<char*>(d.ptr) + (at.row0 + r0) * cols * esize, src,
                               static_cast<size_t>(n * cols * esize), cudaMemcpyHostToDevice));
   }
+  const bool global = m == Matrix::kHead || m == Matrix::kEmbed;
+  p.mat_set[p.set_index(static_cast<int>(m), layer, kMatrices, global)] = 1;
 }
 
 void DeviceModel::set_vector(Vector v, int layer, const float* x) {
+  Impl& p = *p_;
   const int64_t n = vector_size(v);
   KVQ_CHECK(n > 0, "device model: this shape has no {}", kVectorNames[static_cast<int>(v)]);
-  DeviceBuffer& d = p_->vecs[static_cast<size_t>(p_->vec_index(v, layer))];
-  if (!d.ptr) d.alloc(n * static_cast<int64_t>(sizeof(float)));
-  KVQ_CUDA_CHECK(
-      cudaMemcpy(d.ptr, x, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice));
+  const Impl::VecPlace at = p.vplace(v, layer);
+  DeviceBuffer& d = p.vecs[at.index];
+  if (!d.ptr) d.alloc(at.size * static_cast<int64_t>(sizeof(float)));
+  KVQ_CUDA_CHECK(cudaMemcpy(d.f() + at.offset, x, static_cast<size_t>(n) * sizeof(float),
+                            cudaMemcpyHostToDevice));
+  p.vec_set[p.set_index(static_cast<int>(v), layer, kVectors, v == Vector::kOutNorm)] = 1;
 }
 
 std::string DeviceModel::missing() const {
-  const DeviceModelShape& s = p_->s;
+  const Impl& p = *p_;
+  const DeviceModelShape& s = p.s;
   for (int l = 0; l < s.layers; ++l) {
-    for (int m = 0; m < kLayerMatrices; ++m)
-      if (!p_->mat(static_cast<Matrix>(m), l))
+    for (int m = 0; m < static_cast<int>(Matrix::kHead); ++m)
+      if (!p.mat_set[p.set_index(m, l, kMatrices, false)])
         return fmt::format("layer {} {}", l, kMatrixNames[m]);
-    for (int v = 0; v < kLayerVectors; ++v)
-      if (vector_size(static_cast<Vector>(v)) > 0 && !p_->vec(static_cast<Vector>(v), l))
+    for (int v = 0; v < static_cast<int>(Vector::kOutNorm); ++v)
+      if (vector_size(static_cast<Vector>(v)) > 0 && !p.vec_set[p.set_index(v, l, kVectors, false)])
         return fmt::format("layer {} {}", l, kVectorNames[v]);
   }
-  if (!p_->mat(Matrix::kHead, 0)) return "lm_head";
-  if (!s.tied && !p_->mat(Matrix::kEmbed, 0)) return "embed_tokens";
-  if (!p_->vec(Vector::kOutNorm, 0)) return "norm";
+  if (!p.mat_set[p.set_index(static_cast<int>(Matrix::kHead), 0, kMatrices, true)])
+    return "lm_head";
+  if (!s.tied && !p.mat_set[p.set_index(static_cast<int>(Matrix::kEmbed), 0, kMatrices, true)])
+    return "embed_tokens";
+  if (!p.vec_set[p.set_index(static_cast<int>(Vector::kOutNorm), 0, kVectors, true)]) return "norm";
   return {};
 }
 
@@ -225,64 +312,83 @@ int64_t DeviceModel::weight_bytes() const {
 
 bool DeviceModel::bf16() const { return p_->bf16; }
 const DeviceModelShape& DeviceModel::shape() const { return p_->s; }
+float* DeviceModel::host_qkv() { return p_->pinned; }
+float* DeviceModel::host_attn() { return p_->pinned + p_->qd() + 2 * p_->kvd(); }
 
 void DeviceModel::embed(int32_t id) {
-  const DeviceModelShape& s = p_->s;
+  const Impl& p = *p_;
+  const DeviceModelShape& s = p.s;
   KVQ_CHECK(id >= 0 && id < s.vocab, "device model: token id {} outside the vocabulary [0, {})", id,
             s.vocab);
   const std::string gap = missing();
   KVQ_CHECK(gap.empty(), "device model: {} was never uploaded", gap);
-  model::embed_row(p_->mat(s.tied ? Matrix::kHead : Matrix::kEmbed, 0), p_->bf16, s.hidden, id,
-                   p_->x.f());
+  model::embed_row(p.slot(s.layers * kLayerSlots + (s.tied ? 0 : 1)), p.bf16, s.hidden, id,
+                   p.x.f());
 }
 
-void DeviceModel::attention_in(int layer, const model::RopeAngles& a, float* qkv) {
+void DeviceModel::attention_in(int layer, const model::RopeAngles& a) {
   Impl& p = *p_;
   const DeviceModelShape& s = p.s;
-  const int64_t qd = s.q_dim(), kvd = s.kv_dim();
+  p.check_layer(layer);
+  const int64_t qd = p.qd(), kvd = p.kvd(), rows = qd + 2 * kvd;
   float* q = p.qkv.f();
   float* k = q + qd;
-  float* v = k + kvd;
-  model::rms_norm(p.x.f(), p.vec(Vector::kAttnNorm, layer), 1, s.hidden, s.eps, p.h.f());
-  p.product(Matrix::kQ, layer, p.h.f(), q, false, qd, s.hidden);
-  p.product(Matrix::kK, layer, p.h.f(), k, false, kvd, s.hidden);
-  p.product(Matrix::kV, layer, p.h.f(), v, false, kvd, s.hidden);
-  if (s.qkv_bias) {
-    model::add(q, p.vec(Vector::kQBias, layer), qd);
-    model::add(k, p.vec(Vector::kKBias, layer), kvd);
-    model::add(v, p.vec(Vector::kVBias, layer), kvd);
-  }
+  model::rms_norm(p.x.f(), p.layer_vec(layer, kAttnNormSlot), 1, s.hidden, s.eps, p.h.f());
+  model::gemv(p.layer_mat(layer, kQkv), p.bf16, rows, s.hidden, p.h.f(), q, false);  // q|k|v
+  if (s.qkv_bias) model::add(q, p.layer_vec(layer, kQkvBias), rows);
   if (s.qk_norm) {  // each head's head_dim channels, before RoPE
-    model::rms_norm(q, p.vec(Vector::kQNorm, layer), s.heads, s.head_dim, s.eps, q);
-    model::rms_norm(k, p.vec(Vector::kKNorm, layer), s.kv_heads, s.head_dim, s.eps, k);
+    model::rms_norm(q, p.layer_vec(layer, kQNormSlot), s.heads, s.head_dim, s.eps, q);
+    model::rms_norm(k, p.layer_vec(layer, kKNormSlot), s.kv_heads, s.head_dim, s.eps, k);
   }
   model::rope(q, s.heads, s.head_dim, s.rope_half, a);
   model::rope(k, s.kv_heads, s.head_dim, s.rope_half, a);
-  KVQ_CUDA_CHECK(cudaMemcpy(qkv, q, static_cast<size_t>(qd + 2 * kvd) * sizeof(float),
-                            cudaMemcpyDeviceToHost));
+  KVQ_CUDA_CHECK(
+      cudaMemcpy(p.pinned, q, static_cast<size_t>(rows) * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
-void DeviceModel::attention_out(int layer, const float* o) {
+void DeviceModel::attention_out(int layer) {
   Impl& p = *p_;
   const DeviceModelShape& s = p.s;
-  KVQ_CUDA_CHECK(cudaMemcpy(p.o.ptr, o, static_cast<size_t>(s.q_dim()) * sizeof(float),
+  p.check_layer(layer);
+  KVQ_CUDA_CHECK(cudaMemcpy(p.o.ptr, host_attn(), static_cast<size_t>(s.q_dim()) * sizeof(float),
                             cudaMemcpyHostToDevice));
-  p.product(Matrix::kO, layer, p.o.f(), p.x.f(), true, s.hidden, s.q_dim());
-  if (s.o_bias) model::add(p.x.f(), p.vec(Vector::kOBias, layer), s.hidden);
-  model::rms_norm(p.x.f(), p.vec(Vector::kFfnNorm, layer), 1, s.hidden, s.eps, p.h.f());
-  p.product(Matrix::kGate, layer, p.h.f(), p.g.f(), false, s.ffn, s.hidden);
-  p.product(Matrix::kUp, layer, p.h.f(), p.u.f(), false, s.ffn, s.hidden);
-  model::silu_mul(p.g.f(), p.u.f(), s.ffn);
-  p.product(Matrix::kDown, layer, p.g.f(), p.x.f(), true, s.hidden, s.ffn);
+  model::gemv(p.layer_mat(layer, kOutProj), p.bf16, s.hidden, s.q_dim(), p.o.f(), p.x.f(), true);
+  if (s.o_bias) model::add(p.x.f(), p.layer_vec(layer, kOBiasSlot), s.hidden);
+  model::rms_norm(p.x.f(), p.layer_vec(layer, kFfnNormSlot), 1, s.hidden, s.eps, p.h.f());
+  float* g = p.gu.f();
+  model::gemv(p.layer_mat(layer, kGateUp), p.bf16, 2 * s.ffn, s.hidden, p.h.f(), g, false);  // g|u
+  model::silu_mul(g, g + s.ffn, s.ffn);
+  model::gemv(p.layer_mat(layer, kDownProj), p.bf16, s.hidden, s.ffn, g, p.x.f(), true);
 }
 
 void DeviceModel::logits(float* out) {
   Impl& p = *p_;
   const DeviceModelShape& s = p.s;
-  model::rms_norm(p.x.f(), p.vec(Vector::kOutNorm, 0), 1, s.hidden, s.eps, p.h.f());
-  p.product(Matrix::kHead, 0, p.h.f(), p.o.f(), false, s.vocab, s.hidden);
-  KVQ_CUDA_CHECK(cudaMemcpy(out, p.o.ptr, static_cast<size_t>(s.vocab) * sizeof(float),
+  model::rms_norm(p.x.f(), p.vecs[static_cast<size_t>(s.layers * kLayerVecSlots)].f(), 1, s.hidden,
+                  s.eps, p.h.f());
+  model::gemv(p.slot(s.layers * kLayerSlots), p.bf16, s.vocab, s.hidden, p.h.f(), p.logits.f(),
+              false);
+  KVQ_CUDA_CHECK(cudaMemcpy(out, p.logits.ptr, static_cast<size_t>(s.vocab) * sizeof(float),
                             cudaMemcpyDeviceToHost));
+}
+
+void DeviceModel::decode(std::span<const int32_t> tokens, int64_t pos0,
+                         std::span<const float> inv_freq, const Attend& attend, float* logits_out,
+                         bool all_logits) {
+  const DeviceModelShape& s = p_->s;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  KVQ_CHECK(static_cast<int64_t>(inv_freq.size()) == s.head_dim / 2,
+            "device model: {} RoPE frequencies for head_dim {}", inv_freq.size(), s.head_dim);
+  for (int64_t t = 0; t < n; ++t) {
+    embed(tokens[static_cast<size_t>(t)]);
+    const model::RopeAngles angles = model::rope_angles(inv_freq, pos0 + t);
+    for (int l = 0; l < s.layers; ++l) {
+      attention_in(l, angles);
+      attend(l, pos0 + t, host_qkv(), host_attn());
+      attention_out(l);
+    }
+    if (all_logits || t == n - 1) logits(logits_out + (all_logits ? t : 0) * s.vocab);
+  }
 }
 
 }  // namespace kvq::cuda

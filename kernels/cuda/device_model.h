@@ -8,7 +8,7 @@
 //   embed(id)            x = E[id]
 //   attention_in(l, a)   h = RMSNorm(x) * attn_norm; q, k, v = Wq h, Wk h, Wv h (+ biases);
 //                        qwen3's per-head q/k RMSNorm; RoPE at the angles `a`; q|k|v to the host
-//   attention_out(l, o)  x += Wo o (+ o bias); h = RMSNorm(x) * ffn_norm;
+//   attention_out(l)     x += Wo o (+ o bias), o from the host; h = RMSNorm(x) * ffn_norm;
 //                        x += Wdown (SiLU(Wgate h) * Wup h)
 //   logits(out)          out = Whead RMSNorm(x) * out_norm, to the host
 // Weights are uploaded once (set_matrix / set_vector), as bf16 (half the bytes a token reads; the
@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -52,8 +53,8 @@ class DeviceModel {
   };
 
   /// \brief Checks the shape (throws kvq::Error naming what is wrong) and allocates the
-  /// activations; `bf16`: weights held as bf16, else float32. Throws no_device_reason()'s line
-  /// without a device.
+  /// activations; `bf16`: weights held as bf16, else float32. Without a device the first
+  /// allocation throws (the model checks cuda_unavailable() before it gets here).
   DeviceModel(const DeviceModelShape& s, bool bf16);
   ~DeviceModel();
   DeviceModel(const DeviceModel&) = delete;
@@ -75,15 +76,33 @@ class DeviceModel {
   bool bf16() const;
   const DeviceModelShape& shape() const;
 
+  /// \brief Pinned host memory (cudaMallocHost) the step's copies go through: q|k|v after
+  /// attention_in (q_dim() + 2 kv_dim() floats: q, then k, then v), and the attention output
+  /// [q_dim()] attention_out reads. Handing them to the cache sides and the decode call makes
+  /// those calls' copies pinned too.
+  float* host_qkv();
+  float* host_attn();
+
   /// \brief x = the embedding of token `id` (0 <= id < vocab, checked).
   void embed(int32_t id);
-  /// \brief Layer `layer`'s q, k, v of x at the rotation `a`, copied to the host: q_dim() + 2 x
-  /// kv_dim() floats (q, then k, then v), after the device finishes.
-  void attention_in(int layer, const model::RopeAngles& a, float* qkv);
-  /// \brief The rest of layer `layer` with the attention output o [q_dim()] (host memory).
-  void attention_out(int layer, const float* o);
+  /// \brief Layer `layer`'s q, k, v of x at the rotation `a` (one gemv over the stacked Wq|Wk|Wv),
+  /// copied into host_qkv() once the device finishes.
+  void attention_in(int layer, const model::RopeAngles& a);
+  /// \brief The rest of layer `layer` with the attention output in host_attn() (gate and up as
+  /// one gemv over the stacked Wgate|Wup).
+  void attention_out(int layer);
   /// \brief The logits [vocab] of x, copied to the host.
   void logits(float* out);
+
+  /// \brief The attention between attention_in and attention_out, the caller's: q|k|v of layer
+  /// `layer` in host_qkv() (the token at position `pos`) in, its output [q_dim()] into host_attn().
+  using Attend = std::function<void(int layer, int64_t pos, const float* qkv, float* attn)>;
+  /// \brief Decode steps for tokens at positions pos0, pos0 + 1, ... (inv_freq: RoPE's per-pair
+  /// frequencies, rope_angles): embed, every layer's attention_in / attend / attention_out, and the
+  /// logits [vocab] of every token into logits [n, vocab] (all_logits) or of the last into
+  /// logits [vocab].
+  void decode(std::span<const int32_t> tokens, int64_t pos0, std::span<const float> inv_freq,
+              const Attend& attend, float* logits, bool all_logits);
 
  private:
   struct Impl;

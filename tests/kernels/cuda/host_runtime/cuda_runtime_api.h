@@ -1,8 +1,9 @@
-// A host stand-in for the few CUDA runtime calls kernels/cuda/kivi_cache_device.cu makes, so that
-// kivi_cache_plan_test.cpp can run the device cache's host code on a machine without CUDA:
+// A host stand-in for the few CUDA runtime calls kernels/cuda/kivi_cache_device.cu and
+// kernels/cuda/device_model.cpp make, so that kivi_cache_plan_test.cpp and
+// device_model_host_test.cpp can run their host code on a machine without CUDA:
 // "device" memory is host memory (filled with 0xA5 on allocation, so bytes never written show),
-// copies are memmove, streams and synchronization are no-ops. Only that test puts this directory
-// on its include path.
+// copies are memmove, streams and synchronization are no-ops. Only those tests put this directory
+// on their include path.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +26,9 @@ inline cudaError_t cudaFree(void* p) {
   std::free(p);
   return cudaSuccess;
 }
+// Pinned host memory (kernels/cuda/device_model.cpp's step buffers): plain host memory here.
+inline cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;

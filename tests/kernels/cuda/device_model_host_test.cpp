@@ -1,0 +1,220 @@
+// kernels/cuda/device_model.cpp's host code on the CPU: the weights placed as the device holds them
+// (q|k|v and gate|up stacked, the biases stacked), the decode step's order (norms, biases, q/k
+// norm, RoPE, residuals, the final norm and head) and its copies, run against the host runtime
+// stand-in (host_runtime/: device memory is host memory filled with 0xA5, so a buffer never
+// written shows) and host stand-ins of the kernels (model_kernels_host.cpp: what each kernel
+// computes). The attention between the halves is backend ref's over fp32 host sides, as the model's
+// own cache would give it.
+//
+// Expected values: LlamaModel's CPU forward pass over an fp32 cache (tested against transformers,
+// tests/model/hf_model_test.cpp), for every token of a prompt. Both sides hold float32 weights
+// (the checkpoint's values; bf16 device weights on the BF16 checkpoints, the same values) and
+// differ by the order of float32 sums alone: tolerance 1e-4 x max(1, max |logit|), as
+// hf_model_test's. A misplaced matrix row, a missed bias or norm, a wrong pairing or residual
+// moves logits by 1e-1 or more on these fixtures.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/gguf.h"
+#include "core/spec.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/device_model.h"
+#include "model/arch.h"
+#include "model/hf_checkpoint.h"
+#include "model/llama.h"
+#include "reference_cpu/kv_cache.h"
+
+namespace kvq::cuda {
+namespace {
+
+std::string fixture(const std::string& family) {
+  return std::string(KVQ_SOURCE_DIR) + "/tests/fixtures/hf/" + family;
+}
+
+// Every value of a checkpoint tensor as float, row-major.
+std::vector<float> values(const HfCheckpoint& c, const std::string& name) {
+  const SafetensorsEntry& e = c.tensor(name);
+  int64_t n = 1;
+  for (int64_t d : e.shape) n *= d;
+  const gguf::GgmlType t = e.dtype == "F32"   ? gguf::GgmlType::kF32
+                           : e.dtype == "F16" ? gguf::GgmlType::kF16
+                                              : gguf::GgmlType::kBF16;
+  EXPECT_TRUE(e.dtype == "F32" || e.dtype == "F16" || e.dtype == "BF16") << name << " " << e.dtype;
+  std::vector<float> v(static_cast<size_t>(n));
+  gguf::dequantize_row(t, c.data(e), n, v.data());
+  return v;
+}
+
+// A DeviceModel holding the checkpoint's weights.
+std::unique_ptr<DeviceModel> upload(const HfCheckpoint& ck, bool bf16) {
+  const LlamaConfig& c = ck.config();
+  DeviceModelShape s;
+  s.layers = c.layers;
+  s.hidden = c.hidden;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.ffn = c.ffn;
+  s.vocab = c.vocab;
+  s.eps = c.rms_eps;
+  s.qkv_bias = c.qkv_bias;
+  s.o_bias = c.o_bias;
+  s.qk_norm = c.qk_norm;
+  s.rope_half = c.rope_style == RopeStyle::kHalf;
+  s.tied = c.tied;
+  auto dev = std::make_unique<DeviceModel>(s, bf16);
+  const ArchEntry& a = arch_entry(c.family);
+  using M = DeviceModel::Matrix;
+  using V = DeviceModel::Vector;
+  using R = TensorRole;
+  auto mat = [&](M m, R r, int l) {
+    const std::vector<float> w = values(ck, tensor_name(a, r, l, true));
+    const int64_t cols = dev->matrix_shape(m).second;
+    ASSERT_EQ(static_cast<int64_t>(w.size()), dev->matrix_shape(m).first * cols);
+    dev->set_matrix(m, l, [&](int64_t row, float* out) {
+      std::copy_n(w.data() + row * cols, cols, out);
+    });
+  };
+  auto vec = [&](V v, R r, int l) {
+    const std::vector<float> x = values(ck, tensor_name(a, r, l, true));
+    ASSERT_EQ(static_cast<int64_t>(x.size()), dev->vector_size(v));
+    dev->set_vector(v, l, x.data());
+  };
+  for (int l = 0; l < c.layers; ++l) {
+    for (const auto& [m, r] : {std::pair{M::kQ, R::kQ},
+                               {M::kK, R::kK},
+                               {M::kV, R::kV},
+                               {M::kO, R::kO},
+                               {M::kGate, R::kGate},
+                               {M::kUp, R::kUp},
+                               {M::kDown, R::kDown}})
+      mat(m, r, l);
+    vec(V::kAttnNorm, R::kAttnNorm, l);
+    vec(V::kFfnNorm, R::kFfnNorm, l);
+    if (c.qkv_bias) {
+      vec(V::kQBias, R::kQBias, l);
+      vec(V::kKBias, R::kKBias, l);
+      vec(V::kVBias, R::kVBias, l);
+    }
+    if (c.o_bias) vec(V::kOBias, R::kOBias, l);
+    if (c.qk_norm) {
+      vec(V::kQNorm, R::kQNorm, l);
+      vec(V::kKNorm, R::kKNorm, l);
+    }
+  }
+  mat(M::kHead, c.tied ? R::kEmbed : R::kOutput, 0);
+  if (!c.tied) mat(M::kEmbed, R::kEmbed, 0);
+  vec(V::kOutNorm, R::kOutNorm, 0);
+  return dev;
+}
+
+// Every position's logits of `ids` through the device model's host code.
+std::vector<float> decode(const HfCheckpoint& ck, bool bf16, const std::vector<int32_t>& ids) {
+  const LlamaConfig& c = ck.config();
+  std::unique_ptr<DeviceModel> dev = upload(ck, bf16);
+  EXPECT_EQ(dev->missing(), "");
+  const SchemeSpec fp32 = parse_spec("fp32");
+  std::vector<std::unique_ptr<SideStore>> ks, vs;
+  for (int l = 0; l < c.layers; ++l) {
+    ks.push_back(make_side(fp32, Role::Key, c.kv_heads, c.head_dim, l));
+    vs.push_back(make_side(fp32, Role::Value, c.kv_heads, c.head_dim, l));
+  }
+  const int64_t qd = c.q_dim(), kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim;
+  std::vector<float> logits(ids.size() * static_cast<size_t>(c.vocab));
+  int64_t steps = 0;
+  dev->decode(
+      ids, 0, rope_inv_freq(c),
+      [&](int l, int64_t pos, const float* qkv, float* attn) {
+        EXPECT_EQ(pos, ks[static_cast<size_t>(l)]->tokens());
+        ks[static_cast<size_t>(l)]->append(qkv + qd, 1);
+        vs[static_cast<size_t>(l)]->append(qkv + qd + kvd, 1);
+        attend_decode(AttentionBackend::kRef, qkv, c.heads, *ks[static_cast<size_t>(l)],
+                      *vs[static_cast<size_t>(l)], attn);
+        ++steps;
+      },
+      logits.data(), true);
+  EXPECT_EQ(steps, static_cast<int64_t>(ids.size()) * c.layers);
+  return logits;
+}
+
+std::vector<float> cpu_logits(const std::string& dir, const std::vector<int32_t>& ids) {
+  const LlamaModel m = LlamaModel::load(dir);
+  CacheOptions o;
+  o.spec = parse_spec("fp32");
+  LlamaCache cache(m.config(), o);
+  std::vector<float> logits;
+  m.forward(ids, cache, logits, true, 1);
+  return logits;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double top = 1, err = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    top = std::max(top, static_cast<double>(std::fabs(want[i])));
+    err = std::max(err, static_cast<double>(std::fabs(got[i] - want[i])));
+  }
+  EXPECT_LE(err, 1e-4 * top) << what << ": max |device model - cpu| = " << err;
+}
+
+class DeviceModelHost : public ::testing::TestWithParam<std::string> {};
+
+// 8 tokens (mistral's window is 8: the CPU's sliding window never applies).
+TEST_P(DeviceModelHost, Fp32WeightsMatchTheCpuForwardPass) {
+  const HfCheckpoint ck = HfCheckpoint::open(fixture(GetParam()));
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 8; ++i) ids.push_back((37 * i + 11) % ck.config().vocab);
+  expect_close(decode(ck, false, ids), cpu_logits(fixture(GetParam()), ids), GetParam());
+}
+
+// bf16 device weights on a BF16 checkpoint: the same values, the same tolerance.
+TEST_P(DeviceModelHost, Bf16WeightsOnBf16Checkpoints) {
+  const HfCheckpoint ck = HfCheckpoint::open(fixture(GetParam()));
+  const ArchEntry& a = arch_entry(ck.config().family);
+  if (ck.tensor(tensor_name(a, TensorRole::kQ, 0, true)).dtype != "BF16")
+    GTEST_SKIP() << GetParam() << " is not stored as BF16";
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back((53 * i + 7) % ck.config().vocab);
+  expect_close(decode(ck, true, ids), cpu_logits(fixture(GetParam()), ids), GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, DeviceModelHost,
+                         ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3",
+                                           "smollm2"),
+                         [](const auto& i) { return i.param; });
+
+// What the device model refuses: a weight never uploaded, a tied model's own embeddings.
+TEST(DeviceModelHostErrors, MissingWeightsNamed) {
+  DeviceModelShape s;
+  s.layers = 2;
+  s.hidden = 64;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.head_dim = 32;
+  s.ffn = 128;
+  s.vocab = 100;
+  DeviceModel dev(s, true);
+  EXPECT_EQ(dev.missing(), "layer 0 q_proj");
+  try {
+    dev.embed(3);
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0 q_proj was never uploaded"), std::string::npos)
+        << e.what();
+  }
+  try {
+    dev.set_matrix(DeviceModel::Matrix::kEmbed, 0, [](int64_t, float*) {});
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tied model"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kvq::cuda
