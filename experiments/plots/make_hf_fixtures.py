@@ -13,6 +13,8 @@ and beside them, what the C++ tests compare against:
     tokenizer_cases.json  strings with their ids and decodes from the `tokenizers` library
     quantized_cache.safetensors / .json  (families in QUANT_FAMILIES) transformers' QuantizedCache
                           (quanto backend) logits, one token per forward pass (see below)
+    quantized_cache_hqq.safetensors / .json  (families in HQQ_FAMILIES) the same with
+                          backend="hqq" (see below)
 tests/fixtures/hf/README.md documents every file, key, dtype and shape.
 
 Where each value comes from (independent of kvq's C++):
@@ -69,6 +71,22 @@ statements are the QUANTO_VS_KIVI dict below, copied into each quantized_cache.j
     states the tolerance this leaves). KIVI's own axes
     (per-channel keys) cannot be matched step for step; the kivi_* settings are stored for a
     distributional comparison.
+
+How the hqq backend differs (transformers 5.25 HQQQuantizedLayer, hqq 0.2.8.post1
+core/quantize.py Quantizer.quantize, core/optimize.py optimize_weights_proximal_legacy; the full
+statements are the HQQ_VS_KIVI dict, copied into quantized_cache_hqq.json):
+  - axes: axis=1 is G consecutive head_dim channels of one token (per token, quanto's axis 0);
+    axis=0 is one channel at G tokens spaced heads*seq/G apart (strided, not KIVI's consecutive
+    tokens). The same QuantizedLayer.update as quanto (exact prefill, flush, re-quantization).
+  - optimize=False: scale_inv = (2^b - 1) / (max - min), zero = -min * scale_inv (float32, not
+    rounded), code = round(x * scale_inv + zero): min/max with float32 parameters, as quanto.
+  - optimize=True (hqq's default, what transformers calls): a proximal solver moves each group's
+    zero (scale kept) by a fraction of a step to lower an l_0.7 error, stopping on the whole
+    tensor's mean error. At axis 0 every flush regroups the keys and moves old tokens.
+  - what can be matched: axis 1 for K and V, residual_length=1, one token per forward pass, with
+    hqq's optimizer replaced by one returning kvq's fp16 min/max parameters (the *_fp16params
+    settings; codes asserted equal to kvq's exact rule); the optimized settings (transformers'
+    own call) are stored for a distributional comparison.
 
 Run (from the repository root, with the pinned packages of requirements-hf-fixtures.txt in a
 throwaway venv; no hub access is needed, nothing is downloaded):
@@ -943,6 +961,12 @@ def write_family(name, spec, index, lines, out_root, quant):
                     else ""
                 )
             )
+    if quant and name in HQQ_FAMILIES:
+        for q in write_quantized_hqq(folder, ref, ids, greedy, rows):
+            print(
+                f"  {q['name']}: max |logits - fp32| {q['max_abs_diff_vs_fp32_rows']:.3g}, "
+                f"re-quantization drift k {q['requant_drift_k_max']:.3g}"
+            )
     print(f"{name}: n={len(ids)} vocab={cfgd.vocab_size} stats={stats} greedy={greedy}")
 
 
@@ -1129,6 +1153,370 @@ def write_quantized(folder, ref, ids, greedy, ref_rows):
     return settings
 
 
+# QuantizedCache runs with backend="hqq" (transformers 5.25 HQQQuantizedLayer, hqq 0.2.8.post1).
+# HQQ's axes are not quanto's: axis=1 reshapes the [batch, heads, seq, head_dim] tensor to
+# [-1, G] (G consecutive head_dim channels of one token: per token, kvq k=token / v=token, and
+# quanto's axis 0); axis=0 reshapes it to [G, -1] and takes statistics down the columns (G
+# values N/G apart in the flattened tensor, N = batch*heads*seq*head_dim: one channel of G
+# tokens spaced heads*seq/G apart when G | heads*seq, so KIVI's per-channel keys with strided,
+# not consecutive, tokens). Its packing needs N/G divisible by 8/nbits at every quantization
+# (a RuntimeError otherwise; 2 bits, one token at a time: G | heads*head_dim/4), hence G = 16.
+HQQ_FAMILIES = ["llama"]
+assert set(HQQ_FAMILIES) <= set(QUANT_FAMILIES)  # the fp32 rows are in quantized_cache.*
+HQQ_PINNED = {"hqq": "0.2.8.post1"}
+HQQ_G = 16
+# (name, nbits, axis_key, axis_value, q_group_size, residual_length, prefill, mode, stored)
+# mode: "fp16params" (optimize=True with HQQ's optimizer replaced by fp16-rounded min/max
+# parameters: kvq's stored ones), "minmax" (HQQ's optimize=False: its float32 min/max
+# parameters), "hqq" (transformers' call, HQQ's default optimize=True).
+HQQ_SETTINGS = [
+    ("hqq_tokenwise_b4_fp16params", 4, 1, 1, HQQ_G, 1, 1, "fp16params", True),
+    ("hqq_tokenwise_b2_fp16params", 2, 1, 1, HQQ_G, 1, 1, "fp16params", True),
+    ("hqq_tokenwise_b4_minmax", 4, 1, 1, HQQ_G, 1, 1, "minmax", False),
+    ("hqq_tokenwise_b4", 4, 1, 1, HQQ_G, 1, 1, "hqq", True),
+    ("hqq_tokenwise_b2", 2, 1, 1, HQQ_G, 1, 1, "hqq", True),
+    ("hqq_kivi_b4", 4, 0, 1, HQQ_G, HQQ_G, HQQ_G, "hqq", True),
+    ("hqq_kivi_b2", 2, 0, 1, HQQ_G, HQQ_G, HQQ_G, "hqq", True),
+    ("hqq_kivi_b4_minmax", 4, 0, 1, HQQ_G, HQQ_G, HQQ_G, "minmax", False),
+]
+
+HQQ_VS_KIVI = {
+    "source": "transformers 5.25.0 cache_utils.py (QuantizedLayer.update, HQQQuantizedLayer), "
+    "hqq 0.2.8.post1 core/quantize.py (Quantizer.quantize / dequantize), core/optimize.py "
+    "(optimize_weights_proximal = optimize_weights_proximal_legacy), core/bitpack.py",
+    "call": "HQQQuantizedLayer._quantize calls Quantizer.quantize(tensor, axis, device, "
+    "compute_dtype=cache dtype, nbits, group_size) with hqq's defaults optimize=True, "
+    "round_zero=False, channel_wise=True; then casts scale and zero to the cache dtype (float32 "
+    "here). axis_key / axis_value must be 0 or 1; nbits 1, 2, 3, 4 or 8.",
+    "groups": "axis=1: W.reshape(-1, G), statistics per row: G consecutive head_dim channels of "
+    "one token and head (kvq k=token / v=token, g=G; quanto's axis 0). axis=0: W.reshape(G, -1), "
+    "statistics per column: G values N/G apart in the flattened [batch, heads, seq, head_dim] "
+    "tensor; with G | heads*seq that is one channel at G tokens spaced heads*seq/G apart "
+    "(strided, and crossing heads when heads > 1), regrouped at every re-quantization as seq "
+    "grows. KIVI and kvq group G consecutive tokens of one head and channel; the two coincide "
+    "only when G = heads*seq. When G does not divide heads*seq the columns mix channels.",
+    "parameters_minmax": "scale_inv = (2^b - 1) / (max - min) in float32, replaced by 1 where "
+    "max - min <= 1e-4 and clamped to <= 2e4; zero = -min * scale_inv (a real number of code "
+    "units, not rounded: round_zero=False). optimize=False: code = clamp(round(W * scale_inv + "
+    "zero), 0, 2^b - 1) in float32; stored scale = 1 / scale_inv; x' = (code - zero) * scale. "
+    "With exact arithmetic this is kvq's rule (code = round((x - min) / scale), x' = code * scale "
+    "+ min) with float32 instead of fp16 parameters.",
+    "optimizer": "optimize=True (the default, and what transformers runs) keeps scale_inv and "
+    "moves zero: up to 20 proximal iterations of W_q = clamp(round(W * s + z)), W_r = (W_q - z) / "
+    "s, W_e = shrink_lp(W - W_r, beta, p=0.7) (beta 10, times 1.01 each iteration), z = mean over "
+    "the group of (W_q - (W - W_e) * s); it stops at the first iteration whose mean |W - W_r| over "
+    "the WHOLE tensor (every group of every head and token at once) did not improve, and returns "
+    "the zero already updated from that iteration (not the best one). Codes are then round(W * s "
+    "+ z) with the final zero. The solver runs in float32 on a CPU and in float16 on a CUDA "
+    "device. So each group's grid keeps min/max's spacing and is shifted by a fraction of a step "
+    "(zero_shift_*_code_units; codes_moved_share: the share of codes that differ from min/max's "
+    "with the same scale); while the shift stays under 1/2 the group's min and max still get "
+    "codes 0 and 2^b - 1 without being levels themselves.",
+    "requantization": "as with quanto, QuantizedLayer re-quantizes the whole cache (dequantized old "
+    "tokens + residual + new) whenever the residual fills. At axis 1 this gives back the same "
+    "levels up to float32 rounding, with min/max parameters and with the optimizer alike (a "
+    "group of dequantized values spans exactly 2^b - 1 steps while the shift is under 1/2, so "
+    "scale and zero come back). At axis 0 the strided groups change as seq grows, so each flush "
+    "regroups the keys and moves old tokens (requant_drift_k_max: the largest change of an "
+    "already quantized layer-0 value from one step to the next; hqq_kivi_b4_minmax shows the "
+    "regrouping alone does it).",
+    "prefill": "the first update() quantizes what it is given and attends it exactly; later "
+    "updates keep a residual of exact tokens flushed when residual + new >= residual_length "
+    "(see quanto_vs_kivi in quantized_cache.json: the same QuantizedLayer.update).",
+    "what_matches": "residual_length=1, one token per forward pass from token 0, axis 1 for K "
+    "and V, optimize=False: every step attends the older tokens quantized with min/max per token "
+    "group and the newest exact, kvq's int<B>:k=token,v=token,g=G,r=1. The *_fp16params settings "
+    "replace hqq's optimizer (called because optimize=True) by one returning the fp16-rounded "
+    "min/max parameters kvq stores (scale_h = fp16(fp32((max - min) / (2^b - 1))), min_h = "
+    "fp16(min); scale_inv = 1 / scale_h, zero = -min_h * scale_inv, codes by HQQ's float32 "
+    "formula round(W * scale_inv + zero)); codes_unlike_exact_rule counts codes that differ from "
+    "kvq's exact rule round((x - min_h) / scale_h) (0 asserted), dequant_max_abs_diff_vs_exact "
+    "how far HQQ's (code - zero) * (1 / scale_inv) lands from code * scale_h + min_h. What is "
+    "left is the K/V themselves (kvq's fp32 K/V differ from torch's by ~1e-6): "
+    "min_boundary_margin and min_param_margin say how close any value came to a code boundary "
+    "and any min or scale to an fp16 rounding boundary (in the K/V's units), and kv_noise how far "
+    "1e-6 noise on transformers' own K/V moves these logits.",
+    "what_does_not": "HQQ's default optimizer is a different quantizer from KIVI's min/max "
+    "(a shifted zero per group), and its axis 0 groups are strided tokens regrouped at every "
+    "flush; the hqq_tokenwise_b* and hqq_kivi_b* settings (transformers' own call) are stored "
+    "for a distributional comparison (error against the fp32 cache of the same order).",
+}
+
+
+def fp16_margin(v):
+    """Distance of each float32 value from the nearest fp16 rounding boundary (the midpoint of
+    two adjacent fp16 values), in the value's units; fp16 normal range."""
+    v = v.double()
+    _, e = torch.frexp(v)
+    ulp = torch.ldexp(torch.ones_like(v), (e - 11).to(torch.int32))
+    q = v / ulp
+    return (q - q.floor() - 0.5).abs() * ulp
+
+
+def hqq_quantizer(mode, tracker):
+    """An hqq Quantizer for HQQQuantizedLayer.quantizer that runs hqq's Quantizer.quantize with
+    optimize=False ("minmax"), its own optimizer ("hqq") or an optimizer returning kvq's fp16
+    min/max parameters ("fp16params"), and records in tracker what it saw: the smallest group
+    range (hqq replaces scale_inv by 1 below 1e-4 and clamps it to 2e4), and per mode the tie
+    distances / boundary margins (fp16params) or how far the optimizer moved zero and how many
+    codes it changed (hqq)."""
+    from hqq.core.quantize import Quantizer
+
+    original = Quantizer.optimize_weights
+
+    def fp16params(tensor, scale, zero, min_max, axis, device):
+        W = tensor
+        mn = W.min(axis=axis, keepdim=True)[0]
+        mx = W.max(axis=axis, keepdim=True)[0]
+        scale_h = ((mx - mn) / min_max[1]).half().float()
+        min_h = mn.half().float()
+        assert bool((scale_h > 0).all()), "a zero-range group (kvq stores scale 0)"
+        scale_inv = 1.0 / scale_h
+        zero_h = -min_h * scale_inv
+        W_q = torch.round(W * scale_inv + zero_h).clamp(min_max[0], min_max[1])
+        q = (W.double() - min_h.double()) / scale_h.double()
+        exact = torch.round(q).clamp(min_max[0], min_max[1])
+        frac = (q - q.floor() - 0.5).abs()
+        tracker["min_tie_distance"] = min(tracker["min_tie_distance"], float(frac.min()))
+        margin = (frac * scale_h.double()).min()
+        tracker["min_boundary_margin"] = min(tracker["min_boundary_margin"], float(margin))
+        tracker["codes_unlike_exact_rule"] += int((W_q.double() != exact).sum())
+        # how close min and the float32 scale came to an fp16 rounding boundary, in the K/V
+        # value's units (a K/V change d moves min by d and the scale by up to 2d / (2^b - 1))
+        param = torch.minimum(fp16_margin(mn), fp16_margin((mx - mn) / min_max[1]) * min_max[1] / 2)
+        tracker["min_param_margin"] = min(tracker["min_param_margin"], float(param.min()))
+        deq = (W_q - zero_h) * (1.0 / scale_inv)
+        d = float((deq.double() - (exact * scale_h.double() + min_h.double())).abs().max())
+        tracker["dequant_max_abs_diff_vs_exact"] = max(tracker["dequant_max_abs_diff_vs_exact"], d)
+        return W_q, scale_inv, zero_h
+
+    def tracked(tensor, scale, zero, min_max, axis, device):
+        W_q, s, z = original(
+            tensor=tensor, scale=scale, zero=zero, min_max=min_max, axis=axis, device=device
+        )
+        assert torch.equal(s, scale), "hqq's optimizer is expected to keep the scale"
+        shift = (z - zero).abs()
+        tracker["zero_shift_max"] = max(tracker["zero_shift_max"], float(shift.max()))
+        tracker["zero_shift_sum"] += float(shift.sum())
+        tracker["groups"] += shift.numel()
+        plain = torch.round(tensor * scale + zero).clamp(min_max[0], min_max[1])
+        tracker["codes_moved"] += int((plain != W_q).sum())
+        tracker["codes"] += W_q.numel()
+        return W_q, s, z
+
+    class TrackedQuantizer(Quantizer):
+        @classmethod
+        def quantize(cls, tensor, axis=0, group_size=64, **kw):
+            W = tensor.float()
+            W = W.reshape([-1, group_size]) if axis == 1 else W.reshape([group_size, -1])
+            rng = W.max(axis=axis)[0] - W.min(axis=axis)[0]
+            tracker["min_group_range"] = min(tracker["min_group_range"], float(rng.min()))
+            Quantizer.optimize_weights = {"fp16params": fp16params, "hqq": tracked}.get(
+                mode, original
+            )
+            try:
+                return Quantizer.quantize(
+                    tensor, axis=axis, group_size=group_size, optimize=mode != "minmax", **kw
+                )
+            finally:
+                Quantizer.optimize_weights = original
+
+    return TrackedQuantizer
+
+
+HQQ_NOISE = 1e-6  # K/V noise (absolute, normal) of the sensitivity runs: kvq's K/V vs torch's
+HQQ_NOISE_TRIALS = 8
+
+
+def run_hqq(ref, seq, rows_from, setting, noise_seed=None):
+    """transformers with QuantizedCache(backend="hqq") for one HQQ_SETTINGS entry: the logits of
+    rows rows_from.., [tokens attended quantized, exact] per step, the layer-0 re-quantization
+    drift and the quantizer's tracker. With noise_seed, HQQ_NOISE * normal noise (that seed) is
+    added to every layer's k_proj and v_proj output: how far K/V differences of the size of
+    kvq's from torch's (summation order, ~1e-6) move transformers' own logits."""
+    from transformers import QuantizedCache
+
+    name, bits, ak, av, g, r, prefill, mode, stored = setting
+    cache = QuantizedCache(
+        backend="hqq",
+        config=ref.config,
+        nbits=bits,
+        axis_key=ak,
+        axis_value=av,
+        q_group_size=g,
+        residual_length=r,
+    )
+    tracker = {"min_group_range": float("inf")}
+    if mode == "fp16params":
+        tracker.update(
+            min_tie_distance=1.0,
+            min_boundary_margin=float("inf"),
+            min_param_margin=float("inf"),
+            codes_unlike_exact_rule=0,
+            dequant_max_abs_diff_vs_exact=0.0,
+        )
+    if mode == "hqq":
+        tracker.update(zero_shift_max=0.0, zero_shift_sum=0.0, groups=0, codes_moved=0, codes=0)
+    for layer in cache.layers:
+        layer.quantizer = hqq_quantizer(mode, tracker)
+    hooks = []
+    if noise_seed is not None:
+        gen = torch.Generator().manual_seed(noise_seed)
+
+        def add_noise(module, inputs, out):
+            return out + HQQ_NOISE * torch.randn(out.shape, generator=gen)
+
+        for lyr in ref.model.layers:
+            hooks.append(lyr.self_attn.k_proj.register_forward_hook(add_noise))
+            hooks.append(lyr.self_attn.v_proj.register_forward_hook(add_noise))
+    rows, states = [], []
+    drift = {"k": 0.0, "v": 0.0}
+
+    def dequant0():
+        layer0 = cache.layers[0]
+        return (
+            layer0._dequantize(layer0._quantized_keys),
+            layer0._dequantize(layer0._quantized_values),
+        )
+
+    try:
+        with torch.no_grad():
+            ref(input_ids=torch.tensor([seq[:prefill]]), cache=cache)
+            for t in range(prefill, len(seq)):
+                layer0 = cache.layers[0]
+                resid = layer0.keys.shape[-2] if layer0.keys.dim() == 4 else 0
+                states.append([layer0.cumulative_length - resid, resid + 1])
+                before = dequant0()
+                out = ref(input_ids=torch.tensor([[seq[t]]]), cache=cache)
+                after = dequant0()
+                for kv, b, a in zip("kv", before, after):
+                    m = b.shape[-2]
+                    drift[kv] = max(drift[kv], float((a[..., :m, :] - b).abs().max()))
+                if t >= rows_from:
+                    rows.append(out.logits[0, -1].float().clone())
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.stack(rows), states, drift, tracker
+
+
+def write_quantized_hqq(folder, ref, ids, greedy, ref_rows):
+    """quantized_cache_hqq.safetensors / .json for the HQQ_SETTINGS (see HQQ_VS_KIVI)."""
+    seq = list(ids) + list(greedy)
+    n = len(seq)
+    tensors, settings, all_logits = {}, [], {}
+    rows_from = n - QUANT_ROWS
+    fp32_rows = ref_rows[rows_from:]
+    for setting in HQQ_SETTINGS:
+        name, bits, ak, av, g, r, prefill, mode, stored = setting
+        logits, states, drift, tracker = run_hqq(ref, seq, rows_from, setting)
+        all_logits[name] = logits
+        if stored:
+            tensors[f"{name}.logits"] = logits.contiguous()
+        err = (logits - fp32_rows).abs()
+        rec = {
+            "name": name,
+            "backend": "hqq",
+            "mode": mode,
+            "logits_stored": stored,
+            "nbits": bits,
+            "axis_key": ak,
+            "axis_value": av,
+            "q_group_size": g,
+            "residual_length": r,
+            "prefill_tokens": prefill,
+            "kvq_spec": f"int{bits}:k=token,v=token,g={g},r=1" if ak == 1 and r == 1 else None,
+            "kvq_spec_nearest": (
+                f"int{bits}:k=token,v=token,g={g},r=1"
+                if ak == 1
+                else f"int{bits}:k=channel,v=token,g={g},r={r}"
+            ),
+            "state_per_step": states,
+            "max_abs_diff_vs_fp32_rows": float(err.max()),
+            "mean_abs_diff_vs_fp32_rows": float(err.mean()),
+            "min_group_range": tracker["min_group_range"],
+            "requant_drift_k_max": drift["k"],
+            "requant_drift_v_max": drift["v"],
+        }
+        if mode == "fp16params":
+            for k in (
+                "min_tie_distance",
+                "min_boundary_margin",
+                "min_param_margin",
+                "codes_unlike_exact_rule",
+                "dequant_max_abs_diff_vs_exact",
+            ):
+                rec[k] = tracker[k]
+            rec["quotient_error_bound"] = 2.0 * 2.0**-23 * (2**bits - 1)
+            assert rec["codes_unlike_exact_rule"] == 0, rec
+            # The same run with K/V noise of kvq's size: a value or fp16 parameter within ~1e-6
+            # of a rounding boundary moves a group by a step in some trials
+            effect = float((logits - fp32_rows).abs().max())
+            trials = []
+            for k in range(HQQ_NOISE_TRIALS):
+                noisy = run_hqq(ref, seq, rows_from, setting, noise_seed=SEED + k)[0]
+                d = (noisy - logits).abs()
+                trials.append([float(d.mean()), float(d.max()) / effect])
+            rec["kv_noise"] = {
+                "how": f"{HQQ_NOISE_TRIALS} reruns with {HQQ_NOISE} * normal noise (torch.Generator "
+                f"seeds {SEED}..{SEED + HQQ_NOISE_TRIALS - 1}) added to every k_proj and v_proj "
+                "output; per trial [mean |logits - these logits|, max |...| / max |these logits "
+                "- fp32 rows|]",
+                "trials": trials,
+                "mean_abs_diff_max": max(t[0] for t in trials),
+                "max_share_of_effect_max": max(t[1] for t in trials),
+            }
+        if mode == "hqq":
+            rec["zero_shift_max_code_units"] = tracker["zero_shift_max"]
+            rec["zero_shift_mean_code_units"] = tracker["zero_shift_sum"] / tracker["groups"]
+            rec["codes_moved_share"] = tracker["codes_moved"] / tracker["codes"]
+        # hqq's own guards never apply here: no group range at or below 1e-4, none below
+        # (2^b - 1) / 2e4 (where scale_inv would be clamped)
+        assert rec["min_group_range"] > (2**bits - 1) / 2e4, rec
+        settings.append(rec)
+    diffs = {}
+    for a, b in (
+        ("hqq_tokenwise_b4_minmax", "hqq_tokenwise_b4_fp16params"),
+        ("hqq_tokenwise_b4", "hqq_tokenwise_b4_minmax"),
+        ("hqq_tokenwise_b4", "hqq_tokenwise_b4_fp16params"),
+        ("hqq_tokenwise_b2", "hqq_tokenwise_b2_fp16params"),
+    ):
+        diffs[f"{a}_vs_{b}"] = float((all_logits[a] - all_logits[b]).abs().max())
+    # fp32.logits: in quantized_cache.safetensors (the same rows; kvq reads every *.safetensors of
+    # a folder without an index as weights, so no tensor name may repeat across the files)
+    assert "fp32.logits" not in tensors
+    save_file(tensors, str(folder / "quantized_cache_hqq.safetensors"))
+    doc = {
+        "sequence_ids": seq,
+        "sequence": "prompt_ids_with_special followed by greedy_ids (expected.json), fed to "
+        "transformers with a QuantizedCache(backend='hqq'): the first prefill_tokens in one "
+        "forward pass, then one token per forward pass",
+        "rows_from": rows_from,
+        "rows": f"<setting>.logits [{QUANT_ROWS}, vocab_size] float32 (settings with "
+        "logits_stored): row i is the logits after feeding sequence_ids[rows_from + i]; the "
+        "same rows with the fp32 DynamicCache are fp32.logits in quantized_cache.safetensors "
+        "(the same sequence_ids and rows_from as quantized_cache.json)",
+        "model": "AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32, "
+        "attn_implementation='eager'): cache tensors are float32",
+        "settings": settings,
+        "max_abs_diff_logits": diffs,
+        "hqq_vs_kivi": HQQ_VS_KIVI,
+        "versions": {**versions(), **hqq_versions()},
+    }
+    (folder / "quantized_cache_hqq.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return settings
+
+
+def hqq_versions():
+    out = {}
+    for p in HQQ_PINNED:
+        try:
+            out[p] = importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            out[p] = None
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -1138,8 +1526,8 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--no-quant", action="store_true")
     args = ap.parse_args()
-    for p, want in PINNED.items():
-        have = versions()[p]
+    for p, want in {**PINNED, **HQQ_PINNED}.items():
+        have = {**versions(), **hqq_versions()}[p]
         if have is None or not have.startswith(want):
             print(
                 f"warning: {p} {have} installed, the fixtures were made with {want}",
