@@ -361,12 +361,21 @@ fi
 # The model on backend cuda (issue 47 item 2, model/llama_cuda.cpp): `kvq model bench --backend
 # cuda` decode (tg) tokens/s with bf16 device weights, and the fraction of the GPU's peak bandwidth
 # the weights' bytes per token imply, for a bf16 and a kivi2 cache. The model: the SmolLM2 GGUF
-# when ${KVQ_MODEL_DIR:-~/.cache/kvq} holds it, else the tiny tests/fixtures/hf/smollm2 (2 layers,
-# hidden 64: its rate is launch- and copy-bound, its fraction of peak means nothing).
+# when ${KVQ_MODEL_DIR:-~/.cache/kvq} holds it, else a SmolLM2-135M-shaped folder of made-up bf16
+# weights (scripts/make-synthetic-checkpoint.py, python3; the same bytes a token reads), else the
+# tiny tests/fixtures/hf/smollm2 (2 layers, hidden 64: its rate is launch- and copy-bound, its
+# fraction of peak means nothing).
 MB_OUT="$OUT/model_bench"
 MB_RAN=0
+MB_DEPTH=256
 MB_MODEL="${KVQ_MODEL_DIR:-$HOME/.cache/kvq}/SmolLM2-135M-Instruct.Q4_1.gguf"
-[[ -f "$MB_MODEL" ]] || MB_MODEL="$ROOT/tests/fixtures/hf/smollm2"
+if [[ ! -f "$MB_MODEL" ]]; then
+  MB_MODEL="$ROOT/build/synthetic-smollm2-135m"
+  if [[ -z "$PY" ]] || ! "$PY" scripts/make-synthetic-checkpoint.py "$MB_MODEL" >"$LOGS/synthetic_checkpoint.log" 2>&1; then
+    MB_MODEL="$ROOT/tests/fixtures/hf/smollm2"
+    MB_DEPTH=128  # the fixture's context is 256
+  fi
+fi
 if [[ ! -x "$KVQ_BIN" || -z "$GPU_NAME" ]]; then
   note "kvq model bench --backend cuda: no kvq binary or no GPU; not run."
 elif (( $(left) < 40 )); then
@@ -377,7 +386,7 @@ else
   MB_RAN=1
   for kv in bf16 kivi2; do
     if ! timeout "$(cap 60)" "$KVQ_BIN" model bench --backend cuda --model "$MB_MODEL" --kv "$kv" \
-        --text "$ROOT/README.md" --prompt-tokens 0 --gen 64 --depth 256 --reps 3 \
+        --text "$ROOT/README.md" --prompt-tokens 0 --gen 64 --depth "$MB_DEPTH" --reps 3 \
         --json "$MB_OUT/$kv.json" >"$MB_OUT/$kv.txt" 2>"$LOGS/model_bench_$kv.log"; then
       STATUS=1
       MB_RAN=0
@@ -632,7 +641,7 @@ EOF
     echo "Not run (see the build section)."
   fi
   echo
-  echo "## The model on backend cuda (kvq model bench --backend cuda, bf16 weights, tg64 at depth 256)"
+  echo "## The model on backend cuda (kvq model bench --backend cuda, bf16 weights, tg64 at depth $MB_DEPTH)"
   echo
   if (( MB_RAN == 1 )); then
     echo "Model: $MB_MODEL"
