@@ -83,6 +83,9 @@ class MappedSafetensors {
   /// \brief Lets the kernel drop the pages holding only `e`'s data from memory (a reader done
   /// with it: the model once it packed the tensor); reading it again maps them back from the file.
   void release(const SafetensorsEntry& e) const;
+  /// \brief Shares ownership of the mapping: it stays mapped while any copy lives (views handed
+  /// to a model that multiplies in place).
+  const std::shared_ptr<const void>& owner() const { return owner_; }
 
  private:
   std::string name_;

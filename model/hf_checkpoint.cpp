@@ -133,6 +133,10 @@ void HfCheckpoint::release(const SafetensorsEntry& e) const {
   files_[file_index(files_, where_, e)].release(e);
 }
 
+std::shared_ptr<const void> HfCheckpoint::owner(const SafetensorsEntry& e) const {
+  return files_[file_index(files_, where_, e)].owner();
+}
+
 const std::string& HfCheckpoint::file_of(const SafetensorsEntry& e) const {
   return files_[file_index(files_, where_, e)].name();
 }

@@ -1,9 +1,11 @@
 // A Hugging Face checkpoint folder: config.json, the weights in one model.safetensors or in shards
 // listed by model.safetensors.index.json, and tokenizer.json. The shards are memory-mapped and
-// the tensors read in place (nothing is copied until the model packs them).
+// the tensors read in place: the model multiplies F32/F16/BF16 matrices there (WeightStore::
+// kMapped, sharing the mapping's ownership) or copies them into panels (kPacked).
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +46,9 @@ class HfCheckpoint {
   const uint8_t* data(const SafetensorsEntry& e) const;
   /// \brief Drops `e`'s pages from memory once read (MappedSafetensors::release).
   void release(const SafetensorsEntry& e) const;
+  /// \brief Shares ownership of the mapping holding `e` (MappedSafetensors::owner): data(e) stays
+  /// valid while the returned pointer lives, after this object is gone.
+  std::shared_ptr<const void> owner(const SafetensorsEntry& e) const;
   /// \brief The shard file holding `e`.
   const std::string& file_of(const SafetensorsEntry& e) const;
   /// \brief Bytes of all tensors.

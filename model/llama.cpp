@@ -42,7 +42,7 @@ LlamaModel::Linear load_linear(const GgufFile& f, const std::string& name, int64
   LlamaModel::Linear l;
   l.out = rows;
   l.in = cols;
-  if (store == WeightStore::kPacked) {
+  if (store != WeightStore::kFp32) {  // a GGUF's blocks are packed (kMapped: as kPacked)
     l.packed = PackedMatrix::from_gguf(f, t);
   } else {
     const std::vector<float> v = f.dequantize(t);  // memory order: dims[0] (= cols) fastest
@@ -152,6 +152,11 @@ struct HfSource {
     lin.out = rows;
     lin.in = cols;
     const bool dense = e.dtype == "F32" || e.dtype == "F16" || e.dtype == "BF16";
+    if (store == WeightStore::kMapped && dense) {  // multiplied where it lies: nothing copied
+      lin.packed =
+          PackedMatrix::from_mapped(c.data(e), dense_type(e.dtype), rows, cols, c.owner(e));
+      return lin;
+    }
     if (store == WeightStore::kPacked && dense) {
       lin.packed = PackedMatrix::from_dense(c.data(e), dense_type(e.dtype), rows, cols);
       c.release(e);  // packed: its mapped pages may go (peak memory ~ the panels, not 2x)
@@ -159,7 +164,7 @@ struct HfSource {
     }
     const std::vector<float> w = values(n, e);
     c.release(e);
-    if (store == WeightStore::kPacked) {
+    if (store != WeightStore::kFp32) {
       lin.packed = PackedMatrix::from_rows(w.data(), rows, cols);
     } else {
       lin.wt.resize(static_cast<size_t>(rows * cols));
@@ -216,6 +221,16 @@ void check_cache_options(const CacheOptions& o, const LlamaConfig& c) {
   for (const SchemeSpec& s : o.spec.distinct_layer_specs())
     for (Role r : {Role::Key, Role::Value})
       if (s.side(r).rot.on) (void)Rotation(s.side(r).rot, c.head_dim);  // throws if not
+}
+
+WeightStore parse_weight_store(const std::string& s) {
+  for (WeightStore w : {WeightStore::kMapped, WeightStore::kPacked, WeightStore::kFp32})
+    if (s == weight_store_name(w)) return w;
+  fail("weights '{}' is not one of mapped, packed, fp32", s);
+}
+
+const char* weight_store_name(WeightStore s) {
+  return s == WeightStore::kMapped ? "mapped" : s == WeightStore::kPacked ? "packed" : "fp32";
 }
 
 LlamaConfig LlamaModel::read_config(const GgufFile& f) {
@@ -362,7 +377,7 @@ std::string LlamaModel::weight_formats() const {
 // Member `me` of a team of `members` threads computes its share of the product.
 void LlamaModel::apply(const Linear& l, const float* x, int64_t n, float* y, bool accumulate,
                        int me, int members) const {
-  if (store_ == WeightStore::kPacked) {
+  if (store_ != WeightStore::kFp32) {
     l.packed.multiply(x, n, y, accumulate, me, members);
   } else if (me == 0) {  // the reference store: the plain product, on one member
     matmul(x, n, l.in, l.wt.data(), l.out, y, accumulate);
@@ -371,7 +386,7 @@ void LlamaModel::apply(const Linear& l, const float* x, int64_t n, float* y, boo
 
 void LlamaModel::embed(int32_t id, float* out) const {
   const Linear& e = cfg_.tied ? head_ : embed_;
-  if (store_ == WeightStore::kPacked) {
+  if (store_ != WeightStore::kFp32) {
     e.packed.weight_row(id, out);
   } else {
     for (int64_t k = 0; k < e.in; ++k) out[k] = e.wt[static_cast<size_t>(k * e.out + id)];

@@ -1,7 +1,8 @@
 // A Llama-family decoder (SmolLM2-135M-Instruct and kin; Mistral, Qwen2/2.5, Qwen3 through
 // model/arch.h's table) from a GGUF file or a Hugging Face checkpoint folder: weights kept in their
-// GGUF block format or as the checkpoint's 16-bit or fp32 values in panels (model/packed_matrix.h),
-// fp32 activations, and a KV cache in any kvq scheme.
+// GGUF block format in panels, or the checkpoint's 16-bit or fp32 values multiplied where they lie
+// in the mapped files (or copied into panels; model/packed_matrix.h, WeightStore), fp32
+// activations, and a KV cache in any kvq scheme.
 // Prefill in chunks and single-token decode are the same call: forward() appends the tokens to the
 // cache and attends causally, so every position sees exactly the cache a token-by-token decode
 // would hold (quantized outside the residual window).
@@ -64,12 +65,23 @@ class LlamaCache {
 using KvObserver = std::function<void(int layer, int64_t pos0, int64_t n, const float* k_pre,
                                       const float* k_post, const float* v)>;
 
-/// \brief How the weights are held in memory.
+/// \brief How the weights are held in memory. kMapped and kPacked give bit-identical logits (the
+/// same values in the same chain, model/packed_matrix.h), and both equal kFp32's.
 enum class WeightStore {
-  kPacked,  ///< the file's blocks in column panels, decoded in registers (the default)
+  kMapped,  ///< a checkpoint folder's F32/F16/BF16 matrices multiplied where they lie in the
+            ///< mapped shards, not copied (the default: the file's pages are the only copy, shared
+            ///< with the page cache); GGUF blocks and FP8 weights as kPacked
+  kPacked,  ///< the weights copied into column panels at load: the file's blocks decoded in
+            ///< registers, 16-bit or fp32 panels (a folder's mapped pages released once copied)
   kFp32,    ///< dequantized fp32 [in][out] multiplied by reference_cpu/matmul.h: the plain
             ///< definition the packed path is tested against (about 4x the memory)
 };
+
+/// \brief "mapped", "packed" or "fp32" (the CLI's --weights, kvq run's weights key, Python's
+/// weights=); throws naming the accepted values.
+WeightStore parse_weight_store(const std::string& s);
+/// \brief The name parse_weight_store reads.
+const char* weight_store_name(WeightStore s);
 
 /// \brief The model. The file's weight quantization stays fixed, so it does not mix with the
 /// KV-cache comparison; both weight stores give bit-identical logits.
@@ -79,7 +91,7 @@ class LlamaModel {
   /// One weight matrix W [out][in].
   struct Linear {
     int64_t in = 0, out = 0;
-    PackedMatrix packed;    ///< WeightStore::kPacked
+    PackedMatrix packed;    ///< WeightStore::kPacked and kMapped
     std::vector<float> wt;  ///< WeightStore::kFp32: W transposed, [in][out]
   };
 
@@ -88,17 +100,18 @@ class LlamaModel {
   static LlamaConfig read_config(const gguf::GgufFile& f);
   /// \brief Loads a llama-architecture GGUF; errors name the missing key or tensor. The model
   /// keeps no reference to the file.
-  static LlamaModel load(const gguf::GgufFile& f, WeightStore store = WeightStore::kPacked);
+  static LlamaModel load(const gguf::GgufFile& f, WeightStore store = WeightStore::kMapped);
   /// \brief Loads a checkpoint folder (its config: c.config()); errors name the shard file and
-  /// the tensor (missing, shape, dtype). F32/F16/BF16 weights are packed from the mapping into
-  /// fp32 / 16-bit panels (each tensor's pages released once packed), F8_E4M3 ones with their
-  /// weight_scale / weight_scale_inv dequantized into fp32 panels.
-  static LlamaModel load(const HfCheckpoint& c, WeightStore store = WeightStore::kPacked);
+  /// the tensor (missing, shape, dtype). F32/F16/BF16 matrices: kMapped multiplies them in the
+  /// mapping (the model shares the mapping's ownership, so `c` may go), kPacked copies them into
+  /// fp32 / 16-bit panels (each tensor's pages released once packed); F8_E4M3 ones with their
+  /// weight_scale / weight_scale_inv are dequantized into fp32 panels either way.
+  static LlamaModel load(const HfCheckpoint& c, WeightStore store = WeightStore::kMapped);
   /// \brief A model path's config without its weights: a folder's config.json, a GGUF's
   /// metadata (HfCheckpoint::is_folder decides).
   static LlamaConfig read_config(const std::string& path);
   /// \brief Loads a model path: a checkpoint folder or a GGUF file.
-  static LlamaModel load(const std::string& path, WeightStore store = WeightStore::kPacked);
+  static LlamaModel load(const std::string& path, WeightStore store = WeightStore::kMapped);
   const LlamaConfig& config() const { return cfg_; }
   /// \brief The attention backend of every later forward pass (default kCpu). Within one
   /// backend, chunked prefill and token-by-token decode give bit-identical logits; between the
@@ -117,7 +130,7 @@ class LlamaModel {
   void set_device_weights(DeviceWeights w);
   /// \brief Bytes of the weights in device memory (0 before the first backend cuda pass).
   int64_t device_weight_bytes() const;
-  /// \brief Bytes of weights held in memory.
+  /// \brief Bytes of the weights, held in memory or mapped from the file.
   size_t weight_bytes() const;
   /// \brief "Q4_1 (panels) x 210, Q8_0 (panels) x 1"-style summary of the weight formats.
   std::string weight_formats() const;
@@ -153,7 +166,7 @@ class LlamaModel {
   void weight_row(const Linear& l, int64_t r, float* out) const;  // row r of W [out][in]
 
   LlamaConfig cfg_;
-  WeightStore store_ = WeightStore::kPacked;
+  WeightStore store_ = WeightStore::kMapped;
   AttentionBackend backend_ = AttentionBackend::kCpu;
   Linear head_;        ///< output head [vocab][hidden]: output.weight, or the token embeddings
   Linear embed_;       ///< token embeddings when the file has its own output.weight (else head_)

@@ -1,16 +1,22 @@
-// Full tier (label full; writes ~2.5 GB, ~1-2 minutes): the peak memory of loading a 1B-class
-// Hugging Face checkpoint folder. A synthetic checkpoint shaped exactly as Llama-3.2-1B (hidden
-// 2048, 16 layers, 32 heads of 64, 8 kv heads, ffn 8192, vocab 128256, tied embeddings, rope
-// scaling llama3; 1,235,814,400 bf16 values = 2.47 GB) is written streaming into two shards with
-// their index (values from a fixed-seed splitmix64: random sign and mantissa, magnitudes 2^-8 to
-// 2^-5; norms 1.0). A forked child loads it (LlamaModel::load, the packed store the CLI uses) and
-// runs one forward pass of 8 tokens with an fp32 cache, so first use is included. What is
-// measured: the child's peak resident set (wait4's ru_maxrss, the kernel's high-water mark of
-// anonymous plus file-mapped resident pages; the forked child starts with the parent's few MB,
-// counted against it). The requirement, issue 49's goal: peak <= 1.2x the shards' file bytes.
-// The loader repacks each bf16 matrix into 16-bit panels (PackedMatrix::from_dense: the same
-// bytes, re-laid out) and then drops that tensor's mapped pages (MappedSafetensors::release), so
-// the peak is about the panels plus one tensor's pages, not the panels plus the whole mapping.
+// Full tier (label full; writes ~2.5 GB, ~1-2 minutes): the memory of loading a 1B-class Hugging
+// Face checkpoint folder. A synthetic checkpoint shaped exactly as Llama-3.2-1B (hidden 2048, 16
+// layers, 32 heads of 64, 8 kv heads, ffn 8192, vocab 128256, tied embeddings, rope scaling
+// llama3; 1,235,814,400 bf16 values = 2.47 GB) is written streaming into two shards with their
+// index (values from a fixed-seed splitmix64: random sign and mantissa, magnitudes 2^-8 to 2^-5;
+// norms 1.0). A forked child loads it (LlamaModel::load with the default store, WeightStore::
+// kMapped, as the CLI does) and runs one forward pass of 8 tokens with an fp32 cache, so first
+// use is included. Issue 49's goal, measured two ways:
+//  - "under 1.2x their size in peak RSS": the child's peak resident set (wait4's ru_maxrss, the
+//    kernel's high-water mark of anonymous plus file-mapped resident pages; the forked child
+//    starts with the parent's few MB, counted against it) <= 1.2x the shards' file bytes;
+//  - "maps the weights without copying them": the child's anonymous resident memory after the
+//    forward pass (RssAnon in /proc/self/status: private memory, where a copy of the weights would
+//    have to live; the mapped shards' pages count as RssFile) < 5% of the shards' bytes. The
+//    mapped store keeps the weights in the file's pages and multiplies them there, so RssAnon is
+//    the activations, the logits (8 x 128256 floats) and the process's own few MB. The panel
+//    store (KVQ_HF_1B_STORE=packed runs the child with WeightStore::kPacked) copies every matrix
+//    into 16-bit panels and fails this bound (checked: RssAnon 2.48 GB = 100.3%), while it passes
+//    the peak-RSS one (its mapped pages are released once copied).
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -18,6 +24,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -36,7 +43,8 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kHidden = 2048, kLayers = 16, kHeads = 32, kKvHeads = 8, kHeadDim = 64,
                   kFfn = 8192, kVocab = 128256;
-constexpr double kMaxRssOverFile = 1.2;  // issue 49's goal
+constexpr double kMaxRssOverFile = 1.2;    // issue 49's goal
+constexpr double kMaxAnonOverFile = 0.05;  // "without copying": no room for a copy of the weights
 
 nlohmann::json llama32_1b_config() {
   return {{"architectures", {"LlamaForCausalLM"}},
@@ -133,10 +141,18 @@ uint64_t write_checkpoint(const std::string& dir) {
   return bytes;
 }
 
-// The child: load, one forward pass; exit 0 when the logits are finite, 1 otherwise, 2 on error.
-[[noreturn]] void load_and_forward(const std::string& dir) {
+// A "Key:   N kB" line of /proc/self/status, in bytes (-1 when absent).
+double status_bytes(const std::string& key) {
+  const std::string s = read_file("/proc/self/status");
+  const size_t at = s.find("\n" + key + ":");
+  return at == std::string::npos ? -1.0 : std::atof(s.c_str() + at + key.size() + 2) * 1024.0;
+}
+
+// The child: load, one forward pass, then RssAnon and RssFile written to `fd`; exit 0 when the
+// logits are finite, 1 otherwise, 2 on error.
+[[noreturn]] void load_and_forward(const std::string& dir, WeightStore store, int fd) {
   try {
-    const LlamaModel m = LlamaModel::load(dir);
+    const LlamaModel m = LlamaModel::load(dir, store);
     CacheOptions o;
     o.spec = parse_spec("fp32");
     LlamaCache c(m.config(), o);
@@ -145,6 +161,9 @@ uint64_t write_checkpoint(const std::string& dir) {
     m.forward(prompt, c, logits, true, 2);
     bool finite = logits.size() == prompt.size() * static_cast<size_t>(kVocab);
     for (float x : logits) finite = finite && std::isfinite(x);
+    const std::string mem =
+        std::to_string(status_bytes("RssAnon")) + " " + std::to_string(status_bytes("RssFile"));
+    finite = finite && ::write(fd, mem.data(), mem.size()) == static_cast<ssize_t>(mem.size());
     std::fflush(stdout);
     _exit(finite ? 0 : 1);
   } catch (const std::exception& e) {
@@ -154,7 +173,9 @@ uint64_t write_checkpoint(const std::string& dir) {
   }
 }
 
-TEST(HfCheckpointRss, Llama32_1B_Bf16_TwoShards_PeakRssAtMost1_2xFileBytes) {
+TEST(HfCheckpointRss, Llama32_1B_Bf16_TwoShards_PeakRssAtMost1_2x_AnonUnder5PercentOfFileBytes) {
+  const char* env = std::getenv("KVQ_HF_1B_STORE");
+  const WeightStore store = parse_weight_store(env && *env ? env : "mapped");
   const std::string dir =
       (fs::temp_directory_path() / ("kvq_hf_1b_rss_" + std::to_string(::getpid()))).string();
   fs::remove_all(dir);
@@ -169,9 +190,19 @@ TEST(HfCheckpointRss, Llama32_1B_Bf16_TwoShards_PeakRssAtMost1_2xFileBytes) {
   const uint64_t file_bytes = write_checkpoint(dir);
   ASSERT_GT(file_bytes, 2'470'000'000u);  // 1,235,814,400 bf16 values plus two headers
 
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
-  if (pid == 0) load_and_forward(dir);
+  if (pid == 0) {
+    ::close(fds[0]);
+    load_and_forward(dir, store, fds[1]);
+  }
+  ::close(fds[1]);
+  std::string mem;
+  char buf[256];
+  for (ssize_t got; (got = ::read(fds[0], buf, sizeof buf)) > 0;) mem.append(buf, buf + got);
+  ::close(fds[0]);
   int status = 0;
   rusage ru{};
   ASSERT_EQ(::wait4(pid, &status, 0, &ru), pid);
@@ -179,9 +210,17 @@ TEST(HfCheckpointRss, Llama32_1B_Bf16_TwoShards_PeakRssAtMost1_2xFileBytes) {
   ASSERT_EQ(WEXITSTATUS(status), 0) << "the child failed to load or gave non-finite logits";
   const double peak = static_cast<double>(ru.ru_maxrss) * 1024.0;  // ru_maxrss is in KiB
   const double ratio = peak / static_cast<double>(file_bytes);
-  std::printf("weights %.3f GB in two shards; child peak RSS %.3f GB = %.3fx\n", file_bytes / 1e9,
-              peak / 1e9, ratio);
+  double anon = -1, file = -1;
+  ASSERT_EQ(std::sscanf(mem.c_str(), "%lf %lf", &anon, &file), 2) << "child wrote '" << mem << "'";
+  ASSERT_GE(anon, 0.0) << "no RssAnon in /proc/self/status";
+  std::printf(
+      "weights %.3f GB in two shards, store %s; child peak RSS %.3f GB = %.3fx; after the "
+      "forward pass RssAnon %.3f GB = %.1f%%, RssFile %.3f GB\n",
+      file_bytes / 1e9, weight_store_name(store), peak / 1e9, ratio, anon / 1e9,
+      100.0 * anon / static_cast<double>(file_bytes), file / 1e9);
   EXPECT_LE(ratio, kMaxRssOverFile);
+  EXPECT_LT(anon / static_cast<double>(file_bytes), kMaxAnonOverFile)
+      << "the weights were copied into private memory";
 }
 
 }  // namespace
