@@ -9,10 +9,17 @@
 #   ctest --test-dir build/default -L full && scripts/fuzz.sh 600   (the preset excludes label full)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-python3 scripts/check-layers.py
-scripts/setup.sh
-ctest --preset "${KVQ_PRESET:-default}" -j "${KVQ_JOBS:-$(nproc)}"
+# Each step's wall time goes to stderr ("run-tests: <step> took N s"), so a slow CI run says where.
+step() {
+  local t0=$SECONDS
+  "$@"
+  echo "run-tests: $* took $((SECONDS - t0)) s" >&2
+}
+step python3 scripts/check-layers.py
+step scripts/setup.sh
+step ctest --preset "${KVQ_PRESET:-default}" -j "${KVQ_JOBS:-$(nproc)}"
 if [[ -z "${KVQ_QUICK_ONLY:-}" ]]; then
-  scripts/sanitize.sh
-  scripts/fuzz.sh 10
+  step scripts/sanitize.sh
+  step scripts/fuzz.sh 10
 fi
+echo "run-tests: all steps took ${SECONDS} s" >&2
