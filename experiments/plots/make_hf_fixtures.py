@@ -970,9 +970,9 @@ def write_family(name, spec, index, lines, out_root, quant):
     print(f"{name}: n={len(ids)} vocab={cfgd.vocab_size} stats={stats} greedy={greedy}")
 
 
-def versions():
+def versions(packages=PINNED):
     out = {}
-    for p in PINNED:
+    for p in packages:
         try:
             out[p] = importlib.metadata.version(p)
         except importlib.metadata.PackageNotFoundError:
@@ -1068,6 +1068,51 @@ def fp16_param_optimizer(tracker):
     return Fp16ParamMaxOptimizer()
 
 
+def feed_tokens(ref, cache, seq, prefill, rows_from, watch=None):
+    """Feeds seq to ref with cache: the first prefill tokens in one forward pass, then one token
+    per pass. Returns the logits after feeding seq[rows_from..] ([rows, vocab] float32) and, per
+    decode step, [tokens attended quantized, tokens attended exact (including the new one)] as
+    layer 0 holds them. watch(t, "before") / watch(t, "after") is called around each step."""
+    rows, states = [], []
+    with torch.no_grad():
+        ref(input_ids=torch.tensor([seq[:prefill]]), cache=cache)
+        for t in range(prefill, len(seq)):
+            layer0 = cache.layers[0]
+            resid = layer0.keys.shape[-2] if layer0.keys.dim() == 4 else 0
+            states.append([layer0.cumulative_length - resid, resid + 1])
+            if watch:
+                watch(t, "before")
+            out = ref(input_ids=torch.tensor([[seq[t]]]), cache=cache)
+            if watch:
+                watch(t, "after")
+            if t >= rows_from:
+                rows.append(out.logits[0, -1].float().clone())
+    return torch.stack(rows), states
+
+
+def setting_record(setting, backend, extra, states, logits, fp32_rows):
+    """The json record of one QuantizedCache run: its parameters, extra, the states per step and
+    the logits' differences from the fp32 cache's."""
+    name, bits, ak, av, g, r, prefill = setting[:7]
+    err = (logits - fp32_rows).abs()
+    return {
+        "name": name,
+        "backend": backend,
+        "nbits": bits,
+        "axis_key": ak,
+        "axis_value": av,
+        "q_group_size": g,
+        "residual_length": r,
+        "prefill_tokens": prefill,
+        **extra,
+        "states": "per decode step t = prefill .. n-1: [tokens attended quantized, tokens "
+        "attended exact (including the new one)], the same for keys and values and every layer",
+        "state_per_step": states,
+        "max_abs_diff_vs_fp32_rows": float(err.max()),
+        "mean_abs_diff_vs_fp32_rows": float(err.mean()),
+    }
+
+
 def write_quantized(folder, ref, ids, greedy, ref_rows):
     """quantized_cache.safetensors / .json for the QUANT_SETTINGS (see QUANTO_VS_KIVI)."""
     from transformers import QuantizedCache
@@ -1077,7 +1122,8 @@ def write_quantized(folder, ref, ids, greedy, ref_rows):
     tensors, settings = {}, []
     rows_from = n - QUANT_ROWS
     fp32_rows = ref_rows[rows_from:]  # logits after feeding seq[i], i >= rows_from
-    for name, bits, ak, av, g, r, prefill, fp16p in QUANT_SETTINGS:
+    for setting in QUANT_SETTINGS:
+        name, bits, ak, av, g, r, prefill, fp16p = setting
         cache = QuantizedCache(
             backend="quanto",
             config=ref.config,
@@ -1091,36 +1137,13 @@ def write_quantized(folder, ref, ids, greedy, ref_rows):
         if fp16p:
             for layer in cache.layers:
                 layer.optimizer = fp16_param_optimizer(tracker)
-        rows, states = [], []
-        with torch.no_grad():
-            ref(input_ids=torch.tensor([seq[:prefill]]), cache=cache)
-            for t in range(prefill, n):
-                layer0 = cache.layers[0]
-                resid = layer0.keys.shape[-2] if layer0.keys.dim() == 4 else 0
-                states.append([layer0.cumulative_length - resid, resid + 1])
-                out = ref(input_ids=torch.tensor([[seq[t]]]), cache=cache)
-                if t >= rows_from:
-                    rows.append(out.logits[0, -1].float().clone())
-        logits = torch.stack(rows)
+        logits, states = feed_tokens(ref, cache, seq, prefill, rows_from)
         tensors[f"{name}.logits"] = logits.contiguous()
-        err = (logits - fp32_rows).abs()
-        rec = {
-            "name": name,
-            "backend": "quanto",
-            "nbits": bits,
-            "axis_key": ak,
-            "axis_value": av,
-            "q_group_size": g,
-            "residual_length": r,
-            "prefill_tokens": prefill,
+        extra = {
             "fp16_params": fp16p,
             "kvq_spec": f"int{bits}:k=token,v=token,g={g},r=1" if ak == 0 else None,
-            "states": "per decode step t = prefill .. n-1: [tokens attended quantized, tokens "
-            "attended exact (including the new one)], the same for keys and values and every layer",
-            "state_per_step": states,
-            "max_abs_diff_vs_fp32_rows": float(err.max()),
-            "mean_abs_diff_vs_fp32_rows": float(err.mean()),
         }
+        rec = setting_record(setting, "quanto", extra, states, logits, fp32_rows)
         if fp16p:
             rec["min_tie_distance"] = tracker["min_tie_distance"]
             rec["min_boundary_margin"] = tracker["min_boundary_margin"]
@@ -1369,35 +1392,26 @@ def run_hqq(ref, seq, rows_from, setting, noise_seed=None):
         for lyr in ref.model.layers:
             hooks.append(lyr.self_attn.k_proj.register_forward_hook(add_noise))
             hooks.append(lyr.self_attn.v_proj.register_forward_hook(add_noise))
-    rows, states = [], []
     drift = {"k": 0.0, "v": 0.0}
+    before = []
 
-    def dequant0():
+    def watch(t, phase):
         layer0 = cache.layers[0]
-        return (
-            layer0._dequantize(layer0._quantized_keys),
-            layer0._dequantize(layer0._quantized_values),
-        )
+        now = [layer0._dequantize(layer0._quantized_keys)]
+        now.append(layer0._dequantize(layer0._quantized_values))
+        if phase == "before":
+            before[:] = now
+            return
+        for kv, b, a in zip("kv", before, now):
+            m = b.shape[-2]
+            drift[kv] = max(drift[kv], float((a[..., :m, :] - b).abs().max()))
 
     try:
-        with torch.no_grad():
-            ref(input_ids=torch.tensor([seq[:prefill]]), cache=cache)
-            for t in range(prefill, len(seq)):
-                layer0 = cache.layers[0]
-                resid = layer0.keys.shape[-2] if layer0.keys.dim() == 4 else 0
-                states.append([layer0.cumulative_length - resid, resid + 1])
-                before = dequant0()
-                out = ref(input_ids=torch.tensor([[seq[t]]]), cache=cache)
-                after = dequant0()
-                for kv, b, a in zip("kv", before, after):
-                    m = b.shape[-2]
-                    drift[kv] = max(drift[kv], float((a[..., :m, :] - b).abs().max()))
-                if t >= rows_from:
-                    rows.append(out.logits[0, -1].float().clone())
+        logits, states = feed_tokens(ref, cache, seq, prefill, rows_from, watch)
     finally:
         for h in hooks:
             h.remove()
-    return torch.stack(rows), states, drift, tracker
+    return logits, states, drift, tracker
 
 
 def write_quantized_hqq(folder, ref, ids, greedy, ref_rows):
@@ -1413,31 +1427,20 @@ def write_quantized_hqq(folder, ref, ids, greedy, ref_rows):
         all_logits[name] = logits
         if stored:
             tensors[f"{name}.logits"] = logits.contiguous()
-        err = (logits - fp32_rows).abs()
-        rec = {
-            "name": name,
-            "backend": "hqq",
+        extra = {
             "mode": mode,
             "logits_stored": stored,
-            "nbits": bits,
-            "axis_key": ak,
-            "axis_value": av,
-            "q_group_size": g,
-            "residual_length": r,
-            "prefill_tokens": prefill,
             "kvq_spec": f"int{bits}:k=token,v=token,g={g},r=1" if ak == 1 and r == 1 else None,
             "kvq_spec_nearest": (
                 f"int{bits}:k=token,v=token,g={g},r=1"
                 if ak == 1
                 else f"int{bits}:k=channel,v=token,g={g},r={r}"
             ),
-            "state_per_step": states,
-            "max_abs_diff_vs_fp32_rows": float(err.max()),
-            "mean_abs_diff_vs_fp32_rows": float(err.mean()),
-            "min_group_range": tracker["min_group_range"],
-            "requant_drift_k_max": drift["k"],
-            "requant_drift_v_max": drift["v"],
         }
+        rec = setting_record(setting, "hqq", extra, states, logits, fp32_rows)
+        rec["min_group_range"] = tracker["min_group_range"]
+        rec["requant_drift_k_max"] = drift["k"]
+        rec["requant_drift_v_max"] = drift["v"]
         if mode == "fp16params":
             for k in (
                 "min_tie_distance",
@@ -1501,20 +1504,10 @@ def write_quantized_hqq(folder, ref, ids, greedy, ref_rows):
         "settings": settings,
         "max_abs_diff_logits": diffs,
         "hqq_vs_kivi": HQQ_VS_KIVI,
-        "versions": {**versions(), **hqq_versions()},
+        "versions": versions({**PINNED, **HQQ_PINNED}),
     }
     (folder / "quantized_cache_hqq.json").write_text(json.dumps(doc, indent=1) + "\n")
     return settings
-
-
-def hqq_versions():
-    out = {}
-    for p in HQQ_PINNED:
-        try:
-            out[p] = importlib.metadata.version(p)
-        except importlib.metadata.PackageNotFoundError:
-            out[p] = None
-    return out
 
 
 def main():
@@ -1527,7 +1520,7 @@ def main():
     ap.add_argument("--no-quant", action="store_true")
     args = ap.parse_args()
     for p, want in {**PINNED, **HQQ_PINNED}.items():
-        have = {**versions(), **hqq_versions()}[p]
+        have = versions({**PINNED, **HQQ_PINNED})[p]
         if have is None or not have.startswith(want):
             print(
                 f"warning: {p} {have} installed, the fixtures were made with {want}",
