@@ -1068,6 +1068,23 @@ def fp16_param_optimizer(tracker):
     return Fp16ParamMaxOptimizer()
 
 
+def quantized_cache(ref, backend, setting):
+    """transformers' QuantizedCache for ref with a QUANT_SETTINGS / HQQ_SETTINGS entry's nbits,
+    axes, group size and residual length."""
+    from transformers import QuantizedCache
+
+    _, bits, ak, av, g, r = setting[:6]
+    return QuantizedCache(
+        backend=backend,
+        config=ref.config,
+        nbits=bits,
+        axis_key=ak,
+        axis_value=av,
+        q_group_size=g,
+        residual_length=r,
+    )
+
+
 def feed_tokens(ref, cache, seq, prefill, rows_from, watch=None):
     """Feeds seq to ref with cache: the first prefill tokens in one forward pass, then one token
     per pass. Returns the logits after feeding seq[rows_from..] ([rows, vocab] float32) and, per
@@ -1115,8 +1132,6 @@ def setting_record(setting, backend, extra, states, logits, fp32_rows):
 
 def write_quantized(folder, ref, ids, greedy, ref_rows):
     """quantized_cache.safetensors / .json for the QUANT_SETTINGS (see QUANTO_VS_KIVI)."""
-    from transformers import QuantizedCache
-
     seq = list(ids) + list(greedy)
     n = len(seq)
     tensors, settings = {}, []
@@ -1124,15 +1139,7 @@ def write_quantized(folder, ref, ids, greedy, ref_rows):
     fp32_rows = ref_rows[rows_from:]  # logits after feeding seq[i], i >= rows_from
     for setting in QUANT_SETTINGS:
         name, bits, ak, av, g, r, prefill, fp16p = setting
-        cache = QuantizedCache(
-            backend="quanto",
-            config=ref.config,
-            nbits=bits,
-            axis_key=ak,
-            axis_value=av,
-            q_group_size=g,
-            residual_length=r,
-        )
+        cache = quantized_cache(ref, "quanto", setting)
         tracker = {"min_tie_distance": 1.0, "min_boundary_margin": float("inf")}
         if fp16p:
             for layer in cache.layers:
@@ -1357,18 +1364,8 @@ def run_hqq(ref, seq, rows_from, setting, noise_seed=None):
     drift and the quantizer's tracker. With noise_seed, HQQ_NOISE * normal noise (that seed) is
     added to every layer's k_proj and v_proj output: how far K/V differences of the size of
     kvq's from torch's (summation order, ~1e-6) move transformers' own logits."""
-    from transformers import QuantizedCache
-
     name, bits, ak, av, g, r, prefill, mode, stored = setting
-    cache = QuantizedCache(
-        backend="hqq",
-        config=ref.config,
-        nbits=bits,
-        axis_key=ak,
-        axis_value=av,
-        q_group_size=g,
-        residual_length=r,
-    )
+    cache = quantized_cache(ref, "hqq", setting)
     tracker = {"min_group_range": float("inf")}
     if mode == "fp16params":
         tracker.update(
