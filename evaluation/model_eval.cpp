@@ -408,13 +408,13 @@ DivergeResult diverge(const LlamaModel& m, const CacheOptions& ref, const CacheO
   return r;
 }
 
-LoadedModel load_model(const std::string& path) {
+LoadedModel load_model(const std::string& path, WeightStore store) {
   if (HfCheckpoint::is_folder(path)) {  // a checkpoint folder: its tokenizer.json
     const HfCheckpoint c = HfCheckpoint::open(path);
-    return {LlamaModel::load(c), Tokenizer::from_tokenizer_json(c.tokenizer_path())};
+    return {LlamaModel::load(c, store), Tokenizer::from_tokenizer_json(c.tokenizer_path())};
   }
   const gguf::GgufFile f = gguf::GgufFile::open(path);
-  return {LlamaModel::load(f), Tokenizer::from_gguf(f)};
+  return {LlamaModel::load(f, store), Tokenizer::from_gguf(f)};
 }
 
 NeedleText needle_text(const Tokenizer& tok, const std::string& hay_text) {

@@ -18,12 +18,13 @@
 namespace kvq::eval {
 
 /// \brief A model path's model and tokenizer: a GGUF's from one open of the file, a checkpoint
-/// folder's weights and tokenizer.json (the mappings are released once the weights are packed).
+/// folder's weights and tokenizer.json; `store` as LlamaModel::load takes it (a folder's dense
+/// weights stay in the mapped shards by default).
 struct LoadedModel {
   LlamaModel model;
   Tokenizer tok;
 };
-LoadedModel load_model(const std::string& path);
+LoadedModel load_model(const std::string& path, WeightStore store = WeightStore::kMapped);
 
 /// \brief Called with a one-line progress message on long runs.
 using Progress = std::function<void(const std::string&)>;

@@ -32,7 +32,7 @@ namespace kvq::cli {
 namespace {
 
 struct Common {
-  std::string model_file, kv = kDefaultKv, json, backend = "cpu";
+  std::string model_file, kv = kDefaultKv, json, backend = "cpu", weights = "mapped";
   bool pre_rope = false, hadamard = false;
   int threads = 0;
 };
@@ -49,7 +49,7 @@ const Loaded& load(const Common& c) {
   if (!l) {
     const std::string path = model_path(c.model_file);
     const auto t0 = std::chrono::steady_clock::now();
-    l = std::make_unique<Loaded>(eval::load_model(path));
+    l = std::make_unique<Loaded>(eval::load_model(path, parse_weight_store(c.weights)));
     fmt::print(stderr, "loaded {} ({} layers, {} kv heads x {}) in {:.1f} s\n", path, l->model.config().layers,
                l->model.config().kv_heads, l->model.config().head_dim,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -80,6 +80,9 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
                 "tokenizer.json; families: llama, mistral, qwen2, qwen3) (default: "
                 "${KVQ_MODEL_DIR:-~/.cache/kvq}/SmolLM2-135M-Instruct.Q4_1.gguf, fetched by "
                 "scripts/fetch-model.sh)");
+  c->add_option("--weights", o.weights, kWeightsHelp)
+      ->check(CLI::IsMember({"mapped", "packed", "fp32"}))
+      ->capture_default_str();
   if (with_kv) {
     c->add_option("--kv", o.kv, "KV-cache scheme spec (fp32, bf16, fp8_e4m3:gran=token, kivi2, int4:k=channel,v=token,...)")
         ->capture_default_str();

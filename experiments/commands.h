@@ -46,6 +46,14 @@ PlanFlags add_plan_flags(CLI::App* c, PlanFlags::Values& v);
 /// \brief kvq plan's footer: how the numbers are made, the model and GPU presets, examples.
 std::string plan_footer();
 
+/// \brief --weights (kvq model, kvq run; the config's `weights`, Python's weights=): how a
+/// checkpoint folder's weights are held (LlamaModel's WeightStore, parse_weight_store).
+inline constexpr const char* kWeightsHelp =
+    "how a checkpoint folder's F32/F16/BF16 weights are held: mapped (multiplied where they lie in "
+    "the mapped *.safetensors, never copied: the file's pages, shared with the page cache), packed "
+    "(copied into 16-bit / fp32 column panels at load) or fp32 (the plain reference product, 2x a "
+    "bf16 file); the same logits bit for bit. Under mapped, GGUF blocks and FP8 weights are packed";
+
 /// \brief A bad command line found after parsing (a flag missing or two that conflict): one line
 /// naming the command's --help and exit status 2, as CLI11's own usage errors.
 template <typename... A>

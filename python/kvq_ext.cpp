@@ -336,10 +336,11 @@ std::string plan(const std::string& args_json) {
 // The real model and its tokenizer.
 class Model {
  public:
-  explicit Model(const std::string& path) {
+  Model(const std::string& path, const std::string& weights) {
     const std::string p = cli::model_path(path);
+    const WeightStore store = parse_weight_store(weights);
     nb::gil_scoped_release release;
-    m_ = std::make_unique<eval::LoadedModel>(eval::load_model(p));
+    m_ = std::make_unique<eval::LoadedModel>(eval::load_model(p, store));
     path_ = p;
   }
 
@@ -655,7 +656,7 @@ NB_MODULE(_kvq, m) {
       .def_prop_ro("heads", &Cache::heads)
       .def_prop_ro("head_dim", &Cache::dim);
   nb::class_<Model>(m, "Model")
-      .def(nb::init<const std::string&>())
+      .def(nb::init<const std::string&, const std::string&>())
       .def("config", &Model::config)
       .def("encode", &Model::encode)
       .def("decode", &Model::decode)

@@ -385,7 +385,10 @@ class Model:
     """A Llama-family model with a KV cache in any scheme: a llama GGUF (default
     SmolLM2-135M-Instruct Q4_1; weights stay in their GGUF blocks) or a Hugging Face checkpoint
     folder (config.json, *.safetensors, tokenizer.json) of the families llama, mistral, qwen2,
-    qwen3 (weights in 16-bit or fp32 panels). Logits are exact fp32 arithmetic.
+    qwen3. ``weights`` says how a folder's F32/F16/BF16 weights are held: "mapped" (the default:
+    multiplied where they lie in the mapped files, never copied), "packed" (copied into 16-bit or
+    fp32 column panels) or "fp32" (the plain reference product); the same logits bit for bit.
+    Logits are exact fp32 arithmetic.
 
     Example::
 
@@ -395,8 +398,8 @@ class Model:
         >>> m.generate("The capital of France is", n=8)
     """
 
-    def __init__(self, path: Optional[str] = None):
-        self._m = _kvq.Model(path or "")
+    def __init__(self, path: Optional[str] = None, weights: str = "mapped"):
+        self._m = _kvq.Model(path or "", weights)
         self.config: dict = json.loads(self._m.config())
         """layers, hidden, heads, kv_heads, head_dim, ffn, vocab, context, weights, path, family"""
 
