@@ -9,6 +9,8 @@
 // back: the cache sides take host appends and backend cuda's decode takes a host q
 // (kernels/cuda/device_side.h), so each layer synchronizes with the device a few times. That
 // bounds the decode rate well below what the weights' bytes allow (docs/benchmarks.md).
+#include "model/llama_cuda.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -16,12 +18,28 @@
 #include <utility>
 
 #include "core/error.h"
-#include "model/llama.h"
-#if KVQ_HAVE_CUDA
 #include "kernels/cuda/device_model.h"
-#endif
+#include "model/llama.h"
 
 namespace kvq {
+
+cuda::DeviceModelShape device_model_shape(const LlamaConfig& c) {
+  cuda::DeviceModelShape s;
+  s.layers = c.layers;
+  s.hidden = c.hidden;
+  s.heads = c.heads;
+  s.kv_heads = c.kv_heads;
+  s.head_dim = c.head_dim;
+  s.ffn = c.ffn;
+  s.vocab = c.vocab;
+  s.eps = c.rms_eps;
+  s.qkv_bias = c.qkv_bias;
+  s.o_bias = c.o_bias;
+  s.qk_norm = c.qk_norm;
+  s.rope_half = c.rope_style == RopeStyle::kHalf;
+  s.tied = c.tied;
+  return s;
+}
 
 struct LlamaModel::CudaState {
 #if KVQ_HAVE_CUDA
@@ -105,21 +123,8 @@ void LlamaModel::forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache
   using M = cuda::DeviceModel::Matrix;
   using V = cuda::DeviceModel::Vector;
   if (!st.dev) {
-    cuda::DeviceModelShape s;
-    s.layers = c.layers;
-    s.hidden = c.hidden;
-    s.heads = c.heads;
-    s.kv_heads = c.kv_heads;
-    s.head_dim = c.head_dim;
-    s.ffn = c.ffn;
-    s.vocab = c.vocab;
-    s.eps = c.rms_eps;
-    s.qkv_bias = c.qkv_bias;
-    s.o_bias = c.o_bias;
-    s.qk_norm = c.qk_norm;
-    s.rope_half = c.rope_style == RopeStyle::kHalf;
-    s.tied = c.tied;
-    auto dev = std::make_unique<cuda::DeviceModel>(s, device_weights_ == DeviceWeights::kBf16);
+    auto dev = std::make_unique<cuda::DeviceModel>(device_model_shape(c),
+                                                   device_weights_ == DeviceWeights::kBf16);
     auto put = [&](M m, int l, const Linear& w) {
       const auto [rows, cols] = dev->matrix_shape(m);
       KVQ_CHECK(w.out == rows && w.in == cols, "backend cuda: weight [{}, {}], expected [{}, {}]",

@@ -27,15 +27,10 @@
 #include "reference_cpu/attention.h"
 #include "tests/support/names.h"
 #include "tests/support/random.h"
+#include "tests/support/skip_cuda.h"
 
 namespace kvq {
 namespace {
-
-#define KVQ_SKIP_WITHOUT_CUDA()                  \
-  do {                                           \
-    const std::string why_ = cuda_unavailable(); \
-    if (!why_.empty()) GTEST_SKIP() << why_;     \
-  } while (0)
 
 constexpr double kNmse = 1e-5, kMaxAbsOfV = 1e-4;
 

@@ -36,15 +36,10 @@
 #include "model/llama.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/model.h"
+#include "tests/support/skip_cuda.h"
 
 namespace kvq {
 namespace {
-
-#define KVQ_SKIP_WITHOUT_CUDA()                  \
-  do {                                           \
-    const std::string why_ = cuda_unavailable(); \
-    if (!why_.empty()) GTEST_SKIP() << why_;     \
-  } while (0)
 
 constexpr double kOrderTol = 1e-4;  // x max |logit|: float32 summation order
 

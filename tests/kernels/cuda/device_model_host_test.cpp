@@ -27,6 +27,7 @@
 #include "model/arch.h"
 #include "model/hf_checkpoint.h"
 #include "model/llama.h"
+#include "model/llama_cuda.h"
 #include "reference_cpu/kv_cache.h"
 
 namespace kvq::cuda {
@@ -53,21 +54,7 @@ std::vector<float> values(const HfCheckpoint& c, const std::string& name) {
 // A DeviceModel holding the checkpoint's weights.
 std::unique_ptr<DeviceModel> upload(const HfCheckpoint& ck, bool bf16) {
   const LlamaConfig& c = ck.config();
-  DeviceModelShape s;
-  s.layers = c.layers;
-  s.hidden = c.hidden;
-  s.heads = c.heads;
-  s.kv_heads = c.kv_heads;
-  s.head_dim = c.head_dim;
-  s.ffn = c.ffn;
-  s.vocab = c.vocab;
-  s.eps = c.rms_eps;
-  s.qkv_bias = c.qkv_bias;
-  s.o_bias = c.o_bias;
-  s.qk_norm = c.qk_norm;
-  s.rope_half = c.rope_style == RopeStyle::kHalf;
-  s.tied = c.tied;
-  auto dev = std::make_unique<DeviceModel>(s, bf16);
+  auto dev = std::make_unique<DeviceModel>(device_model_shape(c), bf16);
   const ArchEntry& a = arch_entry(c.family);
   using M = DeviceModel::Matrix;
   using V = DeviceModel::Vector;
@@ -76,9 +63,8 @@ std::unique_ptr<DeviceModel> upload(const HfCheckpoint& ck, bool bf16) {
     const std::vector<float> w = values(ck, tensor_name(a, r, l, true));
     const int64_t cols = dev->matrix_shape(m).second;
     ASSERT_EQ(static_cast<int64_t>(w.size()), dev->matrix_shape(m).first * cols);
-    dev->set_matrix(m, l, [&](int64_t row, float* out) {
-      std::copy_n(w.data() + row * cols, cols, out);
-    });
+    dev->set_matrix(
+        m, l, [&](int64_t row, float* out) { std::copy_n(w.data() + row * cols, cols, out); });
   };
   auto vec = [&](V v, R r, int l) {
     const std::vector<float> x = values(ck, tensor_name(a, r, l, true));
