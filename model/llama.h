@@ -28,6 +28,10 @@
 
 namespace kvq {
 
+namespace cuda {
+class DeviceModel;  // kernels/cuda/device_model.h: backend cuda's weights and decode step
+}
+
 /// \brief How the model's KV cache is stored.
 struct CacheOptions {
   SchemeSpec spec;        ///< any scheme (roles decide KIVI's axes); SPEC@L=SPEC: per layer
@@ -130,6 +134,10 @@ class LlamaModel {
   void set_device_weights(DeviceWeights w);
   /// \brief Bytes of the weights in device memory (0 before the first backend cuda pass).
   int64_t device_weight_bytes() const;
+  /// \brief Every weight into `dev` (a device model of this model's shape, device_model_shape):
+  /// backend cuda's upload, rows as weight_row gives them for every WeightStore. Public for the
+  /// tests, which run it against a host stand-in of the device.
+  void upload_device_weights(cuda::DeviceModel& dev) const;
   /// \brief Bytes of the weights, held in memory or mapped from the file.
   size_t weight_bytes() const;
   /// \brief "Q4_1 (panels) x 210, Q8_0 (panels) x 1"-style summary of the weight formats.

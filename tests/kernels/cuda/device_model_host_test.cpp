@@ -15,7 +15,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,11 +103,11 @@ std::unique_ptr<DeviceModel> upload(const HfCheckpoint& ck, bool bf16) {
   return dev;
 }
 
-// Every position's logits of `ids` through the device model's host code.
-std::vector<float> decode(const HfCheckpoint& ck, bool bf16, const std::vector<int32_t>& ids) {
-  const LlamaConfig& c = ck.config();
-  std::unique_ptr<DeviceModel> dev = upload(ck, bf16);
-  EXPECT_EQ(dev->missing(), "");
+// Every position's logits of `ids` through the device model's host code, backend ref's attention
+// over fp32 host sides between the halves.
+std::vector<float> decode_with(DeviceModel& dev, const LlamaConfig& c,
+                               const std::vector<int32_t>& ids) {
+  EXPECT_EQ(dev.missing(), "");
   const SchemeSpec fp32 = parse_spec("fp32");
   std::vector<std::unique_ptr<SideStore>> ks, vs;
   for (int l = 0; l < c.layers; ++l) {
@@ -113,7 +117,7 @@ std::vector<float> decode(const HfCheckpoint& ck, bool bf16, const std::vector<i
   const int64_t qd = c.q_dim(), kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim;
   std::vector<float> logits(ids.size() * static_cast<size_t>(c.vocab));
   int64_t steps = 0;
-  dev->decode(
+  dev.decode(
       ids, 0, rope_inv_freq(c),
       [&](int l, int64_t pos, const float* qkv, float* attn) {
         EXPECT_EQ(pos, ks[static_cast<size_t>(l)]->tokens());
@@ -128,8 +132,12 @@ std::vector<float> decode(const HfCheckpoint& ck, bool bf16, const std::vector<i
   return logits;
 }
 
-std::vector<float> cpu_logits(const std::string& dir, const std::vector<int32_t>& ids) {
-  const LlamaModel m = LlamaModel::load(dir);
+std::vector<float> decode(const HfCheckpoint& ck, bool bf16, const std::vector<int32_t>& ids) {
+  std::unique_ptr<DeviceModel> dev = upload(ck, bf16);
+  return decode_with(*dev, ck.config(), ids);
+}
+
+std::vector<float> cpu_logits(const LlamaModel& m, const std::vector<int32_t>& ids) {
   CacheOptions o;
   o.spec = parse_spec("fp32");
   LlamaCache cache(m.config(), o);
@@ -156,7 +164,8 @@ TEST_P(DeviceModelHost, Fp32WeightsMatchTheCpuForwardPass) {
   const HfCheckpoint ck = HfCheckpoint::open(fixture(GetParam()));
   std::vector<int32_t> ids;
   for (int i = 0; i < 8; ++i) ids.push_back((37 * i + 11) % ck.config().vocab);
-  expect_close(decode(ck, false, ids), cpu_logits(fixture(GetParam()), ids), GetParam());
+  expect_close(decode(ck, false, ids), cpu_logits(LlamaModel::load(fixture(GetParam())), ids),
+               GetParam());
 }
 
 // bf16 device weights on a BF16 checkpoint: the same values, the same tolerance.
@@ -167,13 +176,49 @@ TEST_P(DeviceModelHost, Bf16WeightsOnBf16Checkpoints) {
     GTEST_SKIP() << GetParam() << " is not stored as BF16";
   std::vector<int32_t> ids;
   for (int i = 0; i < 5; ++i) ids.push_back((53 * i + 7) % ck.config().vocab);
-  expect_close(decode(ck, true, ids), cpu_logits(fixture(GetParam()), ids), GetParam());
+  expect_close(decode(ck, true, ids), cpu_logits(LlamaModel::load(fixture(GetParam())), ids),
+               GetParam());
+}
+
+// The model's own upload (LlamaModel::upload_device_weights: rows through weight_row) from every
+// weight store: the checkpoint mapped, packed into panels, and as the fp32 reference store.
+TEST_P(DeviceModelHost, ModelUploadFromEveryWeightStore) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back((29 * i + 3) % 400);
+  const std::vector<float> want = cpu_logits(LlamaModel::load(fixture(GetParam())), ids);
+  for (WeightStore store : {WeightStore::kMapped, WeightStore::kPacked, WeightStore::kFp32}) {
+    const LlamaModel m = LlamaModel::load(fixture(GetParam()), store);
+    DeviceModel dev(device_model_shape(m.config()), false);
+    m.upload_device_weights(dev);
+    expect_close(decode_with(dev, m.config(), ids), want,
+                 GetParam() + " " + weight_store_name(store));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DeviceModelHost,
                          ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3",
                                            "smollm2"),
                          [](const auto& i) { return i.param; });
+
+// The SmolLM2 GGUF (when the model cache holds it): Q4_1 / Q8_0 panels through weight_row,
+// adjacent RoPE pairs; 4 tokens against the CPU forward pass. Prints the upload's seconds.
+TEST(DeviceModelHostGguf, SmolLM2UploadMatchesTheCpu) {
+  const char* dir = std::getenv("KVQ_MODEL_DIR");
+  const std::string path =
+      (dir && *dir ? std::string(dir)
+                   : std::string(std::getenv("HOME") ? std::getenv("HOME") : "") + "/.cache/kvq") +
+      "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::is_regular_file(path)) GTEST_SKIP() << path << " is absent";
+  const LlamaModel m = LlamaModel::load(path);
+  DeviceModel dev(device_model_shape(m.config()), false);
+  const auto t0 = std::chrono::steady_clock::now();
+  m.upload_device_weights(dev);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("upload of %.0f MB (fp32) from the GGUF's panels: %.2f s\n",
+              static_cast<double>(dev.weight_bytes()) / 1e6, s);
+  const std::vector<int32_t> ids = {1, 504, 3303, 28};
+  expect_close(decode_with(dev, m.config(), ids), cpu_logits(m, ids), "smollm2 gguf");
+}
 
 // What the device model refuses: a weight never uploaded, a tied model's own embeddings.
 TEST(DeviceModelHostErrors, MissingWeightsNamed) {
