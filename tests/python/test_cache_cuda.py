@@ -22,7 +22,9 @@ def test_backends_table_in_order():
         assert b["host_memory"] and b["decode"] and b["causal"] and b["model"] and b["sink"]
         assert b["unavailable"] == ""
     c = _cuda()
-    assert c["decode"] and not c["causal"] and not c["model"] and not c["sink"] and c["rot"]
+    # the model runs on it (model/llama_cuda.cpp, token by token), not with pre-RoPE keys
+    assert c["decode"] and not c["causal"] and c["model"] and not c["pre_rope"]
+    assert not c["sink"] and c["rot"]
     assert not c["host_memory"]
     assert c["unavailable"] == "" or c["unavailable"].startswith("backend cuda: ")
 
