@@ -1,6 +1,7 @@
 #include "model/hf_checkpoint.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -66,12 +67,19 @@ HfCheckpoint HfCheckpoint::open(const std::string& dir) {
       shards.push_back(f);
     }
   } else {
+    // transformers' names: one model.safetensors, else the index. Other *.safetensors in the
+    // folder (K/V dumps, a consolidated copy, other tools' files) are not weights and are not read.
+    std::vector<std::string> others;
     for (const auto& e : fs::directory_iterator(dir))
       if (e.is_regular_file() && e.path().extension() == ".safetensors")
-        shards.push_back(e.path().filename().string());
-    std::sort(shards.begin(), shards.end());
-    KVQ_CHECK(!shards.empty(), "{}: no *.safetensors weights (and no model.safetensors.index.json)",
-              dir);
+        others.push_back(e.path().filename().string());
+    std::sort(others.begin(), others.end());
+    KVQ_CHECK(
+        fs::is_regular_file(dir + "/model.safetensors"),
+        "{}: no model.safetensors and no model.safetensors.index.json (the names transformers "
+        "reads){}{}",
+        dir, others.empty() ? "" : "; found ", fmt::join(others, ", "));
+    shards.push_back("model.safetensors");
   }
   for (const std::string& f : shards) {
     c.files_.push_back(MappedSafetensors::open(dir + "/" + f));

@@ -363,6 +363,25 @@ TEST(HfCheckpoint, ShardedEqualsOneFileAndStoresAgree) {
   EXPECT_GT(max_abs_diff(a.data(), a.data() + 40, 40), 0.1);  // not a constant output
 }
 
+// Without an index only model.safetensors holds weights, as transformers reads a folder: other
+// *.safetensors beside it (a K/V dump, here one reusing a weight's name with other values) are
+// not read, and a folder whose only file has another name is refused naming what it found.
+TEST(HfCheckpoint, OnlyModelSafetensorsIsWeightsWithoutAnIndex) {
+  const std::string one = fresh_dir("plain"), extra = fresh_dir("extra"),
+                    other = fresh_dir("other");
+  write_folder(one, tiny_config(), tiny_f32());
+  write_folder(extra, tiny_config(), tiny_f32());
+  std::vector<RawTensor> dump = tiny_f32();
+  for (RawTensor& t : dump) std::fill(t.bytes.begin(), t.bytes.end(), '\x3f');
+  write_safetensors(extra + "/kv_dump.safetensors", dump);
+  EXPECT_EQ(logits_of(one), logits_of(extra));
+  write_folder(other, tiny_config(), tiny_f32());
+  fs::rename(other + "/model.safetensors", other + "/weights.safetensors");
+  testing::expect_error([&] { (void)LlamaModel::load(other); },
+                        "no model.safetensors and no model.safetensors.index.json (the names "
+                        "transformers reads); found weights.safetensors");
+}
+
 // BF16 and F8_E4M3 (with weight_scale_inv per block of quantization_config.weight_block_size, as
 // the DeepSeek/Qwen FP8 checkpoints, or a per-row weight_scale, as compressed-tensors') read as the
 // F32 checkpoint of the values they define (bf16: the value; fp8: decode(code) x scale,
