@@ -1,6 +1,6 @@
-// Host stand-ins for kernels/cuda/model_kernels.h's launchers (what each kernel computes, written as
-// plain loops), so that device_model_host_test.cpp runs kernels/cuda/device_model.cpp's host code
-// (weight placement, the step's order) on the CPU against the host runtime stand-in
+// Host stand-ins for kernels/cuda/model_kernels.h's launchers (what each kernel computes, written
+// as plain loops), so that device_model_host_test.cpp runs kernels/cuda/device_model.cpp's host
+// code (weight placement, the step's order) on the CPU against the host runtime stand-in
 // (host_runtime/). The launchers' argument checks are the same as model_kernels.cu's.
 #include <cmath>
 #include <cstdint>
