@@ -364,20 +364,28 @@ void tile_mapped(const uint8_t* w, int64_t ld, int rows, int64_t k0, int64_t k1,
 
 }  // namespace
 
-PackedMatrix PackedMatrix::from_mapped(const uint8_t* w, gguf::GgmlType type, int64_t out,
-                                       int64_t in, std::shared_ptr<const void> owner) {
+// W [out][in] of F32 / F16 / BF16 values (checked), one value per k-block: from_dense's and
+// from_mapped's shared fields.
+PackedMatrix PackedMatrix::dense_shape(Kind kind, gguf::GgmlType type, int64_t out, int64_t in,
+                                       const char* who) {
   KVQ_CHECK(out > 0 && in > 0, "PackedMatrix: empty matrix [{}, {}]", out, in);
   KVQ_CHECK(type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16,
-            "PackedMatrix::from_mapped: {} is not F32, F16 or BF16",
+            "PackedMatrix::{}: {} is not F32, F16 or BF16", who,
             gguf::ggml_type_name(static_cast<uint32_t>(type)));
   PackedMatrix pm;
-  pm.kind_ = Kind::kMapped;
+  pm.kind_ = kind;
   pm.type_ = type;
   pm.in_ = in;
   pm.out_ = out;
   pm.panels_ = (out + P - 1) / P;
   pm.kblock_ = 1;
   pm.kblocks_ = in;
+  return pm;
+}
+
+PackedMatrix PackedMatrix::from_mapped(const uint8_t* w, gguf::GgmlType type, int64_t out,
+                                       int64_t in, std::shared_ptr<const void> owner) {
+  PackedMatrix pm = dense_shape(Kind::kMapped, type, out, in, "from_mapped");
   pm.rows_ = w;
   pm.owner_ = std::move(owner);
   pm.mapped_bytes_ = static_cast<size_t>(out * in) * dense_item(type);
@@ -390,19 +398,8 @@ PackedMatrix PackedMatrix::from_rows(const float* w, int64_t out, int64_t in) {
 
 PackedMatrix PackedMatrix::from_dense(const uint8_t* w, gguf::GgmlType type, int64_t out,
                                       int64_t in) {
-  KVQ_CHECK(out > 0 && in > 0, "PackedMatrix: empty matrix [{}, {}]", out, in);
-  KVQ_CHECK(type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16,
-            "PackedMatrix::from_dense: {} is not F32, F16 or BF16",
-            gguf::ggml_type_name(static_cast<uint32_t>(type)));
   const int64_t item = type == GgmlType::kF32 ? 4 : 2;
-  PackedMatrix pm;
-  pm.kind_ = item == 4 ? Kind::kF32 : Kind::k16;
-  pm.type_ = type;
-  pm.in_ = in;
-  pm.out_ = out;
-  pm.panels_ = (out + P - 1) / P;
-  pm.kblock_ = 1;
-  pm.kblocks_ = in;
+  PackedMatrix pm = dense_shape(item == 4 ? Kind::kF32 : Kind::k16, type, out, in, "from_dense");
   pm.block_bytes_ = P * item;
   pm.data_.assign(static_cast<size_t>(pm.panels_ * in * pm.block_bytes_), 0);
   if (item == 2) {  // the 16-bit values as they are, converted exactly when a tile is decoded

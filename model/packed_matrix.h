@@ -81,6 +81,8 @@ class PackedMatrix {
 
  private:
   enum class Kind { kQ4_1, kQ4_0, kQ8_0, kF32, k16, kBlocks, kMapped };
+  static PackedMatrix dense_shape(Kind kind, gguf::GgmlType type, int64_t out, int64_t in,
+                                  const char* who);
   void panel(int64_t p, const float* x, int64_t m, float* y, bool accumulate) const;
   void decode_tile(int64_t p, int64_t k0, int64_t k1, float* tile) const;
   void mapped_gemv(int64_t p, const float* x, int64_t m, float* y, int64_t ldy) const;
