@@ -185,3 +185,20 @@ def test_bad_calls(model, call, match):
 def test_missing_model_file(tmp_path):
     with pytest.raises(kvq.Error, match="fetch-model"):
         kvq.Model(str(tmp_path / "none.gguf"))
+
+
+def test_weights_stores_give_the_same_logits_on_a_checkpoint_folder():
+    """weights= (kvq run's `weights`, --weights): a folder's bf16 weights mapped (default),
+    copied into panels or the fp32 reference product give the same logits bit for bit (as
+    tests/model/hf_weight_store_test checks in C++); an unknown name is a one-line error."""
+    folder = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf", "qwen2")
+    ids = [1, 5, 9, 33, 2, 17, 39, 0, 8, 8, 21, 30]
+    mapped = kvq.Model(folder)
+    assert "mapped rows" in mapped.config["weights"]
+    want = mapped.logits(ids, kv="fp32")
+    assert np.abs(want).max() > 0
+    for weights in ("packed", "fp32"):
+        got = kvq.Model(folder, weights=weights).logits(ids, kv="fp32")
+        assert got.tobytes() == want.tobytes(), weights
+    with pytest.raises(kvq.Error, match="weights 'copy' is not one of mapped, packed, fp32"):
+        kvq.Model(folder, weights="copy")
