@@ -122,13 +122,13 @@ bool bf16_checkpoint(const std::string& dir) {
 class ModelCuda : public ::testing::TestWithParam<std::string> {};
 
 // Every family, fp32 device weights, bf16 / kivi2 / kivi4 / fp8 (per-token scales) caches; 8 tokens
-// (mistral's window is 8: the whole prompt fits it); groups of 8 and 4 tokens without a residual
+// (mistral's window is 8: the whole prompt fits it); groups of 8 tokens without a residual
 // window, so the codes are read, not only the exact tail.
 TEST_P(ModelCuda, LogitsMatchBackendCpu) {
   KVQ_SKIP_WITHOUT_CUDA();
   LlamaModel m = LlamaModel::load(fixture(GetParam()));
   m.set_device_weights(LlamaModel::DeviceWeights::kFp32);
-  for (const char* spec : {"bf16", "kivi2:g=8,r=0", "kivi4:g=4,r=0", "fp8_e4m3:gran=token"})
+  for (const char* spec : {"bf16", "kivi2:g=8,r=0", "kivi4:g=8,r=0", "fp8_e4m3:gran=token"})
     expect_matches_cpu(m, spec, 8, GetParam() + "_fp32w");
   EXPECT_GT(m.device_weight_bytes(), 0);
 }
@@ -154,17 +154,17 @@ TEST_P(ModelCuda, ChunkEqualsTokenByToken) {
   KVQ_SKIP_WITHOUT_CUDA();
   LlamaModel m = LlamaModel::load(fixture(GetParam()));
   m.set_backend(AttentionBackend::kCuda);
-  const std::vector<int32_t> ids = prompt(m.config().vocab, 6);
-  const std::vector<float> chunk = run(m, "kivi2:g=4,r=0", ids);
+  const std::vector<int32_t> ids = prompt(m.config().vocab, 8);
+  const std::vector<float> chunk = run(m, "kivi2:g=8,r=0", ids);
   CacheOptions o;
-  o.spec = parse_spec("kivi2:g=4,r=0");
+  o.spec = parse_spec("kivi2:g=8,r=0");
   LlamaCache cache(m.config(), o);
   std::vector<float> step, all;
   for (int32_t id : ids) {
     m.forward({&id, 1}, cache, step, false, 1);
     all.insert(all.end(), step.begin(), step.end());
   }
-  EXPECT_EQ(cache.tokens(), 6);
+  EXPECT_EQ(cache.tokens(), 8);
   ASSERT_EQ(all.size(), chunk.size());
   EXPECT_EQ(std::memcmp(all.data(), chunk.data(), all.size() * sizeof(float)), 0);
 }

@@ -106,13 +106,13 @@ std::unique_ptr<DeviceModel> upload(const HfCheckpoint& ck, bool bf16) {
 // Every position's logits of `ids` through the device model's host code, backend ref's attention
 // over fp32 host sides between the halves.
 std::vector<float> decode_with(DeviceModel& dev, const LlamaConfig& c,
-                               const std::vector<int32_t>& ids) {
+                               const std::vector<int32_t>& ids, const std::string& spec = "fp32") {
   EXPECT_EQ(dev.missing(), "");
-  const SchemeSpec fp32 = parse_spec("fp32");
+  const SchemeSpec sp = parse_spec(spec);
   std::vector<std::unique_ptr<SideStore>> ks, vs;
   for (int l = 0; l < c.layers; ++l) {
-    ks.push_back(make_side(fp32, Role::Key, c.kv_heads, c.head_dim, l));
-    vs.push_back(make_side(fp32, Role::Value, c.kv_heads, c.head_dim, l));
+    ks.push_back(make_side(sp, Role::Key, c.kv_heads, c.head_dim, l, cpu_side_kernels()));
+    vs.push_back(make_side(sp, Role::Value, c.kv_heads, c.head_dim, l, cpu_side_kernels()));
   }
   const int64_t qd = c.q_dim(), kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim;
   std::vector<float> logits(ids.size() * static_cast<size_t>(c.vocab));
@@ -137,9 +137,10 @@ std::vector<float> decode(const HfCheckpoint& ck, bool bf16, const std::vector<i
   return decode_with(*dev, ck.config(), ids);
 }
 
-std::vector<float> cpu_logits(const LlamaModel& m, const std::vector<int32_t>& ids) {
+std::vector<float> cpu_logits(const LlamaModel& m, const std::vector<int32_t>& ids,
+                              const std::string& spec = "fp32") {
   CacheOptions o;
-  o.spec = parse_spec("fp32");
+  o.spec = parse_spec(spec);
   LlamaCache cache(m.config(), o);
   std::vector<float> logits;
   m.forward(ids, cache, logits, true, 1);
@@ -192,6 +193,32 @@ TEST_P(DeviceModelHost, ModelUploadFromEveryWeightStore) {
     m.upload_device_weights(dev);
     expect_close(decode_with(dev, m.config(), ids), want,
                  GetParam() + " " + weight_store_name(store));
+  }
+}
+
+// The device test's tolerance for quantized caches (tests/cuda/model_cuda_test.cpp: 2 D + 1e-4 x
+// max |logit|, D the CPU's own fp32-vs-scheme difference) checked where it can be here: the device
+// model's step (its sums in another order than the CPU's panels) over the same scheme's host sides,
+// so codes may round apart exactly as on a device.
+TEST_P(DeviceModelHost, QuantizedCachesWithinTheDeviceTestsTolerance) {
+  const HfCheckpoint ck = HfCheckpoint::open(fixture(GetParam()));
+  const LlamaModel m = LlamaModel::load(fixture(GetParam()));
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 8; ++i) ids.push_back((37 * i + 11) % ck.config().vocab);
+  const std::vector<float> exact = cpu_logits(m, ids);
+  for (const char* spec : {"bf16", "kivi2:g=8,r=0", "kivi4:g=8,r=0", "fp8_e4m3:gran=token"}) {
+    const std::vector<float> cpu = cpu_logits(m, ids, spec);
+    std::unique_ptr<DeviceModel> dev = upload(ck, false);
+    const std::vector<float> got = decode_with(*dev, ck.config(), ids, spec);
+    double d = 0, top = 0, err = 0;
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      d = std::max(d, static_cast<double>(std::fabs(exact[i] - cpu[i])));
+      top = std::max(top, static_cast<double>(std::fabs(cpu[i])));
+      err = std::max(err, static_cast<double>(std::fabs(got[i] - cpu[i])));
+    }
+    EXPECT_GT(d, 0) << spec << ": the scheme changed nothing (the test would be empty)";
+    EXPECT_LE(err, 2 * d + 1e-4 * top) << GetParam() << " " << spec << ": D = " << d;
+    std::printf("%s %s: D = %.3g, |device model - cpu| = %.3g\n", GetParam().c_str(), spec, d, err);
   }
 }
 
