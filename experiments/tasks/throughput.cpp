@@ -200,15 +200,39 @@ void ThroughputPlan::check_machine(const std::string& config) const {
         fail("{}: {}.backends \"{}\": {}", config, "[throughput]", b, why);
 }
 
+// The limits, each measured once per run before its first row, so every ratio is in-run: the
+// host's memcpy for the host backends, a device-to-device cudaMemcpy for backend cuda.
+struct Limits {
+  double copy_gbps = 0, device_copy_gbps = 0;
+  std::optional<DeviceReport> dev;  // backend cuda's GPU (name, driver, peak bandwidth)
+
+  // The limit of backend `be`'s rows, measured (with a line) at its first row.
+  double of(AttentionBackend be, const eval::ThroughputOptions& opt) {
+    const bool device = !backend_info(be).host;
+    if (device && !dev) {
+      dev = device_report(be);
+      device_copy_gbps = ::kvq::device_copy_gbps(be, opt.pool_bytes, std::max(opt.repeats, 5));
+      fmt::print(stderr,
+                 "[throughput] {} (driver {}, runtime {}), peak {:.0f} GB/s ({}); device-to-device "
+                 "cudaMemcpy of {} MiB: {:.2f} GB/s\n",
+                 dev->name, dev->driver_version, dev->runtime_version, dev->peak_gbps,
+                 dev->peak_formula, opt.pool_bytes / (1 << 20), device_copy_gbps);
+    }
+    if (!device && copy_gbps == 0) {
+      copy_gbps = eval::memcpy_gbps(opt.pool_bytes, opt);
+      fmt::print(stderr, "[throughput] memcpy of {} MiB: {:.2f} GB/s\n", opt.pool_bytes / (1 << 20),
+                 copy_gbps);
+    }
+    return device ? device_copy_gbps : copy_gbps;
+  }
+};
+
 void ThroughputPlan::run(const std::filesystem::path& out, const Shard& shard, ModelSource&) const {
   const ThroughputPlan& p = *this;
   ResultTable table(out, "throughput");
   const auto cases = p.cases();
   const size_t total = cases.size() * p.specs.size();
-  // The limits, each measured once per run before its first row, so every ratio is in-run: the
-  // host's memcpy for the host backends, a device-to-device cudaMemcpy for backend cuda.
-  double copy_gbps = 0, device_copy_gbps = 0;
-  std::optional<DeviceReport> dev;  // backend cuda's GPU (name, driver, peak bandwidth)
+  Limits limits;
   std::optional<eval::ThroughputInput> in;
   size_t j = 0, ci = 0;
   for (const auto& c : cases) {
@@ -230,23 +254,8 @@ void ThroughputPlan::run(const std::filesystem::path& out, const Shard& shard, M
       const AttentionBackend be =
           parse_backend(c.backend == "cpu" && p.int_mode == "int8" ? "cpu-int8" : c.backend);
       const bool device = !backend_info(be).host;
-      if (device && !dev) {
-        dev = device_report(be);
-        device_copy_gbps =
-            ::kvq::device_copy_gbps(be, p.opt.pool_bytes, std::max(p.opt.repeats, 5));
-        fmt::print(
-            stderr,
-            "[throughput] {} (driver {}, runtime {}), peak {:.0f} GB/s ({}); device-to-device "
-            "cudaMemcpy of {} MiB: {:.2f} GB/s\n",
-            dev->name, dev->driver_version, dev->runtime_version, dev->peak_gbps, dev->peak_formula,
-            p.opt.pool_bytes / (1 << 20), device_copy_gbps);
-      }
-      if (!device && copy_gbps == 0) {
-        copy_gbps = eval::memcpy_gbps(p.opt.pool_bytes, p.opt);
-        fmt::print(stderr, "[throughput] memcpy of {} MiB: {:.2f} GB/s\n",
-                   p.opt.pool_bytes / (1 << 20), copy_gbps);
-      }
-      const double limit = device ? device_copy_gbps : copy_gbps;
+      const double limit = limits.of(be, p.opt);
+      const std::optional<DeviceReport>& dev = limits.dev;
       if (!in || in->context != c.context) {
         in.reset();
         in = eval::throughput_input(p.shape, c.context, 0);
