@@ -1,6 +1,7 @@
-// `kvq --version`: the project's version and the commit the binary was built from. Expected values
-// come from outside the code under test: the version from the top-level CMakeLists.txt's
-// project() line, the commit from `git rev-parse HEAD` run here on the same checkout.
+// `kvq --version`: the project's version and the commit the binary was built from, then backend
+// cpu's CPU paths. Expected values come from outside the code under test: the version from the
+// top-level CMakeLists.txt's project() line, the commit from `git rev-parse HEAD` run here on the
+// same checkout, the path from KVQ_CPU_PATH set here.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -36,8 +37,21 @@ TEST(KvqCli, version_printsProjectVersionAndBuildCommit) {
   const auto [rc, out] = run(std::string("'") + KVQ_BINARY + "' --version");
   EXPECT_EQ(rc, 0);
   std::smatch v;
-  ASSERT_TRUE(std::regex_match(out, v, std::regex(R"(kvq (\S+) \(commit (\S+)\)\n)"))) << out;
+  ASSERT_TRUE(std::regex_match(
+      out, v,
+      std::regex(
+          R"(kvq (\S+) \(commit (\S+)\)\nbackend cpu: paths ([a-z0-9, ]+); this machine runs )"
+          R"(([a-z0-9]+) \(([a-z0-9+]+)\)\n)")))
+      << out;
   EXPECT_EQ(v[1].str(), version);
+  // backend cpu's paths (kernels/cpu/isa.h): portable is always compiled in, the one running is
+  // one of them, and KVQ_CPU_PATH=portable makes it portable (whose instruction set is "portable")
+  const std::string paths = ", " + v[3].str() + ",";
+  EXPECT_NE(paths.find(", portable,"), std::string::npos) << out;
+  EXPECT_NE(paths.find(", " + v[4].str() + ","), std::string::npos) << out;
+  const auto [prc, pout] = run(std::string("KVQ_CPU_PATH=portable '") + KVQ_BINARY + "' --version");
+  EXPECT_EQ(prc, 0);
+  EXPECT_NE(pout.find("; this machine runs portable (portable)\n"), std::string::npos) << pout;
 
   const auto [git_rc, head] =
       run(std::string("git -C '") + KVQ_SOURCE_DIR + "' rev-parse HEAD 2>/dev/null");
