@@ -222,6 +222,13 @@ void list_rows(const char* task, const std::vector<SchemeSpec>& specs) {
   fmt::print("{} rows ({}): {}\n", task, specs.size(), names.empty() ? "-" : names);
 }
 
+std::vector<std::pair<std::string, json>> TaskPlan::keys() const {
+  std::vector<std::pair<std::string, json>> out;
+  for (const json& settings : case_settings())
+    for (const SchemeSpec& s : schemes()) out.emplace_back(s.canonical(), settings);
+  return out;
+}
+
 eval::LoadedModel& ModelSource::get(AttentionBackend backend) {
   if (!loaded)
     loaded = std::make_unique<eval::LoadedModel>(eval::load_model(model_path(flag), store));

@@ -144,11 +144,15 @@ struct TaskContext {
 class TaskPlan {
  public:
   virtual ~TaskPlan() = default;
+  /// \brief Its schemes that survived the checks, in the config's order.
+  virtual const std::vector<SchemeSpec>& schemes() const = 0;
+  /// \brief The settings of each case (one row per scheme), in the config's order.
+  virtual std::vector<json> case_settings() const = 0;
   /// \brief Whether any scheme survived the checks (a task with none runs nothing).
-  virtual bool has_rows() const = 0;
-  /// \brief Every row, keyed by (scheme, settings), in the config's order: the row count, what
-  /// --merge gathers and in which order.
-  virtual std::vector<std::pair<std::string, json>> keys() const = 0;
+  bool has_rows() const { return !schemes().empty(); }
+  /// \brief Every row, keyed by (scheme, settings): case by case, each case's schemes together.
+  /// The row count, and what --merge gathers in which order.
+  std::vector<std::pair<std::string, json>> keys() const;
   /// \brief --check: the rows, one line or a few.
   virtual void list() const = 0;
   /// \brief Refuses, in one line, what cannot run on this machine (never under --check).

@@ -29,11 +29,10 @@ struct ModelPlan final : TaskPlan {
     st["ctx"] = ctx;
     return st;
   }
-  bool has_rows() const override { return !specs.empty(); }
-  std::vector<std::pair<std::string, json>> keys() const override {
-    std::vector<std::pair<std::string, json>> out;
-    for (int ctx : ctxs)
-      for (const auto& s : specs) out.emplace_back(s.canonical(), ctx_settings(ctx));
+  const std::vector<SchemeSpec>& schemes() const override { return specs; }
+  std::vector<json> case_settings() const override {
+    std::vector<json> out;
+    for (int ctx : ctxs) out.push_back(ctx_settings(ctx));
     return out;
   }
   void list() const override {

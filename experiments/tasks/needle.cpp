@@ -29,14 +29,13 @@ struct NeedlePlan final : TaskPlan {
     st["trial"] = trial;
     return st;
   }
-  bool has_rows() const override { return !specs.empty(); }
-  std::vector<std::pair<std::string, json>> keys() const override {
-    std::vector<std::pair<std::string, json>> out;
+  const std::vector<SchemeSpec>& schemes() const override { return specs; }
+  std::vector<json> case_settings() const override {
+    std::vector<json> out;
     for (int ctx : ctxs)
       for (double depth : depths)
         for (int trial = 0; trial < trials; ++trial)
-          for (const auto& s : specs)
-            out.emplace_back(s.canonical(), case_settings(ctx, depth, trial));
+          out.push_back(case_settings(ctx, depth, trial));
     return out;
   }
   void list() const override {

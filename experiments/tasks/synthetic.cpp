@@ -26,12 +26,8 @@ struct SyntheticPlan final : TaskPlan {
   json settings;
   std::vector<SchemeSpec> specs;
 
-  bool has_rows() const override { return !specs.empty(); }
-  std::vector<std::pair<std::string, json>> keys() const override {
-    std::vector<std::pair<std::string, json>> out;
-    for (const auto& s : specs) out.emplace_back(s.canonical(), settings);
-    return out;
-  }
+  const std::vector<SchemeSpec>& schemes() const override { return specs; }
+  std::vector<json> case_settings() const override { return {settings}; }
   void list() const override { list_rows("synthetic", specs); }
   void run(const std::filesystem::path& out, const Shard& shard, ModelSource&) const override;
   std::vector<std::string> plots() const override { return {"plot_results.py"}; }

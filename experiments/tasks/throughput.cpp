@@ -47,11 +47,10 @@ struct ThroughputPlan final : TaskPlan {
     st["batch"] = c.batch;
     return st;
   }
-  bool has_rows() const override { return !specs.empty(); }
-  std::vector<std::pair<std::string, json>> keys() const override {
-    std::vector<std::pair<std::string, json>> out;
-    for (const auto& c : cases())
-      for (const auto& s : specs) out.emplace_back(s.canonical(), case_settings(c));
+  const std::vector<SchemeSpec>& schemes() const override { return specs; }
+  std::vector<json> case_settings() const override {
+    std::vector<json> out;
+    for (const auto& c : cases()) out.push_back(case_settings(c));
     return out;
   }
   void list() const override;
