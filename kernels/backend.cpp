@@ -351,6 +351,16 @@ class CudaSide final : public SideStore {
   StoredSide stored() const override { host_read("stored"); }
   const Rotation* rotation() const override { return rot_.get(); }
   const cuda::DeviceSide& device() const { return dev_; }
+  // x in device memory; a rot= side reads the rows back and rotates them as append does
+  void append_device(const float* x, int64_t n) {
+    if (!rot_) {
+      dev_.append_device(x, n);
+      return;
+    }
+    std::vector<float> h(static_cast<size_t>(n * heads() * dim()));
+    cuda::download_floats(x, static_cast<int64_t>(h.size()), h.data());
+    append(h.data(), n);
+  }
 
  private:
   [[noreturn]] static void host_read(const char* what) {
@@ -373,15 +383,21 @@ const CudaSide& cuda_side(const SideStore& s, const char* which) {
   return *c;
 }
 
+// q and out in host memory (on_host) or device memory.
 void cuda_decode(const SideStore& k, const SideStore& v, const float* q, int64_t q_heads,
-                 float* out) {
+                 float* out, bool on_host) {
   const StoredSide kv = cuda_side(k, "key").device().device_view(),
                    vv = cuda_side(v, "value").device().device_view();
   thread_local cuda::DeviceDecoder decoder;
-  decoder.run_host(kv, vv, q_heads, q, out);
+  if (on_host) {
+    decoder.run_host(kv, vv, q_heads, q, out);
+  } else {
+    decoder.run(std::span<const StoredSide>(&kv, 1), std::span<const StoredSide>(&vv, 1), q_heads,
+                q, out);
+  }
 }
 #else
-void cuda_decode(const SideStore&, const SideStore&, const float*, int64_t, float*) {
+void cuda_decode(const SideStore&, const SideStore&, const float*, int64_t, float*, bool) {
   fail("{}", cuda_unavailable());
 }
 #endif
@@ -513,12 +529,41 @@ void attend_decode(AttentionBackend b, const float* q, int64_t q_heads, const Si
     q = qr.data();
   }
   if (b == AttentionBackend::kCuda) {
-    cuda_decode(k, v, q, q_heads, out);
+    cuda_decode(k, v, q, q_heads, out, true);
   } else {
     const cpu::DecodeOptions opt{threads, int_mode(b), working_set};
     cpu::decode_attention(q, q_heads, k.stored(), v.stored(), out, opt);
   }
   unrotate_output(v, out, q_heads);
+}
+
+void append_device(SideStore& s, const float* x, int64_t n) {
+#if KVQ_HAVE_CUDA
+  auto* c = dynamic_cast<CudaSide*>(&s);
+  KVQ_CHECK(c, "backend cuda: append_device takes a side made by make_backend_side(cuda, ...)");
+  c->append_device(x, n);
+#else
+  (void)s, (void)x, (void)n;
+  fail("{}", cuda_unavailable());
+#endif
+}
+
+void attend_decode_device(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,
+                          float* out) {
+  const AttentionBackend b = AttentionBackend::kCuda;
+  if (const std::string why = unsupported_shape(b, k.heads(), k.dim(), q_heads); !why.empty())
+    fail("backend {} cannot run decode attention over {}", to_string(b), why);
+#if KVQ_HAVE_CUDA
+  if (k.rotation() || v.rotation()) {  // rotated on the host: attend_decode's path
+    const int64_t n = q_heads * k.dim();
+    std::vector<float> qh(static_cast<size_t>(n)), oh(static_cast<size_t>(n));
+    cuda::download_floats(q, n, qh.data());
+    attend_decode(b, qh.data(), q_heads, k, v, oh.data());
+    cuda::upload_floats(oh.data(), n, out);
+    return;
+  }
+#endif
+  cuda_decode(k, v, q, q_heads, out, false);
 }
 
 namespace {

@@ -167,6 +167,15 @@ void unrotate_output(const SideStore& v, float* out, int64_t rows);
 void attend_decode(AttentionBackend b, const float* q, int64_t q_heads, const SideStore& k,
                    const SideStore& v, float* out, int threads = 1, double working_set = 0);
 
+/// \brief Backend cuda with rows in DEVICE memory (the model's decode step, model/llama_cuda.cpp):
+/// append_device appends n tokens x [n, heads, dim] to a side from make_backend_side(cuda, ...);
+/// attend_decode_device is attend_decode(cuda, ...) with q and out [q_heads, dim] in device
+/// memory. Neither copies to or from the host, except over a rot= side (rotated on the host):
+/// there the rows / q come back, take the host call, and the output goes up again.
+void append_device(SideStore& s, const float* x, int64_t n);
+void attend_decode_device(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,
+                          float* out);
+
 /// \brief What a [throughput] row records about backend cuda's GPU (cudaGetDeviceProperties).
 struct DeviceReport {
   std::string name;

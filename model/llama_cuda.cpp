@@ -5,10 +5,11 @@
 // scheme backend cuda stores). A chunk of n tokens is n decode steps: the same logits a
 // token-by-token decode gives, which is what a causal pass over the cache means here too.
 //
-// Per layer the step moves q|k|v (q_dim + 2 kv_dim floats) to the host and the attention output
-// back: the cache sides take host appends and backend cuda's decode takes a host q
-// (kernels/cuda/device_side.h), so each layer synchronizes with the device a few times. That
-// bounds the decode rate well below what the weights' bytes allow (docs/benchmarks.md).
+// The step stays in device memory from the embedding to the logits: each layer's k and v are
+// appended to the cache sides from the device model's q|k|v buffer and the decode attention reads
+// q and writes its output there (kernels/backend.h's append_device / attend_decode_device), so a
+// token's one copy is its logits back (and the token id's embedding row needs none). A rot= cache
+// is the exception: its rotation runs on the host, so its rows, q and output still cross.
 #include "model/llama_cuda.h"
 
 #include <fmt/format.h>
@@ -18,6 +19,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "kernels/backend.h"
 #include "kernels/cuda/device_model.h"
 #include "model/llama.h"
 
@@ -167,15 +169,14 @@ void LlamaModel::forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache
   }
   const int64_t qd = c.q_dim(), kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim;
   logits.resize(static_cast<size_t>((all_logits ? n : 1) * c.vocab));
-  // q|k|v and the attention output live in the device model's pinned buffers: the sides' appends
-  // and the decode call copy from and to pinned memory.
+  // q|k|v and the attention output are device pointers (the device model's buffers).
   st.dev->decode(
       tokens, pos0, inv_freq_,
       [&](int l, int64_t, const float* qkv, float* attn) {
         LlamaCache::Layer& side = cache.layers()[static_cast<size_t>(l)];
-        side.k->append(qkv + qd, 1);
-        side.v->append(qkv + qd + kvd, 1);
-        attend_decode(AttentionBackend::kCuda, qkv, c.heads, *side.k, *side.v, attn);
+        append_device(*side.k, qkv + qd, 1);
+        append_device(*side.v, qkv + qd + kvd, 1);
+        attend_decode_device(qkv, c.heads, *side.k, *side.v, attn);
       },
       logits.data(), all_logits);
 }

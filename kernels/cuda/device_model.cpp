@@ -83,13 +83,9 @@ struct DeviceModel::Impl {
   std::vector<DeviceBuffer> mats, vecs;  // by slot: layer * per-layer slots + slot, then globals
   std::vector<char> mat_set, vec_set;    // by (layer, Matrix / Vector)
   DeviceBuffer x, h, qkv, o, gu, logits;
-  float* pinned = nullptr;  // host: q|k|v, then the attention output (cudaMallocHost)
   std::vector<float> staging;
   std::vector<uint16_t> staging16;
 
-  ~Impl() {
-    if (pinned) cudaFreeHost(pinned);  // no throw from a destructor
-  }
   int64_t qd() const { return s.q_dim(); }
   int64_t kvd() const { return s.kv_dim(); }
   void check_layer(int layer) const {
@@ -195,8 +191,6 @@ DeviceModel::DeviceModel(const DeviceModelShape& s, bool bf16) : p_(std::make_un
   p.o.alloc(s.q_dim() * f);
   p.gu.alloc(2 * s.ffn * f);
   p.logits.alloc(s.vocab * f);
-  KVQ_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p.pinned),
-                                static_cast<size_t>((qkv + s.q_dim()) * f)));
 }
 
 DeviceModel::~DeviceModel() = default;
@@ -312,8 +306,8 @@ int64_t DeviceModel::weight_bytes() const {
 
 bool DeviceModel::bf16() const { return p_->bf16; }
 const DeviceModelShape& DeviceModel::shape() const { return p_->s; }
-float* DeviceModel::host_qkv() { return p_->pinned; }
-float* DeviceModel::host_attn() { return p_->pinned + p_->qd() + 2 * p_->kvd(); }
+const float* DeviceModel::device_qkv() const { return p_->qkv.f(); }
+float* DeviceModel::device_attn() { return p_->o.f(); }
 
 void DeviceModel::embed(int32_t id) {
   const Impl& p = *p_;
@@ -342,16 +336,12 @@ void DeviceModel::attention_in(int layer, const model::RopeAngles& a) {
   }
   model::rope(q, s.heads, s.head_dim, s.rope_half, a);
   model::rope(k, s.kv_heads, s.head_dim, s.rope_half, a);
-  KVQ_CUDA_CHECK(
-      cudaMemcpy(p.pinned, q, static_cast<size_t>(rows) * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 void DeviceModel::attention_out(int layer) {
   Impl& p = *p_;
   const DeviceModelShape& s = p.s;
   p.check_layer(layer);
-  KVQ_CUDA_CHECK(cudaMemcpy(p.o.ptr, host_attn(), static_cast<size_t>(s.q_dim()) * sizeof(float),
-                            cudaMemcpyHostToDevice));
   model::gemv(p.layer_mat(layer, kOutProj), p.bf16, s.hidden, s.q_dim(), p.o.f(), p.x.f(), true);
   if (s.o_bias) model::add(p.x.f(), p.layer_vec(layer, kOBiasSlot), s.hidden);
   model::rms_norm(p.x.f(), p.layer_vec(layer, kFfnNormSlot), 1, s.hidden, s.eps, p.h.f());
@@ -384,7 +374,7 @@ void DeviceModel::decode(std::span<const int32_t> tokens, int64_t pos0,
     const model::RopeAngles angles = model::rope_angles(inv_freq, pos0 + t);
     for (int l = 0; l < s.layers; ++l) {
       attention_in(l, angles);
-      attend(l, pos0 + t, host_qkv(), host_attn());
+      attend(l, pos0 + t, device_qkv(), device_attn());
       attention_out(l);
     }
     if (all_logits || t == n - 1) logits(logits_out + (all_logits ? t : 0) * s.vocab);

@@ -7,10 +7,12 @@
 // One step, all on the legacy default stream (model_kernels.h's kernels):
 //   embed(id)            x = E[id]
 //   attention_in(l, a)   h = RMSNorm(x) * attn_norm; q, k, v = Wq h, Wk h, Wv h (+ biases);
-//                        qwen3's per-head q/k RMSNorm; RoPE at the angles `a`; q|k|v to the host
-//   attention_out(l)     x += Wo o (+ o bias), o from the host; h = RMSNorm(x) * ffn_norm;
+//                        qwen3's per-head q/k RMSNorm; RoPE at the angles `a` (q|k|v stay in
+//                        device memory: device_qkv())
+//   attention_out(l)     x += Wo o (+ o bias), o the attention output the caller wrote into
+//                        device_attn(); h = RMSNorm(x) * ffn_norm;
 //                        x += Wdown (SiLU(Wgate h) * Wup h)
-//   logits(out)          out = Whead RMSNorm(x) * out_norm, to the host
+//   logits(out)          out = Whead RMSNorm(x) * out_norm, to the host (a step's one copy back)
 // Weights are uploaded once (set_matrix / set_vector), as bf16 (half the bytes a token reads; the
 // rounding is the only change from the CPU's values) or float32 (the CPU's values exactly).
 #pragma once
@@ -76,26 +78,27 @@ class DeviceModel {
   bool bf16() const;
   const DeviceModelShape& shape() const;
 
-  /// \brief Pinned host memory (cudaMallocHost) the step's copies go through: q|k|v after
-  /// attention_in (q_dim() + 2 kv_dim() floats: q, then k, then v), and the attention output
-  /// [q_dim()] attention_out reads. Handing them to the cache sides and the decode call makes
-  /// those calls' copies pinned too.
-  float* host_qkv();
-  float* host_attn();
+  /// \brief DEVICE memory: q|k|v after attention_in (q_dim() + 2 kv_dim() floats: q, then k, then
+  /// v), and the attention output [q_dim()] attention_out reads. The caller's cache sides append
+  /// k and v from there and its decode call reads q and writes the output there
+  /// (kernels/backend.h's append_device / attend_decode_device): no host copy between them.
+  const float* device_qkv() const;
+  float* device_attn();
 
   /// \brief x = the embedding of token `id` (0 <= id < vocab, checked).
   void embed(int32_t id);
-  /// \brief Layer `layer`'s q, k, v of x at the rotation `a` (one gemv over the stacked Wq|Wk|Wv),
-  /// copied into host_qkv() once the device finishes.
+  /// \brief Layer `layer`'s q, k, v of x at the rotation `a` (one gemv over the stacked Wq|Wk|Wv)
+  /// into device_qkv() (queued; nothing copied).
   void attention_in(int layer, const model::RopeAngles& a);
-  /// \brief The rest of layer `layer` with the attention output in host_attn() (gate and up as
+  /// \brief The rest of layer `layer` with the attention output in device_attn() (gate and up as
   /// one gemv over the stacked Wgate|Wup).
   void attention_out(int layer);
   /// \brief The logits [vocab] of x, copied to the host.
   void logits(float* out);
 
   /// \brief The attention between attention_in and attention_out, the caller's: q|k|v of layer
-  /// `layer` in host_qkv() (the token at position `pos`) in, its output [q_dim()] into host_attn().
+  /// `layer` in device_qkv() (the token at position `pos`) in, its output [q_dim()] into
+  /// device_attn(), both DEVICE pointers.
   using Attend = std::function<void(int layer, int64_t pos, const float* qkv, float* attn)>;
   /// \brief Decode steps for tokens at positions pos0, pos0 + 1, ... (inv_freq: RoPE's per-pair
   /// frequencies, rope_angles): embed, every layer's attention_in / attend / attention_out, and the

@@ -11,12 +11,12 @@
 #include <variant>
 
 #include "core/error.h"
-#include "core/half.h"
 #include "fp8/scale.h"
 #include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/fp8_kernels.cuh"
 #include "kernels/cuda/kivi_cache_device.cuh"
+#include "kernels/cuda/model_kernels.h"
 
 namespace kvq::cuda {
 namespace {
@@ -228,31 +228,33 @@ void DeviceSide::append(const float* x, int64_t n) {
   if (n == 0) return;
   KVQ_CHECK(x != nullptr, "backend cuda: append of a null x");
   require_device();
+  const Staged st = staging(x, n * p_->H * p_->D);  // held until the launches are queued
+  append_device(st.ptr, n);
+}
+
+void DeviceSide::append_device(const float* x, int64_t n) {
+  KVQ_CHECK(n >= 0, "backend cuda: append of {} tokens", n);
+  if (n == 0) return;
+  KVQ_CHECK(x != nullptr, "backend cuda: append of a null x");
+  require_device();
   Impl& p = *p_;
   const int64_t row = p.H * p.D, T = p.tokens;
   if (auto* b = std::get_if<Bf16Store>(&p.store)) {
-    std::vector<uint16_t> h(static_cast<size_t>(n * row));  // the chunk rounded on the host
-    for (size_t i = 0; i < h.size(); ++i) h[i] = float_to_bf16_bits(x[i]);
     b->data.need(std::max((T + n) * row, 2 * T * row), T * row);
-    KVQ_CUDA_CHECK(cudaMemcpy(b->data.ptr + T * row, h.data(), h.size() * sizeof(uint16_t),
-                              cudaMemcpyHostToDevice));
+    model::to_bf16(x, n * row, b->data.ptr + T * row);
   } else if (auto* f = std::get_if<Fp8Store>(&p.store)) {
-    const Staged st = staging(x, n * row);
-    const float* xd = st.ptr;
     f->codes.need(std::max((T + n) * row, 2 * T * row), T * row);
     const Shape3 shape{n, p.H, p.D};
     if (f->gran == Granularity::Token && !f->fixed) {  // per (token, head): streaming-safe
       f->scales.need(std::max((T + n) * p.H, 2 * T * p.H), T * p.H);
-      KVQ_CUDA_CHECK(fp8_quantize_dynamic_token(p.spec.fp8.format, shape, xd,
+      KVQ_CUDA_CHECK(fp8_quantize_dynamic_token(p.spec.fp8.format, shape, x,
                                                 f->scales.ptr + T * p.H, f->codes.ptr + T * row));
     } else {
-      KVQ_CUDA_CHECK(fp8_quantize(p.spec.fp8.format, f->gran, shape, xd, f->scales.ptr,
+      KVQ_CUDA_CHECK(fp8_quantize(p.spec.fp8.format, f->gran, shape, x, f->scales.ptr,
                                   f->codes.ptr + T * row));
     }
   } else {
-    auto& c = std::get<KiviSideCache>(p.store);
-    const Staged st = staging(x, n * row);
-    KVQ_CUDA_CHECK(c.append(st.ptr, n));
+    KVQ_CUDA_CHECK(std::get<KiviSideCache>(p.store).append(x, n));
   }
   p.tokens += n;
 }
@@ -441,6 +443,20 @@ void DeviceFloats::upload(const float* host, int64_t count) {
 void DeviceFloats::download(float* host, int64_t count) const {
   KVQ_CUDA_CHECK(
       cudaMemcpy(host, p_, static_cast<size_t>(count) * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+void download_floats(const float* device, int64_t n, float* host) {
+  if (n <= 0) return;
+  require_device();
+  KVQ_CUDA_CHECK(
+      cudaMemcpy(host, device, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+void upload_floats(const float* host, int64_t n, float* device) {
+  if (n <= 0) return;
+  require_device();
+  KVQ_CUDA_CHECK(
+      cudaMemcpy(device, host, static_cast<size_t>(n) * sizeof(float), cudaMemcpyHostToDevice));
 }
 
 double time_events_us(const std::function<void()>& fn, int repeats) {

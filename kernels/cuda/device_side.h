@@ -1,10 +1,11 @@
 // Backend cuda's cache side and decode call as plain C++ (no CUDA types: the backend interface,
 // kernels/backend.cpp, includes it): one side (K or V) of one layer's cache whose bytes live in
-// device memory, appended from the host through the CUDA quantize kernels, and decode attention
+// device memory, appended through the CUDA quantize kernels (from device rows, or from host rows
+// uploaded first), and decode attention
 // over a batch of such sides through the CUDA decode kernels (attention_kernels.cuh).
 //
-//   bf16  [T, H, D] bf16 bits: converted on the host (float_to_bf16_bits, as the CPU side), then
-//         uploaded (no quantize kernel exists for a rounding)
+//   bf16  [T, H, D] bf16 bits: converted on the device by model::to_bf16 (core/half.h's
+//         float_to_bf16_bits itself, __host__ __device__: the CPU side's rounding)
 //   fp8   codes [T, H, D] and float32 scales (fp8/scale.h's layouts): per-token dynamic scales and
 //         codes in one pass by fp8_quantize_dynamic_token on each append; constant and calib
 //         scales read once on the host (fp8::compute_scales, as the CPU side) and applied by
@@ -69,8 +70,13 @@ class DeviceSide {
   DeviceSide(DeviceSide&&) noexcept;
   DeviceSide& operator=(DeviceSide&&) noexcept;
 
-  /// \brief Appends n tokens x [n, heads, dim] (float32, host memory).
+  /// \brief Appends n tokens x [n, heads, dim] (float32, host memory): uploaded, then
+  /// append_device.
   void append(const float* x, int64_t n);
+  /// \brief Appends n tokens x [n, heads, dim] (float32, DEVICE memory): queued on the default
+  /// stream, no copy to or from the host (x must stay valid until the queued work runs). The same
+  /// bytes as append() of the same rows.
+  void append_device(const float* x, int64_t n);
   /// \brief Room for `tokens` tokens without reallocating.
   void reserve(int64_t tokens);
   int64_t tokens() const;
@@ -148,6 +154,11 @@ class DeviceFloats {
  private:
   float* p_ = nullptr;
 };
+
+/// \brief host [n] = device [n] (float32; waits for the default stream's work first).
+void download_floats(const float* device, int64_t n, float* host);
+/// \brief device [n] = host [n] (float32).
+void upload_floats(const float* host, int64_t n, float* device);
 
 /// \brief Times fn (which queues device work on the default stream) with CUDA events: one warm-up
 /// call, then `repeats` timed calls, each between its own pair of events; the median in

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/model_kernels.h"
 
@@ -150,6 +151,13 @@ __global__ void silu_mul_kernel(float* __restrict__ g, const float* __restrict__
   }
 }
 
+// core/half.h's float_to_bf16_bits itself (__host__ __device__): round to nearest even, NaN kept.
+__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, uint16_t* __restrict__ out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = float_to_bf16_bits(x[i]);
+}
+
 constexpr int kThreads = 256;
 unsigned grid_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
@@ -232,6 +240,12 @@ void rope(float* x, int64_t heads, int64_t dim, bool half, const RopeAngles& a) 
 void silu_mul(float* g, const float* u, int64_t n) {
   KVQ_MODEL_NEED(n > 0, "silu_mul: n = " + std::to_string(n));
   silu_mul_kernel<<<grid_for(n), kThreads>>>(g, u, n);
+  KVQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void to_bf16(const float* x, int64_t n, uint16_t* out) {
+  KVQ_MODEL_NEED(n > 0, "to_bf16: n = " + std::to_string(n));
+  to_bf16_kernel<<<grid_for(n), kThreads>>>(x, n, out);
   KVQ_CUDA_CHECK(cudaGetLastError());
 }
 

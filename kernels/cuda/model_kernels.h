@@ -11,6 +11,8 @@
 //   add          x += b (biases)
 //   rope         each head's channel pairs rotated by host-computed angles (RopeAngles)
 //   silu_mul     g = g / (1 + exp(-g)) * u
+//   to_bf16      out = float_to_bf16_bits(x) (core/half.h's own __host__ __device__ rounding:
+//                nearest even, NaN kept), for backend cuda's bf16 cache side (device_side.cpp)
 //
 // The host-side arithmetic they take (rope angles and channel pairs, the gemv's launch shape) is
 // here as inline functions, so that host tests check it without a device
@@ -103,5 +105,7 @@ void add(float* x, const float* b, int64_t n);
 void rope(float* x, int64_t heads, int64_t dim, bool half, const RopeAngles& a);
 /// \brief g [n] = SiLU(g) * u.
 void silu_mul(float* g, const float* u, int64_t n);
+/// \brief out [n] = float_to_bf16_bits(x [n]) (device memory both).
+void to_bf16(const float* x, int64_t n, uint16_t* out);
 
 }  // namespace kvq::cuda::model

@@ -17,12 +17,15 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "core/spec.h"
 #include "evaluation/synthetic.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/device_side.h"
 #include "kivi/layout.h"
 #include "reference_cpu/attention.h"
 #include "tests/support/names.h"
@@ -148,12 +151,67 @@ TEST_P(BackendCuda, sidesStoreTheCpuBytes_andDecodeMatchesTheReference) {
   }
 }
 
+// cuda::DeviceSide::append_device (rows already in device memory, as the model's step appends
+// them) in the same ragged chunks: after each, the bytes read back (host_copy) equal those of the
+// host append (append: upload, then the same kernels) and of backend cpu's side of the same
+// one-side scheme (rot= off: the device side takes the base scheme; the backend layer rotates).
+TEST_P(BackendCuda, deviceAppend_sameBytesAsHostAppend) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  const SchemeSpec spec = parse_spec(GetParam());
+  const int64_t T = 369, row = kH * kD;
+  const Tensor3 kx = synthetic_kv({{T, kH, kD}, 2, 12.0f, 1}),
+                vx = synthetic_kv({{T, kH, kD}, 0, 1.0f, 2});
+  for (const auto& [role, x] : {std::pair{Role::Key, &kx}, std::pair{Role::Value, &vx}}) {
+    const SchemeSpec one = spec.side(role).base();
+    cuda::DeviceSide host(one, role, kH, kD), dev(one, role, kH, kD);
+    const auto cpu = make_backend_side(AttentionBackend::kCpu, one, role, kH, kD);
+    cuda::DeviceFloats xd(T * row);
+    xd.upload(x->data.data(), T * row);
+    int64_t t = 0;
+    for (const int64_t n : {1, 37, 130, 1, 200}) {
+      host.append(x->data.data() + t * row, n);
+      dev.append_device(xd.get() + t * row, n);
+      cpu->append(x->data.data() + t * row, n);
+      t += n;
+      const std::string at = GetParam() + (role == Role::Key ? " K" : " V") + " after " +
+                             std::to_string(t) + " tokens";
+      ASSERT_EQ(dev.tokens(), t) << at;
+      const cuda::DeviceSide::HostCopy want = host.host_copy(), got = dev.host_copy();
+      expect_same_bytes(want.view, got.view, at + ": device append vs host append");
+      expect_same_bytes(cpu->stored(), got.view, at + ": device append vs backend cpu");
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Specs, BackendCuda,
                          ::testing::Values("bf16", "kivi2", "kivi4:g=32,r=64", "kivi2:g=64,r=128",
                                            "int3:k=channel,v=token,g=32,r=64",
                                            "int8:k=token,v=channel,sym", "kivi2:rot=hadamard:7",
                                            "fp8_e4m3:gran=token", "fp8_e5m2:scale=0.05"),
                          [](const auto& i) { return testing::test_name(i.param); });
+
+// The bf16 side's device rounding (model::to_bf16, core/half.h's float_to_bf16_bits compiled for
+// the device) on the values a rounding gets wrong: ties to even either way, the largest values
+// that round to infinity and those that do not, subnormals, signed zeros, infinities and NaNs
+// (quiet, signalling, negative: kept NaN). Expected: float_to_bf16_bits on the host.
+TEST(BackendCudaSides, bf16DeviceAppendRoundsAsTheHost) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  const std::vector<uint32_t> bits = {
+      0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0x7f7f8000u, 0x7f7f7fffu,
+      0x7f7fffffu, 0x00008000u, 0x00018000u, 0x00000001u, 0x807fffffu, 0x00000000u, 0x80000000u,
+      0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu, 0x7fff0000u};
+  const int64_t n = static_cast<int64_t>(bits.size());  // 20 = one token of kH x 10 channels
+  std::vector<float> x(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) x[i] = bits_float(bits[i]);
+  cuda::DeviceSide side(parse_spec("bf16"), Role::Key, kH, n / kH);
+  cuda::DeviceFloats xd(n);
+  xd.upload(x.data(), n);
+  side.append_device(xd.get(), 1);
+  const cuda::DeviceSide::HostCopy got = side.host_copy();
+  ASSERT_EQ(static_cast<int64_t>(got.half16.size()), n);
+  for (size_t i = 0; i < bits.size(); ++i)
+    EXPECT_EQ(got.half16[i], float_to_bf16_bits(x[i])) << std::hex << "0x" << bits[i];
+}
 
 // Host reads of a device side, and a host backend over one, are refused with one line.
 TEST(BackendCudaSides, hostReadsRefused) {

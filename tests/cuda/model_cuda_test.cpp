@@ -17,6 +17,9 @@
 // on these fixtures. Weights: float32 on the device (the CPU's values exactly), and bf16 where the
 // checkpoint's own dtype is BF16 (the same values). Greedy tokens must agree at every position
 // whose CPU top-2 gap exceeds twice the tolerance.
+// The model's step appends K and V to its cache sides from device memory (append_device: the
+// device-pointer append, whose bytes tests/cuda/backend_cuda_test.cpp compares with the host
+// append's) and attends with q and the output in device memory; every case here runs that path.
 // Without a device every case skips with cuda_unavailable()'s line; one case checks that line.
 #include <gtest/gtest.h>
 
@@ -131,6 +134,15 @@ TEST_P(ModelCuda, LogitsMatchBackendCpu) {
   for (const char* spec : {"bf16", "kivi2:g=8,r=0", "kivi4:g=8,r=0", "fp8_e4m3:gran=token"})
     expect_matches_cpu(m, spec, 8, GetParam() + "_fp32w");
   EXPECT_GT(m.device_weight_bytes(), 0);
+}
+
+// A rot= cache (kivi2 over Hadamard-rotated K/V): the step's one path that leaves the device
+// (backend.h's append_device / attend_decode_device rotate on the host), same tolerance rule.
+TEST_P(ModelCuda, RotatedCacheMatchesBackendCpu) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  LlamaModel m = LlamaModel::load(fixture(GetParam()));
+  m.set_device_weights(LlamaModel::DeviceWeights::kFp32);
+  expect_matches_cpu(m, "kivi2:g=8,r=0,rot=hadamard:7", 8, GetParam() + "_fp32w_rot");
 }
 
 // bf16 device weights on the checkpoints stored as BF16: the same values, the same tolerance.

@@ -1,10 +1,13 @@
 // kernels/cuda/device_model.cpp's host code on the CPU: the weights placed as the device holds them
 // (q|k|v and gate|up stacked, the biases stacked), the decode step's order (norms, biases, q/k
-// norm, RoPE, residuals, the final norm and head) and its copies, run against the host runtime
+// norm, RoPE, residuals, the final norm and head) and its copies (a token's one copy is its logits
+// back: q|k|v and the attention output stay in "device" memory), run against the host runtime
 // stand-in (host_runtime/: device memory is host memory filled with 0xA5, so a buffer never
 // written shows) and host stand-ins of the kernels (model_kernels_host.cpp: what each kernel
-// computes). The attention between the halves is backend ref's over fp32 host sides, as the model's
-// own cache would give it.
+// computes). The attention between the halves is backend ref's over fp32 host sides reading the
+// device model's q|k|v buffer and writing its attention-output buffer in place (what the model's
+// device sides and decode call do on a device, kernels/backend.h's append_device /
+// attend_decode_device), as the model's own cache would give it.
 //
 // Expected values: LlamaModel's CPU forward pass over an fp32 cache (tested against transformers,
 // tests/model/hf_model_test.cpp), for every token of a prompt. Both sides hold float32 weights
@@ -12,6 +15,7 @@
 // differ by the order of float32 sums alone: tolerance 1e-4 x max(1, max |logit|), as
 // hf_model_test's. A misplaced matrix row, a missed bias or norm, a wrong pairing or residual
 // moves logits by 1e-1 or more on these fixtures.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -104,7 +108,8 @@ std::unique_ptr<DeviceModel> upload(const HfCheckpoint& ck, bool bf16) {
 }
 
 // Every position's logits of `ids` through the device model's host code, backend ref's attention
-// over fp32 host sides between the halves.
+// over fp32 host sides between the halves. The step copies nothing to the device and one thing
+// back per token (its logits): counted by the runtime stand-in.
 std::vector<float> decode_with(DeviceModel& dev, const LlamaConfig& c,
                                const std::vector<int32_t>& ids, const std::string& spec = "fp32") {
   EXPECT_EQ(dev.missing(), "");
@@ -117,6 +122,8 @@ std::vector<float> decode_with(DeviceModel& dev, const LlamaConfig& c,
   const int64_t qd = c.q_dim(), kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim;
   std::vector<float> logits(ids.size() * static_cast<size_t>(c.vocab));
   int64_t steps = 0;
+  const long long up0 = host_runtime_copies(cudaMemcpyHostToDevice),
+                  down0 = host_runtime_copies(cudaMemcpyDeviceToHost);
   dev.decode(
       ids, 0, rope_inv_freq(c),
       [&](int l, int64_t pos, const float* qkv, float* attn) {
@@ -129,6 +136,9 @@ std::vector<float> decode_with(DeviceModel& dev, const LlamaConfig& c,
       },
       logits.data(), true);
   EXPECT_EQ(steps, static_cast<int64_t>(ids.size()) * c.layers);
+  EXPECT_EQ(host_runtime_copies(cudaMemcpyHostToDevice) - up0, 0) << "copies to the device";
+  EXPECT_EQ(host_runtime_copies(cudaMemcpyDeviceToHost) - down0, static_cast<long long>(ids.size()))
+      << "copies to the host: one a token (its logits)";
   return logits;
 }
 

@@ -62,4 +62,11 @@ void silu_mul(float* g, const float* u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
+// Linked here so that the real launchers (model_kernels.cu, which the device side in kvq_kernels
+// references) stay out of this test's link.
+void to_bf16(const float* x, int64_t n, uint16_t* out) {
+  KVQ_CHECK(n > 0, "model kernels: to_bf16: n = {}", n);
+  for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16_bits(x[i]);
+}
+
 }  // namespace kvq::cuda::model

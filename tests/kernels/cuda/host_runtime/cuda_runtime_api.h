@@ -2,8 +2,8 @@
 // kernels/cuda/device_model.cpp make, so that kivi_cache_plan_test.cpp and
 // device_model_host_test.cpp can run their host code on a machine without CUDA:
 // "device" memory is host memory (filled with 0xA5 on allocation, so bytes never written show),
-// copies are memmove, streams and synchronization are no-ops. Only those tests put this directory
-// on their include path.
+// copies are memmove (counted by kind: host_runtime_copies), streams and synchronization are
+// no-ops. Only those tests put this directory on their include path.
 #pragma once
 
 #include <cstddef>
@@ -26,11 +26,20 @@ inline cudaError_t cudaFree(void* p) {
   std::free(p);
   return cudaSuccess;
 }
-// Pinned host memory (kernels/cuda/device_model.cpp's step buffers): plain host memory here.
+// Pinned host memory: plain host memory here.
 inline cudaError_t cudaMallocHost(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
 inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
-inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
-  if (bytes > 0) std::memmove(dst, src, bytes);
+// Copies of one or more bytes made so far of kind `k` (device_model_host_test counts a decode
+// step's copies to and from the host).
+inline long long& host_runtime_copies(cudaMemcpyKind k) {
+  static long long n[3] = {};
+  return n[static_cast<int>(k)];
+}
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  if (bytes > 0) {
+    std::memmove(dst, src, bytes);
+    ++host_runtime_copies(kind);
+  }
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
