@@ -225,8 +225,13 @@ void list_rows(const char* task, const std::vector<SchemeSpec>& specs) {
 std::vector<std::pair<std::string, json>> TaskPlan::keys() const {
   std::vector<std::pair<std::string, json>> out;
   for (const json& settings : case_settings())
-    for (const SchemeSpec& s : schemes()) out.emplace_back(s.canonical(), settings);
+    for (const SchemeSpec& s : specs) out.emplace_back(s.canonical(), settings);
   return out;
+}
+
+std::vector<SchemeSpec> TaskContext::model_rows(const toml::table& table, const char* task) const {
+  const LlamaConfig& m = model_config();
+  return fitting(rows(table, task), task, m.kv_heads, m.head_dim, *errors, m.layers);
 }
 
 eval::LoadedModel& ModelSource::get(AttentionBackend backend) {

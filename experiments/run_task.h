@@ -138,18 +138,19 @@ struct TaskContext {
   // The task's own `schemes`, else the config's top-level rows (and [sweep]).
   std::function<std::vector<Row>(const toml::table&, const char* task)> rows;
   std::vector<std::string>* errors = nullptr;  // rows that do not fit, reported together
+
+  /// \brief The rows of a task of the model's cache (`table` named `task`) that fit the model.
+  std::vector<SchemeSpec> model_rows(const toml::table& table, const char* task) const;
 };
 
 /// \brief One task's rows for one config, checked: what `kvq run` lists, runs and merges.
 class TaskPlan {
  public:
   virtual ~TaskPlan() = default;
-  /// \brief Its schemes that survived the checks, in the config's order.
-  virtual const std::vector<SchemeSpec>& schemes() const = 0;
   /// \brief The settings of each case (one row per scheme), in the config's order.
   virtual std::vector<json> case_settings() const = 0;
   /// \brief Whether any scheme survived the checks (a task with none runs nothing).
-  bool has_rows() const { return !schemes().empty(); }
+  bool has_rows() const { return !specs.empty(); }
   /// \brief Every row, keyed by (scheme, settings): case by case, each case's schemes together.
   /// The row count, and what --merge gathers in which order.
   std::vector<std::pair<std::string, json>> keys() const;
@@ -162,6 +163,8 @@ class TaskPlan {
                    ModelSource& source) const = 0;
   /// \brief The scripts in experiments/plots/ that draw its rows.
   virtual std::vector<std::string> plots() const = 0;
+
+  std::vector<SchemeSpec> specs;  // its schemes that survived the checks, in the config's order
 };
 
 /// \brief A task: its config table and --only name (also OUT/NAME.{jsonl,csv}), and how a table

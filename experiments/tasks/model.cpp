@@ -22,14 +22,12 @@ struct ModelPlan final : TaskPlan {
   std::string text, backend;
   bool pre = false, rot = false;
   json settings;
-  std::vector<SchemeSpec> specs;
 
   json ctx_settings(int ctx) const {
     json st = settings;
     st["ctx"] = ctx;
     return st;
   }
-  const std::vector<SchemeSpec>& schemes() const override { return specs; }
   std::vector<json> case_settings() const override {
     std::vector<json> out;
     for (int ctx : ctxs) out.push_back(ctx_settings(ctx));
@@ -137,8 +135,7 @@ std::unique_ptr<TaskPlan> plan(const toml::table& t, const TaskContext& c) {
       fail("{}: [model]: {}", c.config, e.what());
     }
   }
-  const LlamaConfig& m = c.model_config();
-  p->specs = fitting(c.rows(t, "model"), "model", m.kv_heads, m.head_dim, *c.errors, m.layers);
+  p->specs = c.model_rows(t, "model");
   return p;
 }
 

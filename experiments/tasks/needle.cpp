@@ -20,7 +20,6 @@ struct NeedlePlan final : TaskPlan {
   uint64_t seed = 1;
   std::string text, backend;
   json settings;
-  std::vector<SchemeSpec> specs;
 
   json case_settings(int ctx, double depth, int trial) const {
     json st = settings;
@@ -29,7 +28,6 @@ struct NeedlePlan final : TaskPlan {
     st["trial"] = trial;
     return st;
   }
-  const std::vector<SchemeSpec>& schemes() const override { return specs; }
   std::vector<json> case_settings() const override {
     std::vector<json> out;
     for (int ctx : ctxs)
@@ -105,8 +103,7 @@ std::unique_ptr<TaskPlan> plan(const toml::table& t, const TaskContext& c) {
     p->trials = 1;
     p->settings["smoke"] = true;
   }
-  const LlamaConfig& m = c.model_config();
-  p->specs = fitting(c.rows(t, "needle"), "needle", m.kv_heads, m.head_dim, *c.errors, m.layers);
+  p->specs = c.model_rows(t, "needle");
   return p;
 }
 

@@ -23,7 +23,6 @@ struct RulerPlan final : TaskPlan {
   std::string haystack, backend;
   int max_new = 0;  // --smoke: at most this many generated tokens (0: each task's budget)
   json settings;
-  std::vector<SchemeSpec> specs;
   struct Case {
     int length;
     std::string task;
@@ -44,7 +43,6 @@ struct RulerPlan final : TaskPlan {
     st["sample"] = c.sample;
     return st;
   }
-  const std::vector<SchemeSpec>& schemes() const override { return specs; }
   std::vector<json> case_settings() const override {
     std::vector<json> out;
     for (const auto& c : cases()) out.push_back(case_settings(c));
@@ -129,8 +127,7 @@ std::unique_ptr<TaskPlan> plan(const toml::table& t, const TaskContext& c) {
     p->max_new = 4;
     p->settings["smoke"] = true;
   }
-  const LlamaConfig& m = c.model_config();
-  p->specs = fitting(c.rows(t, "ruler"), "ruler", m.kv_heads, m.head_dim, *c.errors, m.layers);
+  p->specs = c.model_rows(t, "ruler");
   return p;
 }
 

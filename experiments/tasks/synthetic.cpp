@@ -24,9 +24,7 @@ struct SyntheticPlan final : TaskPlan {
   SyntheticSpec ks;
   int64_t gqa = 4, queries = 4;
   json settings;
-  std::vector<SchemeSpec> specs;
 
-  const std::vector<SchemeSpec>& schemes() const override { return specs; }
   std::vector<json> case_settings() const override { return {settings}; }
   void list() const override { list_rows("synthetic", specs); }
   void run(const std::filesystem::path& out, const Shard& shard, ModelSource&) const override;

@@ -22,7 +22,6 @@ struct ThroughputPlan final : TaskPlan {
   eval::ThroughputOptions opt;
   std::string int_mode = "exact";
   json settings;  // shared by every row; the row's own op, backend, context and batch are added
-  std::vector<SchemeSpec> specs;  // bf16 first
   struct Case {
     std::string op, backend;
     int64_t context, batch;
@@ -47,7 +46,6 @@ struct ThroughputPlan final : TaskPlan {
     st["batch"] = c.batch;
     return st;
   }
-  const std::vector<SchemeSpec>& schemes() const override { return specs; }
   std::vector<json> case_settings() const override {
     std::vector<json> out;
     for (const auto& c : cases()) out.push_back(case_settings(c));
