@@ -26,8 +26,12 @@
 //                registers (AVX-512: a 16 x 16 transpose of 32-bit words, a word holding two
 //                16-bit k values, split exactly into floats by a shift and a mask, or F16C), then
 //                enters the same chain: straight into the accumulators when decoding (m < 4),
-//                into the tile for the prefill kernel. Portable builds transpose into the tile.
+//                into the tile for the prefill kernel. The avx2 and portable paths transpose
+//                into the tile.
 // A last panel narrower than 64 columns is padded with zero weights that are never stored.
+// The kernels are compiled once per CPU path (portable, avx2: AVX2 + FMA + F16C, avx512, ...) and
+// run the path backend cpu runs, chosen once per process from the CPU's features or KVQ_CPU_PATH
+// (model/packed_kernels.h, kernels/cpu/isa.h); every path gives the same floats.
 #pragma once
 
 #include <cstdint>
@@ -36,13 +40,14 @@
 #include <vector>
 
 #include "core/gguf.h"
+#include "model/packed_kernels.h"
 
 namespace kvq {
 
 /// \brief A weight matrix W [out][in] (a GGUF tensor with dims {in, out}) in column panels.
 class PackedMatrix {
  public:
-  static constexpr int64_t kPanel = 64;  ///< output columns per panel
+  static constexpr int64_t kPanel = packed::kPanel;  ///< output columns per panel
 
   PackedMatrix() = default;  ///< empty (0 x 0)
 
@@ -78,17 +83,15 @@ class PackedMatrix {
                 int members) const;
   /// \brief out[k] = W[c][k] for k < in (an embedding lookup).
   void weight_row(int64_t c, float* out) const;
+  /// \brief The CPU path whose kernels the products run: backend cpu's (kvq::cpu::path(),
+  /// kernels/cpu/isa.h), chosen once per process; every path gives the same floats.
+  static const char* cpu_path();
 
  private:
-  enum class Kind { kQ4_1, kQ4_0, kQ8_0, kF32, k16, kBlocks, kMapped };
+  using Kind = packed::Kind;
   static PackedMatrix dense_shape(Kind kind, gguf::GgmlType type, int64_t out, int64_t in,
                                   const char* who);
-  void panel(int64_t p, const float* x, int64_t m, float* y, bool accumulate) const;
-  void decode_tile(int64_t p, int64_t k0, int64_t k1, float* tile) const;
-  void mapped_gemv(int64_t p, const float* x, int64_t m, float* y, int64_t ldy) const;
-  const uint8_t* block_ptr(int64_t p, int64_t kb) const {
-    return data_.data() + static_cast<size_t>((p * kblocks_ + kb) * block_bytes_);
-  }
+  packed::Layout layout() const;  ///< what the kernels read (model/packed_kernels.h)
 
   Kind kind_ = Kind::kF32;
   gguf::GgmlType type_ = gguf::GgmlType::kF32;

@@ -9,7 +9,10 @@
 #
 #   LD_LIBRARY_PATH=$PWD/DIR/lib KVQ_DC_PREBUILT=DIR scripts/device-check.sh OUTDIR
 #
-# Host code is built for AVX2+FMA+F16C (not -march=native): the GPU machine's CPU is not this one.
+# Host code is the portable build (KVQ_NATIVE=OFF, the default): baseline x86-64, with backend
+# cpu's kernels and the model's packed products compiled for every CPU path and the GPU machine's
+# own chosen at run time (README "CPU paths"), since its CPU is not this one. CMAKE_CXX_FLAGS is
+# emptied so that a build folder from before (which added -mavx2 -mfma -mf16c) drops them.
 # DIR should be ignored by git (.git/info/exclude) so that it travels only when asked for.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,7 +21,7 @@ ARCH=${2:-90}
 cd "$ROOT"
 BUILD=build/device-pack
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" \
-  -DKVQ_NATIVE=OFF "-DCMAKE_CXX_FLAGS=-mavx2 -mfma -mf16c" >/dev/null
+  -DKVQ_NATIVE=OFF -DCMAKE_CXX_FLAGS= >/dev/null
 # shellcheck source=scripts/cuda-targets.sh
 source scripts/cuda-targets.sh
 tests=$(cuda_test_targets)

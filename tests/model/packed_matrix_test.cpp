@@ -5,16 +5,19 @@
 // for F32, 16-bit panels for F16 / BF16, the file's blocks for K-quants), ragged shapes (out not a
 // multiple of the 64-column panel), the decode (m < 4) and prefill (m >= 4) kernels, with and
 // without accumulation, and on every matrix of the real model; mapped rows (from_mapped) against
-// the same chain and the panels.
+// the same chain and the panels. The kernels run backend cpu's CPU path; ctest runs this program
+// under every path this CPU has (KVQ_CPU_PATH, label cpu_path), so every path's forms are checked.
 #include "model/packed_matrix.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
 
 #include "core/half.h"
+#include "kernels/cpu/isa.h"
 #include "model/llama.h"
 #include "reference_cpu/matmul.h"
 #include "tests/support/gguf_writer.h"
@@ -25,6 +28,15 @@ namespace {
 
 using namespace kvq::testing::gguf_writer;
 using gguf::GgufFile;
+
+// The products take the CPU path backend cpu runs (one choice per process, kernels/cpu/isa.h):
+// the one KVQ_CPU_PATH names when it is set (ctest's per-path runs), else the widest this CPU has.
+TEST(PackedPath, RunsBackendCpuPath) {
+  EXPECT_STREQ(PackedMatrix::cpu_path(), cpu::path().name);
+  if (const char* forced = std::getenv("KVQ_CPU_PATH"); forced != nullptr && *forced != '\0') {
+    EXPECT_STREQ(PackedMatrix::cpu_path(), forced);
+  }
+}
 
 // Random blocks of `type` whose fp16 scale fields are small finite values (so no NaN appears).
 std::string random_blocks(GgmlType type, int64_t blocks, std::mt19937& rng) {
