@@ -87,6 +87,10 @@ bool exact_by_design(const SchemeSpec& spec) {
   return true;
 }
 
+std::string reference_field(AttentionBackend b) {
+  return backend_info(b).support.fp32 ? std::string() : reference_spec(b).canonical();
+}
+
 std::vector<std::pair<std::string, double>> result_fields(const PplResult& r) {
   return {{"ppl", r.ppl},
           {"ppl_lo", r.ppl_ci.lo},
@@ -256,8 +260,8 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
   std::vector<float> lr;
   std::vector<std::vector<float>> lq(S);
   const int64_t windows = (n - o.ctx) / stride + 1;
-  CacheOptions ref_opts;  // the unquantized reference: fp32 keys and values, post-RoPE
-  ref_opts.spec = parse_spec("fp32");
+  CacheOptions ref_opts;  // the unquantized reference, post-RoPE: fp32 (bf16 on backend cuda)
+  ref_opts.spec = reference_spec(m.backend());
   for (int64_t w = 0; w < windows; ++w) {
     const int32_t* tok = all_tokens.data() + w * stride;
     LlamaCache ref(m.config(), ref_opts);

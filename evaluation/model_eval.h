@@ -95,6 +95,10 @@ void bootstrap_intervals(const PositionScores& s, PplResult& r);
 /// ppl_hi, ppl_fp32 (+ _lo, _hi), delta_ppl (+ _lo, _hi), kld (+ _lo, _hi), kld_p99, top1 (+ _lo,
 /// _hi), quantized (NaN bounds: the interval is unknown; JSON writes them null).
 std::vector<std::pair<std::string, double>> result_fields(const PplResult& r);
+/// \brief A row's `reference` field on backend `b`: the canonical name of reference_spec(b) (the
+/// cache its *_fp32 fields were measured with) when that is not fp32 (backend cuda: bf16), else ""
+/// (no field: the rows of host backends read as before).
+std::string reference_field(AttentionBackend b);
 
 /// \brief One line for a row: "ppl 5.030 [4.81, 5.27], delta +1.031 [+0.94, +1.13], KLD 0.2668
 /// [0.251, 0.283], top-1 83.95% [81.9, 86.0], quantized 52.1%" (95% intervals; "[-]" when unknown).

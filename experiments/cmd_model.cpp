@@ -43,9 +43,8 @@ using Loaded = eval::LoadedModel;
 const Loaded& load(const Common& c) {
   static std::unique_ptr<Loaded> l;
   const AttentionBackend backend = parse_backend(c.backend);  // before the long load
-  require_model(backend);  // cuda: the model on the GPU (model/llama_cuda.cpp)
-  if (backend == AttentionBackend::kCuda)
-    if (const std::string why = cuda_unavailable(); !why.empty()) fail("{}", why);
+  require_model(backend);      // cuda: the model on the GPU (model/llama_cuda.cpp)
+  require_available(backend);  // cuda without a device: its one line, before the load
   if (!l) {
     const std::string path = model_path(c.model_file);
     const auto t0 = std::chrono::steady_clock::now();
@@ -100,7 +99,8 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
                     "multiple of 32) or ref (the scalar reference); all read the same stored codes, and "
                     "each keeps chunked prefill == token-by-token decode bit-identical. cuda: the whole "
                     "model on the GPU (bf16 weights, token by token, its cache in device memory: "
-                    "generate and bench; ppl / diverge / dump need host caches). What each runs:\n" +
+                    "ppl, needle and kvq run's model rows measure against a bf16 cache there, it stores no "
+                    "fp32 ones; dump and calibrate need host caches). What each runs:\n" +
                     support_help())
       ->check(
           [](const std::string& s) {
@@ -355,7 +355,8 @@ void register_needle(CLI::App* model) {
   c->add_option("--seed", o->seed, "pass key seed")->capture_default_str();
   c->add_option("--text", o->text, "haystack text file, or 'kjv'")->capture_default_str();
   c->callback([o] {
-    const CacheOptions test = cache_options(o->kv, o->pre_rope, o->hadamard), ref = cache_options("fp32", false);
+    const CacheOptions test = cache_options(o->kv, o->pre_rope, o->hadamard),
+                       ref{reference_spec(parse_backend(o->backend))};  // fp32; bf16 on cuda
     for (double d : o->depth) KVQ_CHECK(d >= 0 && d <= 1, "--depth {} outside [0, 1]", d);
     const std::string hay_text = read_text(o->text);
     const int context = model_config(*o).context;

@@ -154,6 +154,11 @@ void check_keys(const toml::table& t, const Where& w, const std::vector<std::str
   }
 }
 
+json with_fields(json settings, std::initializer_list<std::pair<const char*, json>> fields) {
+  for (const auto& [key, value] : fields) settings[key] = value;
+  return settings;
+}
+
 std::vector<std::string> string_list(const toml::table& t, const Where& w, std::string_view key) {
   std::vector<std::string> out;
   const auto* n = t.get(key);
@@ -169,11 +174,21 @@ std::vector<std::string> string_list(const toml::table& t, const Where& w, std::
   return out;
 }
 
-void check_host_backend(const std::string& backend, const Where& w) {
+AttentionBackend check_model_backend(const std::string& backend, const Where& w) {
   try {
-    require_host(parse_backend(backend));  // kernels/backend.h: the one list
+    const AttentionBackend b = parse_backend(backend);  // kernels/backend.h: the one list
+    require_model(b);
+    return b;
   } catch (const Error& e) {
     fail("{}: {}: {}", w.file, w.key("backend"), e.what());
+  }
+}
+
+void require_available_here(const Where& w, std::string_view key, const std::string& backend) {
+  try {
+    require_available(parse_backend(backend));
+  } catch (const Error& e) {
+    fail("{}: {} \"{}\": {}", w.file, w.key(key), backend, e.what());
   }
 }
 
@@ -181,7 +196,8 @@ namespace {
 
 // Whether spec can hold heads x head_dim for both roles; the reason when not. `layers`: the
 // model's layer count, or 0 for a task that measures one tensor (no per-layer specs there).
-std::string misfit(const SchemeSpec& spec, int64_t heads, int64_t dim, int layers) {
+std::string misfit(const SchemeSpec& spec, int64_t heads, int64_t dim, int layers,
+                   const std::function<std::string(const SchemeSpec&)>& also) {
   if (spec.layered() && layers == 0)
     return "a per-layer spec (SPEC@LAYERS=SPEC) is for the model's cache; this task measures one "
            "tensor (give it in [model] schemes)";
@@ -192,17 +208,18 @@ std::string misfit(const SchemeSpec& spec, int64_t heads, int64_t dim, int layer
   } catch (const Error& e) {
     return e.what();
   }
-  return "";
+  return also ? also(spec) : "";
 }
 
 }  // namespace
 
 std::vector<SchemeSpec> fitting(const std::vector<Row>& rows, const std::string& task,
                                 int64_t heads, int64_t dim, std::vector<std::string>& errors,
-                                int layers) {
+                                int layers,
+                                const std::function<std::string(const SchemeSpec&)>& also) {
   std::vector<SchemeSpec> out;
   for (const Row& r : rows) {
-    const std::string why = misfit(r.spec, heads, dim, layers);
+    const std::string why = misfit(r.spec, heads, dim, layers, also);
     if (why.empty()) {
       out.push_back(r.spec);
     } else if (r.from_sweep) {
@@ -229,9 +246,22 @@ std::vector<std::pair<std::string, json>> TaskPlan::keys() const {
   return out;
 }
 
-std::vector<SchemeSpec> TaskContext::model_rows(const toml::table& table, const char* task) const {
+std::vector<SchemeSpec> TaskContext::model_rows(const toml::table& table, const char* task,
+                                                AttentionBackend backend, bool pre_rope) const {
   const LlamaConfig& m = model_config();
-  return fitting(rows(table, task), task, m.kv_heads, m.head_dim, *errors, m.layers);
+  // the backend over this model's shape and its reference cache: one error for the task
+  const std::string shape = unsupported_shape(backend, m.kv_heads, m.head_dim, m.heads);
+  const std::string ref = model_unsupported(backend, reference_spec(backend));
+  if (!shape.empty() || !ref.empty())
+    errors->push_back(fmt::format("[{}] backend {} cannot run this model: it does not run {}", task,
+                                  to_string(backend), shape.empty() ? ref : shape));
+  return fitting(rows(table, task), task, m.kv_heads, m.head_dim, *errors, m.layers,
+                 [&](const SchemeSpec& s) {
+                   const std::string why = model_unsupported(backend, s, pre_rope);
+                   return why.empty() ? why
+                                      : fmt::format("backend {} does not run {} in the model",
+                                                    to_string(backend), why);
+                 });
 }
 
 eval::LoadedModel& ModelSource::get(AttentionBackend backend) {

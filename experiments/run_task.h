@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -64,14 +65,23 @@ T get_or(const toml::table& t, const Where& w, std::string_view key, T def) {
   fail("{}: {} must be {} (got {})", w.at(*n), w.key(key), want, type_of(*n));
 }
 
+/// \brief A case's settings (its rows' key with the scheme): the task's shared `settings` with the
+/// case's own fields set in order (a field already there keeps its place and takes the new value).
+json with_fields(json settings, std::initializer_list<std::pair<const char*, json>> fields);
+
 /// \brief Every key of t must be in `allowed` (sweep placeholders are checked by the sweep).
 void check_keys(const toml::table& t, const Where& w, const std::vector<std::string>& allowed);
 
 /// \brief t[key] as an array of strings (empty when absent).
 std::vector<std::string> string_list(const toml::table& t, const Where& w, std::string_view key);
 
-/// \brief `backend = "..."` of a model task: a host backend of kernels/backend.h's one list.
-void check_host_backend(const std::string& backend, const Where& w);
+/// \brief `backend = "..."` of a model task ([model], [needle], [ruler]): a backend of
+/// kernels/backend.h's one list that runs the model (require_model); errors name FILE and key.
+AttentionBackend check_model_backend(const std::string& backend, const Where& w);
+
+/// \brief Refuses, in one line, a backend that cannot run on this machine (cuda without a device
+/// or a CUDA build: "FILE: [TABLE].KEY \"cuda\": " + cuda_unavailable()): the plans' check_machine.
+void require_available_here(const Where& w, std::string_view key, const std::string& backend);
 
 /// \brief One scheme of a task with where it came from (a sweep's bad combinations are skipped
 /// with a line; an explicit spec that does not fit is an error).
@@ -84,9 +94,11 @@ struct Row {
 /// \brief Keeps the rows that fit [heads, dim] (`layers`: the model's layer count, or 0 for a task
 /// that measures one tensor); a sweep row that does not is skipped with a line, an explicit one is
 /// added to `errors`.
+/// `also`: a further reason a row does not fit (a model task's backend, model_unsupported).
 std::vector<SchemeSpec> fitting(const std::vector<Row>& rows, const std::string& task,
                                 int64_t heads, int64_t dim, std::vector<std::string>& errors,
-                                int layers = 0);
+                                int layers = 0,
+                                const std::function<std::string(const SchemeSpec&)>& also = {});
 
 /// \brief --check's line for a task's schemes: "TASK rows (N): a, b".
 void list_rows(const char* task, const std::vector<SchemeSpec>& specs);
@@ -139,8 +151,13 @@ struct TaskContext {
   std::function<std::vector<Row>(const toml::table&, const char* task)> rows;
   std::vector<std::string>* errors = nullptr;  // rows that do not fit, reported together
 
-  /// \brief The rows of a task of the model's cache (`table` named `task`) that fit the model.
-  std::vector<SchemeSpec> model_rows(const toml::table& table, const char* task) const;
+  /// \brief The rows of a task of the model's cache (`table` named `task`) that fit the model and
+  /// that `backend` runs the model with (kernels/backend.h's model_unsupported, `pre_rope` keys);
+  /// a model shape the backend does not take, or its reference cache (reference_spec), is one
+  /// error. All static: no device is asked (check_machine does that).
+  std::vector<SchemeSpec> model_rows(const toml::table& table, const char* task,
+                                     AttentionBackend backend = AttentionBackend::kCpu,
+                                     bool pre_rope = false) const;
 };
 
 /// \brief One task's rows for one config, checked: what `kvq run` lists, runs and merges.

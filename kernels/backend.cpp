@@ -195,13 +195,43 @@ void require_model(AttentionBackend b) {
       to_string(b), model_backends());
 }
 
+std::string model_unsupported(AttentionBackend b, const SchemeSpec& spec, bool pre_rope) {
+  const BackendSupport& sup = backend_info(b).support;
+  if (!sup.model) return "the model";
+  if (pre_rope && !sup.pre_rope) return "pre_rope (pre-RoPE keys)";
+  // the model's attention on b: its causal calls where it runs them, else decode steps (cuda)
+  return unsupported(b, spec, sup.causal ? AttentionOp::kCausal : AttentionOp::kDecode);
+}
+
+void require_model(AttentionBackend b, const SchemeSpec& spec, bool pre_rope) {
+  const std::string why = model_unsupported(b, spec, pre_rope);
+  if (why.empty()) return;
+  std::string can;
+  for (const BackendInfo& i : kBackends)
+    if (model_unsupported(i.id, spec, pre_rope).empty())
+      can += fmt::format("{}{}", can.empty() ? "" : ", ", i.name);
+  fail(
+      "backend {} cannot run the model with the cache '{}'{}: it does not run {} (backends that "
+      "can: {})",
+      to_string(b), spec.canonical(), pre_rope ? " and pre_rope" : "", why,
+      can.empty() ? "none" : can);
+}
+
+SchemeSpec reference_spec(AttentionBackend b) {
+  return parse_spec(backend_info(b).support.fp32 ? "fp32" : "bf16");
+}
+
+void require_available(AttentionBackend b) {
+  if (b != AttentionBackend::kCuda) return;
+  if (const std::string why = cuda_unavailable(); !why.empty()) fail("{}", why);
+}
+
 void require_host(AttentionBackend b) {
   if (backend_info(b).host) return;
   require_model(b);  // the host-only callers are the model's: say it in its words
   fail(
-      "backend {} keeps its cache in device memory, and this reads host caches (the fp32 reference "
-      "caches of [model] / [needle] / [ruler] and kvq model ppl / diverge; backends with host "
-      "caches: {})",
+      "backend {} keeps its cache in device memory, and this reads host caches (kvq model dump / "
+      "calibrate, a cache's dequantize; backends with host caches: {})",
       to_string(b), backend_names(", ", true));
 }
 

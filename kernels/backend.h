@@ -99,11 +99,27 @@ std::string backends_for(const SchemeSpec& spec, AttentionOp op);
 void require_supported(AttentionBackend b, const SchemeSpec& spec, AttentionOp op);
 /// \brief Throws kvq::Error unless `b` runs the model (its causal prefill and decode steps):
 /// "backend X does not run the model yet (...); backends that run the model: ...". Every backend
-/// runs it today (cuda: model/llama_cuda.cpp).
+/// runs it today (cuda: model/llama_cuda.cpp); the overload below also checks a cache scheme.
 void require_model(AttentionBackend b);
+/// \brief Empty when the model runs on `b` with a cache in `spec` (`pre_rope`: KVQuant's pre-RoPE
+/// keys), else one phrase naming the first thing it does not: the model (support.model), pre_rope,
+/// or a scheme of any layer the model's attention op on `b` does not read (a host backend's causal
+/// calls; cuda's decode steps, model/llama_cuda.cpp). Static, as unsupported(): what `kvq run
+/// --check`, the CLI and Python ask before the model loads.
+std::string model_unsupported(AttentionBackend b, const SchemeSpec& spec, bool pre_rope = false);
+/// \brief Throws model_unsupported's reason: "backend cuda cannot run the model with the cache
+/// 'SPEC': it does not run WHY (backends that can: ref, cpu, cpu-int8)".
+void require_model(AttentionBackend b, const SchemeSpec& spec, bool pre_rope = false);
+/// \brief The unquantized cache the model's quality is measured against on `b` (the fp32_* fields
+/// of ppl / needle / ruler rows): fp32 where `b` stores fp32 caches, else bf16 (cuda: the 16-bit
+/// cache KIVI compares against).
+SchemeSpec reference_spec(AttentionBackend b);
 /// \brief Throws kvq::Error unless `b`'s sides live in host memory (BackendInfo::host): what a
 /// host-only caller (the model's cache) asks.
 void require_host(AttentionBackend b);
+/// \brief Throws cuda_unavailable()'s one line when `b` is cuda and cannot run in this process
+/// (nothing for a host backend): what every caller asks before long work (a model load, a run).
+void require_available(AttentionBackend b);
 /// \brief Empty when `b` can run in this process; for cuda, why not: "backend cuda: this kvq was
 /// built without CUDA (...)" or "backend cuda: no CUDA device (...)" (cudaGetDeviceCount, asked
 /// once). Tests that need a device skip with this line.

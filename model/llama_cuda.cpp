@@ -50,11 +50,10 @@ struct LlamaModel::CudaState {
 };
 
 void LlamaModel::set_backend(AttentionBackend b) {
-  if (b == AttentionBackend::kCuda) {
-    if (const std::string why = cuda_unavailable(); !why.empty()) fail("{}", why);
-  } else {
+  if (b == AttentionBackend::kCuda)
+    require_available(b);
+  else
     require_host(b);
-  }
   backend_ = b;
 }
 
@@ -89,8 +88,8 @@ void LlamaModel::forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache
             "backend cuda does not observe the forward pass's K/V (kvq model dump / calibrate): "
             "use backend cpu");
   check_cache_options(cache.options(), c);
-  KVQ_CHECK(!cache.options().pre_rope,
-            "backend cuda cannot run pre_rope (pre-RoPE keys): use backend ref, cpu or cpu-int8");
+  // the scheme and pre_rope before any side moves (kernels/backend.h's table)
+  require_model(AttentionBackend::kCuda, cache.options().spec, cache.options().pre_rope);
   const int64_t pos0 = cache.tokens();
   for (int l = 0; l < c.layers; ++l)
     if (const int64_t w = c.window_of(l); w > 0 && pos0 + n > w)

@@ -23,11 +23,7 @@ struct ModelPlan final : TaskPlan {
   bool pre = false, rot = false;
   json settings;
 
-  json ctx_settings(int ctx) const {
-    json st = settings;
-    st["ctx"] = ctx;
-    return st;
-  }
+  json ctx_settings(int ctx) const { return with_fields(settings, {{"ctx", ctx}}); }
   std::vector<json> case_settings() const override {
     std::vector<json> out;
     for (int ctx : ctxs) out.push_back(ctx_settings(ctx));
@@ -38,6 +34,9 @@ struct ModelPlan final : TaskPlan {
     if (ctxs.size() > 1)
       fmt::print("model rows repeat for each ctx: {} ({} rows)\n", fmt::join(ctxs, ", "),
                  specs.size() * ctxs.size());
+  }
+  void check_machine(const std::string& config) const override {
+    require_available_here(Where{config, "model"}, "backend", backend);  // cuda: a device
   }
   void run(const std::filesystem::path& out, const Shard& shard,
            ModelSource& source) const override;
@@ -96,9 +95,9 @@ ModelPlan read_table(const toml::table& mt, const Where& w, const std::string& m
   p.pre = get_or<bool>(mt, w, "pre_rope", false);
   p.rot = get_or<bool>(mt, w, "hadamard", false);
   p.backend = get_or<std::string>(mt, w, "backend", "cpu");
-  check_host_backend(p.backend, w);
-  (void)read_text(p.text);       // the files exist and are text before any work starts
-  (void)model_path(model_flag);  // the model file exists before any work starts
+  check_model_backend(p.backend, w);  // cuda: the model on the GPU
+  (void)read_text(p.text);            // the files exist and are text before any work starts
+  (void)model_path(model_flag);       // the model file exists before any work starts
   p.settings = {{"text", p.text},       {"ctx", p.o.ctx},
                 {"stride", p.o.stride}, {"max_tokens", p.o.max_tokens},
                 {"pre_rope", p.pre},    {"backend", p.backend}};
@@ -135,7 +134,7 @@ std::unique_ptr<TaskPlan> plan(const toml::table& t, const TaskContext& c) {
       fail("{}: [model]: {}", c.config, e.what());
     }
   }
-  p->specs = c.model_rows(t, "model");
+  p->specs = c.model_rows(t, "model", parse_backend(p->backend), p->pre);
   return p;
 }
 
@@ -156,6 +155,9 @@ void add_row(ResultTable& table, const LlamaModel& m, const SchemeSpec& spec,
               {"bits", (f.key.effective_bits() + f.value.effective_bits()) / 2},
               {"bytes_per_token", f.total_bytes() / ctx}};
   for (const auto& [name, value] : eval::result_fields(r)) row[name] = value;
+  // the *_fp32 fields' cache when it is not fp32 (backend cuda: bf16)
+  if (const std::string ref = eval::reference_field(m.backend()); !ref.empty())
+    row["reference"] = ref;
   // which tokens of each window set the scales (the first layer's scheme; issue 50 item 3)
   const SchemeSpec first_layer = resolve_layers(*s, m.config().layers, "the model").for_layer(0);
   const std::string key_from = scales_from(first_layer, Role::Key, ctx),
@@ -189,8 +191,7 @@ void ModelPlan::run(const std::filesystem::path& out, const Shard& shard,
   size_t n_todo = 0;
   size_t j = 0;
   for (int ctx : p.ctxs) {
-    json settings = p.settings;
-    settings["ctx"] = ctx;
+    const json settings = p.ctx_settings(ctx);
     std::vector<const SchemeSpec*> t;
     for (const auto& s : specs)
       if (shard.take(j++) && !table.find(s.canonical(), settings)) t.push_back(&s);
@@ -212,8 +213,7 @@ void ModelPlan::run(const std::filesystem::path& out, const Shard& shard,
     eval::PplOptions o = p.o;
     o.ctx = ctx;
     o.poll = check_stop;
-    json settings = p.settings;
-    settings["ctx"] = ctx;
+    const json settings = p.ctx_settings(ctx);
     std::vector<CacheOptions> caches;
     for (const SchemeSpec* s : rows) {
       CacheOptions co;

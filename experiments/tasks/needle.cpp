@@ -22,11 +22,7 @@ struct NeedlePlan final : TaskPlan {
   json settings;
 
   json case_settings(int ctx, double depth, int trial) const {
-    json st = settings;
-    st["ctx"] = ctx;
-    st["depth"] = depth;
-    st["trial"] = trial;
-    return st;
+    return with_fields(settings, {{"ctx", ctx}, {"depth", depth}, {"trial", trial}});
   }
   std::vector<json> case_settings() const override {
     std::vector<json> out;
@@ -41,6 +37,9 @@ struct NeedlePlan final : TaskPlan {
     fmt::print("needle rows repeat for each ctx ({}) x depth ({}) x trial ({}): {} rows\n",
                fmt::join(ctxs, ", "), fmt::join(depths, ", "), trials,
                specs.size() * ctxs.size() * depths.size() * static_cast<size_t>(trials));
+  }
+  void check_machine(const std::string& config) const override {
+    require_available_here(Where{config, "needle"}, "backend", backend);  // cuda: a device
   }
   void run(const std::filesystem::path& out, const Shard& shard,
            ModelSource& source) const override;
@@ -88,7 +87,7 @@ NeedlePlan read_table(const toml::table& nt, const Where& w, const std::string& 
   p.seed = static_cast<uint64_t>(seed);
   p.text = get_or<std::string>(nt, w, "text", "kjv");
   p.backend = get_or<std::string>(nt, w, "backend", "cpu");
-  check_host_backend(p.backend, w);
+  check_model_backend(p.backend, w);  // cuda: the model on the GPU
   (void)read_text(p.text);
   (void)model_path(model_flag);  // the model file exists before any work starts
   p.settings = {{"text", p.text}, {"seed", p.seed}, {"backend", p.backend}};
@@ -103,7 +102,7 @@ std::unique_ptr<TaskPlan> plan(const toml::table& t, const TaskContext& c) {
     p->trials = 1;
     p->settings["smoke"] = true;
   }
-  p->specs = c.model_rows(t, "needle");
+  p->specs = c.model_rows(t, "needle", parse_backend(p->backend));
   return p;
 }
 
@@ -113,8 +112,9 @@ void NeedlePlan::run(const std::filesystem::path& out, const Shard& shard,
   ResultTable table(out, "needle");
   const eval::LoadedModel* L = nullptr;
   eval::NeedleText text;
-  CacheOptions ref;
-  ref.spec = parse_spec("fp32");
+  CacheOptions ref;  // the unquantized cache: fp32 (bf16 on backend cuda, reference_spec)
+  ref.spec = reference_spec(parse_backend(p.backend));
+  const std::string reference = eval::reference_field(parse_backend(p.backend));
   uint64_t st = eval::needle_seed(p.seed);
   size_t j = 0, done = 0, total = p.ctxs.size() * p.depths.size() * static_cast<size_t>(p.trials);
   for (int ctx : p.ctxs)
@@ -142,17 +142,19 @@ void NeedlePlan::run(const std::filesystem::path& out, const Shard& shard,
           co.spec = *s;
           const auto t0 = std::chrono::steady_clock::now();
           const eval::NeedleResult b = eval::needle_trial(m, co, c.prompt, c.answer);
-          table.add(
-              {{"key", s->canonical()},
-               {"scheme", s->canonical()},
-               {"settings", settings},
-               {"passkey", key},
-               {"correct", b.correct},
-               {"logprob", b.logprob},
-               {"fp32_correct", a.correct},
-               {"fp32_logprob", a.logprob},
-               {"seconds",
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}});
+          json row = {
+              {"key", s->canonical()},
+              {"scheme", s->canonical()},
+              {"settings", settings},
+              {"passkey", key},
+              {"correct", b.correct},
+              {"logprob", b.logprob},
+              {"fp32_correct", a.correct},
+              {"fp32_logprob", a.logprob},
+              {"seconds",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
+          if (!reference.empty()) row["reference"] = reference;  // the fp32_* fields' cache
+          table.add(std::move(row));
           check_stop();
         }
         fmt::print(stderr, "[needle {}/{}] ctx {} depth {} trial {}: fp32 {}\n", done, total, ctx,

@@ -37,11 +37,7 @@ struct RulerPlan final : TaskPlan {
     return out;
   }
   json case_settings(const Case& c) const {
-    json st = settings;
-    st["length"] = c.length;
-    st["task"] = c.task;
-    st["sample"] = c.sample;
-    return st;
+    return with_fields(settings, {{"length", c.length}, {"task", c.task}, {"sample", c.sample}});
   }
   std::vector<json> case_settings() const override {
     std::vector<json> out;
@@ -53,6 +49,9 @@ struct RulerPlan final : TaskPlan {
     fmt::print("ruler rows repeat for each length ({}) x task ({}) x sample ({}): {} rows\n",
                fmt::join(lengths, ", "), fmt::join(tasks, ", "), samples,
                specs.size() * cases().size());
+  }
+  void check_machine(const std::string& config) const override {
+    require_available_here(Where{config, "ruler"}, "backend", backend);  // cuda: a device
   }
   void run(const std::filesystem::path& out, const Shard& shard,
            ModelSource& source) const override;
@@ -104,7 +103,7 @@ RulerPlan read_table(const toml::table& rt, const Where& w, const std::string& m
   p.seed = static_cast<uint64_t>(seed);
   p.haystack = get_or<std::string>(rt, w, "haystack", "kjv");
   p.backend = get_or<std::string>(rt, w, "backend", "cpu");
-  check_host_backend(p.backend, w);
+  check_model_backend(p.backend, w);  // cuda: the model on the GPU
   if (p.haystack != "noise") {
     try {
       (void)read_text(p.haystack);  // "kjv" or a text file, before any work starts
@@ -127,7 +126,7 @@ std::unique_ptr<TaskPlan> plan(const toml::table& t, const TaskContext& c) {
     p->max_new = 4;
     p->settings["smoke"] = true;
   }
-  p->specs = c.model_rows(t, "ruler");
+  p->specs = c.model_rows(t, "ruler", parse_backend(p->backend));
   return p;
 }
 
@@ -137,8 +136,9 @@ void RulerPlan::run(const std::filesystem::path& out, const Shard& shard,
   ResultTable table(out, "ruler");
   const eval::LoadedModel* L = nullptr;
   eval::RulerHaystack hay;
-  CacheOptions ref;
-  ref.spec = parse_spec("fp32");
+  CacheOptions ref;  // the unquantized cache: fp32 (bf16 on backend cuda, reference_spec)
+  ref.spec = reference_spec(parse_backend(p.backend));
+  const std::string reference = eval::reference_field(parse_backend(p.backend));
   const auto cases = p.cases();
   size_t j = 0;
   for (const auto& k : cases) {
@@ -165,18 +165,20 @@ void RulerPlan::run(const std::filesystem::path& out, const Shard& shard,
       const auto t0 = std::chrono::steady_clock::now();
       const eval::RulerOutput b =
           eval::ruler_trial(L->model, L->tok, co, c, p.max_new, 0, check_stop);
-      table.add({{"key", s->canonical()},
-                 {"scheme", s->canonical()},
-                 {"settings", settings},
-                 {"score", b.score},
-                 {"fp32_score", a.score},
-                 {"answers", answers},
-                 {"output", b.text},
-                 {"fp32_output", a.text},
-                 {"prompt_tokens", c.prompt.size()},
-                 {"generated", b.tokens},
-                 {"seconds",
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}});
+      json row = {{"key", s->canonical()},
+                  {"scheme", s->canonical()},
+                  {"settings", settings},
+                  {"score", b.score},
+                  {"fp32_score", a.score},
+                  {"answers", answers},
+                  {"output", b.text},
+                  {"fp32_output", a.text},
+                  {"prompt_tokens", c.prompt.size()},
+                  {"generated", b.tokens},
+                  {"seconds",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
+      if (!reference.empty()) row["reference"] = reference;  // the fp32_* fields' cache
+      table.add(std::move(row));
       scores += fmt::format(", {} {:.2f}", s->canonical(), b.score);
       check_stop();
     }

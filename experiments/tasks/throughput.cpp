@@ -39,12 +39,9 @@ struct ThroughputPlan final : TaskPlan {
     return out;
   }
   json case_settings(const Case& c) const {
-    json st = settings;
-    st["op"] = c.op;
-    st["backend"] = c.backend;
-    st["context"] = c.context;
-    st["batch"] = c.batch;
-    return st;
+    return with_fields(
+        settings,
+        {{"op", c.op}, {"backend", c.backend}, {"context", c.context}, {"batch", c.batch}});
   }
   std::vector<json> case_settings() const override {
     std::vector<json> out;
@@ -191,10 +188,7 @@ void ThroughputPlan::list() const {
 
 // A device backend needs its device (--check does not: configs are checked anywhere).
 void ThroughputPlan::check_machine(const std::string& config) const {
-  for (const auto& b : backends)
-    if (!backend_info(parse_backend(b)).host)
-      if (const std::string why = cuda_unavailable(); !why.empty())
-        fail("{}: {}.backends \"{}\": {}", config, "[throughput]", b, why);
+  for (const auto& b : backends) require_available_here(Where{config, "throughput"}, "backends", b);
 }
 
 // The limits, each measured once per run before its first row, so every ratio is in-run: the

@@ -119,8 +119,6 @@ TEST_F(RunCli, SectionKeysTypesAndEmptyConfigs_oneLineBeforeAnythingIsWritten) {
         "[throughput].backends \"gpu\": unknown backend 'gpu' (choices: ref,");
   check("schemes = [\"kivi2\"]\n[throughput]\nbackends = [\"cpu-int8\"]\n",
         "backend cpu-int8 is backend cpu with int_mode = \"int8\" here");
-  check("schemes = [\"kivi2\"]\n[model]\nbackend = \"cuda\"\n",
-        "[model].backend: backend cuda keeps its cache in device memory, and this reads host caches");
   check("schemes = [\"kivi2\"]\n[throughput]\ncontexts = [0]\n", "[throughput].contexts 0 is outside [1, 1048576]");
   check("schemes = [\"kivi2\"]\n[throughput]\nops = [\"prefill\"]\n",
         "[throughput].ops \"prefill\" is not one of: decode, quantize");
@@ -147,6 +145,99 @@ TEST_F(RunCli, SectionKeysTypesAndEmptyConfigs_oneLineBeforeAnythingIsWritten) {
   check("schemes = [\"kivi2\"]\n[synthetic]\ntokens = 64\n",
         "--only model but the config has no [model]", "--only model ");
   check("schemes = [\"kivi2\"]\nsynthetic = 3\n", "synthetic must be a table");
+}
+
+// [model], [needle] and [ruler] on backend cuda (issue 47): the same `backend` key as the host
+// backends; --check takes it without a device and refuses, from kernels/backend.h's table alone,
+// what cuda does not run the model with (each row named, then one error; nothing written); a run
+// without a device stops at once with cuda_unavailable()'s line. The model is the qwen2 fixture
+// (head_dim 64, context 256), the text a file of this test.
+TEST_F(RunCli, ModelTasksOnCuda_checkedStatically_runRefusedWithoutADeviceInOneLine) {
+  const auto text = dir_ / "text.txt";
+  {
+    std::ofstream t(text);
+    for (int i = 0; i < 200; ++i) t << "In the beginning God created the heaven and the earth.\n";
+  }
+  const std::string model = std::string(KVQ_SOURCE_DIR) + "/tests/fixtures/hf/qwen2";
+  const auto out = dir_ / "out";
+  const auto write = [&](const std::string& schemes, const std::string& tables) {
+    std::ofstream(dir_ / "m.toml") << "out = \"" << out.string() << "\"\nmodel_file = \"" << model
+                                   << "\"\nschemes = [" << schemes << "]\n" << tables;
+    return (dir_ / "m.toml").string();
+  };
+  const std::string model_cuda = "[model]\nbackend = \"cuda\"\nctx = 64\nmax_tokens = 128\ntext = \"" +
+                                 text.string() + "\"\n";
+  const std::string needle_cuda = "[needle]\nbackend = \"cuda\"\nctx = [256]\ntext = \"" +
+                                  text.string() + "\"\n";
+  // accepted: every scheme cuda runs the model with ([ruler] below: its lengths start at 1024)
+  auto r = run_kvq("run --check " + write("\"kivi2\", \"kivi4:rot=hadamard\", \"bf16\", "
+                                          "\"fp8_e4m3:gran=token\"",
+                                          model_cuda + needle_cuda));
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("model rows (4)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ok, nothing run (--check)"), std::string::npos) << r.out;
+  // refused by the table, each row named, before the model loads or a device is asked
+  r = run_kvq("run --check " + write("\"kivi2\", \"kivi2:sink=4\", \"fp32\"", model_cuda));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("kivi2:sink=4 (model rows: heads 1, head_dim 64): backend cuda does not run "
+                       "sink=S (exact sink tokens) in the model"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("fp32 (model rows: heads 1, head_dim 64): backend cuda does not run fp32 "
+                       "caches in the model"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("2 invalid rows (listed above); nothing was run"), std::string::npos)
+      << r.err;
+  r = run_kvq("run --check " + write("\"kivi2\"", model_cuda + "pre_rope = true\n"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("kivi2 (model rows: heads 1, head_dim 64): backend cuda does not run "
+                       "pre_rope (pre-RoPE keys) in the model"),
+            std::string::npos)
+      << r.err;
+  r = run_kvq("run --check " + write("\"kivi2:sink=4\"", needle_cuda));
+  EXPECT_NE(r.err.find("kivi2:sink=4 (needle rows: heads 1, head_dim 64): backend cuda does not run "
+                       "sink=S"),
+            std::string::npos)
+      << r.err;
+  // a name outside the one list: the parser's error under the key
+  r = run_kvq("run --check " + write("\"kivi2\"", "[needle]\nbackend = \"gpu\"\nctx = [256]\n"));
+  EXPECT_NE(r.err.find("[needle].backend: unknown backend 'gpu' (choices: ref, the scalar reference; "
+                       "cpu, "),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(out));
+  // run without a device: the one line, nothing written
+  if (const std::string why = cuda_unavailable(); !why.empty()) {
+    for (const std::string& t : {model_cuda, needle_cuda}) {
+      r = run_kvq("run " + write("\"kivi2\"", t));
+      EXPECT_NE(r.status, 0) << t;
+      EXPECT_EQ(r.err_lines(), 1) << r.err;
+      EXPECT_NE(r.err.find("].backend \"cuda\": " + why), std::string::npos) << r.err;
+      EXPECT_FALSE(std::filesystem::exists(out / "model.jsonl")) << t;
+    }
+  }
+  // [ruler] (lengths of 1024 and more): on the fetched model
+  if (!std::filesystem::exists(cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    GTEST_SKIP() << "[ruler] on cuda: the model is not fetched (scripts/fetch-model.sh)";
+  const auto ruler = [&](const std::string& schemes) {
+    std::ofstream(dir_ / "r.toml") << "out = \"" << out.string() << "\"\nschemes = [" << schemes
+                                   << "]\n[ruler]\nbackend = \"cuda\"\nlengths = [1024]\n"
+                                   << "haystack = \"noise\"\n";
+    return (dir_ / "r.toml").string();
+  };
+  r = run_kvq("run --check " + ruler("\"kivi2\""));
+  EXPECT_EQ(r.status, 0) << r.err;
+  r = run_kvq("run --check " + ruler("\"kivi2:sink=4\""));
+  EXPECT_NE(r.err.find("(ruler rows: heads 3, head_dim 64): backend cuda does not run sink=S"),
+            std::string::npos)
+      << r.err;
+  if (const std::string why = cuda_unavailable(); !why.empty()) {
+    r = run_kvq("run " + ruler("\"kivi2\""));
+    EXPECT_EQ(r.err_lines(), 1) << r.err;
+    EXPECT_NE(r.err.find("[ruler].backend \"cuda\": " + why), std::string::npos) << r.err;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 TEST_F(RunCli, EveryRowCheckedAgainstItsShapeBeforeTheFirstRuns_allListed) {

@@ -52,8 +52,9 @@ TEST(BackendNames, unknownName_oneLineNamingEveryBackend) {
 // memory: a host-only caller refuses it with the table's one line, naming the backends that can.
 TEST(BackendNames, cudaIsKnownButRefusedWhereItCannotRun) {
   EXPECT_EQ(parse_backend("cuda"), AttentionBackend::kCuda);
-  testing::expect_error([] { require_host(AttentionBackend::kCuda); },
-                        "backend cuda keeps its cache in device memory, and this reads host caches");
+  testing::expect_error(
+      [] { require_host(AttentionBackend::kCuda); },
+      "backend cuda keeps its cache in device memory, and this reads host caches");
   testing::expect_error([] { require_host(AttentionBackend::kCuda); },
                         "backends with host caches: ref, cpu, cpu-int8)");
   for (const BackendInfo& b : backends()) {
@@ -196,9 +197,10 @@ TEST(BackendSupport, helpHasOneLinePerBackend) {
     ASSERT_NE(p, std::string::npos) << b.name << "\n" << h;
     at = p + 1;
   }
-  EXPECT_NE(h.find("cuda: the CUDA kernels (decode attention and the model on a GPU); decode "
-                   "attention over bf16, fp8, int/kivi; head_dim 64, 128; bits 2, 3, 4, 8; GQA <= 8"),
-            std::string::npos)
+  EXPECT_NE(
+      h.find("cuda: the CUDA kernels (decode attention and the model on a GPU); decode "
+             "attention over bf16, fp8, int/kivi; head_dim 64, 128; bits 2, 3, 4, 8; GQA <= 8"),
+      std::string::npos)
       << h;
   EXPECT_NE(h.find("not: fp8 dynamic tensor/head/channel scales, arith=fp16, sink=, k/v of "
                    "different kinds, pre_rope"),
@@ -221,6 +223,56 @@ TEST(BackendSupport, cudaSideWithoutDevice_oneLineNamingTheDevice) {
       why);
   testing::expect_error([] { device_report(AttentionBackend::kCuda); }, why);
   testing::expect_error([] { device_report(AttentionBackend::kCpu); }, "runs on the host");
+}
+
+// The model on a backend (kvq run's [model] / [needle] / [ruler], kvq model, Python's Model):
+// what each backend runs the model with, from the table alone (no device asked), and the
+// reference cache its quality rows measure against.
+TEST(BackendModel, modelUnsupported_byTheTable_oneErrorNamingWhoCan) {
+  for (const BackendInfo& b : backends())  // the host backends run every scheme, pre_rope too
+    if (b.host)
+      for (const char* s : {"fp32", "kivi2:sink=4", "k=kivi2;v=fp8", "kivi2@0=fp32", "fp8_e4m3"}) {
+        EXPECT_EQ(model_unsupported(b.id, parse_spec(s), true), "") << b.name << " " << s;
+      }
+  const AttentionBackend cu = AttentionBackend::kCuda;
+  // cuda runs the model as decode steps (model/llama_cuda.cpp): its decode list decides
+  for (const char* s :
+       {"kivi2", "kivi4:g=32,r=64", "bf16", "fp8_e4m3:gran=token", "kivi2:rot=hadamard"})
+    EXPECT_EQ(model_unsupported(cu, parse_spec(s)), "") << s;
+  EXPECT_EQ(model_unsupported(cu, parse_spec("kivi2"), true), "pre_rope (pre-RoPE keys)");
+  EXPECT_EQ(model_unsupported(cu, parse_spec("kivi2:sink=4")), "sink=S (exact sink tokens)");
+  EXPECT_EQ(model_unsupported(cu, parse_spec("fp32")), "fp32 caches");
+  // a per-layer spec: any layer's scheme the backend does not read
+  EXPECT_EQ(model_unsupported(cu, parse_spec("kivi2@0=fp32")), "fp32 caches");
+  testing::expect_error(
+      [&] { require_model(cu, parse_spec("kivi2:sink=4")); },
+      "backend cuda cannot run the model with the cache 'kivi2:g=32,r=128,sink=4': it does not "
+      "run sink=S (exact sink tokens) (backends that can: ref, cpu, cpu-int8)");
+  testing::expect_error([&] { require_model(cu, parse_spec("kivi2"), true); },
+                        "with the cache 'kivi2:g=32,r=128' and pre_rope: it does not run pre_rope");
+  EXPECT_NO_THROW(require_model(cu, parse_spec("kivi2")));
+}
+
+TEST(BackendModel, referenceCache_fp32OnTheHost_bf16OnCuda) {
+  for (const BackendInfo& b : backends()) {
+    const SchemeSpec r = reference_spec(b.id);
+    // the reference is the unquantized cache the backend stores, and the model runs it there
+    EXPECT_EQ(r.canonical(), b.host ? "fp32" : "bf16") << b.name;
+    EXPECT_EQ(model_unsupported(b.id, r), "") << b.name;
+  }
+}
+
+TEST(BackendModel, requireAvailable_hostAlways_cudaItsOneLine) {
+  for (const BackendInfo& b : backends())
+    if (b.host) {
+      EXPECT_NO_THROW(require_available(b.id)) << b.name;
+    }
+  const std::string why = cuda_unavailable();
+  if (why.empty()) {
+    EXPECT_NO_THROW(require_available(AttentionBackend::kCuda));
+  } else {
+    EXPECT_EQ(testing::expect_error([] { require_available(AttentionBackend::kCuda); }, why), why);
+  }
 }
 
 // Sides holding T tokens of synthetic K/V (outlier key channels), built with `b`'s quantizers.
