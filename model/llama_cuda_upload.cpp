@@ -4,11 +4,68 @@
 // only where CUDA is built (or where a test compiles it against the host runtime stand-in), and a
 // static link pulls this object only into a program that calls it; so a build without CUDA links
 // (the Python module, a machine without nvcc) and the host test of the device model still runs it.
+#include <array>
+#include <utility>
+
 #include "core/error.h"
 #include "kernels/cuda/device_model.h"
+#include "model/arch.h"
 #include "model/llama.h"
 
 namespace kvq {
+
+namespace {
+
+using M = cuda::DeviceModel::Matrix;
+using V = cuda::DeviceModel::Vector;
+
+// The device model's weights are model/arch.h's tensor roles split into matrices and vectors
+// (kernels/cuda/ cannot include model/: the layers, scripts/check-layers.py). The one translation,
+// checked below at compile time: every role is exactly one Matrix or Vector and back.
+constexpr std::array<std::pair<M, TensorRole>, 9> kMatrixRoles{{{M::kQ, TensorRole::kQ},
+                                                                {M::kK, TensorRole::kK},
+                                                                {M::kV, TensorRole::kV},
+                                                                {M::kO, TensorRole::kO},
+                                                                {M::kGate, TensorRole::kGate},
+                                                                {M::kUp, TensorRole::kUp},
+                                                                {M::kDown, TensorRole::kDown},
+                                                                {M::kHead, TensorRole::kOutput},
+                                                                {M::kEmbed, TensorRole::kEmbed}}};
+constexpr std::array<std::pair<V, TensorRole>, 9> kVectorRoles{
+    {{V::kAttnNorm, TensorRole::kAttnNorm},
+     {V::kFfnNorm, TensorRole::kFfnNorm},
+     {V::kQBias, TensorRole::kQBias},
+     {V::kKBias, TensorRole::kKBias},
+     {V::kVBias, TensorRole::kVBias},
+     {V::kOBias, TensorRole::kOBias},
+     {V::kQNorm, TensorRole::kQNorm},
+     {V::kKNorm, TensorRole::kKNorm},
+     {V::kOutNorm, TensorRole::kOutNorm}}};
+
+// Each table lists its enum in declaration order (so a value added at the end is missed here), and
+// the roles they name are every TensorRole once.
+constexpr bool roles_agree() {
+  for (size_t i = 0; i < kMatrixRoles.size(); ++i)
+    if (static_cast<size_t>(kMatrixRoles[i].first) != i) return false;
+  for (size_t i = 0; i < kVectorRoles.size(); ++i)
+    if (static_cast<size_t>(kVectorRoles[i].first) != i) return false;
+  constexpr size_t n = static_cast<size_t>(TensorRole::kCount);
+  if (kMatrixRoles.size() + kVectorRoles.size() != n) return false;
+  std::array<int, n> seen{};
+  for (const auto& [m, r] : kMatrixRoles) ++seen[static_cast<size_t>(r)];
+  for (const auto& [v, r] : kVectorRoles) ++seen[static_cast<size_t>(r)];
+  for (int c : seen)
+    if (c != 1) return false;
+  return true;
+}
+static_assert(roles_agree(),
+              "cuda::DeviceModel's Matrix / Vector and model/arch.h's TensorRole disagree: update "
+              "kMatrixRoles / kVectorRoles (and the device model) together");
+static_assert(static_cast<size_t>(M::kEmbed) + 1 == kMatrixRoles.size() &&
+                  static_cast<size_t>(V::kOutNorm) + 1 == kVectorRoles.size(),
+              "a Matrix or Vector value past the tables' last");
+
+}  // namespace
 
 void LlamaModel::weight_row(const Linear& l, int64_t r, float* out) const {
   if (store_ != WeightStore::kFp32) {
@@ -20,8 +77,6 @@ void LlamaModel::weight_row(const Linear& l, int64_t r, float* out) const {
 
 void LlamaModel::upload_device_weights(cuda::DeviceModel& dev) const {
   const LlamaConfig& c = cfg_;
-  using M = cuda::DeviceModel::Matrix;
-  using V = cuda::DeviceModel::Vector;
   auto put = [&](M m, int l, const Linear& w) {
     const auto [rows, cols] = dev.matrix_shape(m);
     KVQ_CHECK(w.out == rows && w.in == cols, "backend cuda: weight [{}, {}], expected [{}, {}]",

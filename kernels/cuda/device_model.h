@@ -41,6 +41,10 @@ struct DeviceModelShape {
 
 class DeviceModel {
  public:
+  /// Matrix and Vector are model/arch.h's TensorRole split by shape (kHead is its kOutput). They
+  /// are not TensorRole itself because kernels/cuda/ sits below model/ and may not include it
+  /// (scripts/check-layers.py); model/llama_cuda_upload.cpp holds the one translation and
+  /// static_asserts that the three agree (every role exactly once, these in declaration order).
   enum class Matrix { kQ, kK, kV, kO, kGate, kUp, kDown, kHead, kEmbed };
   enum class Vector {
     kAttnNorm,

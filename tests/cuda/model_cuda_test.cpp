@@ -39,61 +39,28 @@
 #include "model/llama.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/model.h"
+#include "tests/support/model_logits.h"
 #include "tests/support/skip_cuda.h"
 
 namespace kvq {
 namespace {
 
-constexpr double kOrderTol = 1e-4;  // x max |logit|: float32 summation order
-
-// The fixtures: KVQ_HF_FIXTURES, else the source tree's, else tests/fixtures/hf under the working
-// directory (a binary built elsewhere by scripts/device-pack.sh, run from the repo root by
-// scripts/device-check.sh).
-std::string fixture(const std::string& family) {
-  if (const char* e = std::getenv("KVQ_HF_FIXTURES"); e && *e) return std::string(e) + "/" + family;
-  const std::string built = std::string(KVQ_SOURCE_DIR) + "/tests/fixtures/hf/" + family;
-  return std::filesystem::is_directory(built) ? built : "tests/fixtures/hf/" + family;
-}
-
-std::vector<int32_t> prompt(int vocab, int n) {
-  std::vector<int32_t> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((37 * i + 11) % vocab));
-  return ids;
-}
-
-// Every position's logits [n, vocab] of `ids` on the model's current backend, in one chunk.
-std::vector<float> run(const LlamaModel& m, const std::string& spec, std::span<const int32_t> ids) {
-  CacheOptions o;
-  o.spec = parse_spec(spec);
-  LlamaCache cache(m.config(), o);
-  std::vector<float> logits;
-  m.forward(ids, cache, logits, true, 1);
-  return logits;
-}
-
-double max_abs(const std::vector<float>& a) {
-  double m = 0;
-  for (float x : a) m = std::max(m, static_cast<double>(std::fabs(x)));
-  return m;
-}
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    m = std::max(m, static_cast<double>(std::fabs(a[i] - b[i])));
-  return m;
-}
+using testing::all_logits;
+using testing::hf_fixture;
+using testing::max_abs;
+using testing::max_diff;
+using testing::prompt_ids;
 
 // Compares backend cuda's logits with backend cpu's for `spec` (see the file comment).
 void expect_matches_cpu(LlamaModel& m, const std::string& spec, int n, const std::string& what) {
   const int vocab = m.config().vocab;
-  const std::vector<int32_t> ids = prompt(vocab, n);
+  const std::vector<int32_t> ids = prompt_ids(vocab, n);
   m.set_backend(AttentionBackend::kCpu);
-  const std::vector<float> exact = run(m, "fp32", ids), cpu = run(m, spec, ids);
+  const std::vector<float> exact = all_logits(m, ids), cpu = all_logits(m, ids, spec);
   m.set_backend(AttentionBackend::kCuda);
-  const std::vector<float> gpu = run(m, spec, ids);
+  const std::vector<float> gpu = all_logits(m, ids, spec);
   const double d = max_diff(exact, cpu);
-  const double tol = 2 * d + kOrderTol * max_abs(cpu);
+  const double tol = testing::quantized_cache_tolerance(exact, cpu);
   const double err = max_diff(gpu, cpu);
   EXPECT_LE(err, tol) << what << " " << spec << ": max |gpu - cpu| = " << err
                       << ", the cache's own rounding D = " << d;
@@ -129,7 +96,7 @@ class ModelCuda : public ::testing::TestWithParam<std::string> {};
 // window, so the codes are read, not only the exact tail.
 TEST_P(ModelCuda, LogitsMatchBackendCpu) {
   KVQ_SKIP_WITHOUT_CUDA();
-  LlamaModel m = LlamaModel::load(fixture(GetParam()));
+  LlamaModel m = LlamaModel::load(hf_fixture(GetParam()));
   m.set_device_weights(LlamaModel::DeviceWeights::kFp32);
   for (const char* spec : {"bf16", "kivi2:g=8,r=0", "kivi4:g=8,r=0", "fp8_e4m3:gran=token"})
     expect_matches_cpu(m, spec, 8, GetParam() + "_fp32w");
@@ -140,7 +107,7 @@ TEST_P(ModelCuda, LogitsMatchBackendCpu) {
 // (backend.h's append_device / attend_decode_device rotate on the host), same tolerance rule.
 TEST_P(ModelCuda, RotatedCacheMatchesBackendCpu) {
   KVQ_SKIP_WITHOUT_CUDA();
-  LlamaModel m = LlamaModel::load(fixture(GetParam()));
+  LlamaModel m = LlamaModel::load(hf_fixture(GetParam()));
   m.set_device_weights(LlamaModel::DeviceWeights::kFp32);
   expect_matches_cpu(m, "kivi2:g=8,r=0,rot=hadamard:7", 8, GetParam() + "_fp32w_rot");
 }
@@ -148,15 +115,15 @@ TEST_P(ModelCuda, RotatedCacheMatchesBackendCpu) {
 // bf16 device weights on the checkpoints stored as BF16: the same values, the same tolerance.
 TEST_P(ModelCuda, Bf16WeightsOnBf16Checkpoints) {
   KVQ_SKIP_WITHOUT_CUDA();
-  if (!bf16_checkpoint(fixture(GetParam()))) GTEST_SKIP() << GetParam() << " is not stored as BF16";
-  LlamaModel m = LlamaModel::load(fixture(GetParam()));
+  if (!bf16_checkpoint(hf_fixture(GetParam()))) GTEST_SKIP() << GetParam() << " is not stored as BF16";
+  LlamaModel m = LlamaModel::load(hf_fixture(GetParam()));
   m.set_device_weights(LlamaModel::DeviceWeights::kBf16);
   expect_matches_cpu(m, "bf16", 8, GetParam() + "_bf16w");
   // bf16 weights take half the bytes of float32 ones
   const int64_t b16 = m.device_weight_bytes();
   m.set_device_weights(LlamaModel::DeviceWeights::kFp32);
   m.set_backend(AttentionBackend::kCuda);
-  (void)run(m, "bf16", prompt(m.config().vocab, 1));
+  (void)all_logits(m, prompt_ids(m.config().vocab, 1), "bf16");
   EXPECT_EQ(m.device_weight_bytes(), 2 * b16);
 }
 
@@ -164,10 +131,10 @@ TEST_P(ModelCuda, Bf16WeightsOnBf16Checkpoints) {
 // cache holds every token.
 TEST_P(ModelCuda, ChunkEqualsTokenByToken) {
   KVQ_SKIP_WITHOUT_CUDA();
-  LlamaModel m = LlamaModel::load(fixture(GetParam()));
+  LlamaModel m = LlamaModel::load(hf_fixture(GetParam()));
   m.set_backend(AttentionBackend::kCuda);
-  const std::vector<int32_t> ids = prompt(m.config().vocab, 8);
-  const std::vector<float> chunk = run(m, "kivi2:g=8,r=0", ids);
+  const std::vector<int32_t> ids = prompt_ids(m.config().vocab, 8);
+  const std::vector<float> chunk = all_logits(m, ids, "kivi2:g=8,r=0");
   CacheOptions o;
   o.spec = parse_spec("kivi2:g=8,r=0");
   LlamaCache cache(m.config(), o);
@@ -197,22 +164,22 @@ TEST(ModelCudaGguf, SmolLM2MatchesBackendCpu) {
   expect_matches_cpu(m, "bf16", 16, "smollm2_gguf_fp32w");
   expect_matches_cpu(m, "kivi2:g=8,r=0", 16, "smollm2_gguf_fp32w");
   m.set_device_weights(LlamaModel::DeviceWeights::kBf16);
-  const std::vector<int32_t> ids = prompt(m.config().vocab, 16);
+  const std::vector<int32_t> ids = prompt_ids(m.config().vocab, 16);
   m.set_backend(AttentionBackend::kCpu);
-  const std::vector<float> cpu = run(m, "bf16", ids);
+  const std::vector<float> cpu = all_logits(m, ids, "bf16");
   m.set_backend(AttentionBackend::kCuda);
-  const std::vector<float> gpu = run(m, "bf16", ids);
+  const std::vector<float> gpu = all_logits(m, ids, "bf16");
   EXPECT_LE(max_diff(gpu, cpu), 0.05 * max_abs(cpu));
 }
 
 // What backend cuda refuses, each in one line naming it.
 TEST(ModelCudaErrors, RefusedInOneLine) {
   KVQ_SKIP_WITHOUT_CUDA();
-  LlamaModel m = LlamaModel::load(fixture("mistral"));  // sliding window 8
+  LlamaModel m = LlamaModel::load(hf_fixture("mistral"));  // sliding window 8
   m.set_backend(AttentionBackend::kCuda);
-  const std::vector<int32_t> ids = prompt(m.config().vocab, 9);
-  testing::expect_error([&] { (void)run(m, "bf16", ids); }, "no sliding-window attention");
-  testing::expect_error([&] { (void)run(m, "fp32", {ids.data(), 2}); }, "backend cuda");
+  const std::vector<int32_t> ids = prompt_ids(m.config().vocab, 9);
+  testing::expect_error([&] { (void)all_logits(m, ids, "bf16"); }, "no sliding-window attention");
+  testing::expect_error([&] { (void)all_logits(m, {ids.data(), 2}, "fp32"); }, "backend cuda");
   CacheOptions pre;
   pre.spec = parse_spec("bf16");
   pre.pre_rope = true;
@@ -237,7 +204,7 @@ TEST(ModelCudaErrors, RefusedInOneLine) {
 TEST(ModelCudaNoDevice, SetBackendSaysWhy) {
   const std::string why = cuda_unavailable();
   if (why.empty()) GTEST_SKIP() << "a CUDA device is present";
-  LlamaModel m = LlamaModel::load(fixture("smollm2"));
+  LlamaModel m = LlamaModel::load(hf_fixture("smollm2"));
   testing::expect_error([&] { m.set_backend(AttentionBackend::kCuda); }, why);
   EXPECT_EQ(m.backend(), AttentionBackend::kCpu);
 }

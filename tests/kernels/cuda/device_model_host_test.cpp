@@ -37,13 +37,14 @@
 #include "model/llama.h"
 #include "model/llama_cuda.h"
 #include "reference_cpu/kv_cache.h"
+#include "tests/support/model_logits.h"
 
 namespace kvq::cuda {
 namespace {
 
-std::string fixture(const std::string& family) {
-  return std::string(KVQ_SOURCE_DIR) + "/tests/fixtures/hf/" + family;
-}
+using testing::all_logits;
+using testing::hf_fixture;
+using testing::prompt_ids;
 
 // Every value of a checkpoint tensor as float, row-major.
 std::vector<float> values(const HfCheckpoint& c, const std::string& name) {
@@ -147,16 +148,6 @@ std::vector<float> decode(const HfCheckpoint& ck, bool bf16, const std::vector<i
   return decode_with(*dev, ck.config(), ids);
 }
 
-std::vector<float> cpu_logits(const LlamaModel& m, const std::vector<int32_t>& ids,
-                              const std::string& spec = "fp32") {
-  CacheOptions o;
-  o.spec = parse_spec(spec);
-  LlamaCache cache(m.config(), o);
-  std::vector<float> logits;
-  m.forward(ids, cache, logits, true, 1);
-  return logits;
-}
-
 void expect_close(const std::vector<float>& got, const std::vector<float>& want,
                   const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -172,33 +163,30 @@ class DeviceModelHost : public ::testing::TestWithParam<std::string> {};
 
 // 8 tokens (mistral's window is 8: the CPU's sliding window never applies).
 TEST_P(DeviceModelHost, Fp32WeightsMatchTheCpuForwardPass) {
-  const HfCheckpoint ck = HfCheckpoint::open(fixture(GetParam()));
-  std::vector<int32_t> ids;
-  for (int i = 0; i < 8; ++i) ids.push_back((37 * i + 11) % ck.config().vocab);
-  expect_close(decode(ck, false, ids), cpu_logits(LlamaModel::load(fixture(GetParam())), ids),
+  const HfCheckpoint ck = HfCheckpoint::open(hf_fixture(GetParam()));
+  const std::vector<int32_t> ids = prompt_ids(ck.config().vocab, 8);
+  expect_close(decode(ck, false, ids), all_logits(LlamaModel::load(hf_fixture(GetParam())), ids),
                GetParam());
 }
 
 // bf16 device weights on a BF16 checkpoint: the same values, the same tolerance.
 TEST_P(DeviceModelHost, Bf16WeightsOnBf16Checkpoints) {
-  const HfCheckpoint ck = HfCheckpoint::open(fixture(GetParam()));
+  const HfCheckpoint ck = HfCheckpoint::open(hf_fixture(GetParam()));
   const ArchEntry& a = arch_entry(ck.config().family);
   if (ck.tensor(tensor_name(a, TensorRole::kQ, 0, true)).dtype != "BF16")
     GTEST_SKIP() << GetParam() << " is not stored as BF16";
-  std::vector<int32_t> ids;
-  for (int i = 0; i < 5; ++i) ids.push_back((53 * i + 7) % ck.config().vocab);
-  expect_close(decode(ck, true, ids), cpu_logits(LlamaModel::load(fixture(GetParam())), ids),
+  const std::vector<int32_t> ids = prompt_ids(ck.config().vocab, 5, 53, 7);
+  expect_close(decode(ck, true, ids), all_logits(LlamaModel::load(hf_fixture(GetParam())), ids),
                GetParam());
 }
 
 // The model's own upload (LlamaModel::upload_device_weights: rows through weight_row) from every
 // weight store: the checkpoint mapped, packed into panels, and as the fp32 reference store.
 TEST_P(DeviceModelHost, ModelUploadFromEveryWeightStore) {
-  std::vector<int32_t> ids;
-  for (int i = 0; i < 6; ++i) ids.push_back((29 * i + 3) % 400);
-  const std::vector<float> want = cpu_logits(LlamaModel::load(fixture(GetParam())), ids);
+  const std::vector<int32_t> ids = prompt_ids(400, 6, 29, 3);
+  const std::vector<float> want = all_logits(LlamaModel::load(hf_fixture(GetParam())), ids);
   for (WeightStore store : {WeightStore::kMapped, WeightStore::kPacked, WeightStore::kFp32}) {
-    const LlamaModel m = LlamaModel::load(fixture(GetParam()), store);
+    const LlamaModel m = LlamaModel::load(hf_fixture(GetParam()), store);
     DeviceModel dev(device_model_shape(m.config()), false);
     m.upload_device_weights(dev);
     expect_close(decode_with(dev, m.config(), ids), want,
@@ -211,23 +199,18 @@ TEST_P(DeviceModelHost, ModelUploadFromEveryWeightStore) {
 // model's step (its sums in another order than the CPU's panels) over the same scheme's host sides,
 // so codes may round apart exactly as on a device.
 TEST_P(DeviceModelHost, QuantizedCachesWithinTheDeviceTestsTolerance) {
-  const HfCheckpoint ck = HfCheckpoint::open(fixture(GetParam()));
-  const LlamaModel m = LlamaModel::load(fixture(GetParam()));
-  std::vector<int32_t> ids;
-  for (int i = 0; i < 8; ++i) ids.push_back((37 * i + 11) % ck.config().vocab);
-  const std::vector<float> exact = cpu_logits(m, ids);
+  const HfCheckpoint ck = HfCheckpoint::open(hf_fixture(GetParam()));
+  const LlamaModel m = LlamaModel::load(hf_fixture(GetParam()));
+  const std::vector<int32_t> ids = prompt_ids(ck.config().vocab, 8);
+  const std::vector<float> exact = all_logits(m, ids);
   for (const char* spec : {"bf16", "kivi2:g=8,r=0", "kivi4:g=8,r=0", "fp8_e4m3:gran=token"}) {
-    const std::vector<float> cpu = cpu_logits(m, ids, spec);
+    const std::vector<float> cpu = all_logits(m, ids, spec);
     std::unique_ptr<DeviceModel> dev = upload(ck, false);
     const std::vector<float> got = decode_with(*dev, ck.config(), ids, spec);
-    double d = 0, top = 0, err = 0;
-    for (size_t i = 0; i < cpu.size(); ++i) {
-      d = std::max(d, static_cast<double>(std::fabs(exact[i] - cpu[i])));
-      top = std::max(top, static_cast<double>(std::fabs(cpu[i])));
-      err = std::max(err, static_cast<double>(std::fabs(got[i] - cpu[i])));
-    }
+    const double d = testing::max_diff(exact, cpu), err = testing::max_diff(got, cpu);
     EXPECT_GT(d, 0) << spec << ": the scheme changed nothing (the test would be empty)";
-    EXPECT_LE(err, 2 * d + 1e-4 * top) << GetParam() << " " << spec << ": D = " << d;
+    EXPECT_LE(err, testing::quantized_cache_tolerance(exact, cpu))
+        << GetParam() << " " << spec << ": D = " << d;
     std::printf("%s %s: D = %.3g, |device model - cpu| = %.3g\n", GetParam().c_str(), spec, d, err);
   }
 }
@@ -254,7 +237,7 @@ TEST(DeviceModelHostGguf, SmolLM2UploadMatchesTheCpu) {
   std::printf("upload of %.0f MB (fp32) from the GGUF's panels: %.2f s\n",
               static_cast<double>(dev.weight_bytes()) / 1e6, s);
   const std::vector<int32_t> ids = {1, 504, 3303, 28};
-  expect_close(decode_with(dev, m.config(), ids), cpu_logits(m, ids), "smollm2 gguf");
+  expect_close(decode_with(dev, m.config(), ids), all_logits(m, ids), "smollm2 gguf");
 }
 
 // What the device model refuses: a weight never uploaded, a tied model's own embeddings.
