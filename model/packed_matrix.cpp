@@ -11,13 +11,12 @@
 #include "model/packed_kernels.h"
 
 // Each CPU path's kernel table (model/packed_kernels.cpp), as backend cpu's paths
-// (kernels/cpu/dispatch.cpp): cmake/cpu_paths.cmake compiles one per KVQ_CPU_PATHS entry.
+// (kernels/cpu/dispatch.cpp): cmake/cpu_paths.cmake compiles one per KVQ_CPU_PATHS entry and
+// defines KVQ_CPU_HAVE_<path> for each.
 extern "C" const kvq::packed::Kernels* kvq_packed_path_portable();
-#if defined(__x86_64__)
 extern "C" const kvq::packed::Kernels* kvq_packed_path_avx2();
 extern "C" const kvq::packed::Kernels* kvq_packed_path_avx512();
 extern "C" const kvq::packed::Kernels* kvq_packed_path_avx512bf16();
-#endif
 
 namespace kvq {
 
@@ -26,11 +25,15 @@ namespace packed {
 const Kernels& kernels() {
   static const Kernels& k = []() -> const Kernels& {
     constexpr const Kernels* (*kPaths[])() = {
-      kvq_packed_path_portable,
-#if defined(__x86_64__)
-      kvq_packed_path_avx2,
-      kvq_packed_path_avx512,
-      kvq_packed_path_avx512bf16,
+        kvq_packed_path_portable,
+#ifdef KVQ_CPU_HAVE_avx2
+        kvq_packed_path_avx2,
+#endif
+#ifdef KVQ_CPU_HAVE_avx512
+        kvq_packed_path_avx512,
+#endif
+#ifdef KVQ_CPU_HAVE_avx512bf16
+        kvq_packed_path_avx512bf16,
 #endif
     };
     const std::string_view want = cpu::path().name;

@@ -21,13 +21,12 @@
 #define KVQ_CPU_X86 0
 #endif
 
-// Each path's table getter (kernels/cpu/path.cpp), in the order of width.
+// Each path's table getter (kernels/cpu/path.cpp), in the order of width; KVQ_CPU_HAVE_<path>
+// for each path this build compiles (KVQ_CPU_PATHS, cmake/cpu_paths.cmake; portable always).
 extern "C" const kvq::cpu::Kernels* kvq_cpu_path_portable();
-#if KVQ_CPU_X86
 extern "C" const kvq::cpu::Kernels* kvq_cpu_path_avx2();
 extern "C" const kvq::cpu::Kernels* kvq_cpu_path_avx512();
 extern "C" const kvq::cpu::Kernels* kvq_cpu_path_avx512bf16();
-#endif
 
 namespace kvq::cpu {
 namespace {
@@ -84,9 +83,13 @@ struct Entry {
 };
 constexpr Entry kPaths[] = {
     {kvq_cpu_path_portable, [](const Features&) { return true; }},
-#if KVQ_CPU_X86
+#if KVQ_CPU_X86 && defined(KVQ_CPU_HAVE_avx2)
     {kvq_cpu_path_avx2, [](const Features& f) { return f.avx2; }},
+#endif
+#if KVQ_CPU_X86 && defined(KVQ_CPU_HAVE_avx512)
     {kvq_cpu_path_avx512, [](const Features& f) { return f.avx512; }},
+#endif
+#if KVQ_CPU_X86 && defined(KVQ_CPU_HAVE_avx512bf16)
     {kvq_cpu_path_avx512bf16, [](const Features& f) { return f.avx512bf16; }},
 #endif
 };
