@@ -18,8 +18,9 @@
 # 128..1024, tiled, bf16 and kivi2 at 32k), Nsight Compute on the main decode kernels at one shape
 # (when ncu is present; scripts/ncu_table.py), and compute-sanitizer memcheck and racecheck on the
 # named subsets SAN_MEMCHECK and SAN_RACECHECK below, and `kvq run` of
-# experiments/configs/throughput_cuda.toml (the [throughput] task on backend cuda, issue 47; its
-# table goes into the report). Bench repetitions and every step are capped
+# experiments/configs/throughput_cuda.toml (the [throughput] task on backend cuda, issue 47) and of
+# a [model] smoke config with backend = "cuda" over the model bench's model (their tables go into
+# the report). Bench repetitions and every step are capped
 # so the whole run stays under 8 minutes.
 #
 # Without a GPU (no nvidia-smi, or it lists none) it writes a report saying so and exits 2.
@@ -55,6 +56,35 @@ TESTS_MD=()  # lines for the report's test section
 elapsed() { echo $(( $(date +%s) - START )); }
 left() { echo $(( BUDGET - $(elapsed) )); }
 note() { NOTES+=("$*"); echo "device-check: $*" >&2; }
+# The [model] smoke config on backend cuda: out folder $1, model $2, text $3.
+model_cuda_config() {
+  cat <<EOF
+name = "device-check: the model on backend cuda"
+out = "$1"
+model_file = "$2"
+schemes = ["bf16", "kivi4:g=32,r=32", "kivi2:g=32,r=32"]
+
+[model]
+backend = "cuda"
+text = "$3"
+ctx = 128
+max_tokens = 256
+chunk = 128
+EOF
+}
+# The report's table of that run's rows (model.jsonl $1), one line per scheme.
+model_cuda_table() {
+  "$PY" - "$1" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print("| scheme | ctx | reference | ppl | ppl (reference) | KLD | top-1 | quantized | seconds |")
+print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    print(f"| {r['scheme']} | {r['settings']['ctx']} | {r.get('reference', 'fp32')} | {r['ppl']:.3f} | "
+          f"{r['ppl_fp32']:.3f} | {r['kld']:.4g} | {100 * r['top1']:.1f}% | "
+          f"{100 * r['quantized']:.0f}% | {r['seconds']:.1f} |")
+EOF
+}
 # Timeout for a step: at most $1 seconds, and never past the budget (at least 10 s).
 cap() { local l; l=$(left); (( l < $1 )) && { (( l > 10 )) && echo "$l" || echo 10; } || echo "$1"; }
 
@@ -396,6 +426,32 @@ else
   (( MB_RAN == 1 )) && note "kvq model bench --backend cuda ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (model_bench/)."
 fi
 
+# kvq run's [model] task on backend cuda (issue 47, `[model] backend = "cuda"`): a smoke config
+# written here over the bench's model (the synthetic checkpoint's made-up weights: the rows show
+# that the path runs and how long it takes, their ppl and KLD mean nothing), two 128-token windows
+# of README.md, bf16 (backend cuda's reference cache: KLD 0 by definition) / kivi4 / kivi2 with
+# 32-token groups and residuals (half of the attended K/V quantized; the host run of this config
+# on backend cpu and the fixture reads 50%). Its table goes into the report.
+MR_OUT="$OUT/model_cuda"
+MR_RAN=0
+if [[ ! -x "$KVQ_BIN" || -z "$GPU_NAME" ]]; then
+  note "kvq run [model] backend cuda: no kvq binary or no GPU; not run."
+elif (( $(left) < 40 )); then
+  note "kvq run [model] backend cuda: skipped, the budget is nearly spent."
+else
+  t0=$(elapsed)
+  rm -rf "$MR_OUT"
+  model_cuda_config "$MR_OUT" "$MB_MODEL" "$ROOT/README.md" >"$OUT/model_cuda.toml"
+  if timeout "$(cap 60)" "$KVQ_BIN" run "$OUT/model_cuda.toml" >"$LOGS/model_cuda.log" 2>&1; then
+    MR_RAN=1
+    note "kvq run model_cuda.toml ([model] backend = \"cuda\") ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (model_cuda/)."
+  else
+    rc=$?
+    STATUS=1
+    note "kvq run model_cuda.toml ([model] backend = \"cuda\") failed (exit $rc after $(( $(elapsed) - t0 )) s): $(tail -1 "$LOGS/model_cuda.log") (logs/model_cuda.log)."
+  fi
+fi
+
 # Nsight Compute on the main decode kernels at one shape (8x128x4, 32k, batch 16): each split
 # kernel of tiled and mma for bf16, fp8 per tensor, kivi4 and kivi2, one launch each.
 NCU_MD=""
@@ -653,6 +709,20 @@ EOF
       cat "$MB_OUT/$kv.txt"
       echo '```'
     done
+  else
+    echo "Not run (see the build section)."
+  fi
+  echo
+  echo "## kvq run [model] on backend cuda (model_cuda.toml: \`[model] backend = \"cuda\"\`)"
+  echo
+  if (( MR_RAN == 1 )) && [[ -n "$PY" ]]; then
+    echo "Model: $MB_MODEL (where synthetic, made-up weights: the rows show the path runs, not quality)."
+    echo
+    model_cuda_table "$MR_OUT/model.jsonl"
+    echo
+    echo "Rows: model_cuda/model.jsonl; config: model_cuda.toml; log: logs/model_cuda.log."
+  elif (( MR_RAN == 1 )); then
+    echo "Ran (model_cuda/model.csv); no python3 for the table."
   else
     echo "Not run (see the build section)."
   fi
