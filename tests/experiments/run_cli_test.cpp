@@ -733,7 +733,8 @@ TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
     EXPECT_EQ(dry.status, 0) << e.path() << ": " << dry.err;
     const std::string& listing = dry.out;
     const auto r = run_kvq("run --smoke --out " + out.string() + " " + e.path().string());
-    // a config for backend cuda (throughput_cuda.toml) without a device: that one line, nothing else
+    // a config for backend cuda (throughput_cuda.toml, model_cuda.toml) without a device: that one
+    // line, nothing else
     if (const std::string why = cuda_unavailable();
         r.status != 0 && !why.empty() && r.err.find(why) != std::string::npos) {
       EXPECT_EQ(r.err_lines(), 1) << e.path() << ": " << r.err;
