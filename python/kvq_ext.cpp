@@ -336,11 +336,17 @@ std::string plan(const std::string& args_json) {
 // The real model and its tokenizer.
 class Model {
  public:
-  Model(const std::string& path, const std::string& weights) {
+  // `backend`: the Python Model's default (kvq.Model(..., backend=)); checked before the load:
+  // kernels/backend.h's one parser, then cuda's one line without a device.
+  Model(const std::string& path, const std::string& weights, const std::string& backend) {
+    const AttentionBackend b = parse_backend(backend);
+    require_model(b);
+    require_available(b);
     const std::string p = cli::model_path(path);
     const WeightStore store = parse_weight_store(weights);
     nb::gil_scoped_release release;
     m_ = std::make_unique<eval::LoadedModel>(eval::load_model(p, store));
+    m_->model.set_backend(b);
     path_ = p;
   }
 
@@ -369,6 +375,7 @@ class Model {
     std::vector<CacheOptions> caches;
     for (const auto& s : kvs) caches.push_back(CacheOptions{parse_spec(s)});
     const AttentionBackend b = parse_backend(backend);
+    for (const CacheOptions& c : caches) require_model(b, c.spec);  // every scheme, before any work
     eval::PplOptions o;
     o.ctx = ctx;
     o.stride = stride;
@@ -390,6 +397,7 @@ class Model {
                          {"ci_blocks", r[i].ci_blocks},
                          {"seconds", r[i].seconds}};
       for (const auto& [name, value] : eval::result_fields(r[i])) row[name] = value;
+      if (const std::string ref = eval::reference_field(b); !ref.empty()) row["reference"] = ref;
       rows.push_back(row.dump());
     }
     return rows;
@@ -458,26 +466,28 @@ class Model {
                                   const std::vector<double>& depths, int trials, uint64_t seed,
                                   const std::string& hay_text, int threads,
                                   const std::string& backend) {
-    const CacheOptions test{parse_spec(kv)}, ref{parse_spec("fp32")};
     const AttentionBackend b = parse_backend(backend);
+    const CacheOptions test{parse_spec(kv)}, ref{reference_spec(b)};  // fp32; bf16 on cuda
     const int context = m_->model.config().context;
     KVQ_CHECK(!ctxs.empty() && !depths.empty(), "ctx and depth: give at least one value each");
     for (int c : ctxs) KVQ_CHECK(c >= 256 && c <= context, "ctx {} outside [256, {}]", c, context);
     for (double d : depths) KVQ_CHECK(d >= 0 && d <= 1, "depth {} outside [0, 1]", d);
     KVQ_CHECK(trials >= 1, "trials must be at least 1, got {}", trials);
     std::vector<std::string> rows;
+    const std::string reference = eval::reference_field(b);
     nb::gil_scoped_release release;
     m_->model.set_backend(b);
     eval::needle_grid(*m_, hay_text, ref, test, {ctxs, depths, trials, seed, threads},
                       [&](const eval::NeedleRow& r) {
-                        rows.push_back(nlohmann::json{{"ctx", r.ctx},
-                                                      {"depth", r.depth},
-                                                      {"key", r.key},
-                                                      {"fp32_correct", r.ref.correct},
-                                                      {"fp32_logprob", r.ref.logprob},
-                                                      {"correct", r.test.correct},
-                                                      {"logprob", r.test.logprob}}
-                                           .dump());
+                        nlohmann::json row{{"ctx", r.ctx},
+                                           {"depth", r.depth},
+                                           {"key", r.key},
+                                           {"fp32_correct", r.ref.correct},
+                                           {"fp32_logprob", r.ref.logprob},
+                                           {"correct", r.test.correct},
+                                           {"logprob", r.test.logprob}};
+                        if (!reference.empty()) row["reference"] = reference;
+                        rows.push_back(row.dump());
                         poll_signals();  // Ctrl-C between cases
                       });
     return rows;
@@ -504,8 +514,8 @@ class Model {
                                  const std::vector<int>& lengths, int samples, uint64_t seed,
                                  const std::string& haystack, int max_new, int threads,
                                  const std::string& backend) {
-    const CacheOptions test{parse_spec(kv)}, ref{parse_spec("fp32")};
     const AttentionBackend b = parse_backend(backend);
+    const CacheOptions test{parse_spec(kv)}, ref{reference_spec(b)};  // fp32; bf16 on cuda
     KVQ_CHECK(!lengths.empty(), "length: give at least one value");
     if (tasks.empty())  // every task, in RULER's order
       for (const auto& t : eval::ruler_tasks()) tasks.emplace_back(t.name);
@@ -514,6 +524,7 @@ class Model {
     KVQ_CHECK(samples >= 1, "samples must be at least 1, got {}", samples);
     KVQ_CHECK(max_new >= 0, "max_new must be 0 (each task's budget) or more, got {}", max_new);
     std::vector<std::string> rows;
+    const std::string reference = eval::reference_field(b);
     nb::gil_scoped_release release;
     m_->model.set_backend(b);
     const eval::RulerHaystack hay = ruler_haystack(haystack);
@@ -525,17 +536,18 @@ class Model {
               eval::ruler_trial(m_->model, m_->tok, ref, c, max_new, threads, poll_signals);
           const eval::RulerOutput r =
               eval::ruler_trial(m_->model, m_->tok, test, c, max_new, threads, poll_signals);
-          rows.push_back(nlohmann::json{{"length", l},
-                                        {"task", t},
-                                        {"sample", i},
-                                        {"answers", c.answers},
-                                        {"prompt_tokens", c.prompt.size()},
-                                        {"fp32_score", a.score},
-                                        {"fp32_output", a.text},
-                                        {"score", r.score},
-                                        {"output", r.text},
-                                        {"generated", r.tokens}}
-                             .dump());
+          nlohmann::json row{{"length", l},
+                             {"task", t},
+                             {"sample", i},
+                             {"answers", c.answers},
+                             {"prompt_tokens", c.prompt.size()},
+                             {"fp32_score", a.score},
+                             {"fp32_output", a.text},
+                             {"score", r.score},
+                             {"output", r.text},
+                             {"generated", r.tokens}};
+          if (!reference.empty()) row["reference"] = reference;
+          rows.push_back(row.dump());
         }
     return rows;
   }
@@ -656,7 +668,7 @@ NB_MODULE(_kvq, m) {
       .def_prop_ro("heads", &Cache::heads)
       .def_prop_ro("head_dim", &Cache::dim);
   nb::class_<Model>(m, "Model")
-      .def(nb::init<const std::string&, const std::string&>())
+      .def(nb::init<const std::string&, const std::string&, const std::string&>())
       .def("config", &Model::config)
       .def("encode", &Model::encode)
       .def("decode", &Model::decode)

@@ -390,6 +390,14 @@ class Model:
     fp32 column panels) or "fp32" (the plain reference product); the same logits bit for bit.
     Logits are exact fp32 arithmetic.
 
+    ``backend`` is the attention backend of every call that names none (each call's ``backend=``
+    overrides it), by the CLI's names (``kvq.backends()``): "cpu" (the default), "cpu-int8",
+    "ref", or "cuda": the whole model on the GPU (bf16 weights, token by token, the cache in
+    device memory; ppl / needle / ruler then measure against a bf16 cache, since backend cuda
+    stores no fp32 ones, and their rows say so in ``reference``). Without a device or a CUDA
+    build, ``backend="cuda"`` raises kvq.Error with the one line ``kvq.backends()`` gives as
+    cuda's ``unavailable``, before the weights load.
+
     Example::
 
         >>> m = kvq.Model()
@@ -398,10 +406,21 @@ class Model:
         >>> m.generate("The capital of France is", n=8)
     """
 
-    def __init__(self, path: Optional[str] = None, weights: str = "mapped"):
-        self._m = _kvq.Model(path or "", weights)
+    def __init__(self, path: Optional[str] = None, weights: str = "mapped", backend: str = "cpu"):
+        if not isinstance(backend, str):
+            raise Error(f"backend: expected a name such as 'cpu' or 'cuda', got {type(backend).__name__}")
+        self._m = _kvq.Model(path or "", weights, backend)
+        self.backend: str = backend
+        """the attention backend of every call that gives none (``kvq.backends()``)"""
         self.config: dict = json.loads(self._m.config())
         """layers, hidden, heads, kv_heads, head_dim, ffn, vocab, context, weights, path, family"""
+
+    def _backend(self, backend: Optional[str]) -> str:
+        if backend is None:
+            return self.backend
+        if not isinstance(backend, str):
+            raise Error(f"backend: expected a name such as 'cpu' or 'cuda', got {type(backend).__name__}")
+        return backend
 
     def encode(self, text: str, max_tokens: int = 0, chat: bool = False) -> list[int]:
         """Token ids of ``text`` (the first ``max_tokens`` when > 0); ``chat`` wraps it in the
@@ -426,7 +445,7 @@ class Model:
 
     def ppl(self, text: Union[str, Sequence[int]], kv: Union[SpecLike, Sequence[SpecLike]] = DEFAULT_KV,
             ctx: int = 512, max_tokens: int = DEFAULT_MAX_TOKENS, stride: int = 0, chunk: int = 256,
-            threads: int = 0, backend: str = "cpu") -> Union[dict, list[dict]]:
+            threads: int = 0, backend: Optional[str] = None) -> Union[dict, list[dict]]:
         """Perplexity with each scheme's cache, with KL divergence and top-1 agreement against
         the fp32 cache on the same windows (computed once for all schemes), as ``kvq model ppl``.
 
@@ -437,8 +456,8 @@ class Model:
         bootstrap over the scored positions with ci_blocks blocks, None when unknown; quantized:
         the fraction of the attended K/V stored quantized, as ``kvq run``'s model rows).
         ``backend``: attention on "cpu" (SIMD kernels), "cpu-int8" (their reduced-precision dot
-        products on 2/4-bit and FP8 codes) or "ref" (the scalar reference), as ``kvq model
-        --backend``.
+        products on 2/4-bit and FP8 codes), "ref" (the scalar reference) or "cuda" (the model on
+        the GPU, against a bf16 reference cache), as ``kvq model --backend``; None: the Model's.
         Ctrl-C stops it between chunks.
 
         Example::
@@ -452,11 +471,11 @@ class Model:
         ids = self._ids(text, max_tokens)
         rows = [json.loads(r) for r in self._m.ppl(ids, specs, _int(ctx, "ctx"),
                                                    _int(stride, "stride"), _int(chunk, "chunk"),
-                                                   _int(threads, "threads"), backend)]
+                                                   _int(threads, "threads"), self._backend(backend))]
         return rows[0] if one else rows
 
     def generate(self, prompt: str, n: int = 64, kv: SpecLike = DEFAULT_KV, chat: bool = False,
-                 threads: int = 0, backend: str = "cpu") -> str:
+                 threads: int = 0, backend: Optional[str] = None) -> str:
         """Greedy continuation of ``prompt`` (up to ``n`` tokens, stopping at end-of-text) with
         the cache in scheme ``kv``; ``chat`` applies the instruct template. Ctrl-C stops it.
 
@@ -469,7 +488,7 @@ class Model:
         if not ids:
             raise Error("the prompt is empty after tokenization")
         out = self._m.generate(ids, _int(n, "n"), _spec_text(kv, "kv"), _int(threads, "threads"),
-                               backend)
+                               self._backend(backend))
         if out and out[-1] == self._m.eos:
             out = out[:-1]
         return self.decode(out)
@@ -490,7 +509,7 @@ class Model:
 
     def logits(self, text: Union[str, Sequence[int]], kv: SpecLike = DEFAULT_KV,
                max_tokens: int = DEFAULT_MAX_TOKENS, threads: int = 0,
-               backend: str = "cpu") -> np.ndarray:
+               backend: Optional[str] = None) -> np.ndarray:
         """Next-token logits of every position of ``text`` (a string or token ids; the first
         ``max_tokens``) with the cache in scheme ``kv``: float32 [tokens, vocab], bit-identical to
         the npy ``kvq model logits --kv KV --out l.npy`` writes. ``encode(text, max_tokens)``
@@ -503,11 +522,11 @@ class Model:
             (300, 49152)
         """
         ids = self._ids(text, max_tokens)
-        return self._m.logits(ids, _spec_text(kv, "kv"), _int(threads, "threads"), backend)
+        return self._m.logits(ids, _spec_text(kv, "kv"), _int(threads, "threads"), self._backend(backend))
 
     def diverge(self, prompt: Union[str, Sequence[int]], kv: SpecLike = DEFAULT_KV,
                 vs: SpecLike = "fp32", n: int = 64, chat: bool = False, threads: int = 0,
-                backend: str = "cpu") -> dict:
+                backend: Optional[str] = None) -> dict:
         """Greedy outputs of the cache in ``vs`` (the reference) and in ``kv`` side by side, as
         ``kvq model diverge`` (its --json object): kv, vs, backend, prompt_tokens, ref and test
         (the generated token ids), first_diff (the first step where they differ, -1 if none) and
@@ -527,13 +546,13 @@ class Model:
         if not ids:
             raise Error("the prompt is empty after tokenization")
         return json.loads(self._m.diverge(ids, _spec_text(kv, "kv"), _spec_text(vs, "vs"),
-                                          _int(n, "n"), _int(threads, "threads"), backend))
+                                          _int(n, "n"), _int(threads, "threads"), self._backend(backend)))
 
     def needle(self, kv: SpecLike = DEFAULT_KV,
                ctx: Union[int, Sequence[int]] = (1024, 2048, 4096, 8192),
                depth: Union[float, Sequence[float]] = (0.1, 0.5, 0.9), trials: int = 1,
                seed: int = 1, text: Optional[str] = None, threads: int = 0,
-               backend: str = "cpu") -> list[dict]:
+               backend: Optional[str] = None) -> list[dict]:
         """Passkey retrieval, as ``kvq model needle`` (the same prompts, keys and rows as its
         --json): a 5-digit pass key hidden at each ``depth`` (0 to 1) of a haystack of ``ctx``
         tokens (256 to the model's context), ``trials`` keys per cell from ``seed``, answered
@@ -552,7 +571,7 @@ class Model:
         hay = read_text("kjv") if text is None else str(text)
         rows = self._m.needle(_spec_text(kv, "kv"), [_int(c, "ctx") for c in ctxs],
                               [_num(d, "depth") for d in depths], _int(trials, "trials"),
-                              _int(seed, "seed"), hay, _int(threads, "threads"), backend)
+                              _int(seed, "seed"), hay, _int(threads, "threads"), self._backend(backend))
         return [json.loads(r) for r in rows]
 
     def ruler_case(self, task: str, length: int, sample: int = 0, seed: int = 1,
@@ -577,7 +596,7 @@ class Model:
     def ruler(self, kv: SpecLike = DEFAULT_KV, task: Union[None, str, Sequence[str]] = None,
               length: Union[int, Sequence[int]] = (1024, 2048, 4096), samples: int = 5,
               seed: int = 1, haystack: str = "kjv", max_new: int = 0, threads: int = 0,
-              backend: str = "cpu") -> list[dict]:
+              backend: Optional[str] = None) -> list[dict]:
         """The RULER-style long-context suite, as ``kvq run``'s [ruler] task (the same cases,
         greedy outputs and scores as its rows): every ``length`` x ``task`` (default: all of
         them) x sample (``samples`` from ``seed``) answered with the fp32 cache and with ``kv``,
@@ -599,13 +618,13 @@ class Model:
         lengths = [length] if isinstance(length, (int, np.integer)) else list(length)
         rows = self._m.ruler(_spec_text(kv, "kv"), tasks, [_int(x, "length") for x in lengths],
                              _int(samples, "samples"), _int(seed, "seed"), str(haystack),
-                             _int(max_new, "max_new"), _int(threads, "threads"), backend)
+                             _int(max_new, "max_new"), _int(threads, "threads"), self._backend(backend))
         return [json.loads(r) for r in rows]
 
     def calibrate(self, text: Optional[str] = None, max_tokens: int = DEFAULT_MAX_TOKENS,
                   skip_tokens: int = 0, ctx: int = 1024, pre_rope: bool = False,
                   out: Union[None, str, os.PathLike] = None, text_name: Optional[str] = None,
-                  threads: int = 0, backend: str = "cpu") -> dict:
+                  threads: int = 0, backend: Optional[str] = None) -> dict:
         """Per-layer, per-head amax of K (post-RoPE; pre-RoPE with ``pre_rope``) and V over
         ``max_tokens`` tokens of ``text`` after the first ``skip_tokens``, in windows of ``ctx``
         tokens, as ``kvq model calibrate``: a dict with model, source, k_amax and v_amax (float32
@@ -625,7 +644,7 @@ class Model:
         body = read_text("kjv") if text is None else str(text)
         model, source, k, v = self._m.calibrate(
             body, str(name), _int(max_tokens, "max_tokens"), _int(skip_tokens, "skip_tokens"),
-            _int(ctx, "ctx"), bool(pre_rope), _int(threads, "threads"), backend,
+            _int(ctx, "ctx"), bool(pre_rope), _int(threads, "threads"), self._backend(backend),
             os.fspath(out) if out is not None else "")
         return {"model": model, "source": source, "k_amax": k, "v_amax": v}
 
