@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Fuzzes kvq's parsers and quantizers with libFuzzer (fuzz/README.md).
 #   scripts/fuzz.sh [SECONDS] [TARGET...]    default: 60 seconds each, every target
-# Builds the `fuzz` preset (clang 14, ASan + UBSan), seeds each target's corpus from
-# fuzz/corpus/<target>/ (make_seeds writes it when missing), runs each target for SECONDS with
-# a 2 GiB RSS limit, a 1 GiB single-allocation limit and a 10 s per-input timeout, and prints one
-# line per target: executions, seconds, new corpus entries, and FAILED with the crash file when
-# libFuzzer found something. Exit status 1 when any target failed. Run from anywhere.
+# Builds the targets it runs in the `fuzz` preset (clang 14, ASan + UBSan, Ninja), seeds each
+# target's corpus from fuzz/corpus/<target>/ (make_seeds writes it when missing), runs each target
+# for SECONDS with a 2 GiB RSS limit, a 1 GiB single-allocation limit and a 10 s per-input
+# timeout, and prints one line per target: executions, seconds, new corpus entries, and FAILED
+# with the crash file when libFuzzer found something. Exit status 1 when any target failed.
+# Run from anywhere.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 secs=${1:-60}
@@ -17,9 +18,15 @@ for t in "${targets[@]}"; do
 done
 [[ "$secs" =~ ^[0-9]+$ && "$secs" -ge 1 ]] || { echo "fuzz.sh: SECONDS must be a whole number >= 1, got '$secs'" >&2; exit 2; }
 command -v clang++-14 > /dev/null || { echo "fuzz.sh: clang++-14 is missing (apt-get install clang-14)" >&2; exit 1; }
+command -v ninja > /dev/null || { echo "fuzz.sh: ninja is missing (apt-get install ninja-build)" >&2; exit 1; }
 mkdir -p build
-cmake --preset fuzz > build/fuzz-configure.log 2>&1 || { cat build/fuzz-configure.log >&2; exit 1; }
-cmake --build --preset fuzz -j"${KVQ_JOBS:-$(nproc)}" > build/fuzz-build.log 2>&1 ||
+# The preset's generator is Ninja; a build/fuzz the Makefile generator made is configured afresh.
+fresh=$(grep -qs '^CMAKE_GENERATOR:INTERNAL=Ninja$' build/fuzz/CMakeCache.txt || echo --fresh)
+cmake --preset fuzz $fresh > build/fuzz-configure.log 2>&1 || { cat build/fuzz-configure.log >&2; exit 1; }
+# Only the targets this run fuzzes (and make_seeds when the seeds are missing), not the kvq CLI.
+build=("${targets[@]/#/fuzz_}")
+[[ -d fuzz/corpus/npy ]] || build+=(make_seeds)
+cmake --build --preset fuzz -j"${KVQ_JOBS:-$(nproc)}" --target "${build[@]}" > build/fuzz-build.log 2>&1 ||
   { tail -30 build/fuzz-build.log >&2; echo "fuzz.sh: the fuzz build failed (build/fuzz-build.log)" >&2; exit 1; }
 model="${KVQ_MODEL_DIR:-$HOME/.cache/kvq}/SmolLM2-135M-Instruct.Q4_1.gguf"
 B=build/fuzz/fuzz

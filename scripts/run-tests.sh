@@ -3,8 +3,11 @@
 #   0. scripts/check-layers.py: every include and import against the allowed folder graph (<1 s);
 #   1. ctest: every quick C++ test and the Python tests (pytest) on the default build, backend
 #      cpu's kernel tests also under each CPU path this host runs (KVQ_CPU_PATH, label cpu_path);
-#   2. scripts/sanitize.sh: the library unit tests again under ASan + UBSan (preset asan);
-#   3. scripts/fuzz.sh 10: every libFuzzer target for 10 s from its committed seeds (preset fuzz).
+#   2. scripts/sanitize.sh: the library unit tests again under ASan + UBSan (preset asan: only
+#      those programs, without the CLI's code, backend cpu's portable and widest host paths only,
+#      KVQ_CPU_PATHS=host; they run KVQ_JOBS at a time);
+#   3. scripts/fuzz.sh 10: every libFuzzer target for 10 s from its committed seeds (preset fuzz:
+#      only the targets, the host's paths).
 # KVQ_QUICK_ONLY=1 runs steps 0 and 1 alone. The full tier (after this script has built once):
 #   ctest --test-dir build/default -L full && scripts/fuzz.sh 600   (the preset excludes label full)
 set -euo pipefail

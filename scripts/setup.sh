@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PRESET="${KVQ_PRESET:-default}"
-PKGS=(build-essential cmake pkg-config ccache git ca-certificates
+PKGS=(build-essential cmake ninja-build pkg-config ccache git ca-certificates
       libeigen3-dev libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
       libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev
       python3 python3-dev python3-venv python3-pip bible-kjv
