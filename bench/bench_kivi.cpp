@@ -66,7 +66,7 @@ void BM_Append(benchmark::State& state, const std::string& spec_text, kvq::Role 
   int64_t quantized = 0;
   for (auto _ : state) {
     kvq::kivi::SideCache cache(
-        spec.q, role, kHeads, kDim,
+        spec.q(), role, kHeads, kDim,
         cpu ? kvq::cpu::kivi_group_quantizers() : kvq::kivi::GroupQuantizers{});
     if (per_token) {
       for (int64_t t = 0; t < kTokens; ++t) cache.append(x.data() + t * kRow, 1);
@@ -83,15 +83,15 @@ void BM_Append(benchmark::State& state, const std::string& spec_text, kvq::Role 
 
 void BM_Quantize(benchmark::State& state, const std::string& spec_text, kvq::Role role, bool cpu) {
   kvq::SchemeSpec spec = kvq::parse_spec(spec_text);
-  spec.q.residual = 0;
+  spec.q().residual = 0;
   const std::vector<float>& x = input();
   kvq::cpu::KiviPacked out;
   for (auto _ : state) {
     if (cpu) {
-      kvq::cpu::kivi_quantize(spec.q, role, x.data(), kTokens, kHeads, kDim, out);
+      kvq::cpu::kivi_quantize(spec.q(), role, x.data(), kTokens, kHeads, kDim, out);
       benchmark::DoNotOptimize(out.words.data());
     } else {
-      kvq::kivi::SideCache cache(spec.q, role, kHeads, kDim);
+      kvq::kivi::SideCache cache(spec.q(), role, kHeads, kDim);
       cache.append(x.data(), kTokens);
       benchmark::DoNotOptimize(cache.words().data());
     }

@@ -48,10 +48,6 @@ inline void add_exact(Footprint& f, int64_t elements) {
   f.residual_bytes += kResidualBytesPerElement * static_cast<double>(elements);
 }
 
-/// \brief Tokens of T that an int scheme's `axis` side keeps quantized (REFERENCE.md section 3):
-/// per-channel: floor(T / B) * B with B = R if R > 0 else G; per-token: max(T - R, 0).
-int64_t quantized_tokens(const IntSpec& q, Axis axis, int64_t tokens);
-
 struct StoredSide;  // core/stored_side.h
 
 /// \brief What a stored view holds (core/stored_side.h), by the rules footprint(spec, ...) applies

@@ -7,15 +7,19 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/schemes.h"
 
 namespace kvq {
-namespace {
 
-constexpr const char* kSchemes =
-    "fp32, bf16, fp16, fp8_e4m3 (alias fp8), fp8_e4m3fnuz, fp8_e5m2, int2|int3|int4|int8, "
-    "kivi2|kivi3|kivi4|kivi8, hf (HF QuantizedCache's names), k=SPEC;v=SPEC";
+int scheme_parse::integer(std::string_view text, std::string_view v, std::string_view key) {
+  int x = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc() || p != v.data() + v.size())
+    fail("bad scheme spec '{}': {}={} is not an integer", text, key, v);
+  return x;
+}
 
-std::vector<std::string_view> split(std::string_view s, char sep) {
+std::vector<std::string_view> scheme_parse::split(std::string_view s, char sep) {
   std::vector<std::string_view> out;
   size_t b = 0;
   for (size_t i = 0; i <= s.size(); ++i) {
@@ -27,97 +31,36 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
   return out;
 }
 
-int parse_int(std::string_view text, std::string_view v, std::string_view key) {
-  int x = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || p != v.data() + v.size())
-    fail("bad scheme spec '{}': {}={} is not an integer", text, key, v);
-  return x;
-}
-
-Axis parse_axis(std::string_view text, std::string_view key, std::string_view v) {
-  if (v == "channel") return Axis::Channel;
-  if (v == "token") return Axis::Token;
-  fail("bad scheme spec '{}': {}={} (allowed: channel, token)", text, key, v);
-}
-
-}  // namespace
-
-std::string_view to_string(Fp8Format f) {
-  switch (f) {
-    case Fp8Format::E4M3:
-      return "fp8_e4m3";
-    case Fp8Format::E4M3FNUZ:
-      return "fp8_e4m3fnuz";
-    case Fp8Format::E5M2:
-      return "fp8_e5m2";
-  }
-  return "?";
-}
-std::string_view to_string(Granularity g) {
-  switch (g) {
-    case Granularity::Tensor:
-      return "tensor";
-    case Granularity::Head:
-      return "head";
-    case Granularity::Token:
-      return "token";
-    case Granularity::Channel:
-      return "channel";
-  }
-  return "?";
-}
-std::string_view to_string(Axis a) { return a == Axis::Channel ? "channel" : "token"; }
 std::string_view to_string(Role r) { return r == Role::Key ? "key" : "value"; }
 
+void SchemeSpec::wrong_family(std::string_view family) const {
+  fail("scheme '{}' is not {} scheme", canonical(), family);
+}
+
 namespace {
+
+using scheme_parse::split;
+
+// The alias `name` of some family, or null.
+const SchemeAlias* find_alias(std::string_view name) {
+  for (const SchemeTraits* t : scheme_families())
+    for (const SchemeAlias& a : t->aliases)
+      if (a.name == name) return &a;
+  return nullptr;
+}
+
+// The family that claims `name`, or null.
+const SchemeTraits* find_family(std::string_view name) {
+  for (const SchemeTraits* t : scheme_families())
+    if (t->claims(name)) return t;
+  return nullptr;
+}
 
 // Whether `s` starts with a scheme name (what may follow "v=" in a split spec, unlike the int
 // parameters v=channel / v=token).
 bool names_scheme(std::string_view s) {
   const std::string_view name = s.substr(0, s.find_first_of(":,;"));
-  return name == "fp32" || name == "bf16" || name == "fp16" || name == "fp8" || name == "hf" ||
-         name.starts_with("fp8_") || name.starts_with("int") || name.starts_with("kivi");
-}
-
-// hf[:nbits=B,q_group_size=G,residual_length=R,axis_key=0,axis_value=0]: HF transformers'
-// QuantizedCacheConfig names (its defaults: 4 bits, groups of 64, 128 recent tokens, axis 0). Axis
-// 0 (quanto's, the recommended setting) groups consecutive head_dim channels of one token: kvq's
-// int<B>:k=token,v=token. HF's window differs: it keeps up to R tokens exact, then quantizes all
-// of them at once; kvq's r=R keeps the latest R exact at every step (README, "Concepts").
-SchemeSpec parse_hf(std::string_view text, std::string_view params) {
-  int bits = 4, group = 64, residual = 128;
-  std::set<std::string> seen;
-  if (!params.empty())
-    for (std::string_view kv : split(params, ',')) {
-      const size_t eq = kv.find('=');
-      const std::string key(kv.substr(0, eq));
-      const std::string_view val = eq == std::string_view::npos ? "" : kv.substr(eq + 1);
-      if (eq == std::string_view::npos || val.empty())
-        fail("bad scheme spec '{}': parameter '{}' needs a value", text, key);
-      if (!seen.insert(key).second)
-        fail("bad scheme spec '{}': parameter '{}' given twice", text, key);
-      const int x = parse_int(text, val, key);
-      if (key == "nbits")
-        bits = x;
-      else if (key == "q_group_size")
-        group = x;
-      else if (key == "residual_length")
-        residual = x;
-      else if (key == "axis_key" || key == "axis_value") {
-        if (x != 0)
-          fail(
-              "bad scheme spec '{}': {}={}: kvq maps HF's axis 0 (groups along head_dim, per "
-              "token); for KIVI's per-channel keys use kivi<B> or int<B>:k=channel,v=token",
-              text, key, x);
-      } else {
-        fail(
-            "bad scheme spec '{}': unknown parameter '{}' for hf (allowed: nbits, q_group_size, "
-            "residual_length, axis_key, axis_value)",
-            text, key);
-      }
-    }
-  return parse_spec(fmt::format("int{}:k=token,v=token,g={},r={}", bits, group, residual));
+  return find_alias(name) != nullptr || find_family(name) != nullptr;
 }
 
 // k=KEY;v=VALUE or k=KEY,v=VALUE.
@@ -278,7 +221,7 @@ int SchemeSpec::max_layer() const {
 }
 
 SchemeSpec parse_spec(std::string_view text) {
-  if (text.empty()) fail("empty scheme spec (allowed schemes: {})", kSchemes);
+  if (text.empty()) fail("empty scheme spec (allowed schemes: {})", scheme_names());
   if (text.find('@') != std::string_view::npos) return parse_layered(text);
   if (text.starts_with("k=")) return parse_split(text);
   if (text.starts_with("v="))
@@ -288,54 +231,31 @@ SchemeSpec parse_spec(std::string_view text) {
   if (const size_t comma = name.find(','); comma != std::string_view::npos)  // kivi2,rot=...
     fail("bad scheme spec '{}': parameters follow a ':' after the name ({}:{})", text,
          name.substr(0, comma), text.substr(comma + 1));
-  if (name == "fp8") name = "fp8_e4m3";  // vLLM's --kv-cache-dtype fp8 is E4M3
   const std::string_view params = colon == std::string_view::npos ? "" : text.substr(colon + 1);
-  if (name == "hf") return parse_hf(text, params);
+  if (const SchemeAlias* a = find_alias(name)) {
+    if (a->rewrite) return parse_spec(a->rewrite(text, params));  // hf: a spec of its own
+    name = a->means;
+  }
   if (colon != std::string_view::npos && params.empty())
     fail("bad scheme spec '{}': nothing after ':' (write NAME or NAME:key=value,...)", text);
 
+  const SchemeTraits* family = find_family(name);
+  if (!family)
+    fail("bad scheme spec '{}': unknown scheme '{}' (allowed: {})", text, name, scheme_names());
   SchemeSpec s;
-  std::set<std::string> allowed;
-  if (name == "fp32")
-    s.kind = SchemeKind::Fp32;
-  else if (name == "bf16")
-    s.kind = SchemeKind::Bf16;
-  else if (name == "fp16")
-    s.kind = SchemeKind::Fp16;
-  else if (name.starts_with("fp8_")) {
-    s.kind = SchemeKind::Fp8;
-    if (name == "fp8_e4m3")
-      s.fp8.format = Fp8Format::E4M3;
-    else if (name == "fp8_e4m3fnuz")
-      s.fp8.format = Fp8Format::E4M3FNUZ;
-    else if (name == "fp8_e5m2")
-      s.fp8.format = Fp8Format::E5M2;
-    else
-      fail(
-          "bad scheme spec '{}': unknown FP8 format '{}' (allowed: fp8_e4m3, fp8_e4m3fnuz, "
-          "fp8_e5m2)",
-          text, name);
-    allowed = {"gran", "scale", "first"};
-  } else if (name.starts_with("int") || name.starts_with("kivi")) {
-    s.kind = SchemeKind::Int;
-    s.q.kivi = name.starts_with("kivi");
-    const std::string_view b = name.substr(s.q.kivi ? 4 : 3);
-    if (b != "2" && b != "3" && b != "4" && b != "8")
-      fail("bad scheme spec '{}': {} bits not supported (allowed: 2, 3, 4, 8)", text,
-           b.empty() ? "missing" : b);
-    s.q.bits = b[0] - '0';
-    s.q.residual = s.q.kivi ? 128 : 0;
-    allowed = s.q.kivi ? std::set<std::string>{"g", "r", "sym", "arith"}
-                       : std::set<std::string>{"k", "v", "g", "r", "sym", "arith"};
-  } else {
-    fail("bad scheme spec '{}': unknown scheme '{}' (allowed: {})", text, name, kSchemes);
-  }
-  // On fp32 they change nothing but rounding: a check that they are invisible without quantization.
-  allowed.insert({"rot", "sink"});
+  s.params = family->make(text, name);
+  // Every scheme's own keys, and rot= / sink= (on fp32 they change nothing but rounding: a check
+  // that they are invisible without quantization).
+  const std::span<const SchemeKey> own = family->keys(s);
+  std::set<std::string> allowed{"rot", "sink"};
+  for (const SchemeKey& k : own) allowed.emplace(k.name);
+  auto is_flag = [&](std::string_view key) {
+    return std::any_of(own.begin(), own.end(),
+                       [&](const SchemeKey& k) { return k.flag && k.name == key; });
+  };
 
   std::set<std::string> seen;
   if (!params.empty()) {
-    if (allowed.empty()) fail("bad scheme spec '{}': {} takes no parameters", text, name);
     for (std::string_view kv : split(params, ',')) {
       const size_t eq = kv.find('=');
       const std::string key(kv.substr(0, eq));
@@ -348,71 +268,15 @@ SchemeSpec parse_spec(std::string_view text) {
              list);
       if (!seen.insert(key).second)
         fail("bad scheme spec '{}': parameter '{}' given twice", text, key);
-      if (key == "sym") {
-        if (eq != std::string_view::npos) fail("bad scheme spec '{}': 'sym' takes no value", text);
-        s.q.sym = true;
+      if (is_flag(key)) {
+        if (eq != std::string_view::npos)
+          fail("bad scheme spec '{}': '{}' takes no value", text, key);
+        family->set(s, text, key, "");
         continue;
       }
       if (eq == std::string_view::npos || val.empty())
         fail("bad scheme spec '{}': parameter '{}' needs a value ({}=...)", text, key, key);
-      if (key == "gran") {
-        if (val == "tensor")
-          s.fp8.gran = Granularity::Tensor;
-        else if (val == "head")
-          s.fp8.gran = Granularity::Head;
-        else if (val == "token")
-          s.fp8.gran = Granularity::Token;
-        else if (val == "channel")
-          s.fp8.gran = Granularity::Channel;
-        else
-          fail("bad scheme spec '{}': gran={} (allowed: tensor, head, token, channel)", text, val);
-      } else if (key == "scale") {
-        if (val == "dynamic") {
-          s.fp8.source = ScaleSource::Dynamic;
-        } else if (val.starts_with("calib:")) {
-          s.fp8.source = ScaleSource::Calib;
-          s.fp8.calib_path = std::string(val.substr(6));
-          if (s.fp8.calib_path.empty())
-            fail("bad scheme spec '{}': scale=calib: needs a file (scale=calib:scales.json)", text);
-        } else {
-          const std::string v(val);
-          char* end = nullptr;
-          const double x = std::strtod(v.c_str(), &end);
-          if (end != v.c_str() + v.size() || !std::isfinite(x) || x <= 0 || x > 3.0e38)
-            fail(
-                "bad scheme spec '{}': scale={} (allowed: dynamic, a positive finite number, "
-                "calib:FILE)",
-                text, val);
-          s.fp8.source = ScaleSource::Constant;
-          s.fp8.constant = static_cast<float>(x);
-        }
-      } else if (key == "first") {
-        const int n = parse_int(text, val, key);
-        if (n < 1 || n > (1 << 24))
-          fail("bad scheme spec '{}': first={} (allowed: 1 .. 16777216 tokens)", text, val);
-        s.fp8.first = n;
-      } else if (key == "k") {
-        s.q.key_axis = parse_axis(text, key, val);
-      } else if (key == "v") {
-        s.q.value_axis = parse_axis(text, key, val);
-      } else if (key == "g") {
-        if (val == "dim") {
-          s.q.group = kGroupWholeDim;
-        } else {
-          const int g = parse_int(text, val, key);
-          if (g < 8 || g > 256 || (g & (g - 1)) != 0)
-            fail("bad scheme spec '{}': g={} (allowed: a power of two from 8 to 256, or g=dim)",
-                 text, val);
-          s.q.group = g;
-        }
-      } else if (key == "arith") {
-        if (val == "exact")
-          s.q.arith = Arith::Exact;
-        else if (val == "fp16")
-          s.q.arith = Arith::Fp16;
-        else
-          fail("bad scheme spec '{}': arith={} (allowed: exact, fp16)", text, val);
-      } else if (key == "rot") {
+      if (key == "rot") {
         const std::string_view kind = val.substr(0, val.find(':'));
         if (kind != "hadamard")
           fail("bad scheme spec '{}': rot={} (allowed: hadamard, hadamard:SEED)", text, val);
@@ -427,50 +291,16 @@ SchemeSpec parse_spec(std::string_view text) {
           s.rot.seeded = true;
         }
       } else if (key == "sink") {
-        const int n = parse_int(text, val, key);
+        const int n = scheme_parse::integer(text, val, key);
         if (n < 0 || n > 4096)
           fail("bad scheme spec '{}': sink={} (allowed: 0 .. 4096 tokens)", text, val);
         s.sink = n;
-      } else if (key == "r") {
-        const int r = parse_int(text, val, key);
-        if (r < 0) fail("bad scheme spec '{}': r={} must be >= 0", text, val);
-        s.q.residual = r;
+      } else {
+        family->set(s, text, key, val);
       }
     }
   }
-  if (s.kind == SchemeKind::Fp8 && seen.count("first") &&
-      (s.fp8.source != ScaleSource::Dynamic || s.fp8.gran == Granularity::Token))
-    fail(
-        "bad scheme spec '{}': first= sets where dynamic tensor/head/channel scales come from; it "
-        "has no "
-        "effect with {}",
-        text, s.fp8.source != ScaleSource::Dynamic ? "a fixed scale" : "gran=token");
-  if (s.kind == SchemeKind::Fp8 && s.rot.on && s.fp8.source == ScaleSource::Calib)
-    fail(
-        "bad scheme spec '{}': scale=calib: scales were measured on unrotated channels; with "
-        "rot= use scale=dynamic or a number",
-        text);
-  if (s.kind == SchemeKind::Int) {
-    // A bare int<B> takes KIVI's axes (keys per channel, values per token; `kvq plan`'s old
-    // shorthand); with parameters both axes must be named.
-    if (!s.q.kivi && !params.empty() && (!seen.count("k") || !seen.count("v")))
-      fail("bad scheme spec '{}': {} needs both axes, e.g. {}:k=channel,v=token (or use kivi{})",
-           text, name, name, s.q.bits);
-    const bool channel_side = s.q.key_axis == Axis::Channel || s.q.value_axis == Axis::Channel;
-    if (channel_side && s.q.group == kGroupWholeDim)
-      fail(
-          "bad scheme spec '{}': g=dim groups channels, but a per-channel side groups tokens; give "
-          "g=G",
-          text);
-    if (s.q.sym && s.q.arith == Arith::Fp16)
-      fail(
-          "bad scheme spec '{}': arith=fp16 is KIVI's asymmetric (min-max) arithmetic; it has no "
-          "sym form",
-          text);
-    if (channel_side && s.q.residual % s.q.group != 0)
-      fail("bad scheme spec '{}': r={} must be a multiple of g={} on a per-channel side", text,
-           s.q.residual, s.q.group);
-  }
+  family->check(s, text, name, seen);
   return s;
 }
 
@@ -533,38 +363,10 @@ std::string SchemeSpec::canonical() const {
   std::string extra;
   if (rot.on) extra += rot.seeded ? fmt::format(",rot=hadamard:{}", rot.seed) : ",rot=hadamard";
   if (sink > 0) extra += fmt::format(",sink={}", sink);
-  if (!extra.empty() &&
-      (kind == SchemeKind::Fp32 || kind == SchemeKind::Bf16 || kind == SchemeKind::Fp16))
-    extra[0] = ':';
-  if (!extra.empty()) return base().canonical() + extra;
-  switch (kind) {
-    case SchemeKind::Fp32:
-      return "fp32";
-    case SchemeKind::Bf16:
-      return "bf16";
-    case SchemeKind::Fp16:
-      return "fp16";
-    case SchemeKind::Fp8: {
-      std::string sc = fp8.source == ScaleSource::Dynamic ? "dynamic"
-                       : fp8.source == ScaleSource::Calib ? "calib:" + fp8.calib_path
-                                                          : fmt::format("{}", fp8.constant);
-      // first=N only when it is not the default, so the common specs keep their short names.
-      const bool first = fp8.source == ScaleSource::Dynamic && fp8.gran != Granularity::Token &&
-                         fp8.first != Fp8Spec::kFp8FirstDefault;
-      return fmt::format("{}:gran={},scale={}{}", to_string(fp8.format), to_string(fp8.gran), sc,
-                         first ? fmt::format(",first={}", fp8.first) : "");
-    }
-    case SchemeKind::Int: {
-      const std::string g = q.group == kGroupWholeDim ? "dim" : std::to_string(q.group);
-      // arith=fp16 only when set, so the common specs keep their names (result keys).
-      const std::string flags =
-          std::string(q.sym ? ",sym" : "") + (q.arith == Arith::Fp16 ? ",arith=fp16" : "");
-      if (q.kivi) return fmt::format("kivi{}:g={},r={}{}", q.bits, g, q.residual, flags);
-      return fmt::format("int{}:k={},v={},g={},r={}{}", q.bits, to_string(q.key_axis),
-                         to_string(q.value_axis), g, q.residual, flags);
-    }
-  }
-  return "?";
+  const std::string name = scheme_traits(*this).canonical(*this);
+  // A name without keys (fp32) takes them after a ':'.
+  if (!extra.empty() && name.find(':') == std::string::npos) extra[0] = ':';
+  return name + extra;
 }
 
 }  // namespace kvq

@@ -39,59 +39,19 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
+
+#include "core/schemes/float.h"
+#include "core/schemes/fp8.h"
+#include "core/schemes/int.h"
+#include "core/schemes/kinds.h"
 
 namespace kvq {
 
-/// \brief Which half of the KV cache a tensor is; schemes may treat keys and values apart.
-enum class Role { Key, Value };
-
-enum class SchemeKind { Fp32, Bf16, Fp16, Fp8, Int };
-enum class Fp8Format { E4M3, E4M3FNUZ, E5M2 };
-/// \brief Scale granularity for a [tokens, heads, dim] tensor: one scale per layer, per head,
-/// per (token, head) or per (head, channel).
-enum class Granularity { Tensor, Head, Token, Channel };
-enum class ScaleSource { Dynamic, Constant, Calib };
-/// \brief Statistics axis of integer group quantization: `Channel` groups G consecutive tokens
-/// of one (head, channel) (KIVI keys); `Token` groups G consecutive channels of one (token, head)
-/// (KIVI values).
-enum class Axis { Channel, Token };
-/// \brief How integer codes are computed: `Exact` is kvq's definition (kivi/minmax.h), `Fp16`
-/// KIVI's reference code's fp16 arithmetic (minmax_params_fp16), for code-for-code comparisons.
-enum class Arith { Exact, Fp16 };
-
-struct Fp8Spec {
-  Fp8Format format = Fp8Format::E4M3;
-  Granularity gran = Granularity::Tensor;
-  ScaleSource source = ScaleSource::Dynamic;
-  float constant = 1.0f;   ///< the scale when source == Constant
-  std::string calib_path;  ///< the calibration JSON when source == Calib
-  /// Dynamic tensor / head / channel scales are the amax of the first `first` tokens of the
-  /// sequence, whatever the chunking; a streaming cache keeps those tokens exact until the N-th
-  /// arrives, then quantizes everything with the frozen scale (vLLM's prefill-computed scales,
-  /// made independent of the prefill's length). Per-token scales ignore it.
-  int first = kFp8FirstDefault;
-  static constexpr int kFp8FirstDefault = 128;
-};
-
-/// \brief `g=dim` in a spec: the group is the whole head_dim (resolved when the shape is known).
-inline constexpr int kGroupWholeDim = 0;
-
-struct IntSpec {
-  int bits = 2;
-  Axis key_axis = Axis::Channel;
-  Axis value_axis = Axis::Token;
-  int group = 32;    ///< G, or kGroupWholeDim
-  int residual = 0;  ///< R full-precision recent tokens
-  bool sym = false;  ///< symmetric (scale only, no zero point)
-  Arith arith = Arith::Exact;
-  bool kivi = false;  ///< spelled kivi<B> (only changes the canonical name)
-  Axis axis(Role r) const { return r == Role::Key ? key_axis : value_axis; }
-  /// \brief G for a tensor with head_dim `dim`.
-  int group_for(int64_t dim) const {
-    return group == kGroupWholeDim ? static_cast<int>(dim) : group;
-  }
-};
+/// \brief One scheme's own parameters: which family (core/schemes/<family>.h) and its keys.
+/// SchemeSpec::kind() is derived from it; adding a family adds its alternative here.
+using SchemeParams = std::variant<FloatSpec, Fp8Spec, IntSpec>;
 
 /// \brief rot=hadamard[:SEED]: which rotation a side's vectors are stored under.
 struct RotSpec {
@@ -109,11 +69,33 @@ struct LayerOverride {
 };
 
 /// \brief A parsed scheme spec. A split spec (k=...;v=...) holds each side's scheme; its own
-/// kind / fp8 / q fields are the key side's. Code that stores or measures one side asks side(role).
+/// params are the key side's. Code that stores or measures one side asks side(role).
 struct SchemeSpec {
-  SchemeKind kind = SchemeKind::Fp32;
-  Fp8Spec fp8;
-  IntSpec q;
+  SchemeParams params;  ///< the scheme's own keys (default: fp32)
+  /// \brief The kind, from params.
+  SchemeKind kind() const {
+    return std::visit([](const auto& p) { return p.kind(); }, params);
+  }
+  /// \brief The parameters of family P (FloatSpec, Fp8Spec, IntSpec); throws kvq::Error naming
+  /// the spec when it is of another family.
+  template <class P>
+  const P& as() const {
+    if (const P* p = std::get_if<P>(&params)) return *p;
+    wrong_family(P::kFamily);
+  }
+  template <class P>
+  P& as() {
+    if (P* p = std::get_if<P>(&params)) return *p;
+    wrong_family(P::kFamily);
+  }
+  template <class P>
+  bool is() const {
+    return std::holds_alternative<P>(params);
+  }
+  const Fp8Spec& fp8() const { return as<Fp8Spec>(); }
+  Fp8Spec& fp8() { return as<Fp8Spec>(); }
+  const IntSpec& q() const { return as<IntSpec>(); }
+  IntSpec& q() { return as<IntSpec>(); }
   RotSpec rot;   ///< rot=hadamard[:SEED]
   int sink = 0;  ///< sink=S: the first S tokens exact
   /// Both set for a split spec, both null otherwise.
@@ -144,6 +126,9 @@ struct SchemeSpec {
   std::vector<SchemeSpec> distinct_layer_specs() const;
   /// \brief The largest layer index an override names (-1: none).
   int max_layer() const;
+
+ private:
+  [[noreturn]] void wrong_family(std::string_view family) const;
 };
 
 /// \brief Throws kvq::Error when a per-layer spec names a layer that `model` (a name for the
@@ -160,9 +145,6 @@ SchemeSpec with_rotation(const SchemeSpec& s, const RotSpec& r);
 /// \brief Parses a spec string; throws kvq::Error naming the bad part and listing what is allowed.
 SchemeSpec parse_spec(std::string_view text);
 
-std::string_view to_string(Fp8Format f);
-std::string_view to_string(Granularity g);
-std::string_view to_string(Axis a);
 std::string_view to_string(Role r);
 
 }  // namespace kvq

@@ -43,20 +43,20 @@ int64_t first_scored(const PplOptions& o, int stride, int64_t w) {
 int64_t side_quantized(const SchemeSpec& side, Role role, int64_t t, bool streamed) {
   if (t <= side.sink) return 0;  // sink=S: the first S exact; the scheme holds the rest
   t -= side.sink;
-  switch (side.kind) {
+  switch (side.kind()) {
     case SchemeKind::Fp32:
       return 0;
     case SchemeKind::Bf16:
     case SchemeKind::Fp16:
       return t;
     case SchemeKind::Fp8: {
-      const Fp8Spec& f = side.fp8;
+      const Fp8Spec& f = side.fp8();
       const bool waits =
           streamed && f.source == ScaleSource::Dynamic && f.gran != Granularity::Token;
       return waits && t < f.first ? 0 : t;
     }
     case SchemeKind::Int:  // (g=dim groups channels: only a per-token side has it)
-      return quantized_tokens(side.q, side.q.axis(role), t);
+      return quantized_tokens(side.q(), side.q().axis(role), t);
   }
   return 0;
 }
@@ -83,7 +83,7 @@ int64_t quantized_tokens_of(const SchemeSpec& spec, Role role, int64_t tokens, i
 bool exact_by_design(const SchemeSpec& spec) {
   for (const SchemeSpec& one : spec.distinct_layer_specs())
     for (Role r : {Role::Key, Role::Value})
-      if (one.side(r).kind != SchemeKind::Fp32) return false;
+      if (one.side(r).kind() != SchemeKind::Fp32) return false;
   return true;
 }
 
@@ -144,7 +144,7 @@ double quantized_fraction(const SchemeSpec& spec, const PplOptions& o, int64_t t
     const SchemeSpec one = whole.for_layer(l);
     for (Role r : {Role::Key, Role::Value}) {
       const SchemeSpec& side = one.side(r);
-      if (side.kind == SchemeKind::Fp32) continue;  // exact by design: not in the mean
+      if (side.kind() == SchemeKind::Fp32) continue;  // exact by design: not in the mean
       ++sides;
       for (int64_t t = 1; t < o.ctx; ++t)
         share[static_cast<size_t>(t)] +=

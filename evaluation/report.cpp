@@ -34,11 +34,11 @@ nlohmann::json error_report(const SchemeSpec& spec, Role role, const Tensor3& x,
 namespace {
 // The tokens a dynamic FP8 tensor/head/channel scale reads: [sink, sink + n).
 int64_t prefix_tokens(const SchemeSpec& side, int64_t tokens) {
-  return std::clamp<int64_t>(std::min<int64_t>(side.fp8.first, tokens - side.sink), 0, tokens);
+  return std::clamp<int64_t>(std::min<int64_t>(side.fp8().first, tokens - side.sink), 0, tokens);
 }
 bool dynamic_prefix_rule(const SchemeSpec& side) {
-  return side.kind == SchemeKind::Fp8 && side.fp8.source == ScaleSource::Dynamic &&
-         side.fp8.gran != Granularity::Token;
+  return side.kind() == SchemeKind::Fp8 && side.fp8().source == ScaleSource::Dynamic &&
+         side.fp8().gran != Granularity::Token;
 }
 }  // namespace
 
@@ -49,13 +49,13 @@ bool scales_from_prefix(const SchemeSpec& spec, Role role, int64_t tokens) {
 
 std::string scales_from(const SchemeSpec& spec, Role role, int64_t tokens) {
   const SchemeSpec& side = spec.side(role);
-  switch (side.kind) {
+  switch (side.kind()) {
     case SchemeKind::Fp32:
     case SchemeKind::Bf16:
     case SchemeKind::Fp16:
       return "-";
     case SchemeKind::Fp8: {
-      const Fp8Spec& f = side.fp8;
+      const Fp8Spec& f = side.fp8();
       if (f.source == ScaleSource::Constant) return fmt::format("fixed {:g}", f.constant);
       if (f.source == ScaleSource::Calib)
         return "calib " + std::filesystem::path(f.calib_path).filename().string();
@@ -66,9 +66,9 @@ std::string scales_from(const SchemeSpec& spec, Role role, int64_t tokens) {
       return fmt::format("tokens {}-{} of {}", side.sink, side.sink + n - 1, tokens);
     }
     case SchemeKind::Int:
-      if (side.q.axis(role) == Axis::Token) return "each token";
-      return side.q.group == kGroupWholeDim ? std::string("each head_dim tokens")
-                                            : fmt::format("each {} tokens", side.q.group);
+      if (side.q().axis(role) == Axis::Token) return "each token";
+      return side.q().group == kGroupWholeDim ? std::string("each head_dim tokens")
+                                              : fmt::format("each {} tokens", side.q().group);
   }
   return "-";
 }

@@ -19,10 +19,10 @@ double peak_bytes(const planner::ModelDims& m, const SchemeSpec& spec, int64_t t
   for (const SchemeSpec& l : spec.distinct_layer_specs())
     for (const Role r : {Role::Key, Role::Value}) {
       const SchemeSpec& x = l.side(r);
-      if (x.kind == SchemeKind::Int && x.q.axis(r) == Axis::Channel)
-        period.push_back(x.q.residual > 0 ? x.q.residual : x.q.group_for(m.head_dim));
-      if (x.kind == SchemeKind::Fp8 && x.fp8.first > t0 && x.fp8.first - 1 <= t1)
-        period.push_back(-(x.fp8.first - 1 + x.sink));  // one point: the token before the N-th
+      if (x.kind() == SchemeKind::Int && x.q().axis(r) == Axis::Channel)
+        period.push_back(x.q().residual > 0 ? x.q().residual : x.q().group_for(m.head_dim));
+      if (x.kind() == SchemeKind::Fp8 && x.fp8().first > t0 && x.fp8().first - 1 <= t1)
+        period.push_back(-(x.fp8().first - 1 + x.sink));  // one point: the token before the N-th
     }
   double peak = planner::request_footprint(m, spec, t1).total_bytes();
   auto at = [&](int64_t t) {

@@ -8,6 +8,7 @@
 #include "core/io.h"
 #include "core/npy.h"
 #include "core/safetensors.h"
+#include "core/schemes.h"
 #include "core/spec.h"
 #include "experiments/commands.h"
 #include "evaluation/kv_input.h"
@@ -119,11 +120,8 @@ void register_quant(CLI::App& app) {
       "Quantize and dequantize one layer's K or V tensor as a scheme stores it; write the values\n"
       "read back (float32 npy, same shape) and print the error as JSON.\n"
       "Example: kvq quant --kv fp8_e4m3:gran=head --role key k.npy k_q.npy --json k.json");
-  c->add_option(
-      "--kv", o->scheme,
-      "KV scheme spec (required): fp32 | bf16 | fp16 | "
-      "fp8_e4m3|fp8_e4m3fnuz|fp8_e5m2[:gran=tensor|head|token|channel]"
-      "[,scale=dynamic|<num>|calib:FILE] | int<B>:k=..,v=..[,g=G,r=R,sym] | kivi<B>[:g=G,r=R]");
+  c->add_option("--kv", o->scheme, "KV scheme spec (required; the schemes are listed below)");
+  c->footer(scheme_help());  // the registry's list (core/schemes.h): every family, its keys
   c->add_option("--scheme,-s", o->scheme, "the old name of --kv")->group("");  // hidden alias
   c->add_option("--role", o->role, "key or value: schemes with per-role axes (int, kivi) use it")
       ->check(CLI::IsMember({"key", "value"}))
@@ -164,12 +162,12 @@ void register_quant(CLI::App& app) {
     const nlohmann::json j = error_report(spec, role, in.tensor, r);
     const int64_t T = in.tensor.shape.tokens;
     const SchemeSpec& side = spec.side(role);
-    if (side.kind == SchemeKind::Int && j["residual_tokens"].get<int64_t>() >= T)
+    if (side.kind() == SchemeKind::Int && j["residual_tokens"].get<int64_t>() >= T)
       fmt::print(stderr,
                  "kvq: warning: all {} tokens stay exact (residual window r={}, key groups of "
                  "g={} tokens): nothing was quantized, so the errors below are zero; give more "
                  "tokens or a smaller r\n",
-                 T, side.q.residual, side.q.group_for(in.tensor.shape.dim));
+                 T, side.q().residual, side.q().group_for(in.tensor.shape.dim));
     write_npy(o->out, in.file_shape, r.values.data.data());
     if (!o->codes.empty()) write_codes(o->codes, spec, role, in.tensor, o->layer);
     const std::string text = j.dump(2);

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/rotation.h"
+#include "core/schemes.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/kivi.h"
 #include "kernels/cuda/dispatch.h"
@@ -62,31 +63,18 @@ std::string join(std::span<const int> v) { return fmt::format("{}", fmt::join(v,
 
 // Why `sup` does not store one side's scheme `s` (no per-layer, no split), or "".
 std::string side_unsupported(const BackendSupport& sup, const SchemeSpec& s) {
-  switch (s.kind) {
-    case SchemeKind::Fp32:
-      if (!sup.fp32) return "fp32 caches";
-      break;
-    case SchemeKind::Bf16:
-      if (!sup.bf16) return "bf16 caches";
-      break;
-    case SchemeKind::Fp16:
-      if (!sup.fp16) return "fp16 caches";
-      break;
-    case SchemeKind::Fp8:
-      if (!sup.fp8) return "fp8 caches";
-      if (!sup.fp8_prefix_scales && s.fp8.source == ScaleSource::Dynamic &&
-          s.fp8.gran != Granularity::Token)
-        return "dynamic fp8 scales per tensor, head or channel (first=N keeps the first tokens "
-               "exact); use gran=token or a constant or calib scale";
-      break;
-    case SchemeKind::Int:
-      if (!sup.int_codes) return "int / kivi caches";
-      if (!sup.int_fp16_arith && s.q.arith != Arith::Exact)
-        return "arith=fp16 (KIVI's reference arithmetic)";
-      if (!sup.bits.empty() &&
-          std::find(sup.bits.begin(), sup.bits.end(), s.q.bits) == sup.bits.end())
-        return fmt::format("{}-bit codes (bits: {})", s.q.bits, join(sup.bits));
-      break;
+  if (!sup.reads(s.kind())) return fmt::format("{} caches", kind_label(s.kind()));
+  // The options of a kind a backend reads only in part.
+  if (s.kind() == SchemeKind::Fp8 && !sup.fp8_prefix_scales &&
+      s.fp8().source == ScaleSource::Dynamic && s.fp8().gran != Granularity::Token)
+    return "dynamic fp8 scales per tensor, head or channel (first=N keeps the first tokens "
+           "exact); use gran=token or a constant or calib scale";
+  if (s.kind() == SchemeKind::Int) {
+    if (!sup.int_fp16_arith && s.q().arith != Arith::Exact)
+      return "arith=fp16 (KIVI's reference arithmetic)";
+    if (!sup.bits.empty() &&
+        std::find(sup.bits.begin(), sup.bits.end(), s.q().bits) == sup.bits.end())
+      return fmt::format("{}-bit codes (bits: {})", s.q().bits, join(sup.bits));
   }
   if (!sup.rot && s.rot.on) return "rot=hadamard";
   if (!sup.sink && s.sink > 0) return "sink=S (exact sink tokens)";
@@ -138,8 +126,8 @@ std::string unsupported(AttentionBackend b, const SchemeSpec& spec, AttentionOp 
       if (std::string why = side_unsupported(sup, l.side(r)); !why.empty()) return why;
     const SchemeSpec &k = l.side(Role::Key), &v = l.side(Role::Value);
     if (!sup.mixed_sides &&
-        (k.kind != v.kind || (k.kind == SchemeKind::Int && k.q.bits != v.q.bits) ||
-         (k.kind == SchemeKind::Fp8 && k.fp8.format != v.fp8.format)))
+        (k.kind() != v.kind() || (k.kind() == SchemeKind::Int && k.q().bits != v.q().bits) ||
+         (k.kind() == SchemeKind::Fp8 && k.fp8().format != v.fp8().format)))
       return "keys and values of different kinds, bits or fp8 formats";
   }
   return "";
@@ -250,12 +238,8 @@ std::string support_help() {
     const BackendSupport& s = i.support;
     std::string runs = s.causal ? "decode and causal attention" : "decode attention";
     std::vector<std::string> kinds;
-    for (const auto& [on, name] : {std::pair{s.fp32, "fp32"},
-                                   {s.bf16, "bf16"},
-                                   {s.fp16, "fp16"},
-                                   {s.fp8, "fp8"},
-                                   {s.int_codes, "int/kivi"}})
-      if (on) kinds.push_back(name);
+    for (const SchemeKind k : scheme_kinds())
+      if (s.reads(k)) kinds.push_back(std::string(kind_label(k)));
     std::vector<std::string> no;
     if (!s.fp8_prefix_scales) no.push_back("fp8 dynamic tensor/head/channel scales");
     if (!s.int_fp16_arith) no.push_back("arith=fp16");

@@ -49,8 +49,25 @@ const char* to_string(AttentionOp op);
 /// (unsupported). A list left empty / a limit of 0: any value.
 struct BackendSupport {
   bool decode = true, causal = true;  ///< AttentionOp::kDecode, kCausal
-  /// Scheme kinds it reads, by SchemeKind: fp32, bf16, fp16, fp8, int.
+  /// Scheme kinds it reads, by SchemeKind: fp32, bf16, fp16, fp8, int. The one declaration of
+  /// which backend reads a kind (core/schemes.h's registry says what a kind is, not who reads it).
   bool fp32 = true, bf16 = true, fp16 = true, fp8 = true, int_codes = true;
+  /// \brief Whether it reads caches of kind `k` (the flags above, by kind).
+  constexpr bool reads(SchemeKind k) const {
+    switch (k) {
+      case SchemeKind::Fp32:
+        return fp32;
+      case SchemeKind::Bf16:
+        return bf16;
+      case SchemeKind::Fp16:
+        return fp16;
+      case SchemeKind::Fp8:
+        return fp8;
+      case SchemeKind::Int:
+        return int_codes;
+    }
+    return false;
+  }
   /// fp8 dynamic scales per tensor / head / channel (first=N holds the first tokens exact).
   bool fp8_prefix_scales = true;
   bool int_fp16_arith = true;  ///< int / kivi arith=fp16

@@ -359,8 +359,7 @@ Tensor3 SideCache::dequantize() const {
 
 Footprint SideCache::footprint() const {
   SchemeSpec s;
-  s.kind = SchemeKind::Int;
-  s.q = spec_;
+  s.params = spec_;
   return kvq::footprint(s, role_, Shape3{tokens_, heads_, dim_});
 }
 

@@ -93,7 +93,7 @@ nlohmann::json spec_json(const SchemeSpec& s) {
     j["value"] = spec_json(s.side(Role::Value));
     return j;
   }
-  switch (s.kind) {
+  switch (s.kind()) {
     case SchemeKind::Fp32:
       j["kind"] = "fp32";
       break;
@@ -105,25 +105,25 @@ nlohmann::json spec_json(const SchemeSpec& s) {
       break;
     case SchemeKind::Fp8:
       j["kind"] = "fp8";
-      j["format"] = std::string(to_string(s.fp8.format));
-      j["gran"] = std::string(to_string(s.fp8.gran));
-      j["scale"] = s.fp8.source == ScaleSource::Dynamic    ? "dynamic"
-                   : s.fp8.source == ScaleSource::Constant ? "constant"
+      j["format"] = std::string(to_string(s.fp8().format));
+      j["gran"] = std::string(to_string(s.fp8().gran));
+      j["scale"] = s.fp8().source == ScaleSource::Dynamic    ? "dynamic"
+                   : s.fp8().source == ScaleSource::Constant ? "constant"
                                                            : "calib";
-      if (s.fp8.source == ScaleSource::Constant) j["scale_value"] = s.fp8.constant;
-      if (s.fp8.source == ScaleSource::Calib) j["calib_path"] = s.fp8.calib_path;
-      j["first"] = s.fp8.first;
+      if (s.fp8().source == ScaleSource::Constant) j["scale_value"] = s.fp8().constant;
+      if (s.fp8().source == ScaleSource::Calib) j["calib_path"] = s.fp8().calib_path;
+      j["first"] = s.fp8().first;
       break;
     case SchemeKind::Int:
       j["kind"] = "int";
-      j["bits"] = s.q.bits;
-      j["key_axis"] = std::string(to_string(s.q.key_axis));
-      j["value_axis"] = std::string(to_string(s.q.value_axis));
-      j["group"] = s.q.group == kGroupWholeDim ? nlohmann::json("dim") : nlohmann::json(s.q.group);
-      j["residual"] = s.q.residual;
-      j["sym"] = s.q.sym;
-      j["arith"] = s.q.arith == kvq::Arith::Fp16 ? "fp16" : "exact";
-      j["kivi"] = s.q.kivi;
+      j["bits"] = s.q().bits;
+      j["key_axis"] = std::string(to_string(s.q().key_axis));
+      j["value_axis"] = std::string(to_string(s.q().value_axis));
+      j["group"] = s.q().group == kGroupWholeDim ? nlohmann::json("dim") : nlohmann::json(s.q().group);
+      j["residual"] = s.q().residual;
+      j["sym"] = s.q().sym;
+      j["arith"] = s.q().arith == kvq::Arith::Fp16 ? "fp16" : "exact";
+      j["kivi"] = s.q().kivi;
       break;
   }
   if (s.rot.on) j["rot"] = s.rot.seeded ? fmt::format("hadamard:{}", s.rot.seed) : "hadamard";

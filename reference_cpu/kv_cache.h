@@ -1,7 +1,8 @@
 // One side (K or V) of one layer's KV cache in any scheme, with the two reads attention needs.
 // Attention reads the stored codes directly: the dequantized cache is never built on this path.
+// Each scheme family's side is in its file, reference_cpu/schemes/<family>.cpp (schemes.h):
 //
-//   dense  fp32 / bf16 / fp16 values as stored (bf16/fp16 as 16-bit patterns)
+//   float  fp32 / bf16 / fp16 values as stored (bf16/fp16 as 16-bit patterns)
 //   fp8    one code per element + scales (token scales grow per token; tensor/head/channel
 //          dynamic scales are computed from the first append - the prefill - and then frozen,
 //          as vLLM's calculate-kv-scales; constant and calib scales are fixed)

@@ -134,20 +134,20 @@ DeviceProps device_props() {
 
 std::string device_side_unsupported(const SchemeSpec& spec, Role role) {
   (void)role;
-  switch (spec.kind) {
+  switch (spec.kind()) {
     case SchemeKind::Bf16:
       return "";
     case SchemeKind::Fp32:
     case SchemeKind::Fp16:
       return "fp32 and fp16 caches (the CUDA decode kernels read bf16, fp8 and int codes)";
     case SchemeKind::Fp8:
-      if (spec.fp8.source == ScaleSource::Dynamic && spec.fp8.gran != Granularity::Token)
+      if (spec.fp8().source == ScaleSource::Dynamic && spec.fp8().gran != Granularity::Token)
         return "dynamic fp8 scales per tensor, head or channel (first=N holds tokens exact, "
                "which the CUDA decode kernels do not read); use gran=token or a constant / calib "
                "scale";
       return "";
     case SchemeKind::Int:
-      if (spec.q.arith != Arith::Exact) return "arith=fp16 (KIVI's reference arithmetic)";
+      if (spec.q().arith != Arith::Exact) return "arith=fp16 (KIVI's reference arithmetic)";
       return "";
   }
   return "this scheme kind";
@@ -166,8 +166,8 @@ struct DeviceSide::Impl {
 
   static std::variant<Bf16Store, Fp8Store, KiviSideCache> make(const SchemeSpec& s, Role r,
                                                                int64_t h, int64_t d) {
-    if (s.kind == SchemeKind::Int) return KiviSideCache(s.q, r, h, d);
-    if (s.kind == SchemeKind::Fp8) return Fp8Store{};
+    if (s.kind() == SchemeKind::Int) return KiviSideCache(s.q(), r, h, d);
+    if (s.kind() == SchemeKind::Fp8) return Fp8Store{};
     return Bf16Store{};
   }
 };
@@ -182,7 +182,7 @@ DeviceSide::DeviceSide(const SchemeSpec& spec, Role role, int64_t heads, int64_t
   KVQ_CHECK(why.empty(), "backend cuda does not store {}: {}", spec.canonical(), why);
   p_ = std::make_unique<Impl>(spec, role, heads, dim, layer);
   if (auto* f = std::get_if<Fp8Store>(&p_->store)) {
-    const Fp8Spec& s = spec.fp8;
+    const Fp8Spec& s = spec.fp8();
     f->gran = s.source == ScaleSource::Constant ? Granularity::Tensor : s.gran;
     if (s.source != ScaleSource::Dynamic) {
       // fixed scales, read as the CPU side reads them (a zero-token tensor: calib ignores it)
@@ -247,10 +247,10 @@ void DeviceSide::append_device(const float* x, int64_t n) {
     const Shape3 shape{n, p.H, p.D};
     if (f->gran == Granularity::Token && !f->fixed) {  // per (token, head): streaming-safe
       f->scales.need(std::max((T + n) * p.H, 2 * T * p.H), T * p.H);
-      KVQ_CUDA_CHECK(fp8_quantize_dynamic_token(p.spec.fp8.format, shape, x,
+      KVQ_CUDA_CHECK(fp8_quantize_dynamic_token(p.spec.fp8().format, shape, x,
                                                 f->scales.ptr + T * p.H, f->codes.ptr + T * row));
     } else {
-      KVQ_CUDA_CHECK(fp8_quantize(p.spec.fp8.format, f->gran, shape, x, f->scales.ptr,
+      KVQ_CUDA_CHECK(fp8_quantize(p.spec.fp8().format, f->gran, shape, x, f->scales.ptr,
                                   f->codes.ptr + T * row));
     }
   } else {
@@ -261,13 +261,13 @@ void DeviceSide::append_device(const float* x, int64_t n) {
 
 StoredSide DeviceSide::device_view() const {
   const Impl& p = *p_;
-  StoredSide s{p.spec.kind, p.tokens, p.H, p.D};
+  StoredSide s{p.spec.kind(), p.tokens, p.H, p.D};
   if (const auto* b = std::get_if<Bf16Store>(&p.store)) {
     s.half16 = b->data.ptr;
   } else if (const auto* f = std::get_if<Fp8Store>(&p.store)) {
     s.codes = f->codes.ptr;
     s.fp8_scales = f->scales.ptr;
-    s.format = p.spec.fp8.format;
+    s.format = p.spec.fp8().format;
     s.gran = f->gran;
   } else {
     const auto& c = std::get<KiviSideCache>(p.store);

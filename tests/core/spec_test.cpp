@@ -18,54 +18,54 @@ std::string error_of(const std::string& text) {
 }
 
 TEST(Spec, PlainFormats) {
-  EXPECT_EQ(parse_spec("fp32").kind, SchemeKind::Fp32);
-  EXPECT_EQ(parse_spec("bf16").kind, SchemeKind::Bf16);
-  EXPECT_EQ(parse_spec("fp16").kind, SchemeKind::Fp16);
+  EXPECT_EQ(parse_spec("fp32").kind(), SchemeKind::Fp32);
+  EXPECT_EQ(parse_spec("bf16").kind(), SchemeKind::Bf16);
+  EXPECT_EQ(parse_spec("fp16").kind(), SchemeKind::Fp16);
 }
 
 TEST(Spec, Fp8DefaultsAreTensorDynamic) {
   const auto s = parse_spec("fp8_e4m3");
-  EXPECT_EQ(s.kind, SchemeKind::Fp8);
-  EXPECT_EQ(s.fp8.format, Fp8Format::E4M3);
-  EXPECT_EQ(s.fp8.gran, Granularity::Tensor);
-  EXPECT_EQ(s.fp8.source, ScaleSource::Dynamic);
+  EXPECT_EQ(s.kind(), SchemeKind::Fp8);
+  EXPECT_EQ(s.fp8().format, Fp8Format::E4M3);
+  EXPECT_EQ(s.fp8().gran, Granularity::Tensor);
+  EXPECT_EQ(s.fp8().source, ScaleSource::Dynamic);
   EXPECT_EQ(s.canonical(), "fp8_e4m3:gran=tensor,scale=dynamic");
 }
 
 TEST(Spec, Fp8EveryGranularityAndSource) {
-  EXPECT_EQ(parse_spec("fp8_e5m2:gran=channel").fp8.gran, Granularity::Channel);
-  EXPECT_EQ(parse_spec("fp8_e4m3fnuz:gran=token").fp8.format, Fp8Format::E4M3FNUZ);
+  EXPECT_EQ(parse_spec("fp8_e5m2:gran=channel").fp8().gran, Granularity::Channel);
+  EXPECT_EQ(parse_spec("fp8_e4m3fnuz:gran=token").fp8().format, Fp8Format::E4M3FNUZ);
   const auto c = parse_spec("fp8_e4m3:gran=head,scale=0.25");
-  EXPECT_EQ(c.fp8.source, ScaleSource::Constant);
-  EXPECT_EQ(c.fp8.constant, 0.25f);
+  EXPECT_EQ(c.fp8().source, ScaleSource::Constant);
+  EXPECT_EQ(c.fp8().constant, 0.25f);
   EXPECT_EQ(c.canonical(), "fp8_e4m3:gran=head,scale=0.25");
   const auto k = parse_spec("fp8_e4m3:scale=calib:/tmp/s.json,gran=head");
-  EXPECT_EQ(k.fp8.source, ScaleSource::Calib);
-  EXPECT_EQ(k.fp8.calib_path, "/tmp/s.json");
+  EXPECT_EQ(k.fp8().source, ScaleSource::Calib);
+  EXPECT_EQ(k.fp8().calib_path, "/tmp/s.json");
 }
 
 TEST(Spec, KiviDefaultsG32R128) {
   const auto s = parse_spec("kivi2");
-  EXPECT_EQ(s.kind, SchemeKind::Int);
-  EXPECT_EQ(s.q.bits, 2);
-  EXPECT_EQ(s.q.group, 32);
-  EXPECT_EQ(s.q.residual, 128);
-  EXPECT_EQ(s.q.key_axis, Axis::Channel);
-  EXPECT_EQ(s.q.value_axis, Axis::Token);
+  EXPECT_EQ(s.kind(), SchemeKind::Int);
+  EXPECT_EQ(s.q().bits, 2);
+  EXPECT_EQ(s.q().group, 32);
+  EXPECT_EQ(s.q().residual, 128);
+  EXPECT_EQ(s.q().key_axis, Axis::Channel);
+  EXPECT_EQ(s.q().value_axis, Axis::Token);
   EXPECT_EQ(s.canonical(), "kivi2:g=32,r=128");
   EXPECT_EQ(parse_spec("kivi4:g=64,r=64").canonical(), "kivi4:g=64,r=64");
 }
 
 TEST(Spec, IntNeedsAxesAndDefaultsR0) {
   const auto s = parse_spec("int3:k=token,v=channel,g=16,sym");
-  EXPECT_EQ(s.q.bits, 3);
-  EXPECT_EQ(s.q.key_axis, Axis::Token);
-  EXPECT_EQ(s.q.value_axis, Axis::Channel);
-  EXPECT_EQ(s.q.group, 16);
-  EXPECT_EQ(s.q.residual, 0);
-  EXPECT_TRUE(s.q.sym);
+  EXPECT_EQ(s.q().bits, 3);
+  EXPECT_EQ(s.q().key_axis, Axis::Token);
+  EXPECT_EQ(s.q().value_axis, Axis::Channel);
+  EXPECT_EQ(s.q().group, 16);
+  EXPECT_EQ(s.q().residual, 0);
+  EXPECT_TRUE(s.q().sym);
   EXPECT_EQ(s.canonical(), "int3:k=token,v=channel,g=16,r=0,sym");
-  EXPECT_EQ(parse_spec("int8:k=token,v=token,g=dim").q.group, kGroupWholeDim);
+  EXPECT_EQ(parse_spec("int8:k=token,v=token,g=dim").q().group, kGroupWholeDim);
 }
 
 // Issue 15: rot=hadamard[:SEED] and sink=S on every scheme; canonical names carry them only when
@@ -278,8 +278,8 @@ TEST(Spec, SplitKeysAndValues_eachSideIsItsOwnSpec) {
   EXPECT_EQ(s.canonical(), "k=kivi2:g=32,r=128;v=fp8_e4m3:gran=token,scale=dynamic");
   EXPECT_EQ(s.side(Role::Key).canonical(), "kivi2:g=32,r=128");
   EXPECT_EQ(s.side(Role::Value).canonical(), "fp8_e4m3:gran=token,scale=dynamic");
-  EXPECT_EQ(s.side(Role::Value).kind, SchemeKind::Fp8);
-  EXPECT_EQ(s.kind, SchemeKind::Int);  // the key side's fields
+  EXPECT_EQ(s.side(Role::Value).kind(), SchemeKind::Fp8);
+  EXPECT_EQ(s.kind(), SchemeKind::Int);  // the key side's fields
   EXPECT_EQ(parse_spec(s.canonical()).canonical(), s.canonical());
   // The comma form: the value side starts at the first ",v=" naming a scheme, not at an int
   // spec's own v=token.

@@ -149,19 +149,19 @@ Bf16SideView upload_side(Arena& arena, const SchemeSpec&, Role, const Tensor3& x
 
 Fp8SideView upload_side(Arena& arena, const SchemeSpec& spec, Role role, const Tensor3& x,
                         const SideStore& cpu, Fp8SideView*) {
-  const std::vector<float> scales = fp8::prefill_scales(spec.fp8, role, x);
+  const std::vector<float> scales = fp8::prefill_scales(spec.fp8(), role, x);
   std::vector<uint8_t> codes;
-  fp8::quantize(spec.fp8, scales, x, codes);
+  fp8::quantize(spec.fp8(), scales, x, codes);
   Tensor3 back(x.shape);
-  fp8::dequantize(spec.fp8, scales, codes, back);
+  fp8::dequantize(spec.fp8(), scales, codes, back);
   expect_same_readback(cpu, back, "fp8");
-  return Fp8SideView{arena.upload(codes), arena.upload(scales), x.shape.tokens, spec.fp8.format,
-                     spec.fp8.gran};
+  return Fp8SideView{arena.upload(codes), arena.upload(scales), x.shape.tokens, spec.fp8().format,
+                     spec.fp8().gran};
 }
 
 IntSideView upload_side(Arena& arena, const SchemeSpec& spec, Role role, const Tensor3& x,
                         const SideStore& cpu, IntSideView*) {
-  kivi::SideCache c(spec.q, role, x.shape.heads, x.shape.dim);
+  kivi::SideCache c(spec.q(), role, x.shape.heads, x.shape.dim);
   c.append(x.data.data(), x.shape.tokens);
   expect_same_readback(cpu, c.dequantize(), "int");
   IntSideView v;
@@ -239,7 +239,7 @@ void run_batch(const std::string& spec_text, const std::vector<int64_t>& lengths
                int gqa, int dim, const std::string& name, DecodeKernel kernel,
                int64_t split_tokens = 0) {
   const SchemeSpec spec = parse_spec(spec_text);
-  const bool is_int = spec.kind == SchemeKind::Int;
+  const bool is_int = spec.kind() == SchemeKind::Int;
   const int batch = static_cast<int>(lengths.size());
   const int q_heads = static_cast<int>(heads) * gqa;
   Arena arena;
@@ -288,7 +288,7 @@ void run_batch(const std::string& spec_text, const std::vector<int64_t>& lengths
 /// Runs `spec` through the view type its kind needs.
 void run_spec(const std::string& spec, const std::vector<int64_t>& lengths, int64_t heads, int gqa,
               int dim, const std::string& name, DecodeKernel kernel, int64_t split_tokens = 0) {
-  switch (parse_spec(spec).kind) {
+  switch (parse_spec(spec).kind()) {
     case SchemeKind::Bf16:
       return run_batch<Bf16SideView>(spec, lengths, heads, gqa, dim, name, kernel, split_tokens);
     case SchemeKind::Fp8:
@@ -494,8 +494,8 @@ void run_device_caches(const std::string& spec_text,
     q_all.insert(q_all.end(), q.begin(), q.end());
     dk.push_back(arena.upload(k.data));
     dv.push_back(arena.upload(v.data));
-    kc.emplace_back(spec.q, Role::Key, kHeads, kDim);
-    vc.emplace_back(spec.q, Role::Value, kHeads, kDim);
+    kc.emplace_back(spec.q(), Role::Key, kHeads, kDim);
+    vc.emplace_back(spec.q(), Role::Value, kHeads, kDim);
   }
   size_t rounds = 0;
   for (const auto& a : appends) rounds = std::max(rounds, a.size());

@@ -289,7 +289,7 @@ TEST(planner, KvAliases) {
   EXPECT_EQ(parse_kv("int8").canonical(), "int8:k=channel,v=token,g=32,r=0");
   EXPECT_EQ(parse_kv("kivi2").canonical(), "kivi2:g=32,r=128");
   EXPECT_EQ(parse_kv("int4:k=token,v=token,g=64").canonical(), "int4:k=token,v=token,g=64,r=0");
-  EXPECT_EQ(parse_kv("bf16").kind, SchemeKind::Bf16);
+  EXPECT_EQ(parse_kv("bf16").kind(), SchemeKind::Bf16);
 }
 
 TEST(planner, ParseGb) {

@@ -43,7 +43,7 @@ struct Stored {
 Stored quantize(const std::string& spec_text, Role role, const std::vector<float>& x, int64_t T,
                 int64_t H, int64_t D, const GroupQuantizers& q) {
   const SchemeSpec spec = parse_spec(spec_text);
-  SideCache cache(spec.q, role, H, D, q);
+  SideCache cache(spec.q(), role, H, D, q);
   cache.append(x.data(), T);
   EXPECT_EQ(cache.quantized_tokens(), T);
   Stored s;
@@ -52,7 +52,7 @@ Stored quantize(const std::string& spec_text, Role role, const std::vector<float
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t d = 0; d < D; ++d)
-        s.codes.push_back(spec.q.axis(role) == Axis::Channel
+        s.codes.push_back(spec.q().axis(role) == Axis::Channel
                               ? cache.channel_layout().code(cache.words().data(), t, h, d)
                               : cache.token_layout().code(cache.words().data(), t, h, d));
   return s;
@@ -165,7 +165,7 @@ TEST(kiviArithFp16, beyondFp16Range_nanParams) {
 TEST(kiviArithFp16, spec_canonicalAndErrors) {
   EXPECT_EQ(parse_spec("kivi2:arith=fp16").canonical(), "kivi2:g=32,r=128,arith=fp16");
   EXPECT_EQ(parse_spec("kivi2:arith=exact").canonical(), "kivi2:g=32,r=128");
-  EXPECT_EQ(parse_spec("int4:k=channel,v=token,arith=fp16").q.arith, Arith::Fp16);
+  EXPECT_EQ(parse_spec("int4:k=channel,v=token,arith=fp16").q().arith, Arith::Fp16);
   EXPECT_THROW(parse_spec("kivi2:arith=bf16"), Error);
   EXPECT_THROW(parse_spec("kivi2:sym,arith=fp16"), Error);
   EXPECT_THROW(parse_spec("fp8_e4m3:arith=fp16"), Error);

@@ -83,7 +83,7 @@ TEST(kiviCacheResidual, g32_r128_T300_byHand) {
 TEST(kiviCacheResidual, kivi2_keysChannel_valuesToken_T300) {
   const SchemeSpec s = parse_spec("kivi2");
   const Tensor3 x = random_kv(300, 2, 64, 2);
-  SideCache k(s.q, Role::Key, 2, 64), v(s.q, Role::Value, 2, 64);
+  SideCache k(s.q(), Role::Key, 2, 64), v(s.q(), Role::Value, 2, 64);
   k.append(x.data.data(), 300);
   v.append(x.data.data(), 300);
   EXPECT_EQ(k.axis(), Axis::Channel);
@@ -519,7 +519,7 @@ TEST(kiviCacheFootprint, storedBytesEqualFootprint) {
 
 TEST(kiviCacheFootprint, kivi2_g32_effectiveBits3) {
   // b + 32/G bits per quantized element: 2 + 1 = 3 on the per-channel side at G = 32
-  SideCache c(parse_spec("kivi2").q, Role::Key, 8, 128);
+  SideCache c(parse_spec("kivi2").q(), Role::Key, 8, 128);
   const Tensor3 x = random_kv(256, 8, 128, 13);
   c.append(x.data.data(), 256);
   EXPECT_EQ(c.footprint().effective_bits(), 3.0);
@@ -606,9 +606,9 @@ TEST(kiviCacheRoundTrip, kivi4_g32_r128_T333_bothRoles_equalsCacheDequantize) {
   const SchemeSpec s = parse_spec("kivi4");
   const Tensor3 x = random_kv(333, 2, 64, 15);
   for (Role role : {Role::Key, Role::Value}) {
-    SideCache c(s.q, role, 2, 64);
+    SideCache c(s.q(), role, 2, 64);
     for (int64_t t = 0; t < 333; ++t) c.append(x.data.data() + t * 128, 1);  // streamed
-    const Tensor3 a = round_trip(s.q, role, x), b = c.dequantize();
+    const Tensor3 a = round_trip(s.q(), role, x), b = c.dequantize();
     ASSERT_EQ(a.shape, x.shape);
     EXPECT_EQ(std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)), 0);
     double norm = 0;

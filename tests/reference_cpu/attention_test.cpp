@@ -146,8 +146,8 @@ TEST_P(AttentionOverCache, PrefillEqualsTokenByTokenDecode) {
   // Every scheme streams: append one token at a time. FP8 dynamic tensor/head/channel scales come
   // from the first min(first, T) tokens in both caches (the one-shot cache is its own prefill).
   SchemeSpec streamed = spec_;
-  if (streamed.kind == SchemeKind::Fp8)
-    streamed.fp8.first = std::min<int>(streamed.fp8.first, static_cast<int>(T));
+  if (streamed.kind() == SchemeKind::Fp8)
+    streamed.fp8().first = std::min<int>(streamed.fp8().first, static_cast<int>(T));
   auto k1 = make_side(streamed, Role::Key, c.heads, D),
        v1 = make_side(streamed, Role::Value, c.heads, D);
   const double tol = kPathTol * max_abs(v_.data);

@@ -1,4 +1,6 @@
-// Attention reads over packed int codes (layout: kivi/layout.h).
+// The int family's reference storage (reference_cpu/schemes.h): the streaming KIVI cache
+// (kivi/cache.h), codes outside the residual window, with attention reads over the packed codes
+// (layout: kivi/layout.h).
 //
 // Per-channel keys fold each (head, channel)'s scale into the query once per token group:
 //   <q, k_t> = sum_d (q_d * scale_gd) * code_td + sum_d q_d * min_gd
@@ -6,7 +8,6 @@
 //   o_d += (p_t * scale_tc) * code_td,  and  p_t * min_tc once per channel group.
 // (The mirror images - per-token keys, per-channel values - fold the same way.) Symmetric codes
 // read as (code - 2^(b-1)) * scale, i.e. an asymmetric min of -2^(b-1) * scale.
-#include "reference_cpu/int_side.h"
 
 #include <algorithm>
 #include <vector>
@@ -16,7 +17,9 @@
 #include "kivi/cache.h"
 #include "kivi/group.h"
 #include "kivi/minmax.h"
+#include "kivi/tensor_quant.h"
 #include "reference_cpu/dense_ops.h"
+#include "reference_cpu/schemes.h"
 
 namespace kvq {
 namespace {
@@ -43,14 +46,14 @@ inline void unpack_run(const uint32_t* words, int n, float* out) {
 class IntSide final : public SideStore {
  public:
   IntSide(const SchemeSpec& spec, Role role, int64_t H, int64_t D, const kivi::GroupQuantizers& q)
-      : spec_(spec), role_(role), cache_(spec.q, role, H, D, q) {}
+      : spec_(spec), role_(role), cache_(spec.q(), role, H, D, q) {}
 
   void append(const float* x, int64_t n) override { cache_.append(x, n); }
   int64_t tokens() const override { return cache_.tokens(); }
   int64_t heads() const override { return cache_.heads(); }
   int64_t dim() const override { return cache_.head_dim(); }
   int64_t quantized_tokens_at(int64_t t) const override {
-    return kvq::quantized_tokens(spec_.q, cache_.axis(), t);
+    return kvq::quantized_tokens(spec_.q(), cache_.axis(), t);
   }
   Tensor3 dequantize() const override { return cache_.dequantize(); }
   void exact_tail(std::vector<float>& out) const override {
@@ -247,11 +250,18 @@ class IntSide final : public SideStore {
   kivi::SideCache cache_;
 };
 
+std::unique_ptr<SideStore> make(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim, int,
+                                const SideKernels& kernels) {
+  return std::make_unique<IntSide>(spec, role, heads, dim, kernels.kivi);
+}
+
+Tensor3 round_trip(const SchemeSpec& spec, Role role, const Tensor3& x, int) {
+  return kivi::round_trip(spec.q(), role, x);
+}
+
 }  // namespace
 
-std::unique_ptr<SideStore> make_int_side(const SchemeSpec& spec, Role role, int64_t heads,
-                                         int64_t dim, const kivi::GroupQuantizers& q) {
-  return std::make_unique<IntSide>(spec, role, heads, dim, q);
-}
+extern const SchemeStorage kIntStorage;
+const SchemeStorage kIntStorage{"int", make, round_trip};
 
 }  // namespace kvq

@@ -1,0 +1,32 @@
+// How the reference stores and round-trips each scheme family (issue 48, item 1): one record per
+// family of core/schemes.h's registry, in the manner of ggml's type_traits_cpu beside type_traits.
+// A family's record lives in its file reference_cpu/schemes/<family>.cpp with its SideStore; the
+// one table is reference_cpu/schemes.cpp. make_side and round_trip (kv_cache.h, quantize.h) wrap
+// what every scheme shares (per-layer specs, k=;v= sides, rot=, sink=) around it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "core/spec.h"
+#include "core/tensor.h"
+#include "reference_cpu/kv_cache.h"
+
+namespace kvq {
+
+struct SchemeStorage {
+  std::string_view family;  ///< SchemeTraits::family of core/schemes.h
+  /// \brief A side of one-side spec `spec` (no rot=, no sink=); make_side's contract.
+  std::unique_ptr<SideStore> (*make_side)(const SchemeSpec& spec, Role role, int64_t heads,
+                                          int64_t dim, int layer, const SideKernels& kernels);
+  /// \brief `x` quantized and read back as one layer's tensor in `role` (no rot=, no sink=): the
+  /// values of round_trip (quantize.h).
+  Tensor3 (*round_trip)(const SchemeSpec& spec, Role role, const Tensor3& x, int layer);
+};
+
+/// \brief The storage of a kind's family; throws kvq::Error when the family registered in core
+/// has no storage here.
+const SchemeStorage& scheme_storage(SchemeKind kind);
+
+}  // namespace kvq

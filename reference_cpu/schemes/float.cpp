@@ -1,0 +1,147 @@
+// The float family's reference storage (reference_cpu/schemes.h): fp32, bf16 and fp16 values as
+// stored (bf16 / fp16 as 16-bit patterns).
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "reference_cpu/dense_ops.h"
+#include "reference_cpu/schemes.h"
+
+namespace kvq {
+namespace {
+
+class Fp32Side final : public SideStore {
+ public:
+  Fp32Side(int64_t H, int64_t D) : H_(H), D_(D) {}
+  void append(const float* x, int64_t n) override { x_.insert(x_.end(), x, x + n * H_ * D_); }
+  void reserve(int64_t t) override { x_.reserve(static_cast<size_t>(t * H_ * D_)); }
+  int64_t tokens() const override { return static_cast<int64_t>(x_.size()) / (H_ * D_); }
+  int64_t heads() const override { return H_; }
+  int64_t dim() const override { return D_; }
+  int64_t quantized_tokens_at(int64_t t) const override { return t; }
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
+           int64_t ld) const override {
+    dense_dot(x_.data(), H_, D_, h, q, nq, t0, t1, s, ld);
+  }
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
+                  float* out) const override {
+    dense_accumulate(x_.data(), H_, D_, h, p, nq, t0, t1, ld, out);
+  }
+  void exact_tail(std::vector<float>&) const override {}
+  Tensor3 dequantize() const override {
+    Tensor3 y({tokens(), H_, D_});
+    y.data = x_;
+    return y;
+  }
+  Footprint footprint() const override {
+    return kvq::footprint(parse_spec("fp32"), Role::Key, {tokens(), H_, D_});
+  }
+  StoredSide stored() const override {
+    StoredSide s{SchemeKind::Fp32, tokens(), H_, D_};
+    s.f32 = x_.data();
+    return s;
+  }
+
+ private:
+  int64_t H_, D_;
+  std::vector<float> x_;
+};
+
+// bf16 or fp16 stored as 16-bit patterns; widened in registers.
+template <bool kBf16>
+class Half16Side final : public SideStore {
+ public:
+  Half16Side(int64_t H, int64_t D) : H_(H), D_(D) {}
+  static float widen(uint16_t b) { return kBf16 ? bf16_bits_to_float(b) : half_bits_to_float(b); }
+  void reserve(int64_t t) override { x_.reserve(static_cast<size_t>(t * H_ * D_)); }
+  // One growth, then a loop the compiler vectorizes: element by element push_back regrew and
+  // copied the vector log2(n) times and kept the conversion scalar (issue 50: bf16's "quantize"
+  // baseline in [throughput] ran at a fifth of memcpy, which made every other scheme look fast).
+  void append(const float* x, int64_t n) override {
+    const size_t old = x_.size(), m = static_cast<size_t>(n * H_ * D_);
+    x_.resize(old + m);
+    uint16_t* out = x_.data() + old;
+    for (size_t i = 0; i < m; ++i)
+      out[i] = kBf16 ? float_to_bf16_bits(x[i]) : float_to_half_bits(x[i]);
+  }
+  int64_t tokens() const override { return static_cast<int64_t>(x_.size()) / (H_ * D_); }
+  int64_t heads() const override { return H_; }
+  int64_t dim() const override { return D_; }
+  int64_t quantized_tokens_at(int64_t t) const override { return t; }
+  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
+           int64_t ld) const override {
+    std::vector<float> row(static_cast<size_t>(D_));
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint16_t* r = x_.data() + (t * H_ + h) * D_;
+      for (int64_t d = 0; d < D_; ++d) row[static_cast<size_t>(d)] = widen(r[d]);
+      for (int i = 0; i < nq; ++i) {
+        const float* qi = q + i * D_;
+        float acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t d = 0; d < D_; ++d) acc += qi[d] * row[static_cast<size_t>(d)];
+        s[i * ld + (t - t0)] = acc;
+      }
+    }
+  }
+  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
+                  float* out) const override {
+    std::vector<float> row(static_cast<size_t>(D_));
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint16_t* r = x_.data() + (t * H_ + h) * D_;
+      for (int64_t d = 0; d < D_; ++d) row[static_cast<size_t>(d)] = widen(r[d]);
+      for (int i = 0; i < nq; ++i) {
+        const float w = p[i * ld + (t - t0)];
+        float* o = out + i * D_;
+#pragma omp simd
+        for (int64_t d = 0; d < D_; ++d) o[d] += w * row[static_cast<size_t>(d)];
+      }
+    }
+  }
+  void exact_tail(std::vector<float>&) const override {}
+  Tensor3 dequantize() const override {
+    Tensor3 y({tokens(), H_, D_});
+    for (size_t i = 0; i < x_.size(); ++i) y.data[i] = widen(x_[i]);
+    return y;
+  }
+  Footprint footprint() const override {
+    return kvq::footprint(parse_spec(kBf16 ? "bf16" : "fp16"), Role::Key, {tokens(), H_, D_});
+  }
+  StoredSide stored() const override {
+    StoredSide s{kBf16 ? SchemeKind::Bf16 : SchemeKind::Fp16, tokens(), H_, D_};
+    s.half16 = x_.data();
+    return s;
+  }
+
+ private:
+  int64_t H_, D_;
+  std::vector<uint16_t> x_;
+};
+
+std::unique_ptr<SideStore> make(const SchemeSpec& spec, Role, int64_t heads, int64_t dim, int,
+                                const SideKernels&) {
+  switch (spec.kind()) {
+    case SchemeKind::Bf16:
+      return std::make_unique<Half16Side<true>>(heads, dim);
+    case SchemeKind::Fp16:
+      return std::make_unique<Half16Side<false>>(heads, dim);
+    default:
+      return std::make_unique<Fp32Side>(heads, dim);
+  }
+}
+
+Tensor3 round_trip(const SchemeSpec& spec, Role, const Tensor3& x, int) {
+  Tensor3 y = x;
+  if (spec.kind() == SchemeKind::Bf16)
+    for (float& v : y.data) v = round_to_bf16(v);
+  else if (spec.kind() == SchemeKind::Fp16)
+    for (float& v : y.data) v = round_to_half(v);
+  return y;
+}
+
+}  // namespace
+
+extern const SchemeStorage kFloatStorage;
+const SchemeStorage kFloatStorage{"float", make, round_trip};
+
+}  // namespace kvq
