@@ -1,6 +1,6 @@
 // Backend `cpu`: the one table through which every kernel call reaches the CPU path this process
 // runs (kernels/cpu/isa.h, path()). Each path compiles the kernel sources with its own flags into
-// its own namespace kvq::cpu::<path> (kernels/cpu/CMakeLists.txt) and fills a Kernels table
+// its own namespace kvq::cpu::<path> (cmake/cpu_paths.cmake) and fills a Kernels table
 // (kernels/cpu/path.cpp); kernels/cpu/dispatch.cpp picks one table at first use and defines the
 // public functions of kernels/cpu/{fp8,kivi}.h and run_segment as forwarders through it. A kernel
 // entry is one line of KVQ_CPU_KERNELS. Internal to the backend.

@@ -1,6 +1,6 @@
 // Backend `cpu`: which instruction set a kernel translation unit is compiled for, and which CPU
 // path this process runs. Each kernel source (attention.cpp, kivi.cpp, fp8.cpp) is compiled once
-// per path with that path's flags (kernels/cpu/CMakeLists.txt: portable = baseline x86-64, avx2 =
+// per path with that path's flags (cmake/cpu_paths.cmake: portable = baseline x86-64, avx2 =
 // AVX2+FMA+F16C, avx512 = x86-64-v4 + VNNI, avx512bf16 = that + VBMI, BF16 and AMX-TILE/BF16), and
 // the macros below say what the compiler targets in that build: without AVX2+FMA+F16C every
 // kernel takes its portable scalar path (the same results: the quantizers are bit-identical
@@ -57,7 +57,7 @@
 #include <string>
 
 // The namespace a translation unit's SIMD helpers (below, kernels/cpu/simd_decode.h) and kernels
-// live in: each CPU path's build names its own (kernels/cpu/CMakeLists.txt), so the same helper
+// live in: each CPU path's build names its own (cmake/cpu_paths.cmake), so the same helper
 // compiled for two paths is two functions, never one the linker picks.
 #ifndef KVQ_CPU_PATH_NS
 #define KVQ_CPU_PATH_NS native

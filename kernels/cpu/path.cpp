@@ -1,5 +1,5 @@
 // Backend `cpu`: one CPU path's table (kernels/cpu/dispatch.h), compiled with that path's flags
-// beside its kernels (kernels/cpu/CMakeLists.txt defines KVQ_CPU_PATH_NS, the path's name). The
+// beside its kernels (cmake/cpu_paths.cmake defines KVQ_CPU_PATH_NS, the path's name). The
 // table's getter, kvq_cpu_path_<name>, is the one global symbol the path's objects keep: every
 // other symbol they define, the inline functions and templates they instantiate with this path's
 // instructions included, is made local to them, so no other code can bind to it.
