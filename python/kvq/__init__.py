@@ -381,6 +381,14 @@ def read_text(source: str) -> str:
     return _kvq.read_text(source)
 
 
+def _backend_name(backend: Any) -> str:
+    """A backend name for the C++ side (kernels/backend.h's parser checks it), or kvq.Error."""
+    if not isinstance(backend, str):
+        raise Error(f"backend: expected a name such as 'cpu' or 'cuda', "
+                    f"got {type(backend).__name__}")
+    return backend
+
+
 class Model:
     """A Llama-family model with a KV cache in any scheme: a llama GGUF (default
     SmolLM2-135M-Instruct Q4_1; weights stay in their GGUF blocks) or a Hugging Face checkpoint
@@ -407,20 +415,14 @@ class Model:
     """
 
     def __init__(self, path: Optional[str] = None, weights: str = "mapped", backend: str = "cpu"):
-        if not isinstance(backend, str):
-            raise Error(f"backend: expected a name such as 'cpu' or 'cuda', got {type(backend).__name__}")
-        self._m = _kvq.Model(path or "", weights, backend)
+        self._m = _kvq.Model(path or "", weights, _backend_name(backend))
         self.backend: str = backend
         """the attention backend of every call that gives none (``kvq.backends()``)"""
         self.config: dict = json.loads(self._m.config())
         """layers, hidden, heads, kv_heads, head_dim, ffn, vocab, context, weights, path, family"""
 
     def _backend(self, backend: Optional[str]) -> str:
-        if backend is None:
-            return self.backend
-        if not isinstance(backend, str):
-            raise Error(f"backend: expected a name such as 'cpu' or 'cuda', got {type(backend).__name__}")
-        return backend
+        return self.backend if backend is None else _backend_name(backend)
 
     def encode(self, text: str, max_tokens: int = 0, chat: bool = False) -> list[int]:
         """Token ids of ``text`` (the first ``max_tokens`` when > 0); ``chat`` wraps it in the
@@ -471,7 +473,8 @@ class Model:
         ids = self._ids(text, max_tokens)
         rows = [json.loads(r) for r in self._m.ppl(ids, specs, _int(ctx, "ctx"),
                                                    _int(stride, "stride"), _int(chunk, "chunk"),
-                                                   _int(threads, "threads"), self._backend(backend))]
+                                                   _int(threads, "threads"),
+                                                   self._backend(backend))]
         return rows[0] if one else rows
 
     def generate(self, prompt: str, n: int = 64, kv: SpecLike = DEFAULT_KV, chat: bool = False,
@@ -522,7 +525,8 @@ class Model:
             (300, 49152)
         """
         ids = self._ids(text, max_tokens)
-        return self._m.logits(ids, _spec_text(kv, "kv"), _int(threads, "threads"), self._backend(backend))
+        return self._m.logits(ids, _spec_text(kv, "kv"), _int(threads, "threads"),
+                              self._backend(backend))
 
     def diverge(self, prompt: Union[str, Sequence[int]], kv: SpecLike = DEFAULT_KV,
                 vs: SpecLike = "fp32", n: int = 64, chat: bool = False, threads: int = 0,
@@ -546,7 +550,8 @@ class Model:
         if not ids:
             raise Error("the prompt is empty after tokenization")
         return json.loads(self._m.diverge(ids, _spec_text(kv, "kv"), _spec_text(vs, "vs"),
-                                          _int(n, "n"), _int(threads, "threads"), self._backend(backend)))
+                                          _int(n, "n"), _int(threads, "threads"),
+                                          self._backend(backend)))
 
     def needle(self, kv: SpecLike = DEFAULT_KV,
                ctx: Union[int, Sequence[int]] = (1024, 2048, 4096, 8192),
@@ -571,7 +576,8 @@ class Model:
         hay = read_text("kjv") if text is None else str(text)
         rows = self._m.needle(_spec_text(kv, "kv"), [_int(c, "ctx") for c in ctxs],
                               [_num(d, "depth") for d in depths], _int(trials, "trials"),
-                              _int(seed, "seed"), hay, _int(threads, "threads"), self._backend(backend))
+                              _int(seed, "seed"), hay, _int(threads, "threads"),
+                              self._backend(backend))
         return [json.loads(r) for r in rows]
 
     def ruler_case(self, task: str, length: int, sample: int = 0, seed: int = 1,
@@ -618,7 +624,8 @@ class Model:
         lengths = [length] if isinstance(length, (int, np.integer)) else list(length)
         rows = self._m.ruler(_spec_text(kv, "kv"), tasks, [_int(x, "length") for x in lengths],
                              _int(samples, "samples"), _int(seed, "seed"), str(haystack),
-                             _int(max_new, "max_new"), _int(threads, "threads"), self._backend(backend))
+                             _int(max_new, "max_new"), _int(threads, "threads"),
+                             self._backend(backend))
         return [json.loads(r) for r in rows]
 
     def calibrate(self, text: Optional[str] = None, max_tokens: int = DEFAULT_MAX_TOKENS,

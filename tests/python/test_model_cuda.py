@@ -38,7 +38,8 @@ def test_unknown_backend_is_the_parsers_one_line_listing_every_backend(cpu_model
     with pytest.raises(kvq.Error) as e:  # a call's backend=: the same parser, the same line
         cpu_model.logits(IDS, kv="fp32", backend="gpu")
     assert str(e.value) == want
-    with pytest.raises(kvq.Error, match="backend: expected a name such as 'cpu' or 'cuda', got int"):
+    with pytest.raises(kvq.Error, match="backend: expected a name such as 'cpu' or 'cuda', "
+                                        "got int"):
         kvq.Model(FOLDER, backend=3)
 
 
