@@ -32,28 +32,37 @@ model="${KVQ_MODEL_DIR:-$HOME/.cache/kvq}/SmolLM2-135M-Instruct.Q4_1.gguf"
 B=build/fuzz/fuzz
 [[ -d fuzz/corpus/npy ]] || "$B/make_seeds" fuzz/corpus
 mkdir -p fuzz/corpus/config  # its seeds are the shipped configs, read from experiments/configs/
-failed=0
-for t in "${targets[@]}"; do
+# The targets run KVQ_JOBS at a time (each libFuzzer process is one thread, so each still gets its
+# SECONDS on a core of its own); their lines print in the order asked.
+fuzz_one() {
+  local t=$1 work log rc=0 runs entries
   if [[ $t == tokenizer && ! -f "$model" ]]; then
-    echo "fuzz_tokenizer: skipped (no model at $model; scripts/fetch-model.sh)"
-    continue
+    echo "fuzz_tokenizer: skipped (no model at $model; scripts/fetch-model.sh)" \
+      > "build/fuzz/$t.result"
+    return
   fi
   work=build/fuzz/corpus/$t   # new inputs land here, not in the committed seeds
   mkdir -p "$work" build/fuzz/artifacts
   log=build/fuzz/$t.log
-  set +e
   "$B/fuzz_$t" -max_total_time="$secs" -rss_limit_mb=2048 -malloc_limit_mb=1024 -timeout=10 \
     -close_fd_mask=1 -artifact_prefix="build/fuzz/artifacts/$t-" -print_final_stats=1 \
-    "$work" "fuzz/corpus/$t" $([[ $t == config ]] && echo experiments/configs) > "$log" 2>&1
-  rc=$?
-  set -e
+    "$work" "fuzz/corpus/$t" $([[ $t == config ]] && echo experiments/configs) > "$log" 2>&1 ||
+    rc=$?
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
   entries=$(find "$work" -type f | wc -l)
   if [[ $rc -eq 0 ]]; then
     echo "fuzz_$t: $runs executions in ${secs} s, corpus $entries, no finding"
   else
-    failed=1
     echo "fuzz_$t: FAILED (exit $rc) after $runs executions: $(ls -t build/fuzz/artifacts/$t-* 2>/dev/null | head -1); log $log"
-  fi
+  fi > "build/fuzz/$t.result"
+}
+export -f fuzz_one && export model B secs
+rm -f build/fuzz/*.result
+printf '%s\n' "${targets[@]}" | xargs -P "${KVQ_JOBS:-$(nproc)}" -I{} bash -c 'fuzz_one {}' || true
+failed=0
+for t in "${targets[@]}"; do
+  cat "build/fuzz/$t.result" 2>/dev/null ||
+    { echo "fuzz_$t: FAILED (no result)"; failed=1; continue; }
+  grep -q ': FAILED' "build/fuzz/$t.result" && failed=1
 done
 exit $failed

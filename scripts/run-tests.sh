@@ -7,7 +7,7 @@
 #      those programs, without the CLI's code, backend cpu's portable and widest host paths only,
 #      KVQ_CPU_PATHS=host; they run KVQ_JOBS at a time);
 #   3. scripts/fuzz.sh 10: every libFuzzer target for 10 s from its committed seeds (preset fuzz:
-#      only the targets, the host's paths).
+#      only the targets, the host's paths; KVQ_JOBS targets at a time).
 # KVQ_QUICK_ONLY=1 runs steps 0 and 1 alone. The full tier (after this script has built once):
 #   ctest --test-dir build/default -L full && scripts/fuzz.sh 600   (the preset excludes label full)
 set -euo pipefail
