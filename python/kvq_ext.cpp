@@ -37,6 +37,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/fp8.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/kivi.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
@@ -636,6 +637,12 @@ NB_MODULE(_kvq, m) {
     }
   });
   m.def("spec_info", [](const std::string& s) { return spec_json(kvq::parse_spec(s)).dump(); });
+  // backend cpu's CPU paths (kernels/cpu/isa.h), as kvq --version's second line: compiled in,
+  // run by this CPU, the one running and its instruction set
+  m.def("cpu_paths", [] {
+    return std::tuple(kvq::cpu::compiled_paths(), kvq::cpu::supported_paths(),
+                      std::string(kvq::cpu::path().name), std::string(kvq::cpu::isa()));
+  });
   // kernels/backend.h's table: what each backend runs, and whether it can run here
   m.def("backends", [] {
     nlohmann::json out = nlohmann::json::array();

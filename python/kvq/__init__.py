@@ -36,7 +36,7 @@ from . import _kvq
 
 __all__ = [
     "Error", "DEFAULT_KV", "DEFAULT_MAX_TOKENS", "Spec", "parse_spec", "quantize", "compare", "Cache", "plan", "Model",
-    "read_results", "read_text", "model_path", "backends",
+    "read_results", "read_text", "model_path", "backends", "cpu_paths",
 ]
 __version__ = "0.1.0"
 
@@ -189,6 +189,25 @@ def backends() -> list[dict]:
     ``sink=`` and ``pre_rope``, whether its cache is in ``host_memory``, and ``unavailable``: empty
     when it can run here, else the one line why not (e.g. "backend cuda: no CUDA device (...)")."""
     return json.loads(_kvq.backends())
+
+
+def cpu_paths() -> dict:
+    """Backend cpu's CPU paths (README, "CPU paths"), as ``kvq --version``'s second line:
+    ``compiled`` (the paths built in, widest last), ``supported`` (those this CPU runs),
+    ``running`` (the one this process runs: the widest supported one, or the one the environment
+    variable KVQ_CPU_PATH names, read at first use) and ``isa`` (its instruction sets). The
+    model's weight products run the same path; every path gives the same results within the
+    tolerances kernels/cpu/attention.h states (the products and quantizers bit for bit).
+
+    Example::
+
+        >>> kvq.cpu_paths()
+        {'compiled': ['portable', 'avx2', 'avx512', 'avx512bf16'], 'supported': [...],
+         'running': 'avx512bf16', 'isa': 'avx2+fma+f16c+vnni+avx512+amx'}
+    """
+    compiled, supported, running, isa = _kvq.cpu_paths()
+    return {"compiled": compiled.split(", "), "supported": supported.split(", "),
+            "running": running, "isa": isa}
 
 
 class Cache:
