@@ -74,6 +74,10 @@ struct SchemeTraits {
   Footprint (*footprint)(const SchemeSpec& s, Role role, Shape3 shape);
   /// \brief Bytes a stored view of the family holds for its tokens after the sinks (`shape`).
   Footprint (*stored_footprint)(const StoredSide& side, Shape3 shape);
+  /// \brief Of `tokens` tokens (after the sinks), how many one side of `s` holds as the family's
+  /// codes rather than exact: fp32 none (the exact cache), bf16 / fp16 all, fp8 none until a
+  /// `streamed` side's first-N scales freeze, int the window rule (quantized_tokens).
+  int64_t (*coded_tokens)(const SchemeSpec& s, Role role, int64_t tokens, bool streamed);
   /// \brief The largest |x - x'| a round trip of a tensor with max |x| = amax may leave, by the
   /// family's definition (dynamic scales; fp8 constant and calib scales may saturate: infinity).
   double (*max_error)(const SchemeSpec& s, double amax);

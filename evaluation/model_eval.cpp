@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/footprint.h"
+#include "core/schemes.h"
 #include "core/splitmix.h"
 #include "fmt/format.h"
 
@@ -43,22 +44,7 @@ int64_t first_scored(const PplOptions& o, int stride, int64_t w) {
 int64_t side_quantized(const SchemeSpec& side, Role role, int64_t t, bool streamed) {
   if (t <= side.sink) return 0;  // sink=S: the first S exact; the scheme holds the rest
   t -= side.sink;
-  switch (side.kind()) {
-    case SchemeKind::Fp32:
-      return 0;
-    case SchemeKind::Bf16:
-    case SchemeKind::Fp16:
-      return t;
-    case SchemeKind::Fp8: {
-      const Fp8Spec& f = side.fp8();
-      const bool waits =
-          streamed && f.source == ScaleSource::Dynamic && f.gran != Granularity::Token;
-      return waits && t < f.first ? 0 : t;
-    }
-    case SchemeKind::Int:  // (g=dim groups channels: only a per-token side has it)
-      return quantized_tokens(side.q(), side.q().axis(role), t);
-  }
-  return 0;
+  return scheme_traits(side).coded_tokens(side, role, t, streamed);
 }
 
 // A block bootstrap statistic's 2.5th and 97.5th percentiles.

@@ -53,6 +53,10 @@ Footprint stored_footprint(const StoredSide& side, Shape3 shape) {
   return dense(bytes(side.kind), shape);
 }
 
+int64_t coded_tokens(const SchemeSpec& s, Role, int64_t tokens, bool) {
+  return s.kind() == SchemeKind::Fp32 ? 0 : tokens;
+}
+
 // Round to nearest: half an ulp of amax (bf16 8 significant bits, fp16 11; fp16 assumes no
 // overflow, |x| < 65504).
 double max_error(const SchemeSpec& s, double amax) {
@@ -85,6 +89,7 @@ const SchemeTraits kFloatScheme{
     .canonical = canonical,
     .footprint = spec_footprint,
     .stored_footprint = stored_footprint,
+    .coded_tokens = coded_tokens,
     .max_error = max_error,
 };
 

@@ -159,6 +159,13 @@ Footprint stored_footprint(const StoredSide& side, Shape3 shape) {
   return codes_and_scales(side.gran, false, shape);
 }
 
+// A streamed side with dynamic tensor/head/channel scales holds its tokens exact until the N-th.
+int64_t coded_tokens(const SchemeSpec& s, Role, int64_t tokens, bool streamed) {
+  const Fp8Spec& f = s.fp8();
+  const bool waits = streamed && f.source == ScaleSource::Dynamic && f.gran != Granularity::Token;
+  return waits && tokens < f.first ? 0 : tokens;
+}
+
 // An element is x / scale rounded to nearest in the format: half an ulp, 2^-4 of |x| with 3
 // mantissa bits (e4m3, e4m3fnuz), 2^-3 with 2 (e5m2), or half the smallest subnormal times the
 // scale near zero. Dynamic scales map each unit's amax to the format's largest value (scale <=
@@ -207,6 +214,7 @@ const SchemeTraits kFp8Scheme{
     .canonical = canonical,
     .footprint = spec_footprint,
     .stored_footprint = stored_footprint,
+    .coded_tokens = coded_tokens,
     .max_error = max_error,
 };
 

@@ -73,15 +73,15 @@ constexpr std::array<SchemeAlias, 1> kAliases{
 constexpr std::array<SchemeKey, 6> kIntKeys{{{"k"}, {"v"}, {"g"}, {"r"}, {"sym", true}, {"arith"}}};
 constexpr std::array<SchemeKey, 4> kKiviKeys{{{"g"}, {"r"}, {"sym", true}, {"arith"}}};
 constexpr std::array<std::string_view, 10> kExamples{"kivi2:g=32,r=128",
-                                                    "kivi4:g=32,r=128,arith=fp16",
-                                                    "kivi3:g=16,r=64,sym",
-                                                    "int8:k=token,v=token,g=dim,r=0",
-                                                    "int4:k=token,v=token,g=64,r=128",
-                                                    "int2:k=token,v=channel,g=32,r=32",
-                                                    "int4:k=channel,v=channel,g=8,r=0,sym",
-    "int4:k=channel,v=token,g=32,r=0,arith=fp16",
-                                                    "kivi2:g=32,r=128,rot=hadamard",
-                                                    "kivi2:g=32,r=32,sink=4"};
+                                                     "kivi4:g=32,r=128,arith=fp16",
+                                                     "kivi3:g=16,r=64,sym",
+                                                     "int8:k=token,v=token,g=dim,r=0",
+                                                     "int4:k=token,v=token,g=64,r=128",
+                                                     "int2:k=token,v=channel,g=32,r=32",
+                                                     "int4:k=channel,v=channel,g=8,r=0,sym",
+                                                     "int4:k=channel,v=token,g=32,r=0,arith=fp16",
+                                                     "kivi2:g=32,r=128,rot=hadamard",
+                                                     "kivi2:g=32,r=32,sink=4"};
 
 bool claims(std::string_view name) { return name.starts_with("int") || name.starts_with("kivi"); }
 
@@ -215,6 +215,11 @@ Footprint stored_footprint(const StoredSide& side, Shape3 shape) {
   return codes_and_groups(side.bits, side.group, side.sym, side.axis, side.quantized_tokens, shape);
 }
 
+// (g=dim groups channels: only a per-token side has it.)
+int64_t coded_tokens(const SchemeSpec& s, Role role, int64_t tokens, bool) {
+  return quantized_tokens(s.q(), s.q().axis(role), tokens);
+}
+
 // kivi/minmax.h: a group's step is (max - min) / (2^B - 1) <= 2 amax / (2^B - 1) (asymmetric) or
 // max|x| / (2^(B-1) - 1) (sym), and a code is the nearest level: half a step, at most
 // amax / (2^B - 2). The fp16 scale and minimum the cache keeps (and arith=fp16's fp16 quotient)
@@ -248,6 +253,7 @@ const SchemeTraits kIntScheme{
     .canonical = canonical,
     .footprint = spec_footprint,
     .stored_footprint = stored_footprint,
+    .coded_tokens = coded_tokens,
     .max_error = max_error,
 };
 

@@ -1,9 +1,10 @@
 // reference_cpu/schemes: the storage sweep over core/schemes.h's registry. For every example spec
-// of every family, both roles, on a ragged shape (kShape): the footprint formula
-// equals the bytes the stored view actually holds (counted from the layouts, fp8/scale.h and
-// kivi/layout.h, through tests/support/stored_counts.h), the streamed side reads back what the
-// whole-tensor round trip gives, and the round trip's error stays within the family's bound
-// (SchemeTraits::max_error, derived from each format's rounding in core/schemes/<family>.cpp).
+// of every family, both roles, on a ragged shape (kShape): the footprint formula equals the bytes
+// the stored view actually holds (counted from the layouts, fp8/scale.h and kivi/layout.h, through
+// tests/support/stored_counts.h) and the family's coded_tokens the side's own count; the streamed
+// side reads back what the whole-tensor round trip gives; and the round trip's error stays within
+// the family's bound (SchemeTraits::max_error, derived from each format's rounding in
+// core/schemes/<family>.cpp).
 #include "reference_cpu/schemes.h"
 
 #include <gtest/gtest.h>
@@ -85,6 +86,12 @@ TEST(SchemeStorage, FootprintIsTheStoredBytes) {
         EXPECT_EQ(side->footprint().total_bytes(), f.total_bytes());
         EXPECT_EQ(f.quantized_elements + f.residual_elements, kShape.numel());
         EXPECT_EQ(stored_bytes(side->stored()), f.total_bytes());
+        // The tokens held as codes, by the family's rule, against the side's own count (fp32 is the
+        // exact cache: no codes, though its side reads every token as stored).
+        if (s.sink == 0) {
+          EXPECT_EQ(t->coded_tokens(s, role, kShape.tokens, false),
+                    s.kind() == SchemeKind::Fp32 ? 0 : side->quantized_tokens_at(kShape.tokens));
+        }
       }
 }
 
