@@ -3,6 +3,9 @@
 #   0. scripts/check-layers.py: every include and import against the allowed folder graph (<1 s);
 #   1. ctest: every quick C++ test and the Python tests (pytest) on the default build, backend
 #      cpu's kernel tests also under each CPU path this host runs (KVQ_CPU_PATH, label cpu_path);
+#      the test preset sets OMP_WAIT_POLICY=passive: tests run side by side, and an OpenMP team
+#      spinning between parallel regions took the other test's core (cpu_causal_attention_test
+#      spent 62% of its CPU time spinning in libgomp; passive: half the wall time);
 #   2. scripts/sanitize.sh: the library unit tests again under ASan + UBSan (preset asan: only
 #      those programs, without the CLI's code, backend cpu's portable and widest host paths only,
 #      KVQ_CPU_PATHS=host; they run KVQ_JOBS at a time);

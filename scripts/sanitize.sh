@@ -24,6 +24,9 @@ fresh=$(grep -qs '^CMAKE_GENERATOR:INTERNAL=Ninja$' build/asan/CMakeCache.txt ||
 cmake --preset asan $fresh > /dev/null
 cmake --build --preset asan -j "${KVQ_JOBS:-$(nproc)}" --target "${TARGETS[@]}"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# Idle OpenMP workers sleep instead of spinning: the programs run side by side on few cores, and
+# a spinning team takes the other program's core (as in the test preset, CMakePresets.json).
+export OMP_WAIT_POLICY=passive
 logs=build/asan/sanitize-logs   # each program's output and exit status
 rm -rf "$logs" && mkdir -p "$logs"
 for t in "${TARGETS[@]}"; do

@@ -53,5 +53,11 @@ cmake --preset "$PRESET" >/dev/null
 cmake --build --preset "$PRESET" -j "$JOBS"
 
 # kvq's Python package into the venv (CMake through scikit-build-core; build/python/ is reused).
+# Its compiler is the one the build above used (scikit-build-core would take Python's, g++, and
+# ccache keys on the compiler's name too): the module's library objects are then that build's,
+# compiled with the same command line (CMakeLists.txt: every build is position-independent), and
+# only the binding itself compiles here.
+cxx="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "build/$PRESET/CMakeCache.txt")"
 echo "kvq setup: the Python package (pip install . into .venv)" >&2
-CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" .venv/bin/pip install -q --no-build-isolation --no-deps .
+CXX="${CXX:-$cxx}" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" \
+  .venv/bin/pip install -q --no-build-isolation --no-deps .
