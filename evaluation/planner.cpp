@@ -251,7 +251,7 @@ Plan make_plan(const PlanInput& in) {
     const auto fit = static_cast<int64_t>(std::floor(mem / one));
     r.decode_batch = std::min(in.batch, fit);
     r.decode_kv_bytes = static_cast<double>(r.decode_batch) * one;
-    r.step_seconds = (p.weight_bytes + r.decode_kv_bytes) / in.gpu.bandwidth;
+    r.step_seconds = decode_step_seconds(p.weight_bytes, r.decode_kv_bytes, in.gpu.bandwidth);
     r.tokens_per_s = static_cast<double>(r.decode_batch) / r.step_seconds;
   };
   PlanRow bf16;  // the speed-up's baseline, whatever --kv lists

@@ -117,6 +117,13 @@ struct PlanRow {
 /// \brief The share of GPU memory the weights and the KV cache may take when --mem is not given
 /// (vLLM's default gpu_memory_utilization; the rest: activations, CUDA context, fragmentation).
 inline constexpr double kKvMemFraction = 0.9;
+/// \brief The bandwidth bound of one decode step: it reads every weight once and every held
+/// request's cache once, (weight_bytes + kv_bytes) / bandwidth seconds (bandwidth in bytes/s).
+/// PlanRow::step_seconds and kvq model serve-bench's prediction (evaluation/serve_run.h).
+inline double decode_step_seconds(double weight_bytes, double kv_bytes, double bandwidth) {
+  return (weight_bytes + kv_bytes) / bandwidth;
+}
+
 /// \brief Bytes per weight of --weights-dtype; throws naming the allowed names.
 double weight_bytes_per_param(std::string_view dtype);
 

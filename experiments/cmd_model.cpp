@@ -23,6 +23,7 @@
 #include "evaluation/model_files.h"
 #include "evaluation/planner.h"
 #include "evaluation/serve.h"
+#include "evaluation/serve_run.h"
 #include "fp8/scale.h"
 #include "kernels/backend.h"
 #include "model/llama.h"
@@ -612,9 +613,10 @@ void register_bench(CLI::App* model) {
   });
 }
 
-// Serving-style batches on the host (issue 47 item 3): evaluation/serve.h's schedule run on the
-// model, each step's requests decoded one after another in the batch order (the cpu model has no
-// batched forward; backend cuda's model, which would batch them, does not exist yet).
+// Serving-style batches (issue 47 item 3): evaluation/serve.h's schedule run on the model
+// (evaluation/serve_run.h): on backend cuda each step's held requests decode as one batched call
+// (LlamaModel::decode_batch); the host backends, which have no batched forward, decode them one
+// after another in the batch order.
 void register_serve_bench(CLI::App* model) {
   struct O : Common {
     std::string text = "kjv", mem = "0.02";
@@ -630,6 +632,10 @@ void register_serve_bench(CLI::App* model) {
       "Reports decode and prefill tokens/s (wall), requests held, and the caches' peak bytes\n"
       "measured beside the schedule's prediction. Request i has --prompt-tokens / 2 + (37 i mod\n"
       "(--prompt-tokens / 2 + 1)) prompt tokens and --gen / 2 + (13 i mod (--gen / 2 + 1)) outputs.\n"
+      "On --backend cuda each step's decodes run as one batched call (every layer's products over the\n"
+      "batch's rows, one attention launch over its caches; the host backends decode them one after\n"
+      "another), and the report adds the device memory in use (cudaMemGetInfo) and the planner's\n"
+      "decode tokens/s bound at the GPU's peak bandwidth.\n"
       "Example: kvq model serve-bench --kv kivi2 --mem 0.02 --requests 8 --prompt-tokens 64 --gen 16");
   add_common(c, *o);
   c->add_option("--text", o->text, "text the prompts come from, or 'kjv'")->capture_default_str();
@@ -652,58 +658,55 @@ void register_serve_bench(CLI::App* model) {
     const planner::ModelDims dims{"model", cfg.layers, cfg.kv_heads, cfg.head_dim, 0};
     const double mem = planner::parse_gb(o->mem, "--mem");
     const eval::ServeSchedule plan = eval::schedule_serve(dims, co.spec, reqs, {mem, o->max_batch});
+    const std::vector<eval::ServeStepCalls> calls = eval::serve_calls(dims, co.spec, reqs, plan);
     const Loaded& L = load(*o);
     const auto ids = L.tok.encode_first(read_text(o->text), o->prompt);
     KVQ_CHECK(static_cast<int64_t>(ids.size()) >= o->prompt, "serve-bench: the text has {} tokens, {} needed",
               ids.size(), o->prompt);
-    std::vector<std::unique_ptr<LlamaCache>> caches(reqs.size());
-    std::vector<int32_t> next(reqs.size(), 0);
-    std::vector<float> logits;
-    const int64_t vocab = L.model.config().vocab;
-    auto argmax = [&] {
-      return static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + vocab) - logits.begin());
-    };
-    double prefill_s = 0, decode_s = 0, peak_bytes = 0;
-    int64_t prefill_tokens = 0, decode_tokens = 0;
-    for (const eval::ServeStep& st : plan.steps) {
-      for (const int64_t i : st.batch) {
-        const auto u = static_cast<size_t>(i);
-        const auto t0 = std::chrono::steady_clock::now();
-        if (!caches[u]) {  // admitted now: the prefill yields the first output token
-          caches[u] = std::make_unique<LlamaCache>(L.model.config(), co);
-          L.model.forward({ids.data(), static_cast<size_t>(reqs[u].prompt_tokens)}, *caches[u], logits, false,
-                          o->threads);
-          prefill_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          prefill_tokens += reqs[u].prompt_tokens;
-        } else {
-          L.model.forward({&next[u], 1}, *caches[u], logits, false, o->threads);
-          decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          ++decode_tokens;
-        }
-        next[u] = argmax();
-      }
-      double live = 0;
-      for (const int64_t i : st.batch) live += caches[static_cast<size_t>(i)]->bytes();
-      peak_bytes = std::max(peak_bytes, live);
-      for (const int64_t i : st.finished) caches[static_cast<size_t>(i)].reset();
-    }
-    const double decode_tps = decode_s > 0 ? decode_tokens / decode_s : 0;
+    const eval::ServeRunResult r = eval::run_serve(L.model, ids, reqs, co, calls, o->threads);
+    const double decode_tps = r.decode_s > 0 ? r.decode_tokens / r.decode_s : 0;
     fmt::print("kv          {}, backend {}, --mem {:.4g} GB, {} requests ({}-{} prompt, {}-{} output tokens)\n",
                co.spec.canonical(), o->backend, mem / 1e9, reqs.size(), o->prompt / 2, o->prompt, o->gen / 2, o->gen);
     fmt::print("steps       {}, requests held at most {}{}\n", plan.steps.size(), plan.max_held,
                o->max_batch ? fmt::format(" (--max-batch {})", o->max_batch) : "");
-    fmt::print("decode      {:.1f} tokens/s ({} tokens, wall; a step's requests one after another)\n", decode_tps,
-               decode_tokens);
-    fmt::print("prefill     {:.1f} tokens/s ({} tokens)\n", prefill_s > 0 ? prefill_tokens / prefill_s : 0.0,
-               prefill_tokens);
+    if (r.batched)
+      fmt::print("decode      {:.1f} tokens/s ({} tokens, wall; each step's requests as one batched call: {} calls of "
+                 "up to {})\n",
+                 decode_tps, r.decode_tokens, r.decode_calls, eval::max_decode_batch(calls));
+    else
+      fmt::print("decode      {:.1f} tokens/s ({} tokens, wall; a step's requests one after another)\n", decode_tps,
+                 r.decode_tokens);
+    fmt::print("prefill     {:.1f} tokens/s ({} tokens{})\n", r.prefill_s > 0 ? r.prefill_tokens / r.prefill_s : 0.0,
+               r.prefill_tokens, r.batched ? ", each request alone, token by token" : "");
     fmt::print("cache bytes peak {:.0f} measured, {:.0f} predicted by the schedule; {:.0f} reserved (cap {:.0f})\n",
-               peak_bytes, plan.peak_live_bytes, plan.peak_reserved_bytes, mem);
-    write_json(o->json, {{"kv", co.spec.canonical()}, {"backend", o->backend}, {"mem_bytes", mem},
-                         {"requests", reqs.size()}, {"steps", plan.steps.size()}, {"max_held", plan.max_held},
-                         {"decode_tokens_per_s", decode_tps}, {"decode_tokens", decode_tokens},
-                         {"prefill_tokens", prefill_tokens}, {"peak_cache_bytes", peak_bytes},
-                         {"predicted_peak_cache_bytes", plan.peak_live_bytes},
-                         {"peak_reserved_bytes", plan.peak_reserved_bytes}});
+               r.peak_cache_bytes, plan.peak_live_bytes, plan.peak_reserved_bytes, mem);
+    nlohmann::json j = {{"kv", co.spec.canonical()}, {"backend", o->backend}, {"mem_bytes", mem},
+                        {"requests", reqs.size()}, {"steps", plan.steps.size()}, {"max_held", plan.max_held},
+                        {"decode_tokens_per_s", decode_tps}, {"decode_tokens", r.decode_tokens},
+                        {"prefill_tokens", r.prefill_tokens}, {"peak_cache_bytes", r.peak_cache_bytes},
+                        {"predicted_peak_cache_bytes", plan.peak_live_bytes},
+                        {"peak_reserved_bytes", plan.peak_reserved_bytes}, {"batched", r.batched},
+                        {"decode_calls", r.decode_calls}, {"max_decode_batch", eval::max_decode_batch(calls)}};
+    if (r.batched) {
+      // The planner's bound: each decode call reads the device weights once and its caches once at
+      // the GPU's peak bandwidth (planner::decode_step_seconds).
+      const DeviceReport d = device_report(AttentionBackend::kCuda);
+      const double wb = static_cast<double>(L.model.device_weight_bytes());
+      const eval::DecodeBound bound = eval::decode_bound(calls, wb, d.peak_gbps * 1e9);
+      fmt::print("device      {}: memory in use (cudaMemGetInfo, total - free) peak {} bytes, {} with the weights "
+                 "({:.0f}) and activations before any cache: the run added {} bytes\n",
+                 d.name, r.device_bytes_peak, r.device_bytes_start, wb, r.device_bytes_peak - r.device_bytes_start);
+      fmt::print("bound       {:.1f} tokens/s by the planner (each call reads the weights and its caches once at {:.0f} "
+                 "GB/s); measured {:.3f} of it\n",
+                 bound.tokens_per_s(), d.peak_gbps, bound.tokens_per_s() > 0 ? decode_tps / bound.tokens_per_s() : 0.0);
+      j["device"] = d.name;
+      j["peak_gbps"] = d.peak_gbps;
+      j["device_weight_bytes"] = wb;
+      j["device_bytes_start"] = r.device_bytes_start;
+      j["device_bytes_peak"] = r.device_bytes_peak;
+      j["bound_decode_tokens_per_s"] = bound.tokens_per_s();
+    }
+    write_json(o->json, j);
   });
 }
 

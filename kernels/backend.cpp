@@ -365,6 +365,7 @@ class CudaSide final : public SideStore {
   StoredSide stored() const override { host_read("stored"); }
   const Rotation* rotation() const override { return rot_.get(); }
   const cuda::DeviceSide& device() const { return dev_; }
+  cuda::DeviceSide& device_mut() { return dev_; }
   // x in device memory; a rot= side reads the rows back and rotates them as append does
   void append_device(const float* x, int64_t n) {
     if (!rot_) {
@@ -397,12 +398,18 @@ const CudaSide& cuda_side(const SideStore& s, const char* which) {
   return *c;
 }
 
+// This thread's decoder (its workspace grows to the largest launch and stays).
+cuda::DeviceDecoder& thread_decoder() {
+  thread_local cuda::DeviceDecoder decoder;
+  return decoder;
+}
+
 // q and out in host memory (on_host) or device memory.
 void cuda_decode(const SideStore& k, const SideStore& v, const float* q, int64_t q_heads,
                  float* out, bool on_host) {
   const StoredSide kv = cuda_side(k, "key").device().device_view(),
                    vv = cuda_side(v, "value").device().device_view();
-  thread_local cuda::DeviceDecoder decoder;
+  cuda::DeviceDecoder& decoder = thread_decoder();
   if (on_host) {
     decoder.run_host(kv, vv, q_heads, q, out);
   } else {
@@ -578,6 +585,74 @@ void attend_decode_device(const float* q, int64_t q_heads, const SideStore& k, c
   }
 #endif
   cuda_decode(k, v, q, q_heads, out, false);
+}
+
+void append_device_batch(std::span<SideStore* const> sides, std::span<const float* const> x,
+                         int64_t n) {
+  KVQ_CHECK(sides.size() == x.size(), "backend cuda: a batched append of {} sides from {} rows",
+            sides.size(), x.size());
+#if KVQ_HAVE_CUDA
+  std::vector<cuda::DeviceSide*> dev;
+  dev.reserve(sides.size());
+  bool rotated = false;
+  for (SideStore* s : sides) {
+    auto* c = dynamic_cast<CudaSide*>(s);
+    KVQ_CHECK(c,
+              "backend cuda: append_device_batch takes sides made by make_backend_side(cuda, ...)");
+    rotated = rotated || c->rotation() != nullptr;
+    dev.push_back(&c->device_mut());
+  }
+  if (rotated) {  // rows rotated on the host: one side at a time
+    for (size_t i = 0; i < sides.size(); ++i) append_device(*sides[i], x[i], n);
+    return;
+  }
+  cuda::DeviceSide::append_batch(dev, x, n);
+#else
+  (void)n;
+  fail("{}", cuda_unavailable());
+#endif
+}
+
+void attend_decode_device_batch(const float* q, int64_t q_heads,
+                                std::span<const SideStore* const> k,
+                                std::span<const SideStore* const> v, float* out) {
+  const AttentionBackend b = AttentionBackend::kCuda;
+  KVQ_CHECK(!k.empty() && k.size() == v.size(),
+            "backend cuda: batched decode over {} key and {} value sides", k.size(), v.size());
+  if (const std::string why = unsupported_shape(b, k[0]->heads(), k[0]->dim(), q_heads);
+      !why.empty())
+    fail("backend {} cannot run decode attention over {}", to_string(b), why);
+#if KVQ_HAVE_CUDA
+  const int64_t row = q_heads * k[0]->dim();
+  if (k[0]->rotation() || v[0]->rotation()) {  // rotated on the host: a sequence at a time
+    for (size_t i = 0; i < k.size(); ++i)
+      attend_decode_device(q + static_cast<int64_t>(i) * row, q_heads, *k[i], *v[i],
+                           out + static_cast<int64_t>(i) * row);
+    return;
+  }
+  std::vector<StoredSide> kv, vv;
+  kv.reserve(k.size());
+  vv.reserve(v.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    kv.push_back(cuda_side(*k[i], "key").device().device_view());
+    vv.push_back(cuda_side(*v[i], "value").device().device_view());
+  }
+  thread_decoder().run(kv, vv, q_heads, q, out);
+#else
+  (void)q, (void)out;
+  fail("{}", cuda_unavailable());
+#endif
+}
+
+int64_t device_memory_used(AttentionBackend b) {
+  KVQ_CHECK(b == AttentionBackend::kCuda, "backend {} runs on the host, not a device",
+            to_string(b));
+  require_cuda();
+#if KVQ_HAVE_CUDA
+  return cuda::device_memory_used();
+#else
+  fail("{}", cuda_unavailable());
+#endif
 }
 
 namespace {

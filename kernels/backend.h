@@ -209,6 +209,22 @@ void append_device(SideStore& s, const float* x, int64_t n);
 void attend_decode_device(const float* q, int64_t q_heads, const SideStore& k, const SideStore& v,
                           float* out);
 
+/// \brief Backend cuda's serving step (model/llama_cuda.cpp's decode_batch), rows in DEVICE
+/// memory: append_device_batch appends n tokens x[i] [n, heads, dim] to sides[i] for every i
+/// (cuda::DeviceSide::append_batch: one batched append for int and bf16 sides); sides of one
+/// scheme and shape from make_backend_side(cuda, ...). attend_decode_device_batch is
+/// attend_decode_device for B sequences in one call: q and out [B, q_heads, dim], sequence b over
+/// (k[b], v[b]), one decode launch per kMaxBatch sequences. rot= sides take the single-sequence
+/// path one side / sequence at a time (their rotation runs on the host).
+void append_device_batch(std::span<SideStore* const> sides, std::span<const float* const> x,
+                         int64_t n);
+void attend_decode_device_batch(const float* q, int64_t q_heads,
+                                std::span<const SideStore* const> k,
+                                std::span<const SideStore* const> v, float* out);
+/// \brief Device memory in use on `b`'s GPU now (cudaMemGetInfo: total - free, every process's
+/// allocations and the CUDA context included); throws for a host backend or without a device.
+int64_t device_memory_used(AttentionBackend b);
+
 /// \brief What a [throughput] row records about backend cuda's GPU (cudaGetDeviceProperties).
 struct DeviceReport {
   std::string name;

@@ -151,6 +151,22 @@ class LlamaModel {
   void forward(std::span<const int32_t> tokens, LlamaCache& cache, std::vector<float>& logits,
                bool all_logits, int threads = 0, const KvObserver& observe = {}) const;
 
+  /// \brief Backend cuda's serving step: one token tokens[b] for each sequence b, at its cache's
+  /// next position (caches[b]->tokens()), appended to caches[b]; logits [B, vocab]. Every layer's
+  /// dense part runs over the B rows at once and its attention is one batched call over the B
+  /// caches (kernels/cuda/device_model.h decode_batch; kernels/backend.h append_device_batch /
+  /// attend_decode_device_batch). Each sequence's logits are decode's for it alone up to the
+  /// attention launch's split of the contexts (float32 summation order; tests/cuda/
+  /// model_cuda_test.cpp states the tolerance). The caches: distinct, one CacheOptions spec, each
+  /// empty or written by backend cuda. Throws kvq::Error as forward does, naming the sequence,
+  /// and on any other backend than cuda.
+  void decode_batch(std::span<const int32_t> tokens, std::span<LlamaCache* const> caches,
+                    std::vector<float>& logits) const;
+  /// \brief Backend cuda: uploads the weights if not yet and holds activations for batches of up
+  /// to `batch` sequences (cuda::DeviceModel::reserve_batch), so that decode_batch allocates
+  /// nothing up to it. Throws on any other backend.
+  void reserve_device_batch(int64_t batch) const;
+
   /// \brief RoPE on x [n, heads, head_dim] for positions pos0.. in the config's channel pairing
   /// (GGUF: adjacent pairs; checkpoint folders: rotate_half's, so K equals transformers'
   /// past_key_values); `sign` -1 rotates back.
@@ -171,6 +187,10 @@ class LlamaModel {
   struct CudaState;  // model/llama_cuda.cpp: the weights in device memory
   void forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache, std::vector<float>& logits,
                     bool all_logits, const KvObserver& observe) const;
+  // backend cuda, under team_'s mutex: the device model (weights uploaded on first use), and the
+  // checks and device sides of a cache about to take n tokens (model/llama_cuda.cpp)
+  CudaState& cuda_state() const;
+  void prepare_cuda_cache(LlamaCache& cache, int64_t n) const;
   void weight_row(const Linear& l, int64_t r, float* out) const;  // row r of W [out][in]
 
   LlamaConfig cfg_;

@@ -73,20 +73,10 @@ int64_t LlamaModel::device_weight_bytes() const {
 }
 
 #if KVQ_HAVE_CUDA
-void LlamaModel::forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache,
-                              std::vector<float>& logits, bool all_logits,
-                              const KvObserver& observe) const {
+void LlamaModel::prepare_cuda_cache(LlamaCache& cache, int64_t n) const {
   const LlamaConfig& c = cfg_;
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  KVQ_CHECK(n > 0, "forward: no tokens");
   KVQ_CHECK(cache.layers().size() == static_cast<size_t>(c.layers),
             "forward: the cache has {} layers, the model {}", cache.layers().size(), c.layers);
-  for (const int32_t id : tokens)
-    KVQ_CHECK(id >= 0 && id < c.vocab, "forward: token id {} outside the vocabulary [0, {})", id,
-              c.vocab);
-  KVQ_CHECK(!observe,
-            "backend cuda does not observe the forward pass's K/V (kvq model dump / calibrate): "
-            "use backend cpu");
   check_cache_options(cache.options(), c);
   // the scheme and pre_rope before any side moves (kernels/backend.h's table)
   require_model(AttentionBackend::kCuda, cache.options().spec, cache.options().pre_rope);
@@ -97,7 +87,6 @@ void LlamaModel::forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache
           "backend cuda has no sliding-window attention: layer {}'s window is {} tokens and the "
           "cache would hold {}; use backend ref or cpu (or at most {} tokens)",
           l, w, pos0 + n, w);
-  const std::lock_guard<std::mutex> lock(team_->mutex);
   // The cache's sides in device memory: made on the first pass over an empty cache.
   for (int l = 0; l < c.layers; ++l) {
     LlamaCache::Layer& side = cache.layers()[static_cast<size_t>(l)];
@@ -111,16 +100,38 @@ void LlamaModel::forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache
     side.v =
         make_backend_side(AttentionBackend::kCuda, spec, Role::Value, c.kv_heads, c.head_dim, l);
   }
+}
+
+LlamaModel::CudaState& LlamaModel::cuda_state() const {
   if (!cuda_) cuda_ = std::make_shared<CudaState>();
   CudaState& st = *cuda_;
   if (!st.dev) {
-    auto dev = std::make_unique<cuda::DeviceModel>(device_model_shape(c),
+    auto dev = std::make_unique<cuda::DeviceModel>(device_model_shape(cfg_),
                                                    device_weights_ == DeviceWeights::kBf16);
     upload_device_weights(*dev);
     const std::string gap = dev->missing();
     KVQ_CHECK(gap.empty(), "backend cuda: the model's {} was not uploaded", gap);
     st.dev = std::move(dev);
   }
+  return st;
+}
+
+void LlamaModel::forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache,
+                              std::vector<float>& logits, bool all_logits,
+                              const KvObserver& observe) const {
+  const LlamaConfig& c = cfg_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  KVQ_CHECK(n > 0, "forward: no tokens");
+  for (const int32_t id : tokens)
+    KVQ_CHECK(id >= 0 && id < c.vocab, "forward: token id {} outside the vocabulary [0, {})", id,
+              c.vocab);
+  KVQ_CHECK(!observe,
+            "backend cuda does not observe the forward pass's K/V (kvq model dump / calibrate): "
+            "use backend cpu");
+  const std::lock_guard<std::mutex> lock(team_->mutex);
+  prepare_cuda_cache(cache, n);
+  CudaState& st = cuda_state();
+  const int64_t pos0 = cache.tokens();
   const int64_t qd = c.q_dim(), kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim;
   logits.resize(static_cast<size_t>((all_logits ? n : 1) * c.vocab));
   // q|k|v and the attention output are device pointers (the device model's buffers).
@@ -134,11 +145,79 @@ void LlamaModel::forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache
       },
       logits.data(), all_logits);
 }
+
+void LlamaModel::decode_batch(std::span<const int32_t> tokens, std::span<LlamaCache* const> caches,
+                              std::vector<float>& logits) const {
+  const LlamaConfig& c = cfg_;
+  const size_t B = tokens.size();
+  KVQ_CHECK(backend_ == AttentionBackend::kCuda,
+            "decode_batch runs on backend cuda (this model's backend is {})", to_string(backend_));
+  KVQ_CHECK(B >= 1 && caches.size() == B, "decode_batch: {} tokens for {} caches", B,
+            caches.size());
+  for (size_t b = 0; b < B; ++b) {
+    KVQ_CHECK(caches[b] != nullptr, "decode_batch: sequence {}'s cache is null", b);
+    KVQ_CHECK(tokens[b] >= 0 && tokens[b] < c.vocab,
+              "decode_batch: sequence {}'s token id {} outside the vocabulary [0, {})", b,
+              tokens[b], c.vocab);
+    for (size_t j = 0; j < b; ++j)
+      KVQ_CHECK(caches[j] != caches[b], "decode_batch: sequences {} and {} share one cache", j, b);
+  }
+  const std::string spec0 = caches[0]->options().spec.canonical();
+  for (size_t b = 1; b < B; ++b)
+    KVQ_CHECK(caches[b]->options().spec.canonical() == spec0 &&
+                  caches[b]->options().pre_rope == caches[0]->options().pre_rope,
+              "decode_batch: sequence {}'s cache is '{}', sequence 0's '{}' (one launch reads one "
+              "scheme)",
+              b, caches[b]->options().spec.canonical(), spec0);
+  const std::lock_guard<std::mutex> lock(team_->mutex);
+  std::vector<int64_t> positions(B);
+  for (size_t b = 0; b < B; ++b) {
+    prepare_cuda_cache(*caches[b], 1);
+    positions[b] = caches[b]->tokens();
+  }
+  CudaState& st = cuda_state();
+  const int64_t qd = c.q_dim(), kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim,
+                row = qd + 2 * kvd;
+  std::vector<SideStore*> ks(B), vs(B);
+  std::vector<const float*> xk(B), xv(B);
+  logits.resize(B * static_cast<size_t>(c.vocab));
+  st.dev->decode_batch(
+      tokens, positions, inv_freq_,
+      [&](int l, const float* qkv, const float* q, float* attn) {
+        for (size_t b = 0; b < B; ++b) {
+          LlamaCache::Layer& side = caches[b]->layers()[static_cast<size_t>(l)];
+          ks[b] = side.k.get();
+          vs[b] = side.v.get();
+          xk[b] = qkv + static_cast<int64_t>(b) * row + qd;
+          xv[b] = xk[b] + kvd;
+        }
+        append_device_batch(ks, xk, 1);
+        append_device_batch(vs, xv, 1);
+        attend_decode_device_batch(q, c.heads, std::span<const SideStore* const>(ks.data(), B),
+                                   std::span<const SideStore* const>(vs.data(), B), attn);
+      },
+      logits.data());
+}
+
+void LlamaModel::reserve_device_batch(int64_t batch) const {
+  KVQ_CHECK(backend_ == AttentionBackend::kCuda,
+            "reserve_device_batch: backend cuda only (this model's backend is {})",
+            to_string(backend_));
+  const std::lock_guard<std::mutex> lock(team_->mutex);
+  cuda_state().dev->reserve_batch(batch);
+}
 #else
 void LlamaModel::forward_cuda(std::span<const int32_t>, LlamaCache&, std::vector<float>&, bool,
                               const KvObserver&) const {
   fail("{}", cuda_unavailable());
 }
+
+void LlamaModel::decode_batch(std::span<const int32_t>, std::span<LlamaCache* const>,
+                              std::vector<float>&) const {
+  fail("{}", cuda_unavailable());
+}
+
+void LlamaModel::reserve_device_batch(int64_t) const { fail("{}", cuda_unavailable()); }
 #endif
 
 }  // namespace kvq

@@ -19,8 +19,9 @@
 # (when ncu is present; scripts/ncu_table.py), and compute-sanitizer memcheck and racecheck on the
 # named subsets SAN_MEMCHECK and SAN_RACECHECK below, and `kvq run` of
 # experiments/configs/throughput_cuda.toml (the [throughput] task on backend cuda, issue 47) and of
-# a [model] smoke config with backend = "cuda" over the model bench's model (their tables go into
-# the report). Bench repetitions and every step are capped
+# a [model] smoke config with backend = "cuda" over the model bench's model, and `kvq model
+# serve-bench --backend cuda` (batched decode steps under a KV memory cap) on it (their tables go
+# into the report). Bench repetitions and every step are capped
 # so the whole run stays under 8 minutes.
 #
 # Without a GPU (no nvidia-smi, or it lists none) it writes a report saying so and exits 2.
@@ -452,6 +453,52 @@ else
   fi
 fi
 
+# Serving-style batches on backend cuda (issue 47 item 3): `kvq model serve-bench --backend cuda`
+# over the bench's model, 16 requests of 128-256 prompt and 16-32 output tokens under a 50 MB KV cap
+# (the synthetic SmolLM2-135M shape: a bf16 request takes up to 6.6 MB, so bf16 holds ~7 at once
+# and kivi2 all 16), bf16 / kivi4 / kivi2 with 32-token groups and residuals. Each step's decodes
+# are one batched call; prefill is each request alone, token by token. Capped at 60 s.
+SB_OUT="$OUT/serve_bench"
+SB_RAN=0
+SB_KVS=(bf16 kivi4:g=32,r=32 kivi2:g=32,r=32)
+SB_PROMPT=256
+(( MB_DEPTH == 128 )) && SB_PROMPT=96  # the tiny fixture's context is 256
+if [[ ! -x "$KVQ_BIN" || -z "$GPU_NAME" ]]; then
+  note "kvq model serve-bench --backend cuda: no kvq binary or no GPU; not run."
+elif (( $(left) < 40 )); then
+  note "kvq model serve-bench --backend cuda: skipped, the budget is nearly spent."
+else
+  t0=$(elapsed)
+  mkdir -p "$SB_OUT"
+  SB_RAN=1
+  for kv in "${SB_KVS[@]}"; do
+    f=${kv%%:*}
+    if ! timeout "$(cap 25)" "$KVQ_BIN" model serve-bench --backend cuda --model "$MB_MODEL" --kv "$kv" \
+        --text "$ROOT/README.md" --mem 0.05 --requests 16 --prompt-tokens "$SB_PROMPT" --gen 32 \
+        --json "$SB_OUT/$f.json" >"$SB_OUT/$f.txt" 2>"$LOGS/serve_bench_$f.log"; then
+      STATUS=1
+      SB_RAN=0
+      note "kvq model serve-bench --backend cuda --kv $kv failed: $(tail -1 "$LOGS/serve_bench_$f.log") (logs/serve_bench_$f.log)."
+      break
+    fi
+  done
+  (( SB_RAN == 1 )) && note "kvq model serve-bench --backend cuda ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (serve_bench/)."
+fi
+# The report's table of those runs (serve_bench/*.json), one line per scheme.
+serve_bench_table() {
+  "$PY" - "$@" <<'PYEOF'
+import json, sys
+print("| kv | held (max) | decode calls | decode tok/s | planner bound tok/s | measured / bound | cache bytes peak (predicted) | device bytes added (cudaMemGetInfo) | cap |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for p in sys.argv[1:]:
+    r = json.load(open(p))
+    b = r.get("bound_decode_tokens_per_s", 0)
+    print(f"| {r['kv']} | {r['max_held']} | {r['decode_calls']} | {r['decode_tokens_per_s']:.0f} | {b:.0f} | "
+          f"{(r['decode_tokens_per_s'] / b if b else 0):.3f} | {r['peak_cache_bytes']:.0f} ({r['predicted_peak_cache_bytes']:.0f}) | "
+          f"{r.get('device_bytes_peak', 0) - r.get('device_bytes_start', 0)} | {r['mem_bytes']:.0f} |")
+PYEOF
+}
+
 # Nsight Compute on the main decode kernels at one shape (8x128x4, 32k, batch 16): each split
 # kernel of tiled and mma for bf16, fp8 per tensor, kivi4 and kivi2, one launch each.
 NCU_MD=""
@@ -723,6 +770,22 @@ EOF
     echo "Rows: model_cuda/model.jsonl; config: model_cuda.toml; log: logs/model_cuda.log."
   elif (( MR_RAN == 1 )); then
     echo "Ran (model_cuda/model.csv); no python3 for the table."
+  else
+    echo "Not run (see the build section)."
+  fi
+  echo
+  echo "## kvq model serve-bench on backend cuda (batched decode steps, --mem 0.05, 16 requests)"
+  echo
+  if (( SB_RAN == 1 )) && [[ -n "$PY" ]]; then
+    echo "Model: $MB_MODEL (where synthetic, made-up weights: the outputs mean nothing, the bytes and times do)."
+    echo
+    sb_files=()
+    for kv in "${SB_KVS[@]}"; do sb_files+=("$SB_OUT/${kv%%:*}.json"); done
+    serve_bench_table "${sb_files[@]}"
+    echo
+    echo "Output: serve_bench/*.txt; JSON: serve_bench/*.json; logs: logs/serve_bench_*.log."
+  elif (( SB_RAN == 1 )); then
+    for kv in "${SB_KVS[@]}"; do echo '```'; cat "$SB_OUT/${kv%%:*}.txt"; echo '```'; done
   else
     echo "Not run (see the build section)."
   fi

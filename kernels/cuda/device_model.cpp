@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,11 @@ struct DeviceBuffer {
   }
   void alloc(int64_t n) {
     KVQ_CHECK(n > 0, "device model: allocation of {} bytes", n);
+    if (ptr) {  // a scratch buffer grown: its contents are not kept (cudaFree waits for the device)
+      KVQ_CUDA_CHECK(cudaFree(ptr));
+      ptr = nullptr;
+      bytes = 0;
+    }
     KVQ_CUDA_CHECK(cudaMalloc(&ptr, static_cast<size_t>(n)));
     bytes = n;
   }
@@ -82,7 +88,12 @@ struct DeviceModel::Impl {
   bool bf16 = true;
   std::vector<DeviceBuffer> mats, vecs;  // by slot: layer * per-layer slots + slot, then globals
   std::vector<char> mat_set, vec_set;    // by (layer, Matrix / Vector)
-  DeviceBuffer x, h, qkv, o, gu, logits;
+  // Activations, `cap` rows each: x, h [hidden], q|k|v, q alone [q_dim] (the decode launch's
+  // contiguous q), o [q_dim], g|u [2 ffn], logits [vocab]; the step's upload: model::RopeAngles
+  // [cap] then int32 token ids [cap].
+  DeviceBuffer x, h, qkv, q, o, gu, logits, step;
+  int64_t cap = 0;
+  std::vector<char> step_host;
   std::vector<float> staging;
   std::vector<uint16_t> staging16;
 
@@ -166,7 +177,72 @@ struct DeviceModel::Impl {
   const float* layer_vec(int layer, VecSlot sl) const {
     return vecs[static_cast<size_t>(layer * kLayerVecSlots + sl)].f();
   }
+  const model::RopeAngles* step_angles() const {
+    return static_cast<const model::RopeAngles*>(step.ptr);
+  }
+  const int32_t* step_ids() const {
+    return reinterpret_cast<const int32_t*>(static_cast<const char*>(step.ptr) +
+                                            cap * static_cast<int64_t>(sizeof(model::RopeAngles)));
+  }
+  void reserve(int64_t b);
+  // A layer's halves and the logits (head) over the first n rows of the activations. Rows take the
+  // angles `a` (n = 1) or rows_a[r] (device memory).
+  void attention_in(int layer, int64_t n, const model::RopeAngles& a,
+                    const model::RopeAngles* rows_a);
+  void attention_out(int layer, int64_t n);
+  void head(int64_t n, float* out);
 };
+
+void DeviceModel::Impl::reserve(int64_t b) {
+  KVQ_CHECK(b >= 1 && b <= 65535, "device model: batch {} outside [1, 65535]", b);
+  if (b <= cap) return;
+  const int64_t f = sizeof(float), qkv_rows = s.q_dim() + 2 * s.kv_dim();
+  x.alloc(b * s.hidden * f);
+  h.alloc(b * s.hidden * f);
+  qkv.alloc(b * qkv_rows * f);
+  q.alloc(b * s.q_dim() * f);
+  o.alloc(b * s.q_dim() * f);
+  gu.alloc(b * 2 * s.ffn * f);
+  logits.alloc(b * s.vocab * f);
+  step.alloc(b * static_cast<int64_t>(sizeof(model::RopeAngles) + sizeof(int32_t)));
+  cap = b;
+}
+
+void DeviceModel::Impl::attention_in(int layer, int64_t n, const model::RopeAngles& a,
+                                     const model::RopeAngles* rows_a) {
+  check_layer(layer);
+  const int64_t qd = s.q_dim(), kvd = s.kv_dim(), rows = qd + 2 * kvd;
+  float* qp = qkv.f();
+  float* kp = qp + qd;
+  model::rms_norm(x.f(), layer_vec(layer, kAttnNormSlot), n, s.hidden, s.eps, h.f());
+  model::gemv(layer_mat(layer, kQkv), bf16, rows, s.hidden, h.f(), qp, false, n);  // q|k|v
+  if (s.qkv_bias) model::add(qp, layer_vec(layer, kQkvBias), rows, n);
+  if (s.qk_norm) {  // each head's head_dim channels, before RoPE; a group a row
+    model::rms_norm(qp, layer_vec(layer, kQNormSlot), s.heads, s.head_dim, s.eps, qp, n, rows);
+    model::rms_norm(kp, layer_vec(layer, kKNormSlot), s.kv_heads, s.head_dim, s.eps, kp, n, rows);
+  }
+  model::rope(qp, s.heads, s.head_dim, s.rope_half, a, n, rows, rows_a);
+  model::rope(kp, s.kv_heads, s.head_dim, s.rope_half, a, n, rows, rows_a);
+}
+
+void DeviceModel::Impl::attention_out(int layer, int64_t n) {
+  check_layer(layer);
+  model::gemv(layer_mat(layer, kOutProj), bf16, s.hidden, s.q_dim(), o.f(), x.f(), true, n);
+  if (s.o_bias) model::add(x.f(), layer_vec(layer, kOBiasSlot), s.hidden, n);
+  model::rms_norm(x.f(), layer_vec(layer, kFfnNormSlot), n, s.hidden, s.eps, h.f());
+  float* g = gu.f();
+  model::gemv(layer_mat(layer, kGateUp), bf16, 2 * s.ffn, s.hidden, h.f(), g, false, n);  // g|u
+  model::silu_mul(g, g + s.ffn, s.ffn, n, 2 * s.ffn);
+  model::gemv(layer_mat(layer, kDownProj), bf16, s.hidden, s.ffn, g, x.f(), true, n, 2 * s.ffn);
+}
+
+void DeviceModel::Impl::head(int64_t n, float* out) {
+  model::rms_norm(x.f(), vecs[static_cast<size_t>(s.layers * kLayerVecSlots)].f(), n, s.hidden,
+                  s.eps, h.f());
+  model::gemv(slot(s.layers * kLayerSlots), bf16, s.vocab, s.hidden, h.f(), logits.f(), false, n);
+  KVQ_CUDA_CHECK(cudaMemcpy(out, logits.ptr, static_cast<size_t>(n * s.vocab) * sizeof(float),
+                            cudaMemcpyDeviceToHost));
+}
 
 DeviceModel::DeviceModel(const DeviceModelShape& s, bool bf16) : p_(std::make_unique<Impl>()) {
   KVQ_CHECK(s.layers > 0 && s.hidden > 0 && s.heads > 0 && s.kv_heads > 0 && s.head_dim > 0 &&
@@ -184,13 +260,7 @@ DeviceModel::DeviceModel(const DeviceModelShape& s, bool bf16) : p_(std::make_un
   p.vecs.resize(static_cast<size_t>(s.layers * kLayerVecSlots + 1));
   p.mat_set.assign(static_cast<size_t>(s.layers * kMatrices + kMatrices), 0);
   p.vec_set.assign(static_cast<size_t>(s.layers * kVectors + kVectors), 0);
-  const int64_t f = sizeof(float), qkv = s.q_dim() + 2 * s.kv_dim();
-  p.x.alloc(s.hidden * f);
-  p.h.alloc(s.hidden * f);
-  p.qkv.alloc(qkv * f);
-  p.o.alloc(s.q_dim() * f);
-  p.gu.alloc(2 * s.ffn * f);
-  p.logits.alloc(s.vocab * f);
+  p.reserve(1);
 }
 
 DeviceModel::~DeviceModel() = default;
@@ -321,45 +391,72 @@ void DeviceModel::embed(int32_t id) {
 }
 
 void DeviceModel::attention_in(int layer, const model::RopeAngles& a) {
+  p_->attention_in(layer, 1, a, nullptr);
+}
+
+void DeviceModel::attention_out(int layer) { p_->attention_out(layer, 1); }
+
+void DeviceModel::logits(float* out) { p_->head(1, out); }
+
+int64_t DeviceModel::activation_bytes(const DeviceModelShape& s, int64_t batch) {
+  const int64_t per_row =
+      2 * s.hidden + (s.q_dim() + 2 * s.kv_dim()) + 2 * s.q_dim() + 2 * s.ffn + s.vocab;
+  return batch * (per_row * static_cast<int64_t>(sizeof(float)) +
+                  static_cast<int64_t>(sizeof(model::RopeAngles) + sizeof(int32_t)));
+}
+
+void DeviceModel::reserve_batch(int64_t batch) { p_->reserve(batch); }
+int64_t DeviceModel::batch_capacity() const { return p_->cap; }
+
+void DeviceModel::decode_batch(std::span<const int32_t> tokens, std::span<const int64_t> positions,
+                               std::span<const float> inv_freq, const AttendBatch& attend,
+                               float* logits_out) {
   Impl& p = *p_;
   const DeviceModelShape& s = p.s;
-  p.check_layer(layer);
-  const int64_t qd = p.qd(), kvd = p.kvd(), rows = qd + 2 * kvd;
-  float* q = p.qkv.f();
-  float* k = q + qd;
-  model::rms_norm(p.x.f(), p.layer_vec(layer, kAttnNormSlot), 1, s.hidden, s.eps, p.h.f());
-  model::gemv(p.layer_mat(layer, kQkv), p.bf16, rows, s.hidden, p.h.f(), q, false);  // q|k|v
-  if (s.qkv_bias) model::add(q, p.layer_vec(layer, kQkvBias), rows);
-  if (s.qk_norm) {  // each head's head_dim channels, before RoPE
-    model::rms_norm(q, p.layer_vec(layer, kQNormSlot), s.heads, s.head_dim, s.eps, q);
-    model::rms_norm(k, p.layer_vec(layer, kKNormSlot), s.kv_heads, s.head_dim, s.eps, k);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  KVQ_CHECK(n >= 1 && positions.size() == tokens.size(),
+            "device model: a batched step of {} tokens at {} positions", tokens.size(),
+            positions.size());
+  KVQ_CHECK(static_cast<int64_t>(inv_freq.size()) == s.head_dim / 2,
+            "device model: {} RoPE frequencies for head_dim {}", inv_freq.size(), s.head_dim);
+  for (int64_t b = 0; b < n; ++b) {
+    const int32_t id = tokens[static_cast<size_t>(b)];
+    KVQ_CHECK(id >= 0 && id < s.vocab,
+              "device model: sequence {}'s token id {} outside the vocabulary [0, {})", b, id,
+              s.vocab);
+    KVQ_CHECK(positions[static_cast<size_t>(b)] >= 0, "device model: sequence {}'s position {}", b,
+              positions[static_cast<size_t>(b)]);
   }
-  model::rope(q, s.heads, s.head_dim, s.rope_half, a);
-  model::rope(k, s.kv_heads, s.head_dim, s.rope_half, a);
-}
-
-void DeviceModel::attention_out(int layer) {
-  Impl& p = *p_;
-  const DeviceModelShape& s = p.s;
-  p.check_layer(layer);
-  model::gemv(p.layer_mat(layer, kOutProj), p.bf16, s.hidden, s.q_dim(), p.o.f(), p.x.f(), true);
-  if (s.o_bias) model::add(p.x.f(), p.layer_vec(layer, kOBiasSlot), s.hidden);
-  model::rms_norm(p.x.f(), p.layer_vec(layer, kFfnNormSlot), 1, s.hidden, s.eps, p.h.f());
-  float* g = p.gu.f();
-  model::gemv(p.layer_mat(layer, kGateUp), p.bf16, 2 * s.ffn, s.hidden, p.h.f(), g, false);  // g|u
-  model::silu_mul(g, g + s.ffn, s.ffn);
-  model::gemv(p.layer_mat(layer, kDownProj), p.bf16, s.hidden, s.ffn, g, p.x.f(), true);
-}
-
-void DeviceModel::logits(float* out) {
-  Impl& p = *p_;
-  const DeviceModelShape& s = p.s;
-  model::rms_norm(p.x.f(), p.vecs[static_cast<size_t>(s.layers * kLayerVecSlots)].f(), 1, s.hidden,
-                  s.eps, p.h.f());
-  model::gemv(p.slot(s.layers * kLayerSlots), p.bf16, s.vocab, s.hidden, p.h.f(), p.logits.f(),
-              false);
-  KVQ_CUDA_CHECK(cudaMemcpy(out, p.logits.ptr, static_cast<size_t>(s.vocab) * sizeof(float),
-                            cudaMemcpyDeviceToHost));
+  const std::string gap = missing();
+  KVQ_CHECK(gap.empty(), "device model: {} was never uploaded", gap);
+  p.reserve(n);
+  // the step's one upload: the rows' angles, then their token ids (the ids after all cap angles)
+  const size_t angles_bytes = static_cast<size_t>(p.cap) * sizeof(model::RopeAngles);
+  p.step_host.resize(angles_bytes + static_cast<size_t>(n) * sizeof(int32_t));
+  for (int64_t b = 0; b < n; ++b) {
+    const model::RopeAngles a = model::rope_angles(inv_freq, positions[static_cast<size_t>(b)]);
+    std::memcpy(p.step_host.data() + static_cast<size_t>(b) * sizeof(a), &a, sizeof(a));
+  }
+  std::memcpy(p.step_host.data() + angles_bytes, tokens.data(),
+              static_cast<size_t>(n) * sizeof(int32_t));
+  // (rows n .. cap of the angles are not read: sent as they lie, one copy instead of two)
+  KVQ_CUDA_CHECK(
+      cudaMemcpy(p.step.ptr, p.step_host.data(), p.step_host.size(), cudaMemcpyHostToDevice));
+  model::embed_rows(p.slot(s.layers * kLayerSlots + (s.tied ? 0 : 1)), p.bf16, s.hidden,
+                    p.step_ids(), n, p.x.f());
+  const int64_t qd = s.q_dim(), qkv_rows = qd + 2 * s.kv_dim();
+  const model::RopeAngles unused{};
+  for (int l = 0; l < s.layers; ++l) {
+    p.attention_in(l, n, unused, p.step_angles());
+    // q of every row side by side for the decode launch (one strided device copy)
+    KVQ_CUDA_CHECK(cudaMemcpy2D(p.q.ptr, static_cast<size_t>(qd) * sizeof(float), p.qkv.ptr,
+                                static_cast<size_t>(qkv_rows) * sizeof(float),
+                                static_cast<size_t>(qd) * sizeof(float), static_cast<size_t>(n),
+                                cudaMemcpyDeviceToDevice));
+    attend(l, p.qkv.f(), p.q.f(), p.o.f());
+    p.attention_out(l, n);
+  }
+  p.head(n, logits_out);
 }
 
 void DeviceModel::decode(std::span<const int32_t> tokens, int64_t pos0,

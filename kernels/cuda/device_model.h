@@ -15,6 +15,14 @@
 //   logits(out)          out = Whead RMSNorm(x) * out_norm, to the host (a step's one copy back)
 // Weights are uploaded once (set_matrix / set_vector), as bf16 (half the bytes a token reads; the
 // rounding is the only change from the CPU's values) or float32 (the CPU's values exactly).
+//
+// decode_batch runs the same step for B sequences at once, one new token each at its own position
+// (a serving step): every kernel above over B rows (the products load each weight once for up to
+// kGemvCols rows), the attention one call a layer over all B (AttendBatch), the logits [B, vocab]
+// back in one copy. Each row computes exactly what decode computes for that sequence alone (the
+// same float operations in the same order; model_kernels.h), so a batched step differs from B
+// single steps only through the attention call. Activations are held for the largest batch asked
+// (reserve_batch; activation_bytes says how much).
 #pragma once
 
 #include <cstdint>
@@ -104,6 +112,28 @@ class DeviceModel {
   /// `layer` in device_qkv() (the token at position `pos`) in, its output [q_dim()] into
   /// device_attn(), both DEVICE pointers.
   using Attend = std::function<void(int layer, int64_t pos, const float* qkv, float* attn)>;
+  /// \brief The attention of a batched step, the caller's: layer `layer`'s q|k|v of the B rows in
+  /// `qkv` [B][q_dim() + 2 kv_dim()] (row b: sequence b's q, then k, then v), its q alone in `q`
+  /// [B][q_dim()] (contiguous: what the decode launch reads), the output [B][q_dim()] into
+  /// `attn`; all DEVICE pointers.
+  using AttendBatch = std::function<void(int layer, const float* qkv, const float* q, float* attn)>;
+  /// \brief Device bytes of the activations for batches of up to `batch` rows: x, h, q|k|v, q,
+  /// the attention output, gate|up and the logits (float32 a row each), and the step's upload
+  /// (batch RopeAngles and token ids). Host arithmetic (tests/kernels/cuda/).
+  static int64_t activation_bytes(const DeviceModelShape& s, int64_t batch);
+  /// \brief Holds activations for batches of up to `batch` rows (grows only; the constructor holds
+  /// batch 1). Throws kvq::Error for batch < 1.
+  void reserve_batch(int64_t batch);
+  /// \brief The largest batch the activations hold now.
+  int64_t batch_capacity() const;
+  /// \brief One decode step of B = tokens.size() sequences: sequence b's token tokens[b] at
+  /// position positions[b] (RoPE's angles; the caller's caches hold that many tokens before it).
+  /// Grows the activations to B if needed (reserve_batch), uploads the step's token ids and
+  /// angles in one copy, runs embed, every layer's dense part over the B rows with `attend`
+  /// between its halves, and copies logits [B, vocab] to `logits` (the step's one copy back).
+  void decode_batch(std::span<const int32_t> tokens, std::span<const int64_t> positions,
+                    std::span<const float> inv_freq, const AttendBatch& attend, float* logits);
+
   /// \brief Decode steps for tokens at positions pos0, pos0 + 1, ... (inv_freq: RoPE's per-pair
   /// frequencies, rope_angles): embed, every layer's attention_in / attend / attention_out, and the
   /// logits [vocab] of every token into logits [n, vocab] (all_logits) or of the last into

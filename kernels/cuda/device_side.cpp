@@ -132,6 +132,13 @@ DeviceProps device_props() {
   return d;
 }
 
+int64_t device_memory_used() {
+  require_device();
+  size_t free_bytes = 0, total = 0;
+  KVQ_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  return static_cast<int64_t>(total - free_bytes);
+}
+
 std::string device_side_unsupported(const SchemeSpec& spec, Role role) {
   (void)role;
   switch (spec.kind()) {
@@ -257,6 +264,53 @@ void DeviceSide::append_device(const float* x, int64_t n) {
     KVQ_CUDA_CHECK(std::get<KiviSideCache>(p.store).append(x, n));
   }
   p.tokens += n;
+}
+
+void DeviceSide::append_batch(std::span<DeviceSide* const> sides, std::span<const float* const> x,
+                              int64_t n) {
+  KVQ_CHECK(sides.size() == x.size(), "backend cuda: a batched append of {} sides from {} rows",
+            sides.size(), x.size());
+  KVQ_CHECK(n >= 0, "backend cuda: append of {} tokens", n);
+  if (sides.empty() || n == 0) return;
+  const Impl& p0 = *sides[0]->p_;
+  for (size_t i = 0; i < sides.size(); ++i) {
+    KVQ_CHECK(sides[i] != nullptr && x[i] != nullptr,
+              "backend cuda: batched append: side {} or its rows are null", i);
+    const Impl& p = *sides[i]->p_;
+    // the kind, role and shape here; an int side's bits, group, residual... append_batch checks
+    KVQ_CHECK(
+        p.store.index() == p0.store.index() && p.role == p0.role && p.H == p0.H && p.D == p0.D,
+        "backend cuda: batched append: side {} holds {} [{} x {}], side 0 {} [{} x {}]", i,
+        p.spec.canonical(), p.H, p.D, p0.spec.canonical(), p0.H, p0.D);
+    for (size_t j = 0; j < i; ++j)
+      KVQ_CHECK(sides[j] != sides[i], "backend cuda: batched append: sides {} and {} are one side",
+                j, i);
+  }
+  require_device();
+  if (std::holds_alternative<KiviSideCache>(p0.store)) {
+    std::vector<KiviSideCache*> caches;
+    for (DeviceSide* s : sides) caches.push_back(&std::get<KiviSideCache>(s->p_->store));
+    const std::vector<int64_t> counts(sides.size(), n);
+    KVQ_CUDA_CHECK(KiviSideCache::append_batch(caches, x, counts));
+  } else if (std::holds_alternative<Bf16Store>(p0.store)) {
+    const int64_t row = p0.H * p0.D;
+    std::vector<uint16_t*> out;
+    for (DeviceSide* s : sides) {  // every side's room first (a reallocation copies synchronously)
+      Impl& p = *s->p_;
+      Bf16Store& b = std::get<Bf16Store>(p.store);
+      b.data.need(std::max((p.tokens + n) * row, 2 * p.tokens * row), p.tokens * row);
+      out.push_back(b.data.ptr + p.tokens * row);
+    }
+    for (size_t j0 = 0; j0 < sides.size(); j0 += model::kBf16Jobs) {
+      const size_t nj = std::min<size_t>(model::kBf16Jobs, sides.size() - j0);
+      model::to_bf16_jobs(x.subspan(j0, nj), std::span<uint16_t* const>(out).subspan(j0, nj),
+                          n * row);
+    }
+  } else {  // fp8: a quantize launch a side (append_device counts the tokens)
+    for (size_t i = 0; i < sides.size(); ++i) sides[i]->append_device(x[i], n);
+    return;
+  }
+  for (DeviceSide* s : sides) s->p_->tokens += n;
 }
 
 StoredSide DeviceSide::device_view() const {

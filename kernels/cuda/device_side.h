@@ -58,6 +58,9 @@ struct DeviceProps {
 };
 /// \brief The properties of device 0 (throws without a device).
 DeviceProps device_props();
+/// \brief Device 0's memory in use now: cudaMemGetInfo's total - free (every allocation of every
+/// process, the CUDA context included). Throws without a device.
+int64_t device_memory_used();
 
 /// \brief One side of one layer's cache in device memory (see the file comment). `spec` is one
 /// side's scheme without rot= and sink= (SchemeSpec::base()); `layer` selects calib scales.
@@ -77,6 +80,14 @@ class DeviceSide {
   /// stream, no copy to or from the host (x must stay valid until the queued work runs). The same
   /// bytes as append() of the same rows.
   void append_device(const float* x, int64_t n);
+  /// \brief A serving step's appends: n tokens x[i] [n, heads, dim] (float32, DEVICE memory) to
+  /// *sides[i] for every i, the same bytes as sides[i]->append_device(x[i], n) in turn. The sides
+  /// must be distinct and of one scheme and shape. int: one KiviSideCache::append_batch (four
+  /// launches per 32-64 sides); bf16: one conversion launch per kBf16Jobs sides; fp8: one quantize
+  /// launch a side (the fp8 kernels take one tensor). Checks everything (throws kvq::Error naming
+  /// the side) before anything is queued; a side that must grow reallocates first.
+  static void append_batch(std::span<DeviceSide* const> sides, std::span<const float* const> x,
+                           int64_t n);
   /// \brief Room for `tokens` tokens without reallocating.
   void reserve(int64_t tokens);
   int64_t tokens() const;

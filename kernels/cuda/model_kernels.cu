@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -39,73 +40,116 @@ __device__ __forceinline__ float dot8(const uint4 w, const float4 x0, const floa
 }
 
 // One warp per row of W [rows][cols]; lane l takes the row's 16-byte chunks l, l + 32, ... (VEC)
-// or its weights l, l + 32, ... (scalar), then the warp sums the 32 partial sums.
-template <bool kBf16, bool kVec>
+// or its weights l, l + 32, ... (scalar) and multiplies each by the same chunk of up to kGemvCols
+// activation rows at once (one weight load for all of them), then the warp sums each row's 32
+// partial sums. Row b's sums take the same fmaf chain and shuffle tree whatever n and kCols are.
+// kCols: activation rows a pass holds sums for: 1 for a single row (n is 1 then, and the loop over
+// passes folds away: the batch-1 kernel's registers and occupancy), kGemvCols for a batch.
+template <bool kBf16, bool kVec, int kCols>
 __global__ void __launch_bounds__(kGemvWarps* kWarp)
     gemv_kernel(const void* __restrict__ wv, int64_t rows, int64_t cols,
-                const float* __restrict__ x, float* __restrict__ y, bool accumulate) {
+                const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y,
+                bool accumulate) {
   const int lane = static_cast<int>(threadIdx.x) % kWarp;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / kWarp;
   if (row >= rows) return;  // whole warps leave together (a warp is one row)
-  float acc = 0.0f;
-  if constexpr (kBf16) {
-    const uint16_t* w = static_cast<const uint16_t*>(wv) + row * cols;
-    if constexpr (kVec) {
-      const int64_t chunks = cols / 8;
-      const uint4* w4 = reinterpret_cast<const uint4*>(w);
-      const float4* x4 = reinterpret_cast<const float4*>(x);
-      for (int64_t j = lane; j < chunks; j += kWarp) {
-        const uint4 q = __ldg(w4 + j);
-        acc = dot8(q, __ldg(x4 + 2 * j), __ldg(x4 + 2 * j + 1), acc);
+  if (kCols == 1) n = 1;    // the launcher's promise, made visible to the compiler
+  for (int64_t b0 = 0; b0 < n; b0 += kCols) {
+    const int nb = static_cast<int>(n - b0 < kCols ? n - b0 : kCols);  // warp-uniform
+    const float* xb = x + b0 * ldx;
+    float acc[kCols];
+#pragma unroll
+    for (int b = 0; b < kCols; ++b) acc[b] = 0.0f;
+    if constexpr (kBf16) {
+      const uint16_t* w = static_cast<const uint16_t*>(wv) + row * cols;
+      if constexpr (kVec) {
+        const int64_t chunks = cols / 8;
+        const uint4* w4 = reinterpret_cast<const uint4*>(w);
+        for (int64_t j = lane; j < chunks; j += kWarp) {
+          const uint4 q = __ldg(w4 + j);
+#pragma unroll
+          for (int b = 0; b < kCols; ++b)
+            if (b < nb) {
+              const float4* x4 = reinterpret_cast<const float4*>(xb + b * ldx);
+              acc[b] = dot8(q, __ldg(x4 + 2 * j), __ldg(x4 + 2 * j + 1), acc[b]);
+            }
+        }
+      } else {
+        for (int64_t c = lane; c < cols; c += kWarp) {
+          const float wc = bf16_to_float(w[c]);
+#pragma unroll
+          for (int b = 0; b < kCols; ++b)
+            if (b < nb) acc[b] = fmaf(wc, __ldg(xb + b * ldx + c), acc[b]);
+        }
       }
     } else {
-      for (int64_t c = lane; c < cols; c += kWarp)
-        acc = fmaf(bf16_to_float(w[c]), __ldg(x + c), acc);
-    }
-  } else {
-    const float* w = static_cast<const float*>(wv) + row * cols;
-    if constexpr (kVec) {
-      const int64_t chunks = cols / 4;
-      const float4* w4 = reinterpret_cast<const float4*>(w);
-      const float4* x4 = reinterpret_cast<const float4*>(x);
-      for (int64_t j = lane; j < chunks; j += kWarp) {
-        const float4 q = __ldg(w4 + j), v = __ldg(x4 + j);
-        acc = fmaf(q.x, v.x, acc);
-        acc = fmaf(q.y, v.y, acc);
-        acc = fmaf(q.z, v.z, acc);
-        acc = fmaf(q.w, v.w, acc);
+      const float* w = static_cast<const float*>(wv) + row * cols;
+      if constexpr (kVec) {
+        const int64_t chunks = cols / 4;
+        const float4* w4 = reinterpret_cast<const float4*>(w);
+        for (int64_t j = lane; j < chunks; j += kWarp) {
+          const float4 q = __ldg(w4 + j);
+#pragma unroll
+          for (int b = 0; b < kCols; ++b)
+            if (b < nb) {
+              const float4 v = __ldg(reinterpret_cast<const float4*>(xb + b * ldx) + j);
+              float a = acc[b];
+              a = fmaf(q.x, v.x, a);
+              a = fmaf(q.y, v.y, a);
+              a = fmaf(q.z, v.z, a);
+              a = fmaf(q.w, v.w, a);
+              acc[b] = a;
+            }
+        }
+      } else {
+        for (int64_t c = lane; c < cols; c += kWarp) {
+          const float wc = __ldg(w + c);
+#pragma unroll
+          for (int b = 0; b < kCols; ++b)
+            if (b < nb) acc[b] = fmaf(wc, __ldg(xb + b * ldx + c), acc[b]);
+        }
       }
-    } else {
-      for (int64_t c = lane; c < cols; c += kWarp) acc = fmaf(__ldg(w + c), __ldg(x + c), acc);
     }
+#pragma unroll
+    for (int b = 0; b < kCols; ++b)
+      if (b < nb) {
+        const float s = warp_sum(acc[b]);
+        float* yr = y + (b0 + b) * rows + row;
+        if (lane == 0) *yr = accumulate ? *yr + s : s;
+      }
   }
-  acc = warp_sum(acc);
-  if (lane == 0) y[row] = accumulate ? y[row] + acc : acc;
 }
 
+// Row blockIdx.y of the output: W's row ids[blockIdx.y] (a batch), or `row` (ids null).
 template <bool kBf16>
 __global__ void embed_kernel(const void* __restrict__ wv, int64_t cols, int64_t row,
-                             float* __restrict__ out) {
+                             const int32_t* __restrict__ ids, float* __restrict__ out) {
+  const int64_t r = ids ? static_cast<int64_t>(ids[blockIdx.y]) : row;
+  float* o = out + static_cast<int64_t>(blockIdx.y) * cols;
   for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols;
        c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if constexpr (kBf16)
-      out[c] = bf16_to_float(static_cast<const uint16_t*>(wv)[row * cols + c]);
+      o[c] = bf16_to_float(static_cast<const uint16_t*>(wv)[r * cols + c]);
     else
-      out[c] = static_cast<const float*>(wv)[row * cols + c];
+      o[c] = static_cast<const float*>(wv)[r * cols + c];
   }
 }
 
 constexpr int kNormThreads = 256;
 
-// One block per row: the sum of squares by a fixed tree (warp shuffles, then warp 0 over the
-// warps' sums), then every thread scales its values. x and y may alias: each thread reads its own
-// values before the barrier and writes only them after it.
+// One block per row (blockIdx.x: the row in its group, blockIdx.y: the group): the sum of squares
+// by a fixed tree (warp shuffles, then warp 0 over the warps' sums), then every thread scales its
+// values. x and y may alias: each thread reads its own values before the barrier and writes only
+// them after it.
 __global__ void __launch_bounds__(kNormThreads)
-    rms_norm_kernel(const float* x, const float* __restrict__ w, int64_t dim, float eps, float* y) {
+    rms_norm_kernel(const float* x, const float* __restrict__ w, int64_t dim, float eps, float* y,
+                    int64_t group_stride) {
   __shared__ float part[kNormThreads / kWarp];
   __shared__ float scale;
-  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
-  float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
+  const int64_t off =
+      static_cast<int64_t>(blockIdx.y) * group_stride + static_cast<int64_t>(blockIdx.x) * dim;
+  const float* xr = x + off;
+  float* yr = y + off;
   float s = 0.0f;
   for (int64_t c = threadIdx.x; c < dim; c += kNormThreads) s = fmaf(xr[c], xr[c], s);
   s = warp_sum(s);
@@ -121,38 +165,55 @@ __global__ void __launch_bounds__(kNormThreads)
   for (int64_t c = threadIdx.x; c < dim; c += kNormThreads) yr[c] = xr[c] * w[c] * r;
 }
 
-__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ b, int64_t n) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+// x [rows][n] += b [n], one thread an element.
+__global__ void add_kernel(float* __restrict__ x, const float* __restrict__ b, int64_t n,
+                           int64_t total) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    x[i] += b[i];
+    x[i] += b[i % n];
 }
 
-// One thread per (head, pair).
-__global__ void rope_kernel(float* __restrict__ x, int64_t heads, int64_t dim, bool half,
-                            const RopeAngles a) {
+// One thread per (row, head, pair); row r's angles are rows_a[r] when given, else `a`.
+__global__ void rope_kernel(float* __restrict__ x, int64_t rows, int64_t ld, int64_t heads,
+                            int64_t dim, bool half, const RopeAngles a,
+                            const RopeAngles* __restrict__ rows_a) {
   const int64_t pairs = dim / 2;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t >= heads * pairs) return;
-  const int64_t h = t / pairs, i = t % pairs;
+  if (t >= rows * heads * pairs) return;
+  const int64_t r = t / (heads * pairs), h = (t / pairs) % heads, i = t % pairs;
   int64_t ca, cb;
   rope_pair(i, dim, half, ca, cb);
-  float* p = x + h * dim;
+  float* p = x + r * ld + h * dim;
   float x0 = p[ca], x1 = p[cb];
-  rope_rotate(x0, x1, a.cs[i], a.sn[i]);
+  const float cs = rows_a ? rows_a[r].cs[i] : a.cs[i];
+  const float sn = rows_a ? rows_a[r].sn[i] : a.sn[i];
+  rope_rotate(x0, x1, cs, sn);
   p[ca] = x0;
   p[cb] = x1;
 }
 
-__global__ void silu_mul_kernel(float* __restrict__ g, const float* __restrict__ u, int64_t n) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+// g [rows][n] at stride ld (u likewise): one thread an element.
+__global__ void silu_mul_kernel(float* __restrict__ g, const float* __restrict__ u, int64_t n,
+                                int64_t ld, int64_t total) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float v = g[i];
-    g[i] = v / (1.0f + expf(-v)) * u[i];
+    const int64_t at = (i / n) * ld + i % n;
+    const float v = g[at];
+    g[at] = v / (1.0f + expf(-v)) * u[at];
   }
 }
 
+// Up to kBf16Jobs conversions, passed by value (kernel parameters).
+struct Bf16Jobs {
+  const float* x[kBf16Jobs];
+  uint16_t* out[kBf16Jobs];
+};
+
 // core/half.h's float_to_bf16_bits itself (__host__ __device__): round to nearest even, NaN kept.
-__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, uint16_t* __restrict__ out) {
+// Job blockIdx.y.
+__global__ void to_bf16_kernel(const Bf16Jobs jobs, int64_t n) {
+  const float* __restrict__ x = jobs.x[blockIdx.y];
+  uint16_t* __restrict__ out = jobs.out[blockIdx.y];
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = float_to_bf16_bits(x[i]);
@@ -184,69 +245,112 @@ void check_aligned(const void* p, const char* what) {
 }  // namespace
 
 void gemv(const void* w, bool bf16, int64_t rows, int64_t cols, const float* x, float* y,
-          bool accumulate) {
-  KVQ_MODEL_NEED(rows > 0 && cols > 0 && gemv_blocks(rows) <= 0x7fffffff,
-                 "gemv: bad shape " + shape(rows, cols));
-  const bool vec = gemv_vectorized(cols, bf16);
+          bool accumulate, int64_t n, int64_t ldx) {
+  if (ldx == 0) ldx = cols;
+  KVQ_MODEL_NEED(rows > 0 && cols > 0 && n > 0 && ldx >= cols && gemv_blocks(rows) <= 0x7fffffff,
+                 "gemv: bad shape " + shape(rows, cols) + " x " + shape(n, ldx));
+  const bool vec = gemv_vectorized(cols, bf16, ldx);
   if (vec) {
     check_aligned(w, "W");
     check_aligned(x, "x");
   }
   const dim3 grid(static_cast<unsigned>(gemv_blocks(rows))), block(kGemvWarps * kWarp);
-  if (bf16) {
-    if (vec)
-      gemv_kernel<true, true><<<grid, block>>>(w, rows, cols, x, y, accumulate);
-    else
-      gemv_kernel<true, false><<<grid, block>>>(w, rows, cols, x, y, accumulate);
-  } else {
-    if (vec)
-      gemv_kernel<false, true><<<grid, block>>>(w, rows, cols, x, y, accumulate);
-    else
-      gemv_kernel<false, false><<<grid, block>>>(w, rows, cols, x, y, accumulate);
-  }
+  auto go = [&](auto cols_c) {
+    constexpr int C = decltype(cols_c)::value;
+    if (bf16) {
+      if (vec)
+        gemv_kernel<true, true, C><<<grid, block>>>(w, rows, cols, x, ldx, n, y, accumulate);
+      else
+        gemv_kernel<true, false, C><<<grid, block>>>(w, rows, cols, x, ldx, n, y, accumulate);
+    } else {
+      if (vec)
+        gemv_kernel<false, true, C><<<grid, block>>>(w, rows, cols, x, ldx, n, y, accumulate);
+      else
+        gemv_kernel<false, false, C><<<grid, block>>>(w, rows, cols, x, ldx, n, y, accumulate);
+    }
+  };
+  if (n == 1)
+    go(std::integral_constant<int, 1>{});
+  else
+    go(std::integral_constant<int, kGemvCols>{});
   KVQ_CUDA_CHECK(cudaGetLastError());
 }
+
+namespace {
+void launch_embed(const void* w, bool bf16, int64_t cols, int64_t row, const int32_t* ids,
+                  int64_t n, float* out) {
+  const dim3 grid(grid_for(cols), static_cast<unsigned>(n));
+  if (bf16)
+    embed_kernel<true><<<grid, kThreads>>>(w, cols, row, ids, out);
+  else
+    embed_kernel<false><<<grid, kThreads>>>(w, cols, row, ids, out);
+  KVQ_CUDA_CHECK(cudaGetLastError());
+}
+}  // namespace
 
 void embed_row(const void* w, bool bf16, int64_t cols, int64_t row, float* out) {
   KVQ_MODEL_NEED(cols > 0 && row >= 0, "embed_row: bad row/columns " + shape(row, cols));
-  if (bf16)
-    embed_kernel<true><<<grid_for(cols), kThreads>>>(w, cols, row, out);
-  else
-    embed_kernel<false><<<grid_for(cols), kThreads>>>(w, cols, row, out);
+  launch_embed(w, bf16, cols, row, nullptr, 1, out);
+}
+
+void embed_rows(const void* w, bool bf16, int64_t cols, const int32_t* ids, int64_t n, float* out) {
+  KVQ_MODEL_NEED(cols > 0 && n > 0 && n <= 65535 && ids != nullptr,
+                 "embed_rows: bad rows/columns " + shape(n, cols));
+  launch_embed(w, bf16, cols, 0, ids, n, out);
+}
+
+void rms_norm(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y,
+              int64_t groups, int64_t group_stride) {
+  KVQ_MODEL_NEED(rows > 0 && rows <= 0x7fffffff && dim > 0 && groups > 0 && groups <= 65535 &&
+                     (groups == 1 || group_stride >= rows * dim),
+                 "rms_norm: bad shape " + shape(rows, dim) + " x " + shape(groups, group_stride));
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(groups));
+  rms_norm_kernel<<<grid, kNormThreads>>>(x, w, dim, eps, y, group_stride);
   KVQ_CUDA_CHECK(cudaGetLastError());
 }
 
-void rms_norm(const float* x, const float* w, int64_t rows, int64_t dim, float eps, float* y) {
-  KVQ_MODEL_NEED(rows > 0 && rows <= 65535 && dim > 0, "rms_norm: bad shape " + shape(rows, dim));
-  rms_norm_kernel<<<static_cast<unsigned>(rows), kNormThreads>>>(x, w, dim, eps, y);
+void add(float* x, const float* b, int64_t n, int64_t rows) {
+  KVQ_MODEL_NEED(n > 0 && rows > 0, "add: bad shape " + shape(rows, n));
+  add_kernel<<<grid_for(rows * n), kThreads>>>(x, b, n, rows * n);
   KVQ_CUDA_CHECK(cudaGetLastError());
 }
 
-void add(float* x, const float* b, int64_t n) {
-  KVQ_MODEL_NEED(n > 0, "add: n = " + std::to_string(n));
-  add_kernel<<<grid_for(n), kThreads>>>(x, b, n);
+void rope(float* x, int64_t heads, int64_t dim, bool half, const RopeAngles& a, int64_t rows,
+          int64_t ld, const RopeAngles* rows_a) {
+  KVQ_MODEL_NEED(
+      heads > 0 && dim > 0 && dim % 2 == 0 && dim / 2 <= kMaxRopePairs && rows > 0 &&
+          (rows == 1 || ld >= heads * dim),
+      "rope: bad shape (heads, dim) " + shape(heads, dim) + " x rows " + shape(rows, ld));
+  const int64_t n = rows * heads * (dim / 2), blocks = (n + kThreads - 1) / kThreads;
+  KVQ_MODEL_NEED(blocks <= 0x7fffffff, "rope: too many rows " + shape(rows, heads));
+  rope_kernel<<<static_cast<unsigned>(blocks), kThreads>>>(x, rows, ld, heads, dim, half, a,
+                                                           rows_a);
   KVQ_CUDA_CHECK(cudaGetLastError());
 }
 
-void rope(float* x, int64_t heads, int64_t dim, bool half, const RopeAngles& a) {
-  KVQ_MODEL_NEED(heads > 0 && dim > 0 && dim % 2 == 0 && dim / 2 <= kMaxRopePairs,
-                 "rope: bad shape (heads, dim) " + shape(heads, dim));
-  const int64_t n = heads * (dim / 2);
-  rope_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads>>>(x, heads, dim,
-                                                                                  half, a);
+void silu_mul(float* g, const float* u, int64_t n, int64_t rows, int64_t ld) {
+  if (ld == 0) ld = n;
+  KVQ_MODEL_NEED(n > 0 && rows > 0 && ld >= n, "silu_mul: bad shape " + shape(rows, n));
+  silu_mul_kernel<<<grid_for(rows * n), kThreads>>>(g, u, n, ld, rows * n);
   KVQ_CUDA_CHECK(cudaGetLastError());
 }
 
-void silu_mul(float* g, const float* u, int64_t n) {
-  KVQ_MODEL_NEED(n > 0, "silu_mul: n = " + std::to_string(n));
-  silu_mul_kernel<<<grid_for(n), kThreads>>>(g, u, n);
+void to_bf16_jobs(std::span<const float* const> x, std::span<uint16_t* const> out, int64_t n) {
+  KVQ_MODEL_NEED(n > 0 && !x.empty() && x.size() == out.size() && x.size() <= kBf16Jobs,
+                 "to_bf16: bad jobs " + shape(static_cast<int64_t>(x.size()), n));
+  Bf16Jobs jobs{};
+  for (size_t j = 0; j < x.size(); ++j) {
+    jobs.x[j] = x[j];
+    jobs.out[j] = out[j];
+  }
+  const dim3 grid(grid_for(n), static_cast<unsigned>(x.size()));
+  to_bf16_kernel<<<grid, kThreads>>>(jobs, n);
   KVQ_CUDA_CHECK(cudaGetLastError());
 }
 
 void to_bf16(const float* x, int64_t n, uint16_t* out) {
   KVQ_MODEL_NEED(n > 0, "to_bf16: n = " + std::to_string(n));
-  to_bf16_kernel<<<grid_for(n), kThreads>>>(x, n, out);
-  KVQ_CUDA_CHECK(cudaGetLastError());
+  to_bf16_jobs(std::span<const float* const>(&x, 1), std::span<uint16_t* const>(&out, 1), n);
 }
 
 }  // namespace kvq::cuda::model

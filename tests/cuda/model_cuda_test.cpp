@@ -28,12 +28,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "core/error.h"
 #include "core/spec.h"
+#include "evaluation/planner.h"
+#include "evaluation/serve.h"
+#include "evaluation/serve_run.h"
 #include "kernels/backend.h"
 #include "model/hf_checkpoint.h"
 #include "model/llama.h"
@@ -198,6 +202,182 @@ TEST(ModelCudaErrors, RefusedInOneLine) {
         m.forward({ids.data() + 2, 1}, c2, logits, false, 1);
       },
       "starts from an empty cache");
+}
+
+// ---- serving steps: LlamaModel::decode_batch and evaluation/serve_run.h on backend cuda -------
+//
+// Expected values: each sequence decoded alone on backend cuda (forward, batch 1: the path the
+// cases above compare with backend cpu), fed the same tokens. Outside attention the two take the
+// same float operations per row (kernels/cuda/model_kernels.h: a batched launcher's row b computes
+// exactly what the single launch computes; the host test cuda_device_model_host_test checks the
+// step's host code bit for bit). The attention differs: one launch over the batch plans its
+// context splits from the batch and the longest context (attention_kernels.cuh plan_decode), so a
+// sequence's split boundaries, and with them the float32 order of its softmax merge, may differ
+// from its launch alone; a K or V value computed 1e-7 apart in a later layer can then round to the
+// neighbouring bf16 value or code. That is the same effect, smaller, that the cases above bound
+// for backend cuda against backend cpu, so the same rule: 2 D + 1e-4 x max |logit|, D the cache's
+// own rounding measured on the CPU over the same sequences (quantized_cache_tolerance). Contexts
+// below the plan's 64-token minimum split take one split either way; the cases record whether
+// those logits came out bit-identical (RecordProperty), without asserting it.
+
+struct BatchCase {
+  std::vector<int64_t> prompts;  // each sequence's prompt length (its own tokens)
+  int steps = 0;                 // batched decode steps after the prompts
+};
+
+// Sequence b's tokens: prompt_ids with its own multiplier, prompt then the tokens it is fed.
+std::vector<int32_t> sequence_ids(int vocab, size_t b, int64_t n) {
+  return prompt_ids(vocab, static_cast<int>(n), 37 + 2 * static_cast<int>(b),
+                    11 + static_cast<int>(b));
+}
+
+void expect_batched_matches_alone(LlamaModel& m, const std::string& spec, const BatchCase& bc,
+                                  const std::string& what) {
+  const int vocab = m.config().vocab;
+  const size_t B = bc.prompts.size();
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<float>> exact, cpu, alone;
+  m.set_backend(AttentionBackend::kCpu);
+  for (size_t b = 0; b < B; ++b) {
+    ids.push_back(sequence_ids(vocab, b, bc.prompts[b] + bc.steps));
+    exact.push_back(all_logits(m, ids[b]));
+    cpu.push_back(all_logits(m, ids[b], spec));
+  }
+  m.set_backend(AttentionBackend::kCuda);
+  for (size_t b = 0; b < B; ++b) alone.push_back(all_logits(m, ids[b], spec));
+  // the tolerance over every sequence's positions
+  std::vector<float> all_exact, all_cpu;
+  for (size_t b = 0; b < B; ++b) {
+    all_exact.insert(all_exact.end(), exact[b].begin(), exact[b].end());
+    all_cpu.insert(all_cpu.end(), cpu[b].begin(), cpu[b].end());
+  }
+  const double tol = testing::quantized_cache_tolerance(all_exact, all_cpu);
+  CacheOptions o;
+  o.spec = parse_spec(spec);
+  std::vector<std::unique_ptr<LlamaCache>> caches;
+  std::vector<LlamaCache*> ptrs;
+  std::vector<float> logits;
+  for (size_t b = 0; b < B; ++b) {
+    caches.push_back(std::make_unique<LlamaCache>(m.config(), o));
+    ptrs.push_back(caches.back().get());
+    m.forward({ids[b].data(), static_cast<size_t>(bc.prompts[b])}, *caches[b], logits, false, 1);
+  }
+  double err = 0;
+  bool identical = true;
+  for (int t = 0; t < bc.steps; ++t) {
+    std::vector<int32_t> tokens;
+    for (size_t b = 0; b < B; ++b) tokens.push_back(ids[b][static_cast<size_t>(bc.prompts[b] + t)]);
+    m.decode_batch(tokens, ptrs, logits);
+    ASSERT_EQ(logits.size(), B * static_cast<size_t>(vocab));
+    for (size_t b = 0; b < B; ++b) {
+      EXPECT_EQ(caches[b]->tokens(), bc.prompts[b] + t + 1) << what;
+      const float* got = logits.data() + b * static_cast<size_t>(vocab);
+      const float* want = alone[b].data() + static_cast<size_t>(bc.prompts[b] + t) * vocab;
+      for (int i = 0; i < vocab; ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << what << " sequence " << b << " step " << t;
+        err = std::max(err, static_cast<double>(std::fabs(got[i] - want[i])));
+      }
+      identical = identical && std::memcmp(got, want, static_cast<size_t>(vocab) * 4) == 0;
+    }
+  }
+  EXPECT_GT(max_abs(logits), 0) << what;
+  EXPECT_LE(err, tol) << what << " " << spec << ": max |batched - alone| = " << err;
+  ::testing::Test::RecordProperty(what + "_" + spec + "_bit_identical", identical ? 1 : 0);
+  m.set_backend(AttentionBackend::kCpu);
+}
+
+// Three sequences of 2, 4 and 5 prompt tokens, three batched steps (8 tokens at most: mistral's
+// window), every family; bf16, KIVI (one batched append) and FP8 per-token (an append a side).
+TEST_P(ModelCuda, BatchedDecodeMatchesEachSequenceAlone) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  LlamaModel m = LlamaModel::load(hf_fixture(GetParam()));
+  m.set_device_weights(LlamaModel::DeviceWeights::kFp32);
+  for (const char* spec : {"bf16", "kivi2:g=8,r=0", "fp8_e4m3:gran=token"})
+    expect_batched_matches_alone(m, spec, {{2, 4, 5}, 3}, GetParam());
+}
+
+// More sequences than one decode launch or bf16 conversion launch takes (kMaxBatch + 3 = 67: the
+// decoder's second launch, the append's second conversion job list, KIVI's append_batch over 67
+// caches), and contexts of 100-230 tokens (several splits a sequence), on the smollm2 fixture
+// (context 256).
+TEST(ModelCudaBatch, SixtySevenSequencesAndLongContexts) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  LlamaModel m = LlamaModel::load(hf_fixture("smollm2"));
+  m.set_device_weights(LlamaModel::DeviceWeights::kFp32);
+  BatchCase many{{}, 2};
+  for (int64_t i = 0; i < 67; ++i) many.prompts.push_back(1 + (7 * i) % 13);
+  for (const char* spec : {"bf16", "kivi2:g=8,r=0"})
+    expect_batched_matches_alone(m, spec, many, "smollm2_b67");
+  for (const char* spec : {"bf16", "kivi2:g=32,r=32", "kivi4:g=32,r=32"})
+    expect_batched_matches_alone(m, spec, {{100, 180, 230}, 4}, "smollm2_long");
+}
+
+// A rot= cache takes the single-sequence calls inside the batched step (rotation on the host).
+TEST(ModelCudaBatch, RotatedCacheMatchesEachSequenceAlone) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  LlamaModel m = LlamaModel::load(hf_fixture("smollm2"));
+  m.set_device_weights(LlamaModel::DeviceWeights::kFp32);
+  expect_batched_matches_alone(m, "kivi2:g=8,r=0,rot=hadamard:7", {{2, 4}, 2}, "smollm2_rot");
+}
+
+TEST(ModelCudaBatch, RefusedInOneLine) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  LlamaModel m = LlamaModel::load(hf_fixture("smollm2"));
+  CacheOptions o;
+  o.spec = parse_spec("bf16");
+  LlamaCache a(m.config(), o), b(m.config(), o);
+  CacheOptions k2;
+  k2.spec = parse_spec("kivi2:g=8,r=0");
+  LlamaCache c(m.config(), k2);
+  std::vector<float> logits;
+  const std::vector<int32_t> two = {1, 2};
+  std::vector<LlamaCache*> ab = {&a, &b}, aa = {&a, &a}, ac = {&a, &c};
+  testing::expect_error([&] { m.decode_batch(two, ab, logits); },
+                        "decode_batch runs on backend cuda");
+  m.set_backend(AttentionBackend::kCuda);
+  testing::expect_error([&] { m.decode_batch(two, aa, logits); },
+                        "sequences 0 and 1 share one cache");
+  testing::expect_error([&] { m.decode_batch(two, ac, logits); }, "one launch reads one scheme");
+  const std::vector<int32_t> bad = {1, m.config().vocab};
+  testing::expect_error([&] { m.decode_batch(bad, ab, logits); },
+                        "sequence 1's token id " + std::to_string(m.config().vocab));
+}
+
+// kvq model serve-bench's accounting on backend cuda (evaluation/serve_run.h, the run the command
+// makes): ten equal requests under a cap of 3.5 reservations hold three at a time (requests held x
+// bytes per request <= the cap at every step), the caches' bytes after each step are the
+// schedule's prediction (kvq::footprint on both sides), and every request gets its tokens. The
+// device memory the run added is not compared with the caches' bytes here: the fixture's caches
+// (~50 KB a request) can fit in memory the driver already reserved, which cudaMemGetInfo does not
+// show as new (device-check's serve-bench smoke reads it on the SmolLM2-135M shape).
+TEST(ServeCuda, AccountingHoldsUnderTheCap) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  LlamaModel m = LlamaModel::load(hf_fixture("smollm2"));
+  m.set_backend(AttentionBackend::kCuda);
+  const LlamaConfig& cfg = m.config();
+  CacheOptions co;
+  co.spec = parse_spec("kivi2:g=32,r=32");
+  const std::vector<eval::ServeRequest> r(10, {40, 6});
+  const planner::ModelDims dims{"smollm2", cfg.layers, cfg.kv_heads, cfg.head_dim, 0};
+  const double one = eval::schedule_serve(dims, co.spec, r, {1e12, 0}).request_bytes[0];
+  const double cap = 3.5 * one;
+  const eval::ServeSchedule s = eval::schedule_serve(dims, co.spec, r, {cap, 0});
+  ASSERT_EQ(s.max_held, 3);
+  const std::vector<eval::ServeStepCalls> calls = eval::serve_calls(dims, co.spec, r, s);
+  const std::vector<int32_t> prompt = prompt_ids(cfg.vocab, 40);
+  const eval::ServeRunResult got = eval::run_serve(m, prompt, r, co, calls);
+  EXPECT_TRUE(got.batched);
+  ASSERT_EQ(got.step_cache_bytes.size(), s.steps.size());
+  for (size_t k = 0; k < s.steps.size(); ++k) {
+    EXPECT_LE(static_cast<double>(s.steps[k].batch.size()) * one, cap) << "step " << k;
+    EXPECT_EQ(got.step_cache_bytes[k], s.steps[k].live_bytes) << "step " << k;
+    EXPECT_LE(got.step_cache_bytes[k], cap) << "step " << k;
+  }
+  EXPECT_EQ(got.decode_tokens, 10 * 5);
+  EXPECT_EQ(eval::max_decode_batch(calls), 3);
+  EXPECT_GT(got.device_bytes_start, 0);  // the weights and activations at least
+  EXPECT_GE(got.device_bytes_peak, got.device_bytes_start);
+  for (const std::vector<int32_t>& out : got.outputs) EXPECT_EQ(out.size(), 6u);
 }
 
 // Without a device (this test runs only then): set_backend(cuda) throws cuda_unavailable()'s line.

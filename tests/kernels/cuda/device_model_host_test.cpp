@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -37,6 +38,7 @@
 #include "model/llama.h"
 #include "model/llama_cuda.h"
 #include "reference_cpu/kv_cache.h"
+#include "tests/support/expect_error.h"
 #include "tests/support/model_logits.h"
 
 namespace kvq::cuda {
@@ -215,6 +217,92 @@ TEST_P(DeviceModelHost, QuantizedCachesWithinTheDeviceTestsTolerance) {
   }
 }
 
+// A batched step (decode_batch: serve-bench's step on backend cuda) equals each sequence's own
+// decode bit for bit: every row takes the same float operations as a single step (model_kernels.h)
+// and here the attention is backend ref's per sequence on both sides. Three sequences of 6, 4 and
+// 7 tokens starting at steps 0, 1 and 1, so the batches are ragged (1, 3, 3, 3, 3, 2, 1, 1 rows)
+// and the rows' positions differ; a sequence leaving (step 5) shifts the rows after it. What it
+// catches: a row read at the wrong stride (q|k|v, g|u's down projection input), the q gather,
+// a row's own angles or token id, the logits' rows. Copies: one up (ids and angles) and one down
+// (logits) a step, and one device-to-device a layer (the q gather).
+TEST_P(DeviceModelHost, BatchedStepEqualsEachSequenceAlone) {
+  const HfCheckpoint ck = HfCheckpoint::open(hf_fixture(GetParam()));
+  const LlamaConfig& c = ck.config();
+  struct Seq {
+    std::vector<int32_t> ids;
+    int64_t start;
+  };
+  const std::vector<Seq> seqs = {{prompt_ids(c.vocab, 6, 37, 11), 0},
+                                 {prompt_ids(c.vocab, 4, 53, 7), 1},
+                                 {prompt_ids(c.vocab, 7, 29, 3), 1}};
+  for (const bool bf16 : {false, true}) {
+    std::unique_ptr<DeviceModel> dev = upload(ck, bf16);
+    std::vector<std::vector<float>> alone;
+    for (const Seq& q : seqs) alone.push_back(decode_with(*dev, c, q.ids));
+    const SchemeSpec fp32 = parse_spec("fp32");
+    std::vector<std::vector<std::unique_ptr<SideStore>>> ks(seqs.size()), vs(seqs.size());
+    for (size_t b = 0; b < seqs.size(); ++b)
+      for (int l = 0; l < c.layers; ++l) {
+        ks[b].push_back(make_side(fp32, Role::Key, c.kv_heads, c.head_dim, l, cpu_side_kernels()));
+        vs[b].push_back(
+            make_side(fp32, Role::Value, c.kv_heads, c.head_dim, l, cpu_side_kernels()));
+      }
+    const int64_t qd = c.q_dim(), kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim,
+                  row = qd + 2 * kvd;
+    std::vector<float> logits;
+    int64_t compared = 0;
+    for (int64_t step = 0; step < 8; ++step) {
+      std::vector<size_t> active;
+      std::vector<int32_t> tokens;
+      std::vector<int64_t> positions;
+      for (size_t b = 0; b < seqs.size(); ++b) {
+        const int64_t pos = step - seqs[b].start;
+        if (pos < 0 || pos >= static_cast<int64_t>(seqs[b].ids.size())) continue;
+        active.push_back(b);
+        tokens.push_back(seqs[b].ids[static_cast<size_t>(pos)]);
+        positions.push_back(pos);
+      }
+      if (active.empty()) continue;
+      const int64_t n = static_cast<int64_t>(active.size());
+      logits.assign(static_cast<size_t>(n * c.vocab), 0.0f);
+      const long long up0 = host_runtime_copies(cudaMemcpyHostToDevice),
+                      down0 = host_runtime_copies(cudaMemcpyDeviceToHost),
+                      dd0 = host_runtime_copies(cudaMemcpyDeviceToDevice);
+      dev->decode_batch(
+          tokens, positions, rope_inv_freq(c),
+          [&](int l, const float* qkv, const float* q, float* attn) {
+            for (int64_t i = 0; i < n; ++i) {
+              const size_t b = active[static_cast<size_t>(i)];
+              SideStore& k = *ks[b][static_cast<size_t>(l)];
+              SideStore& v = *vs[b][static_cast<size_t>(l)];
+              EXPECT_EQ(k.tokens(), positions[static_cast<size_t>(i)]);
+              ASSERT_EQ(std::memcmp(q + i * qd, qkv + i * row, static_cast<size_t>(qd) * 4), 0)
+                  << "row " << i << "'s q is not its q|k|v row's";
+              k.append(qkv + i * row + qd, 1);
+              v.append(qkv + i * row + qd + kvd, 1);
+              attend_decode(AttentionBackend::kRef, q + i * qd, c.heads, k, v, attn + i * qd);
+            }
+          },
+          logits.data());
+      EXPECT_EQ(host_runtime_copies(cudaMemcpyHostToDevice) - up0, 1);
+      EXPECT_EQ(host_runtime_copies(cudaMemcpyDeviceToHost) - down0, 1);
+      EXPECT_EQ(host_runtime_copies(cudaMemcpyDeviceToDevice) - dd0, c.layers);
+      for (int64_t i = 0; i < n; ++i) {
+        const size_t b = active[static_cast<size_t>(i)];
+        const float* want = alone[b].data() + positions[static_cast<size_t>(i)] * c.vocab;
+        EXPECT_EQ(std::memcmp(logits.data() + i * c.vocab, want,
+                              static_cast<size_t>(c.vocab) * sizeof(float)),
+                  0)
+            << GetParam() << (bf16 ? " bf16" : " fp32") << " step " << step << " row " << i
+            << " (sequence " << b << ", position " << positions[static_cast<size_t>(i)] << ")";
+        ++compared;
+      }
+    }
+    EXPECT_EQ(compared, 6 + 4 + 7);
+    EXPECT_GE(dev->batch_capacity(), 3);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, DeviceModelHost,
                          ::testing::Values("llama", "llama3", "mistral", "qwen2", "qwen3",
                                            "smollm2"),
@@ -238,6 +326,43 @@ TEST(DeviceModelHostGguf, SmolLM2UploadMatchesTheCpu) {
               static_cast<double>(dev.weight_bytes()) / 1e6, s);
   const std::vector<int32_t> ids = {1, 504, 3303, 28};
   expect_close(decode_with(dev, m.config(), ids), all_logits(m, ids), "smollm2 gguf");
+}
+
+// The activations a batch takes (DeviceModel::activation_bytes), by hand for SmolLM2-135M (hidden
+// 576, 9 heads and 3 kv heads of 64, ffn 1536, vocab 49152): a row holds x and h (2 x 576), q|k|v
+// (576 + 2 x 192), q alone and the attention output (2 x 576), g|u (2 x 1536) and the logits
+// (49152): 55,488 floats = 221,952 bytes, plus its RopeAngles (1,024 bytes) and token id (4).
+TEST(DeviceModelHostBatch, ActivationBytesAndCapacity) {
+  DeviceModelShape s;
+  s.layers = 30;
+  s.hidden = 576;
+  s.heads = 9;
+  s.kv_heads = 3;
+  s.head_dim = 64;
+  s.ffn = 1536;
+  s.vocab = 49152;
+  EXPECT_EQ(DeviceModel::activation_bytes(s, 1), 221952 + 1024 + 4);
+  EXPECT_EQ(DeviceModel::activation_bytes(s, 64), 64 * (221952 + 1024 + 4));
+  DeviceModel dev(s, true);
+  EXPECT_EQ(dev.batch_capacity(), 1);
+  dev.reserve_batch(64);
+  EXPECT_EQ(dev.batch_capacity(), 64);
+  dev.reserve_batch(8);  // grows only
+  EXPECT_EQ(dev.batch_capacity(), 64);
+  testing::expect_error([&] { dev.reserve_batch(0); }, "device model: batch 0 outside [1, 65535]");
+  // a step's arguments are checked before anything runs
+  const std::vector<float> inv(32, 0.5f);
+  const std::vector<int32_t> ids = {1, 2};
+  const std::vector<int64_t> one = {0}, two = {0, 3};
+  auto nothing = [](int, const float*, const float*, float*) {};
+  std::vector<float> logits(2 * 49152);
+  testing::expect_error([&] { dev.decode_batch(ids, one, inv, nothing, logits.data()); },
+                        "a batched step of 2 tokens at 1 positions");
+  const std::vector<int32_t> bad = {1, 49152};
+  testing::expect_error([&] { dev.decode_batch(bad, two, inv, nothing, logits.data()); },
+                        "sequence 1's token id 49152 outside the vocabulary");
+  testing::expect_error([&] { dev.decode_batch(ids, two, inv, nothing, logits.data()); },
+                        "layer 0 q_proj was never uploaded");
 }
 
 // What the device model refuses: a weight never uploaded, a tied model's own embeddings.

@@ -114,5 +114,22 @@ TEST(ModelKernelsGemv, LaunchCoversEveryRowOnce) {
   for (bool bf16 : {true, false}) EXPECT_EQ(vec_width(bf16) * (bf16 ? 2 : 4), 16);
 }
 
+// A batched product's activation rows: the vector path also needs every x row 16-byte aligned
+// (ldx a multiple of 4 floats; the down projection reads g|u's first half, ldx = 2 ffn), and the
+// passes over n rows take kGemvCols rows each, the last at least one.
+TEST(ModelKernelsGemv, BatchedRowsAlignedAndCoveredOnce) {
+  EXPECT_TRUE(gemv_vectorized(1536, true, 3072));   // SmolLM2's down projection
+  EXPECT_TRUE(gemv_vectorized(1536, true, 0));      // ldx 0: cols
+  EXPECT_FALSE(gemv_vectorized(1536, true, 3074));  // rows 8 bytes off 16
+  EXPECT_FALSE(gemv_vectorized(576, false, 578));
+  EXPECT_TRUE(gemv_vectorized(576, false, 580));
+  for (int64_t n : {1, 7, 8, 9, 64, 65}) {
+    const int64_t p = gemv_passes(n);
+    EXPECT_GE(p * kGemvCols, n) << n;
+    EXPECT_LT((p - 1) * kGemvCols, n) << n;
+  }
+  EXPECT_EQ(gemv_passes(64), 8);
+}
+
 }  // namespace
 }  // namespace kvq::cuda::model

@@ -42,6 +42,16 @@ inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemc
   }
   return cudaSuccess;
 }
+// A strided copy of `height` rows of `width` bytes (one copy, counted as one).
+inline cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch,
+                                size_t width, size_t height, cudaMemcpyKind kind) {
+  if (width == 0 || height == 0) return cudaSuccess;
+  for (size_t r = 0; r < height; ++r)
+    std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
+                 width);
+  ++host_runtime_copies(kind);
+  return cudaSuccess;
+}
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                                    cudaStream_t) {
   return cudaMemcpy(dst, src, bytes, kind);
