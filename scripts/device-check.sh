@@ -457,7 +457,7 @@ fi
 # over the bench's model, 16 requests of 128-256 prompt and 16-32 output tokens under a 50 MB KV cap
 # (the synthetic SmolLM2-135M shape: a bf16 request takes up to 6.6 MB, so bf16 holds ~7 at once
 # and kivi2 all 16), bf16 / kivi4 / kivi2 with 32-token groups and residuals. Each step's decodes
-# are one batched call; prefill is each request alone, token by token. Capped at 60 s.
+# are one batched call; prefill is each request alone, token by token. Capped at 30 s a scheme.
 SB_OUT="$OUT/serve_bench"
 SB_RAN=0
 SB_KVS=(bf16 kivi4:g=32,r=32 kivi2:g=32,r=32)
@@ -473,7 +473,7 @@ else
   SB_RAN=1
   for kv in "${SB_KVS[@]}"; do
     f=${kv%%:*}
-    if ! timeout "$(cap 25)" "$KVQ_BIN" model serve-bench --backend cuda --model "$MB_MODEL" --kv "$kv" \
+    if ! timeout "$(cap 30)" "$KVQ_BIN" model serve-bench --backend cuda --model "$MB_MODEL" --kv "$kv" \
         --text "$ROOT/README.md" --mem 0.05 --requests 16 --prompt-tokens "$SB_PROMPT" --gen 32 \
         --json "$SB_OUT/$f.json" >"$SB_OUT/$f.txt" 2>"$LOGS/serve_bench_$f.log"; then
       STATUS=1
