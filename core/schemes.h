@@ -12,12 +12,15 @@
 // which backends read a kind is kernels/backend.h's BackendSupport::kinds.
 #pragma once
 
+#include <cstdint>
 #include <set>
 #include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
+#include "core/error.h"
 #include "core/footprint.h"
 #include "core/spec.h"
 #include "core/stored_side.h"
@@ -28,6 +31,30 @@ namespace kvq {
 struct SchemeKey {
   std::string_view name;
   bool flag = false;
+  /// Its default as written after '=' (NAME and NAME:key=value parse alike); none for a flag
+  /// (off unless written).
+  std::string_view value = {};
+};
+
+/// \brief One parameter of a parsed one-side spec, as Python's kvq.parse_spec names it ("kind",
+/// "bits", "gran", ...; rot= and sink= are every scheme's, spec.cpp's).
+struct SchemeField {
+  std::string_view name;
+  std::variant<bool, int64_t, double, std::string> value;
+};
+
+/// \brief Where a side's quantization scales come from, as report rows say it.
+struct ScaleOrigin {
+  std::string text;     ///< "-", "each token", "each 32 tokens", "tokens 0-15 of 64", "fixed 0.25"
+  bool prefix = false;  ///< from a prefix of the tokens that leaves later quantized tokens out
+};
+
+/// \brief Where a growing side's footprint drops (it peaks just before): a KIVI per-channel side
+/// quantizes its exact window each time a block completes, an FP8 side with dynamic first=N scales
+/// its exact tokens once the N-th arrives. Between drops the footprint only grows.
+struct FootprintDrops {
+  int64_t period = 0;  ///< > 0: at every token count t with t + 1 a multiple of it
+  int64_t at = -1;     ///< >= 0: at this token count (sinks included), once
 };
 
 /// \brief Another name for a family's scheme. Without `rewrite` it is a plain alias of the name
@@ -81,6 +108,12 @@ struct SchemeTraits {
   /// \brief The largest |x - x'| a round trip of a tensor with max |x| = amax may leave, by the
   /// family's definition (dynamic scales; fp8 constant and calib scales may saturate: infinity).
   double (*max_error)(const SchemeSpec& s, double amax);
+  /// \brief The parameters of `s` by name, its "kind" first (Python's kvq.parse_spec fields).
+  std::vector<SchemeField> (*fields)(const SchemeSpec& s);
+  /// \brief Where the scales of a `role` side of `s` holding `tokens` tokens come from.
+  ScaleOrigin (*scale_origin)(const SchemeSpec& s, Role role, int64_t tokens);
+  /// \brief Where a growing `role` side of `s` (head_dim `dim`) drops its footprint.
+  FootprintDrops (*footprint_drops)(const SchemeSpec& s, Role role, int64_t dim);
 };
 
 /// \brief The registered families, in the order --help and errors list them.
@@ -88,6 +121,17 @@ std::span<const SchemeTraits* const> scheme_families();
 /// \brief The family of a kind / of a one-side spec.
 const SchemeTraits& scheme_traits(SchemeKind kind);
 const SchemeTraits& scheme_traits(const SchemeSpec& s);
+/// \brief The record of `kind`'s family in a backend's per-family table (records with a
+/// `family` field, e.g. reference_cpu/schemes.cpp's); `where` names the table for the error when
+/// the family registered here has no record there.
+template <class Record>
+const Record& family_record(std::span<const Record* const> table, SchemeKind kind,
+                            std::string_view where) {
+  const std::string_view family = scheme_traits(kind).family;
+  for (const Record* r : table)
+    if (r->family == family) return *r;
+  fail("scheme family '{}' has no record in {}", family, where);
+}
 /// \brief "fp32", ..., "fp8", "int/kivi": a kind as backend tables name it.
 std::string_view kind_label(SchemeKind kind);
 /// \brief Every kind of every family, in registry order.

@@ -2,18 +2,18 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/io.h"
+#include "core/schemes.h"
 #include "reference_cpu/metrics.h"
 
 namespace kvq::cli {
 
-nlohmann::json error_report(const SchemeSpec& spec, Role role, const Tensor3& x, const RoundTrip& r) {
+nlohmann::json error_report(const SchemeSpec& spec, Role role, const Tensor3& x,
+                            const RoundTrip& r) {
   const ReconMetrics m = recon_metrics(x.data, r.values.data);
   nlohmann::json j;
   j["scheme"] = spec.canonical();
@@ -31,46 +31,15 @@ nlohmann::json error_report(const SchemeSpec& spec, Role role, const Tensor3& x,
   return j;
 }
 
-namespace {
-// The tokens a dynamic FP8 tensor/head/channel scale reads: [sink, sink + n).
-int64_t prefix_tokens(const SchemeSpec& side, int64_t tokens) {
-  return std::clamp<int64_t>(std::min<int64_t>(side.fp8().first, tokens - side.sink), 0, tokens);
-}
-bool dynamic_prefix_rule(const SchemeSpec& side) {
-  return side.kind() == SchemeKind::Fp8 && side.fp8().source == ScaleSource::Dynamic &&
-         side.fp8().gran != Granularity::Token;
-}
-}  // namespace
-
+// Each family's rule (core/schemes.h's scale_origin).
 bool scales_from_prefix(const SchemeSpec& spec, Role role, int64_t tokens) {
   const SchemeSpec& side = spec.side(role);
-  return dynamic_prefix_rule(side) && prefix_tokens(side, tokens) < tokens - side.sink;
+  return scheme_traits(side).scale_origin(side, role, tokens).prefix;
 }
 
 std::string scales_from(const SchemeSpec& spec, Role role, int64_t tokens) {
   const SchemeSpec& side = spec.side(role);
-  switch (side.kind()) {
-    case SchemeKind::Fp32:
-    case SchemeKind::Bf16:
-    case SchemeKind::Fp16:
-      return "-";
-    case SchemeKind::Fp8: {
-      const Fp8Spec& f = side.fp8();
-      if (f.source == ScaleSource::Constant) return fmt::format("fixed {:g}", f.constant);
-      if (f.source == ScaleSource::Calib)
-        return "calib " + std::filesystem::path(f.calib_path).filename().string();
-      if (f.gran == Granularity::Token) return "each token";
-      const int64_t n = prefix_tokens(side, tokens);
-      if (n <= 0) return fmt::format("none of {} (all exact)", tokens);
-      if (side.sink == 0 && n == tokens) return fmt::format("all {} tokens", tokens);
-      return fmt::format("tokens {}-{} of {}", side.sink, side.sink + n - 1, tokens);
-    }
-    case SchemeKind::Int:
-      if (side.q().axis(role) == Axis::Token) return "each token";
-      return side.q().group == kGroupWholeDim ? std::string("each head_dim tokens")
-                                              : fmt::format("each {} tokens", side.q().group);
-  }
-  return "-";
+  return scheme_traits(side).scale_origin(side, role, tokens).text;
 }
 
 std::vector<JsonLine> read_jsonl(const std::string& path, std::string_view hint) {

@@ -4,6 +4,7 @@
 #include <deque>
 
 #include "core/error.h"
+#include "core/schemes.h"
 
 namespace kvq::eval {
 namespace {
@@ -13,28 +14,23 @@ namespace {
 // one) before a block completes and is quantized, and an FP8 side with dynamic first=N scales
 // holds its first tokens exact until the N-th, so the footprint drops at those points. Between
 // them it only grows, so the peak is at t1 or just before one of them (t + 1 a multiple of B, or
-// N - 1).
+// N - 1). Each family says where its sides drop (core/schemes.h's footprint_drops).
 double peak_bytes(const planner::ModelDims& m, const SchemeSpec& spec, int64_t t0, int64_t t1) {
-  std::vector<int64_t> period;
+  std::vector<FootprintDrops> drops;
   for (const SchemeSpec& l : spec.distinct_layer_specs())
     for (const Role r : {Role::Key, Role::Value}) {
       const SchemeSpec& x = l.side(r);
-      if (x.kind() == SchemeKind::Int && x.q().axis(r) == Axis::Channel)
-        period.push_back(x.q().residual > 0 ? x.q().residual : x.q().group_for(m.head_dim));
-      if (x.kind() == SchemeKind::Fp8 && x.fp8().first > t0 && x.fp8().first - 1 <= t1)
-        period.push_back(-(x.fp8().first - 1 + x.sink));  // one point: the token before the N-th
+      drops.push_back(scheme_traits(x).footprint_drops(x, r, m.head_dim));
     }
   double peak = planner::request_footprint(m, spec, t1).total_bytes();
   auto at = [&](int64_t t) {
     if (t >= t0 && t < t1)
       peak = std::max(peak, planner::request_footprint(m, spec, t).total_bytes());
   };
-  for (const int64_t b : period) {
-    if (b < 0) {
-      at(-b);
-      continue;
-    }
-    for (int64_t t = (t0 + 1 + b - 1) / b * b - 1; t < t1; t += b) at(t);
+  for (const FootprintDrops& d : drops) {
+    if (d.at >= 0) at(d.at);  // one point: the token before the N-th
+    if (const int64_t b = d.period; b > 0)
+      for (int64_t t = (t0 + 1 + b - 1) / b * b - 1; t < t1; t += b) at(t);
   }
   return peak;
 }

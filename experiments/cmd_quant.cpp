@@ -10,101 +10,40 @@
 #include "core/safetensors.h"
 #include "core/schemes.h"
 #include "core/spec.h"
-#include "experiments/commands.h"
 #include "evaluation/kv_input.h"
 #include "evaluation/report.h"
-#include "fp8/scale.h"
-#include "kivi/layout.h"
-#include "kivi/minmax.h"
+#include "experiments/commands.h"
 #include "reference_cpu/kv_cache.h"
 #include "reference_cpu/quantize.h"
+#include "reference_cpu/schemes.h"
 
 namespace kvq::cli {
 namespace {
 
-std::string raw(const void* p, int64_t bytes) {
-  return std::string(static_cast<const char*>(p), static_cast<size_t>(bytes));
-}
-
 // The bytes a cache of `spec` stores for x (one append, as `kvq quant` measures it), as
-// safetensors: the codes / packed words, the scales and minima, the tokens still exact, and
-// metadata naming the layout, so they can be inspected with numpy or safetensors.
+// safetensors: the codes / packed words, the scales and minima (each family's stored_bytes,
+// reference_cpu/schemes.h), the tokens still exact, and metadata naming the layout, so they can be
+// inspected with numpy or safetensors.
 void write_codes(const std::string& path, const SchemeSpec& spec, Role role, const Tensor3& x,
                  int layer) {
   const auto side = make_side(spec, role, x, layer);
   const StoredSide s = side->stored();
   const int64_t T = x.shape.tokens, H = x.shape.heads, D = x.shape.dim;
   const int64_t qt = side->quantized_tokens_at(T);
-  std::map<std::string, std::string> meta{{"spec", spec.canonical()},
-                                          {"role", std::string(to_string(role))},
-                                          {"shape", fmt::format("[{}, {}, {}]", T, H, D)},
-                                          {"quantized_tokens", std::to_string(qt)},
-                                          {"writer", "kvq quant --codes"}};
-  std::vector<RawTensor> ts;
-  switch (s.kind) {
-    case SchemeKind::Fp32:
-      ts.push_back({"values", "F32", {T, H, D}, raw(s.f32, T * H * D * 4)});
-      break;
-    case SchemeKind::Bf16:
-    case SchemeKind::Fp16:
-      ts.push_back({"values",
-                    s.kind == SchemeKind::Bf16 ? "BF16" : "F16",
-                    {T, H, D},
-                    raw(s.half16, T * H * D * 2)});
-      break;
-    case SchemeKind::Fp8: {
-      const int64_t ns = qt > 0 ? fp8::scale_count(s.gran, Shape3{qt, H, D}) : 0;
-      ts.push_back({"codes", "U8", {qt, H, D}, raw(s.codes, qt * H * D)});
-      ts.push_back({"scales", "F32", {ns}, raw(s.fp8_scales, ns * 4)});
-      meta["format"] = std::string(to_string(s.format));
-      meta["granularity"] = std::string(to_string(s.gran));
-      meta["layout"] = "codes[t][h][d] is fp8 of x / scale; value = scale * decode(code)";
-      break;
-    }
-    case SchemeKind::Int: {
-      int64_t nw = 0, np = 0;
-      if (s.axis == Axis::Channel) {
-        const kivi::ChannelLayout lay{H, D, s.group, s.bits};
-        nw = lay.words_for_tokens(qt);
-        np = lay.params_for_tokens(qt);
-        meta["layout"] = fmt::format(
-            "per-channel: token group g = t / {0} of (head h, channel d) has scale/min index "
-            "(g * {1} + h) * {2} + d and its {3} words start at that index times {3}; code i = t % "
-            "{0} sits at bit {4} * (i % {5}) of the group's word i / {5}",
-            s.group, H, D, lay.words_per_group(), s.bits, kivi::codes_per_word(s.bits));
-      } else {
-        const kivi::TokenLayout lay{H, D, s.group, s.bits};
-        nw = lay.words_for_tokens(qt);
-        np = lay.params_for_tokens(qt);
-        meta["layout"] = fmt::format(
-            "per-token: (token t, head h, channel group c = d / {0}) has scale/min index (t * {1} "
-            "+ "
-            "h) * {2} + c and its words start at (t * {1} + h) * {3} + c * {4}; code i = d % {0} "
-            "sits at bit {5} * (i % {6}) of the group's word i / {6}",
-            s.group, H, lay.channel_groups(), lay.words_per_token_head(),
-            kivi::words_for(s.group, s.bits), s.bits, kivi::codes_per_word(s.bits));
-      }
-      ts.push_back({"words", "U32", {nw}, raw(s.words, nw * 4)});
-      ts.push_back({"scales", "F16", {np}, raw(s.scales, np * 2)});
-      if (!s.sym) ts.push_back({"mins", "F16", {np}, raw(s.mins, np * 2)});
-      meta["bits"] = std::to_string(s.bits);
-      meta["group"] = std::to_string(s.group);
-      meta["axis"] = std::string(to_string(s.axis));
-      meta["value"] = s.sym ? fmt::format("scale * (code - {})", kivi::sym_offset(s.bits))
-                            : std::string("min + scale * code");
-      break;
-    }
-  }
-  if (qt < T && s.kind != SchemeKind::Fp32 && s.kind != SchemeKind::Bf16 &&
-      s.kind != SchemeKind::Fp16) {
+  StoredBytes out;
+  out.meta = {{"spec", spec.canonical()},
+              {"role", std::string(to_string(role))},
+              {"shape", fmt::format("[{}, {}, {}]", T, H, D)},
+              {"quantized_tokens", std::to_string(qt)},
+              {"writer", "kvq quant --codes"}};
+  const int64_t covered = scheme_storage(s.kind).stored_bytes(s, qt, out);
+  if (covered < T) {
     std::vector<float> tail;
     side->exact_tail(tail);
-    ts.push_back({"exact_tail",
-                  "F32",
-                  {T - qt, H, D},
-                  raw(tail.data(), static_cast<int64_t>(tail.size()) * 4)});
+    out.add("exact_tail", "F32", {T - covered, H, D}, tail.data(),
+            static_cast<int64_t>(tail.size()) * 4);
   }
-  write_safetensors(path, ts, meta);
+  write_safetensors(path, out.tensors, out.meta);
 }
 
 }  // namespace

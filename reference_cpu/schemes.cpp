@@ -4,7 +4,6 @@
 
 #include <array>
 
-#include "core/error.h"
 #include "core/schemes.h"
 
 namespace kvq {
@@ -20,10 +19,8 @@ const std::array<const SchemeStorage*, 3> kStorage{&kFloatStorage, &kFp8Storage,
 }  // namespace
 
 const SchemeStorage& scheme_storage(SchemeKind kind) {
-  const std::string_view family = scheme_traits(kind).family;
-  for (const SchemeStorage* s : kStorage)
-    if (s->family == family) return *s;
-  fail("scheme family '{}' has no reference storage (reference_cpu/schemes.cpp)", family);
+  return family_record<SchemeStorage>(kStorage, kind,
+                                      "the reference's storage (reference_cpu/schemes.cpp)");
 }
 
 }  // namespace kvq

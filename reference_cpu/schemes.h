@@ -6,14 +6,32 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <string_view>
+#include <vector>
 
+#include "core/safetensors.h"
 #include "core/spec.h"
+#include "core/stored_side.h"
 #include "core/tensor.h"
 #include "reference_cpu/kv_cache.h"
 
 namespace kvq {
+
+/// \brief What one side stores, as `kvq quant --codes` writes it: raw tensors (codes or packed
+/// words, scales, minima, values) and string metadata naming their layout.
+struct StoredBytes {
+  std::vector<RawTensor> tensors;
+  std::map<std::string, std::string> meta;
+  /// \brief Appends tensor `name` of `dtype` and `shape` holding `bytes` bytes from `p`.
+  void add(std::string name, std::string dtype, std::vector<int64_t> shape, const void* p,
+           int64_t bytes) {
+    tensors.push_back({std::move(name), std::move(dtype), std::move(shape),
+                       std::string(static_cast<const char*>(p), static_cast<size_t>(bytes))});
+  }
+};
 
 struct SchemeStorage {
   std::string_view family;  ///< SchemeTraits::family of core/schemes.h
@@ -23,6 +41,10 @@ struct SchemeStorage {
   /// \brief `x` quantized and read back as one layer's tensor in `role` (no rot=, no sink=): the
   /// values of round_trip (quantize.h).
   Tensor3 (*round_trip)(const SchemeSpec& spec, Role role, const Tensor3& x, int layer);
+  /// \brief Adds to `out` the bytes of a stored view of the family (`s.kind` one of its kinds)
+  /// whose first `quantized` tokens are coded; returns the tokens they cover (the caller adds the
+  /// exact values of the rest).
+  int64_t (*stored_bytes)(const StoredSide& s, int64_t quantized, StoredBytes& out);
 };
 
 /// \brief The storage of a kind's family; throws kvq::Error when the family registered in core

@@ -70,6 +70,16 @@ double max_error(const SchemeSpec& s, double amax) {
   }
 }
 
+std::vector<SchemeField> fields(const SchemeSpec& s) {
+  return {{"kind", std::string(label(s.kind()))}};
+}
+
+// Values are stored as they are: no scales.
+ScaleOrigin scale_origin(const SchemeSpec&, Role, int64_t) { return {"-"}; }
+
+// Dense values only grow.
+FootprintDrops footprint_drops(const SchemeSpec&, Role, int64_t) { return {}; }
+
 }  // namespace
 
 extern const SchemeTraits kFloatScheme;
@@ -91,6 +101,9 @@ const SchemeTraits kFloatScheme{
     .stored_footprint = stored_footprint,
     .coded_tokens = coded_tokens,
     .max_error = max_error,
+    .fields = fields,
+    .scale_origin = scale_origin,
+    .footprint_drops = footprint_drops,
 };
 
 }  // namespace kvq

@@ -2,10 +2,12 @@
 // source (core/schemes.h's traits record). Codecs and scales: fp8/.
 #include "core/schemes/fp8.h"
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 
 #include "core/error.h"
@@ -44,7 +46,8 @@ namespace {
 constexpr std::array<SchemeKindName, 1> kKinds{{{SchemeKind::Fp8, "fp8"}}};
 // vLLM's --kv-cache-dtype fp8 is E4M3.
 constexpr std::array<SchemeAlias, 1> kAliases{{{"fp8", "fp8_e4m3"}}};
-constexpr std::array<SchemeKey, 3> kKeys{{{"gran"}, {"scale"}, {"first"}}};
+constexpr std::array<SchemeKey, 3> kKeys{
+    {{"gran", false, "tensor"}, {"scale", false, "dynamic"}, {"first", false, "128"}}};
 constexpr std::array<std::string_view, 7> kExamples{
     "fp8_e4m3:gran=tensor,scale=dynamic",      "fp8_e4m3fnuz:gran=head,scale=dynamic",
     "fp8_e5m2:gran=token,scale=dynamic",       "fp8_e4m3:gran=channel,scale=dynamic,first=16",
@@ -191,6 +194,44 @@ double max_error(const SchemeSpec& s, double amax) {
   return amax * rel + half_sub * scale;
 }
 
+std::vector<SchemeField> fields(const SchemeSpec& s) {
+  const Fp8Spec& f = s.fp8();
+  std::vector<SchemeField> out{
+      {"kind", std::string("fp8")},
+      {"format", std::string(to_string(f.format))},
+      {"gran", std::string(to_string(f.gran))},
+      {"scale", std::string(f.source == ScaleSource::Dynamic    ? "dynamic"
+                            : f.source == ScaleSource::Constant ? "constant"
+                                                                : "calib")}};
+  if (f.source == ScaleSource::Constant) out.push_back({"scale_value", double{f.constant}});
+  if (f.source == ScaleSource::Calib) out.push_back({"calib_path", f.calib_path});
+  out.push_back({"first", int64_t{f.first}});
+  return out;
+}
+
+// Dynamic tensor/head/channel scales read the tokens [sink, sink + n) of a side of `tokens`: the
+// first `first` after the sinks.
+ScaleOrigin scale_origin(const SchemeSpec& s, Role, int64_t tokens) {
+  const Fp8Spec& f = s.fp8();
+  if (f.source == ScaleSource::Constant) return {fmt::format("fixed {:g}", f.constant)};
+  if (f.source == ScaleSource::Calib)
+    return {"calib " + std::filesystem::path(f.calib_path).filename().string()};
+  if (f.gran == Granularity::Token) return {"each token"};
+  const int64_t n = std::clamp<int64_t>(std::min<int64_t>(f.first, tokens - s.sink), 0, tokens);
+  const bool prefix = n < tokens - s.sink;
+  if (n <= 0) return {fmt::format("none of {} (all exact)", tokens), prefix};
+  if (s.sink == 0 && n == tokens) return {fmt::format("all {} tokens", tokens), prefix};
+  return {fmt::format("tokens {}-{} of {}", s.sink, s.sink + n - 1, tokens), prefix};
+}
+
+// Dynamic tensor/head/channel scales: the tokens after the sinks stay exact until the first-th
+// arrives, then are coded (coded_tokens).
+FootprintDrops footprint_drops(const SchemeSpec& s, Role, int64_t) {
+  const Fp8Spec& f = s.fp8();
+  if (f.source != ScaleSource::Dynamic || f.gran == Granularity::Token) return {};
+  return {.at = f.first - 1 + s.sink};
+}
+
 }  // namespace
 
 extern const SchemeTraits kFp8Scheme;
@@ -216,6 +257,9 @@ const SchemeTraits kFp8Scheme{
     .stored_footprint = stored_footprint,
     .coded_tokens = coded_tokens,
     .max_error = max_error,
+    .fields = fields,
+    .scale_origin = scale_origin,
+    .footprint_drops = footprint_drops,
 };
 
 }  // namespace kvq

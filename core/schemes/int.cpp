@@ -70,8 +70,15 @@ constexpr std::array<SchemeAlias, 1> kAliases{
       "HF QuantizedCache's names: nbits=4, q_group_size=64, residual_length=128, "
       "axis_key=0, axis_value=0 = int<B>:k=token,v=token,g=G,r=R",
       rewrite_hf}}};
-constexpr std::array<SchemeKey, 6> kIntKeys{{{"k"}, {"v"}, {"g"}, {"r"}, {"sym", true}, {"arith"}}};
-constexpr std::array<SchemeKey, 4> kKiviKeys{{{"g"}, {"r"}, {"sym", true}, {"arith"}}};
+// A bare int<B> takes k=channel,v=token; with keys both axes must be written.
+constexpr std::array<SchemeKey, 6> kIntKeys{{{"k", false, "channel"},
+                                             {"v", false, "token"},
+                                             {"g", false, "32"},
+                                             {"r", false, "0"},
+                                             {"sym", true},
+                                             {"arith", false, "exact"}}};
+constexpr std::array<SchemeKey, 4> kKiviKeys{
+    {{"g", false, "32"}, {"r", false, "128"}, {"sym", true}, {"arith", false, "exact"}}};
 constexpr std::array<std::string_view, 10> kExamples{"kivi2:g=32,r=128",
                                                      "kivi4:g=32,r=128,arith=fp16",
                                                      "kivi3:g=16,r=64,sym",
@@ -229,6 +236,38 @@ double max_error(const SchemeSpec& s, double amax) {
   return amax * (1.0 / ((1 << bits) - 2) + 0x1p-8);
 }
 
+std::vector<SchemeField> fields(const SchemeSpec& s) {
+  const IntSpec& q = s.q();
+  using Value = decltype(SchemeField::value);
+  const Value group =
+      q.group == kGroupWholeDim ? Value{std::string("dim")} : Value{int64_t{q.group}};
+  return {{"kind", std::string("int")},
+          {"bits", int64_t{q.bits}},
+          {"key_axis", std::string(to_string(q.key_axis))},
+          {"value_axis", std::string(to_string(q.value_axis))},
+          {"group", group},
+          {"residual", int64_t{q.residual}},
+          {"sym", q.sym},
+          {"arith", std::string(q.arith == Arith::Fp16 ? "fp16" : "exact")},
+          {"kivi", q.kivi}};
+}
+
+// Each group's own min and max: per token, or per group of G tokens on a per-channel side.
+ScaleOrigin scale_origin(const SchemeSpec& s, Role role, int64_t) {
+  const IntSpec& q = s.q();
+  if (q.axis(role) == Axis::Token) return {"each token"};
+  return {q.group == kGroupWholeDim ? std::string("each head_dim tokens")
+                                    : fmt::format("each {} tokens", q.group)};
+}
+
+// A per-channel side quantizes its exact window each time a block of B = R (or G without a
+// window) tokens completes; a per-token side only grows.
+FootprintDrops footprint_drops(const SchemeSpec& s, Role role, int64_t dim) {
+  const IntSpec& q = s.q();
+  if (q.axis(role) != Axis::Channel) return {};
+  return {.period = q.residual > 0 ? q.residual : q.group_for(dim)};
+}
+
 }  // namespace
 
 extern const SchemeTraits kIntScheme;
@@ -255,6 +294,9 @@ const SchemeTraits kIntScheme{
     .stored_footprint = stored_footprint,
     .coded_tokens = coded_tokens,
     .max_error = max_error,
+    .fields = fields,
+    .scale_origin = scale_origin,
+    .footprint_drops = footprint_drops,
 };
 
 }  // namespace kvq

@@ -212,9 +212,21 @@ Tensor3 round_trip(const SchemeSpec& spec, Role role, const Tensor3& x, int laye
   return y;
 }
 
+// The codes of the first `qt` tokens and their scales (fp8/scale.h's layout for the granularity).
+int64_t stored_bytes(const StoredSide& s, int64_t qt, StoredBytes& out) {
+  const int64_t H = s.heads, D = s.dim;
+  const int64_t ns = qt > 0 ? fp8::scale_count(s.gran, Shape3{qt, H, D}) : 0;
+  out.add("codes", "U8", {qt, H, D}, s.codes, qt * H * D);
+  out.add("scales", "F32", {ns}, s.fp8_scales, ns * 4);
+  out.meta["format"] = std::string(to_string(s.format));
+  out.meta["granularity"] = std::string(to_string(s.gran));
+  out.meta["layout"] = "codes[t][h][d] is fp8 of x / scale; value = scale * decode(code)";
+  return qt;
+}
+
 }  // namespace
 
 extern const SchemeStorage kFp8Storage;
-const SchemeStorage kFp8Storage{"fp8", make, round_trip};
+const SchemeStorage kFp8Storage{"fp8", make, round_trip, stored_bytes};
 
 }  // namespace kvq

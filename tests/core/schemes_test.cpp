@@ -4,10 +4,12 @@
 // are the examples themselves (canonical by construction) and the registry's own declarations.
 #include "core/schemes.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "tests/support/expect_error.h"
@@ -102,6 +104,51 @@ TEST(SchemeRegistry, HelpAndErrorsNameEveryScheme) {
             "fp32, bf16, fp16, fp8_e4m3 (alias fp8), fp8_e4m3fnuz, fp8_e5m2, int2|int3|int4|int8, "
             "kivi2|kivi3|kivi4|kivi8, hf (HF QuantizedCache's names), k=SPEC;v=SPEC");
   expect_error([] { (void)parse_spec("nf4"); }, "unknown scheme 'nf4' (allowed: " + names + ")");
+}
+
+// A key's declared default is the default: NAME and NAME:key=default,... (every valued key of the
+// example's scheme written out) parse to the same spec, and each flag changes it (off unless
+// written). Expected: the parse of the bare name, the family's own definition of its defaults.
+TEST(SchemeRegistry, KeyDefaultsParseAsTheBareName) {
+  for (const SchemeTraits* t : scheme_families())
+    for (const std::string_view e : t->examples) {
+      const std::string name(e.substr(0, e.find(':')));
+      SCOPED_TRACE(name);
+      const SchemeSpec bare = parse_spec(name);
+      std::string all;
+      for (const SchemeKey& k : t->keys(bare)) {
+        if (k.flag) {
+          EXPECT_TRUE(k.value.empty()) << k.name;
+          continue;
+        }
+        ASSERT_FALSE(k.value.empty()) << t->family << " key '" << k.name << "' has no default";
+        all += fmt::format("{}{}={}", all.empty() ? "" : ",", k.name, k.value);
+      }
+      if (all.empty()) continue;
+      EXPECT_TRUE(parse_spec(name + ":" + all).params == bare.params) << all;
+      for (const SchemeKey& k : t->keys(bare)) {
+        if (!k.flag) continue;
+        const std::string on = fmt::format("{}:{},{}", name, all, k.name);
+        EXPECT_FALSE(parse_spec(on).params == bare.params) << on;
+      }
+    }
+}
+
+// Every family lists its parameters with the kind first (Python's Spec.kind): the float kinds by
+// their label, fp8 and int by the family's name.
+TEST(SchemeRegistry, FieldsNameTheKindFirst) {
+  for (const SchemeTraits* t : scheme_families())
+    for (const std::string_view e : t->examples) {
+      SCOPED_TRACE(std::string(e));
+      const SchemeSpec s = parse_spec(e);
+      const std::vector<SchemeField> f = t->fields(s);
+      ASSERT_FALSE(f.empty());
+      EXPECT_EQ(f[0].name, "kind");
+      const std::string kind = std::get<std::string>(f[0].value);
+      EXPECT_TRUE(kind == kind_label(s.kind()) || kind == t->family) << kind;
+      std::set<std::string_view> names;
+      for (const SchemeField& x : f) EXPECT_TRUE(names.insert(x.name).second) << x.name;
+    }
 }
 
 // The checked accessors: a family's parameters from a spec of another family is an error naming it.

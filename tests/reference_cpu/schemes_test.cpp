@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
+#include <string>
 
 #include "core/schemes.h"
 #include "reference_cpu/kv_cache.h"
@@ -92,6 +94,40 @@ TEST(SchemeStorage, FootprintIsTheStoredBytes) {
           EXPECT_EQ(t->coded_tokens(s, role, kShape.tokens, false),
                     s.kind() == SchemeKind::Fp32 ? 0 : side->quantized_tokens_at(kShape.tokens));
         }
+      }
+}
+
+// What `kvq quant --codes` writes (each family's stored_bytes): every tensor holds its shape's
+// elements at its dtype's size, the coded tensors hold the footprint formula's code, scale and
+// zero bytes (core/footprint), and the tokens they cover plus the exact tail are the whole side.
+TEST(SchemeStorage, StoredBytesAreTheFootprintsCodes) {
+  const Tensor3 x = input(5);
+  const std::map<std::string, int64_t> size{
+      {"F32", 4}, {"BF16", 2}, {"F16", 2}, {"U8", 1}, {"U32", 4}};
+  for (const SchemeTraits* t : scheme_families())
+    for (const std::string_view e : t->examples)
+      for (const Role role : {Role::Key, Role::Value}) {
+        SCOPED_TRACE(std::string(e) + (role == Role::Key ? " key" : " value"));
+        const SchemeSpec s = parse_spec(e);
+        if (s.rot.on || s.sink > 0) continue;  // --codes refuses them (one scheme's bytes)
+        const auto side = make_side(s, role, x);
+        const StoredSide view = side->stored();
+        const int64_t qt = side->quantized_tokens_at(kShape.tokens);
+        StoredBytes out;
+        const int64_t covered = scheme_storage(view.kind).stored_bytes(view, qt, out);
+        EXPECT_EQ(covered, s.kind() == SchemeKind::Fp32 ? kShape.tokens : qt);
+        double bytes = 0;
+        for (const RawTensor& r : out.tensors) {
+          int64_t n = 1;
+          for (const int64_t d : r.shape) n *= d;
+          ASSERT_TRUE(size.count(r.dtype)) << r.name << " " << r.dtype;
+          EXPECT_EQ(static_cast<int64_t>(r.bytes.size()), n * size.at(r.dtype)) << r.name;
+          bytes += static_cast<double>(r.bytes.size());
+        }
+        const Footprint f = footprint(s, role, kShape);
+        EXPECT_EQ(bytes, f.code_bytes + f.scale_bytes + f.zero_bytes);
+        EXPECT_EQ((kShape.tokens - covered) * kShape.heads * kShape.dim,
+                  s.kind() == SchemeKind::Fp32 ? 0 : f.residual_elements);
       }
 }
 
