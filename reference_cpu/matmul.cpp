@@ -42,6 +42,14 @@ void tile_edge(const float* x, int64_t rows, int64_t k, const float* wt, int64_t
 
 }  // namespace
 
+// Compiled three times and chosen by the CPU when the program loads (GCC / clang target_clones):
+// every element is one fma chain, so each clone gives the same bits and only the speed depends on
+// the ISA - no CPU path (cmake/cpu_paths.cmake) is needed. Without it a baseline x86-64 build
+// (KVQ_NATIVE=OFF) calls libm's fmaf per element: 40x slower (the model's --weights fp32, the
+// packed products' tests).
+#if defined(__x86_64__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 void matmul(const float* x, int64_t m, int64_t k, const float* wt, int64_t n, float* y, bool accumulate) {
   const int64_t panels = (n + kPanel - 1) / kPanel;
 #pragma omp parallel for schedule(dynamic, 1)
