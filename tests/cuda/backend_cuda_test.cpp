@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -179,6 +180,48 @@ TEST_P(BackendCuda, deviceAppend_sameBytesAsHostAppend) {
       const cuda::DeviceSide::HostCopy want = host.host_copy(), got = dev.host_copy();
       expect_same_bytes(want.view, got.view, at + ": device append vs host append");
       expect_same_bytes(cpu->stored(), got.view, at + ": device append vs backend cpu");
+    }
+  }
+}
+
+// kernels/backend.h's append_device_batch (a serving step's appends: one KiviSideCache::
+// append_batch for int sides, one conversion launch for bf16 ones, a launch a side for fp8, the
+// single path for rot=) over 70 sides (more than one bf16 conversion launch and one KIVI job list
+// take), each request its own rows, in rounds of the same n for every side: after each round every
+// side's bytes equal those of a side appended alone by append_device with the same rows.
+TEST_P(BackendCuda, batchedAppend_sameBytesAsEachSideAlone) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  const SchemeSpec spec = parse_spec(GetParam());
+  constexpr int kSides = 70;
+  const int64_t T = 169, row = kH * kD, span = T + 3 * kSides;
+  const Tensor3 x = synthetic_kv({{span, kH, kD}, 2, 12.0f, 3});
+  cuda::DeviceFloats xd(span * row);
+  xd.upload(x.data.data(), span * row);
+  for (const Role role : {Role::Key, Role::Value}) {
+    std::vector<std::unique_ptr<SideStore>> batched, alone;
+    std::vector<SideStore*> ptrs;
+    for (int i = 0; i < kSides; ++i) {
+      batched.push_back(make_backend_side(AttentionBackend::kCuda, spec, role, kH, kD));
+      alone.push_back(make_backend_side(AttentionBackend::kCuda, spec, role, kH, kD));
+      ptrs.push_back(batched.back().get());
+    }
+    int64_t t = 0;
+    for (const int64_t n : {1, 37, 1, 130}) {
+      std::vector<const float*> rows;
+      for (int i = 0; i < kSides; ++i) {
+        rows.push_back(xd.get() + (3 * i + t) * row);  // request i: its own rows
+        append_device(*alone[static_cast<size_t>(i)], rows.back(), n);
+      }
+      append_device_batch(ptrs, rows, n);
+      t += n;
+      for (int i = 0; i < kSides; ++i) {
+        const std::string at = GetParam() + (role == Role::Key ? " K" : " V") + " side " +
+                               std::to_string(i) + " after " + std::to_string(t) + " tokens";
+        ASSERT_EQ(batched[static_cast<size_t>(i)]->tokens(), t) << at;
+        const StoredCopy want = stored_copy(*alone[static_cast<size_t>(i)]),
+                         got = stored_copy(*batched[static_cast<size_t>(i)]);
+        expect_same_bytes(want.view, got.view, at + ": batched vs alone");
+      }
     }
   }
 }
