@@ -25,6 +25,7 @@
 #include "core/footprint.h"
 #include "core/gguf.h"
 #include "core/io.h"
+#include "core/schemes.h"
 #include "core/spec.h"
 #include "evaluation/defaults.h"
 #include "evaluation/kv_input.h"
@@ -94,42 +95,47 @@ nlohmann::json spec_json(const SchemeSpec& s) {
     j["value"] = spec_json(s.side(Role::Value));
     return j;
   }
-  switch (s.kind()) {
-    case SchemeKind::Fp32:
-      j["kind"] = "fp32";
-      break;
-    case SchemeKind::Bf16:
-      j["kind"] = "bf16";
-      break;
-    case SchemeKind::Fp16:
-      j["kind"] = "fp16";
-      break;
-    case SchemeKind::Fp8:
-      j["kind"] = "fp8";
-      j["format"] = std::string(to_string(s.fp8().format));
-      j["gran"] = std::string(to_string(s.fp8().gran));
-      j["scale"] = s.fp8().source == ScaleSource::Dynamic    ? "dynamic"
-                   : s.fp8().source == ScaleSource::Constant ? "constant"
-                                                           : "calib";
-      if (s.fp8().source == ScaleSource::Constant) j["scale_value"] = s.fp8().constant;
-      if (s.fp8().source == ScaleSource::Calib) j["calib_path"] = s.fp8().calib_path;
-      j["first"] = s.fp8().first;
-      break;
-    case SchemeKind::Int:
-      j["kind"] = "int";
-      j["bits"] = s.q().bits;
-      j["key_axis"] = std::string(to_string(s.q().key_axis));
-      j["value_axis"] = std::string(to_string(s.q().value_axis));
-      j["group"] = s.q().group == kGroupWholeDim ? nlohmann::json("dim") : nlohmann::json(s.q().group);
-      j["residual"] = s.q().residual;
-      j["sym"] = s.q().sym;
-      j["arith"] = s.q().arith == kvq::Arith::Fp16 ? "fp16" : "exact";
-      j["kivi"] = s.q().kivi;
-      break;
-  }
+  for (const SchemeField& f : scheme_traits(s).fields(s))  // its family's (core/schemes.h)
+    std::visit([&](const auto& v) { j[std::string(f.name)] = v; }, f.value);
   if (s.rot.on) j["rot"] = s.rot.seeded ? fmt::format("hadamard:{}", s.rot.seed) : "hadamard";
   if (s.sink > 0) j["sink"] = s.sink;
   return j;
+}
+
+// core/schemes.h's registry, in its order: per family its names, the keys each of its examples'
+// schemes takes with their defaults (a flag: false), its canonical examples and --help lines.
+std::string schemes_json() {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const SchemeTraits* t : scheme_families()) {
+    using S = std::string;
+    nlohmann::ordered_json kinds = nlohmann::ordered_json::array(),
+                           aliases = nlohmann::ordered_json::array(),
+                           examples = nlohmann::ordered_json::array(),
+                           keys = nlohmann::ordered_json::object();
+    for (const SchemeKindName& k : t->kinds) kinds.push_back(S(k.label));
+    for (const SchemeAlias& a : t->aliases)
+      aliases.push_back(
+          {{"name", S(a.name)}, {"means", S(a.means)}, {"rewrite", a.rewrite != nullptr}});
+    for (const std::string_view e : t->examples) {
+      examples.push_back(S(e));
+      const std::string name(e.substr(0, e.find(':')));
+      if (keys.contains(name)) continue;
+      nlohmann::ordered_json k = nlohmann::ordered_json::object();
+      for (const SchemeKey& key : t->keys(parse_spec(name)))
+        k[std::string(key.name)] =
+            key.flag ? nlohmann::ordered_json(false) : nlohmann::ordered_json(S(key.value));
+      keys[name] = std::move(k);
+    }
+    out.push_back({{"family", S(t->family)},
+                   {"kinds", kinds},
+                   {"names", S(t->names)},
+                   {"keys", keys},
+                   {"aliases", aliases},
+                   {"examples", examples},
+                   {"keys_help", S(t->keys_help)},
+                   {"description", S(t->description)}});
+  }
+  return out.dump();
 }
 
 nlohmann::json footprint_json(const Footprint& f) {
@@ -637,6 +643,7 @@ NB_MODULE(_kvq, m) {
     }
   });
   m.def("spec_info", [](const std::string& s) { return spec_json(kvq::parse_spec(s)).dump(); });
+  m.def("schemes", &schemes_json);
   // backend cpu's CPU paths (kernels/cpu/isa.h), as kvq --version's second line: compiled in,
   // run by this CPU, the one running and its instruction set
   m.def("cpu_paths", [] {

@@ -36,7 +36,7 @@ from . import _kvq
 
 __all__ = [
     "Error", "DEFAULT_KV", "DEFAULT_MAX_TOKENS", "Spec", "parse_spec", "quantize", "compare", "Cache", "plan", "Model",
-    "read_results", "read_text", "model_path", "backends", "cpu_paths",
+    "read_results", "read_text", "model_path", "backends", "cpu_paths", "schemes",
 ]
 __version__ = "0.1.0"
 
@@ -104,6 +104,24 @@ def parse_spec(text: SpecLike) -> Spec:
         'fp8_e4m3:gran=tensor,scale=dynamic'
     """
     return _spec_of(json.loads(_kvq.spec_info(_spec_text(text))))
+
+
+def schemes() -> list[dict]:
+    """The scheme families of kvq's registry (core/schemes.h), in the order ``kvq quant --help``
+    lists them: for each its ``family``, its ``kinds``, the ``names`` it parses, ``keys``: for the
+    scheme of each example, the keys it takes after ``NAME:`` with their defaults (a flag such as
+    ``sym``: False, off unless written), ``aliases`` (``name``, what it ``means``, and whether it
+    ``rewrite``s the whole spec, as ``hf`` does), canonical ``examples`` (each parses to itself),
+    and the ``keys_help`` and ``description`` lines of ``--help``.
+
+    Example::
+
+        >>> [f["family"] for f in kvq.schemes()]
+        ['float', 'fp8', 'int']
+        >>> kvq.schemes()[2]["keys"]["kivi2"]
+        {'g': '32', 'r': '128', 'sym': False, 'arith': 'exact'}
+    """
+    return json.loads(_kvq.schemes())
 
 
 def _spec_of(info: dict) -> Spec:
