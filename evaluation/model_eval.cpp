@@ -226,6 +226,84 @@ void check_ppl_options(const PplOptions& o, int context) {
             "ppl: --score-from {} leaves nothing to score in windows of {}", o.score_from, o.ctx);
 }
 
+namespace {
+
+// One chunk's scored positions [p0, p1) (logit rows p0 - a ...): each position's reference NLL and,
+// per scheme s, its NLL, KL(reference || scheme) and top-1 agreement at [i * S + s]. Scored in
+// parallel; the caller sums them in position order.
+struct ChunkScores {
+  std::vector<double> r_nll, q_nll, q_kl, q_agree;
+};
+
+ChunkScores score_chunk(const std::vector<float>& lr, const std::vector<std::vector<float>>& lq,
+                        const int32_t* tok, int64_t a, int64_t p0, int64_t p1, int64_t V,
+                        int threads) {
+  const size_t S = lq.size();
+  const int64_t np = p1 - p0;
+  const size_t n = static_cast<size_t>(np);
+  ChunkScores c{std::vector<double>(n), std::vector<double>(n * S), std::vector<double>(n * S),
+                std::vector<double>(n * S)};
+  std::vector<double>&r_nll = c.r_nll, &q_nll = c.q_nll, &q_kl = c.q_kl, &q_agree = c.q_agree;
+#pragma omp parallel for schedule(dynamic, 4) \
+    num_threads(threads > 0 ? threads : omp_get_num_procs())
+  for (int64_t i = 0; i < np; ++i) {
+    const int64_t row = p0 + i - a;
+    const auto la = log_softmax(lr.data() + row * V, V);
+    std::vector<double> pa(la.size());
+    for (size_t j = 0; j < la.size(); ++j) pa[j] = std::exp(la[j]);
+    const auto next = static_cast<size_t>(tok[p0 + i + 1]);
+    r_nll[static_cast<size_t>(i)] = -la[next];
+    const int32_t top_ref = argmax(lr.data() + row * V, V);
+    for (size_t s = 0; s < S; ++s) {
+      const auto lb = log_softmax(lq[s].data() + row * V, V);
+      double kl = 0;
+      for (size_t j = 0; j < la.size(); ++j) kl += pa[j] * (la[j] - lb[j]);
+      const size_t at = static_cast<size_t>(i) * S + s;
+      q_nll[at] = -lb[next];
+      q_kl[at] = std::max(kl, 0.0);
+      q_agree[at] = argmax(lq[s].data() + row * V, V) == top_ref;
+    }
+  }
+  return c;
+}
+
+// The progress line after window w of `windows`: the perplexities so far (the first four schemes)
+// and the speed.
+std::string window_progress(int64_t w, int64_t windows, int ctx, double sec, double nll_ref,
+                            const std::vector<double>& nll, double scored) {
+  const size_t S = nll.size();
+  std::string ppls;
+  for (size_t s = 0; s < S && s < 4; ++s) ppls += fmt::format(" {:.4f}", std::exp(nll[s] / scored));
+  if (S > 4) ppls += " ...";
+  return fmt::format(
+      "window {}/{}: ppl fp32 {:.4f}, schemes{}; {:.0f} tokens/s over {} caches, ETA {:.0f} s",
+      w + 1, windows, std::exp(nll_ref / scored), ppls,
+      static_cast<double>((w + 1) * ctx * static_cast<int64_t>(S + 1)) / sec, S + 1,
+      sec / static_cast<double>(w + 1) * static_cast<double>(windows - w - 1));
+}
+
+// One scheme's row from its sums: ppl (and the reference's), mean and 99th-percentile KL, top-1
+// agreement, the bootstrap intervals. `klds` is sorted.
+PplResult ppl_result(double nll, double nll_ref, double agree, std::vector<double>& klds,
+                     const PositionScores& scores, int64_t windows) {
+  PplResult r;
+  r.windows = windows;
+  r.scored = static_cast<int64_t>(klds.size());
+  r.ppl = std::exp(nll / static_cast<double>(r.scored));
+  r.ppl_ref = std::exp(nll_ref / static_cast<double>(r.scored));
+  double sum = 0;
+  for (double k : klds) sum += k;
+  r.kld = sum / static_cast<double>(r.scored);
+  std::sort(klds.begin(), klds.end());
+  r.kld_p99 = klds[static_cast<size_t>(std::min<double>(
+      static_cast<double>(klds.size() - 1), std::floor(0.99 * static_cast<double>(klds.size()))))];
+  r.top1 = agree / static_cast<double>(r.scored);
+  bootstrap_intervals(scores, r);
+  return r;
+}
+
+}  // namespace
+
 std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOptions>& caches,
                                   const std::vector<int32_t>& all_tokens, const PplOptions& o,
                                   const Progress& progress) {
@@ -267,56 +345,28 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
       if (p1 <= p0) continue;
       // Score the chunk's positions in parallel; sums are taken in position order afterwards.
       const int64_t np = p1 - p0;
-      std::vector<double> r_nll(static_cast<size_t>(np)), q_nll(static_cast<size_t>(np) * S),
-          q_kl(static_cast<size_t>(np) * S), q_agree(static_cast<size_t>(np) * S);
-#pragma omp parallel for schedule(dynamic, 4) \
-    num_threads(o.threads > 0 ? o.threads : omp_get_num_procs())
+      const ChunkScores c = score_chunk(lr, lq, tok, a, p0, p1, V, o.threads);
       for (int64_t i = 0; i < np; ++i) {
-        const int64_t row = p0 + i - a;
-        const auto la = log_softmax(lr.data() + row * V, V);
-        std::vector<double> pa(la.size());
-        for (size_t j = 0; j < la.size(); ++j) pa[j] = std::exp(la[j]);
-        const auto next = static_cast<size_t>(tok[p0 + i + 1]);
-        r_nll[static_cast<size_t>(i)] = -la[next];
-        const int32_t top_ref = argmax(lr.data() + row * V, V);
-        for (size_t s = 0; s < S; ++s) {
-          const auto lb = log_softmax(lq[s].data() + row * V, V);
-          double kl = 0;
-          for (size_t j = 0; j < la.size(); ++j) kl += pa[j] * (la[j] - lb[j]);
-          const size_t at = static_cast<size_t>(i) * S + s;
-          q_nll[at] = -lb[next];
-          q_kl[at] = std::max(kl, 0.0);
-          q_agree[at] = argmax(lq[s].data() + row * V, V) == top_ref;
-        }
-      }
-      for (int64_t i = 0; i < np; ++i) {
-        nll_ref += r_nll[static_cast<size_t>(i)];
+        const double r_nll = c.r_nll[static_cast<size_t>(i)];
+        nll_ref += r_nll;
         for (size_t s = 0; s < S; ++s) {
           const size_t at = static_cast<size_t>(i) * S + s;
-          nll[s] += q_nll[at];
-          klds[s].push_back(q_kl[at]);
-          agree[s] += q_agree[at];
+          nll[s] += c.q_nll[at];
+          klds[s].push_back(c.q_kl[at]);
+          agree[s] += c.q_agree[at];
           PositionScores& sc = scores[s];
-          sc.nll_ref.push_back(r_nll[static_cast<size_t>(i)]);
-          sc.nll.push_back(q_nll[at]);
-          sc.kl.push_back(q_kl[at]);
-          sc.agree.push_back(q_agree[at]);
+          sc.nll_ref.push_back(r_nll);
+          sc.nll.push_back(c.q_nll[at]);
+          sc.kl.push_back(c.q_kl[at]);
+          sc.agree.push_back(c.q_agree[at]);
         }
       }
     }
     if (progress) {
       const double sec =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const double scored = static_cast<double>(klds[0].size());
-      std::string ppls;
-      for (size_t s = 0; s < S && s < 4; ++s)
-        ppls += fmt::format(" {:.4f}", std::exp(nll[s] / scored));
-      if (S > 4) ppls += " ...";
-      progress(fmt::format(
-          "window {}/{}: ppl fp32 {:.4f}, schemes{}; {:.0f} tokens/s over {} caches, ETA {:.0f} s",
-          w + 1, windows, std::exp(nll_ref / scored), ppls,
-          static_cast<double>((w + 1) * o.ctx * static_cast<int64_t>(S + 1)) / sec, S + 1,
-          sec / static_cast<double>(w + 1) * static_cast<double>(windows - w - 1)));
+      progress(window_progress(w, windows, o.ctx, sec, nll_ref, nll,
+                               static_cast<double>(klds[0].size())));
     }
   }
   const double seconds =
@@ -324,19 +374,7 @@ std::vector<PplResult> perplexity(const LlamaModel& m, const std::vector<CacheOp
   std::vector<PplResult> out(S);
   for (size_t s = 0; s < S; ++s) {
     PplResult& r = out[s];
-    r.windows = windows;
-    r.scored = static_cast<int64_t>(klds[s].size());
-    r.ppl = std::exp(nll[s] / static_cast<double>(r.scored));
-    r.ppl_ref = std::exp(nll_ref / static_cast<double>(r.scored));
-    double sum = 0;
-    for (double k : klds[s]) sum += k;
-    r.kld = sum / static_cast<double>(r.scored);
-    std::sort(klds[s].begin(), klds[s].end());
-    r.kld_p99 = klds[s][static_cast<size_t>(
-        std::min<double>(static_cast<double>(klds[s].size() - 1),
-                         std::floor(0.99 * static_cast<double>(klds[s].size()))))];
-    r.top1 = agree[s] / static_cast<double>(r.scored);
-    bootstrap_intervals(scores[s], r);
+    r = ppl_result(nll[s], nll_ref, agree[s], klds[s], scores[s], windows);
     r.quantized = quantized_fraction(caches[s].spec, o, n, m.config().layers);
     r.seconds = seconds;
   }

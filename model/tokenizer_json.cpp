@@ -390,7 +390,6 @@ struct Tokenizer::JsonLoader {
         !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0))
       bad("model.dropout", "BPE dropout is not supported (must be null)");
 
-    // Vocabulary and added tokens: ids must be unique per source; holes decode to nothing.
     const json& vocab = need(model, "vocab", "model");
     if (!vocab.is_object()) bad("model.vocab", "expected an object");
     if (!model.contains("merges")) bad("model", "missing \"merges\"");
@@ -399,6 +398,45 @@ struct Tokenizer::JsonLoader {
                             ? j["added_tokens"]
                             : empty_array;
     if (!added.is_array()) bad("added_tokens", "expected an array");
+    const size_t un = vocabulary(vocab, added);
+
+    // Model options.
+    t.ignore_merges_ = flag(model, "ignore_merges", false, "model");
+    t.fuse_unk_ = flag(model, "fuse_unk", false, "model");
+    const bool byte_fallback = flag(model, "byte_fallback", false, "model");
+    if (model.contains("unk_token") && !model["unk_token"].is_null()) {
+      const std::string u = str(model, "unk_token", "model");
+      const auto it = t.vocab_.find(u);
+      if (it == t.vocab_.end())
+        bad("model.unk_token", fmt::format("'{}' is not in the vocabulary", u));
+      t.model_unk_ = it->second;
+      t.unk_ = it->second;
+    }
+
+    normalizer(j.contains("normalizer") ? j["normalizer"] : json(), "normalizer");
+    pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(), "pre_tokenizer");
+    decoder(j.contains("decoder") ? j["decoder"] : json(), "decoder");
+    t.byte_level_ = pre_byte_level;
+    t.pre_ = pre_names.empty() ? "none" : fmt::format("{}", fmt::join(pre_names, "+"));
+    byte_tokens(byte_fallback);
+    merge_ranks(model["merges"]);
+    added_tokens(added);
+    pipe->word_char = tok::Regex(R"([\p{Alphabetic}\p{N}])", name + ": single_word");
+
+    // What each token decodes to in mid-sequence.
+    t.bytes_.resize(un);
+    for (size_t i = 0; i < un; ++i) t.bytes_[i] = decode_token(t.text_[i]);
+    if (!has_decoder) bad("decoder", "is null; kvq needs one (ByteLevel, or the Metaspace chain)");
+
+    post_processor(j.contains("post_processor") ? j["post_processor"] : json(), "post_processor",
+                   vocab);
+    const bool has_post = j.contains("post_processor") && !j["post_processor"].is_null();
+    special_tokens_and_template(config, jinja, has_post);
+  }
+
+  // Vocabulary and added tokens' ids: unique per source, (nearly) contiguous; holes decode to
+  // nothing. Sets the vocabulary's token texts; returns the id count.
+  size_t vocabulary(const json& vocab, const json& added) {
     constexpr int64_t kMaxId = (1 << 30) - 1;
     int64_t n = 0;
     for (const auto& [tok_text, v] : vocab.items())
@@ -426,25 +464,11 @@ struct Tokenizer::JsonLoader {
     }
     if (t.vocab_.size() != vocab.size()) bad("model.vocab", "has a token twice");
 
-    // Model options.
-    t.ignore_merges_ = flag(model, "ignore_merges", false, "model");
-    t.fuse_unk_ = flag(model, "fuse_unk", false, "model");
-    const bool byte_fallback = flag(model, "byte_fallback", false, "model");
-    if (model.contains("unk_token") && !model["unk_token"].is_null()) {
-      const std::string u = str(model, "unk_token", "model");
-      const auto it = t.vocab_.find(u);
-      if (it == t.vocab_.end())
-        bad("model.unk_token", fmt::format("'{}' is not in the vocabulary", u));
-      t.model_unk_ = it->second;
-      t.unk_ = it->second;
-    }
+    return un;
+  }
 
-    normalizer(j.contains("normalizer") ? j["normalizer"] : json(), "normalizer");
-    pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(), "pre_tokenizer");
-    decoder(j.contains("decoder") ? j["decoder"] : json(), "decoder");
-    t.byte_level_ = pre_byte_level;
-    t.pre_ = pre_names.empty() ? "none" : fmt::format("{}", fmt::join(pre_names, "+"));
-
+  // The byte fallback (<0xNN> tokens) and, for a byte-level pre-tokenizer, each byte's token.
+  void byte_tokens(bool byte_fallback) {
     std::fill(std::begin(t.fallback_), std::end(t.fallback_), -1);
     std::fill(std::begin(t.byte_token_), std::end(t.byte_token_), -1);
     for (int b = 0; b < 256; ++b) {
@@ -461,9 +485,10 @@ struct Tokenizer::JsonLoader {
         t.byte_token_[b] = t.fallback_[b];
       }
     }
+  }
 
-    // Merges: "a b" or ["a", "b"], in rank order; both halves and their join in the vocabulary.
-    const json& merges = model["merges"];
+  // Merges: "a b" or ["a", "b"], in rank order; both halves and their join in the vocabulary.
+  void merge_ranks(const json& merges) {
     if (!merges.is_array()) bad("model.merges", "expected an array");
     t.merges_.reserve(merges.size());
     std::string left, right;
@@ -491,8 +516,10 @@ struct Tokenizer::JsonLoader {
                            static_cast<uint32_t>(rt->second);
       t.merges_.emplace(key, Merge{static_cast<int32_t>(r), jn->second});  // first rank wins
     }
+  }
 
-    // Added tokens: their content is their text; matched before the model.
+  // Added tokens: their content is their text; matched before the model.
+  void added_tokens(const json& added) {
     for (size_t i = 0; i < added.size(); ++i) {
       const std::string w = fmt::format("added_tokens[{}]", i);
       const json& a = added[i];
@@ -506,18 +533,11 @@ struct Tokenizer::JsonLoader {
                         flag(a, "single_word", false, w)};
       (flag(a, "normalized", !special, w) ? t.added_norm_ : t.added_raw_).push_back(entry);
     }
-    pipe->word_char = tok::Regex(R"([\p{Alphabetic}\p{N}])", name + ": single_word");
+  }
 
-    // What each token decodes to in mid-sequence.
-    t.bytes_.resize(un);
-    for (size_t i = 0; i < un; ++i) t.bytes_[i] = decode_token(t.text_[i]);
-    if (!has_decoder) bad("decoder", "is null; kvq needs one (ByteLevel, or the Metaspace chain)");
-
-    post_processor(j.contains("post_processor") ? j["post_processor"] : json(), "post_processor",
-                   vocab);
-    const bool has_post = j.contains("post_processor") && !j["post_processor"].is_null();
-
-    // tokenizer_config.json: special token names, add_bos/eos without a post-processor, template.
+  // tokenizer_config.json: special token names, add_bos/eos without a post-processor (`has_post`:
+  // it adds them), the chat template (`jinja`: chat_template.jinja's, else the config's).
+  void special_tokens_and_template(const json* config, std::string_view jinja, bool has_post) {
     std::string tmpl(jinja);
     if (config != nullptr) {
       const json& c = *config;
