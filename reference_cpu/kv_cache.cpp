@@ -212,12 +212,11 @@ std::unique_ptr<SideStore> make_side(const SchemeSpec& whole, Role role, int64_t
 
 std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, const Tensor3& x,
                                      int layer) {
-  // A tensor quantized at once is its own prefill: dynamic first-N scales come from its first
-  // min(N, T) tokens, so a short tensor is still quantized.
+  // A tensor quantized at once is its own prefill (the family's whole_tensor).
   SchemeSpec sp = spec.for_layer(layer).side(role);
   const int64_t own = x.shape.tokens - std::min<int64_t>(sp.sink, x.shape.tokens);  // after sinks
-  if (sp.kind() == SchemeKind::Fp8 && own > 0)
-    sp.fp8().first = static_cast<int>(std::min<int64_t>(sp.fp8().first, own));
+  const SchemeStorage& storage = scheme_storage(sp.kind());
+  if (storage.whole_tensor && own > 0) storage.whole_tensor(sp, own);
   auto s = make_side(sp, role, x.shape.heads, x.shape.dim, layer);
   s->append(x.data.data(), x.shape.tokens);
   return s;

@@ -45,6 +45,10 @@ struct SchemeStorage {
   /// whose first `quantized` tokens are coded; returns the tokens they cover (the caller adds the
   /// exact values of the rest).
   int64_t (*stored_bytes)(const StoredSide& s, int64_t quantized, StoredBytes& out);
+  /// \brief Makes one-side spec `spec` that of a side quantizing a whole tensor of `tokens` (> 0,
+  /// after the sinks) tokens at once, as its own prefill (fp8: dynamic first=N scales from the
+  /// first min(N, tokens)); null: the spec as it is.
+  void (*whole_tensor)(SchemeSpec& spec, int64_t tokens) = nullptr;
 };
 
 /// \brief The storage of a kind's family; throws kvq::Error when the family registered in core

@@ -224,9 +224,15 @@ int64_t stored_bytes(const StoredSide& s, int64_t qt, StoredBytes& out) {
   return qt;
 }
 
+// A tensor quantized at once is its own prefill: dynamic first-N scales come from its first
+// min(N, T) tokens, so a short tensor is still quantized.
+void whole_tensor(SchemeSpec& spec, int64_t tokens) {
+  spec.fp8().first = static_cast<int>(std::min<int64_t>(spec.fp8().first, tokens));
+}
+
 }  // namespace
 
 extern const SchemeStorage kFp8Storage;
-const SchemeStorage kFp8Storage{"fp8", make, round_trip, stored_bytes};
+const SchemeStorage kFp8Storage{"fp8", make, round_trip, stored_bytes, whole_tensor};
 
 }  // namespace kvq
