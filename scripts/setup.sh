@@ -56,7 +56,8 @@ cmake --build --preset "$PRESET" -j "$JOBS"
 # Its compiler is the one the build above used (scikit-build-core would take Python's, g++, and
 # ccache keys on the compiler's name too): the module's library objects are then that build's,
 # compiled with the same command line (CMakeLists.txt: every build is position-independent), and
-# only the binding itself compiles here.
+# only the binding compiles here, with the model's files where the build above had CUDA (there
+# they see its include path).
 cxx="$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "build/$PRESET/CMakeCache.txt")"
 echo "kvq setup: the Python package (pip install . into .venv)" >&2
 CXX="${CXX:-$cxx}" CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" \
