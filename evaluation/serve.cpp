@@ -37,6 +37,13 @@ double peak_bytes(const planner::ModelDims& m, const SchemeSpec& spec, int64_t t
 
 }  // namespace
 
+std::vector<ServeRequest> serve_requests(int64_t count, int64_t prompt, int64_t gen) {
+  std::vector<ServeRequest> out;
+  for (int64_t i = 0; i < count; ++i)
+    out.push_back({prompt / 2 + (37 * i) % (prompt / 2 + 1), gen / 2 + (13 * i) % (gen / 2 + 1)});
+  return out;
+}
+
 ServeSchedule schedule_serve(const planner::ModelDims& m, const SchemeSpec& spec,
                              std::span<const ServeRequest> requests, const ServeOptions& opt) {
   KVQ_CHECK(opt.mem_bytes > 0, "serve: --mem must be positive, got {} bytes", opt.mem_bytes);

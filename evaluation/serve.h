@@ -55,6 +55,11 @@ struct ServeSchedule {
   int64_t output_tokens = 0;  ///< every request's, = the sum of the steps' batch sizes
 };
 
+/// \brief `kvq model serve-bench`'s and `kvq run [serve]`'s requests: request i of `count` has
+/// prompt / 2 + (37 i mod (prompt / 2 + 1)) prompt tokens and gen / 2 + (13 i mod (gen / 2 + 1))
+/// outputs (lengths spread over [prompt / 2, prompt] and [gen / 2, gen], the same every run).
+std::vector<ServeRequest> serve_requests(int64_t count, int64_t prompt, int64_t gen);
+
 /// \brief The schedule of `requests` for a model of shape `m` whose cache stores `spec`. Throws
 /// kvq::Error naming the request for a length < 1, or for one whose peak footprint alone
 /// exceeds the cap (it could never be admitted), and for a cap <= 0.

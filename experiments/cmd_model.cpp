@@ -652,9 +652,7 @@ void register_serve_bench(CLI::App* model) {
     check_cache_options(co, cfg);
     KVQ_CHECK(o->prompt + o->gen <= cfg.context, "serve-bench: --prompt-tokens {} + --gen {} exceed the model's context {}",
               o->prompt, o->gen, cfg.context);
-    std::vector<eval::ServeRequest> reqs;
-    for (int i = 0; i < o->requests; ++i)
-      reqs.push_back({o->prompt / 2 + (37 * i) % (o->prompt / 2 + 1), o->gen / 2 + (13 * i) % (o->gen / 2 + 1)});
+    const std::vector<eval::ServeRequest> reqs = eval::serve_requests(o->requests, o->prompt, o->gen);
     const planner::ModelDims dims{"model", cfg.layers, cfg.kv_heads, cfg.head_dim, 0};
     const double mem = planner::parse_gb(o->mem, "--mem");
     const eval::ServeSchedule plan = eval::schedule_serve(dims, co.spec, reqs, {mem, o->max_batch});

@@ -10,10 +10,11 @@ Task model_task();
 Task needle_task();
 Task throughput_task();
 Task ruler_task();
+Task serve_task();
 
 const std::vector<Task>& run_tasks() {
-  static const std::vector<Task> tasks{synthetic_task(), model_task(), needle_task(),
-                                       throughput_task(), ruler_task()};
+  static const std::vector<Task> tasks{synthetic_task(),  model_task(), needle_task(),
+                                       throughput_task(), ruler_task(), serve_task()};
   return tasks;
 }
 

@@ -103,7 +103,7 @@ TEST_F(RunCli, SectionKeysTypesAndEmptyConfigs_oneLineBeforeAnythingIsWritten) {
   check("schemes = [\"kivi2\"]\n[model]\nctx = 1\n", "[model].ctx must be between 2");
   check("schemes = [\"kivi2\"]\n[model]\nbackend = \"gpu\"\n", "[model].backend:");
   check("schemes = [\"kivi2\"]\n",
-        "nothing to run: give a [synthetic], [model], [needle], [throughput] or [ruler] table");
+        "nothing to run: give a [synthetic], [model], [needle], [throughput], [ruler] or [serve] table");
   // cuda is a name of the one list (kernels/backend.h): [throughput] runs it where a device is,
   // refuses what its support table does not run (naming who does), and a missing device in one
   // line (kvq run --check passes without one)
@@ -687,6 +687,151 @@ TEST_F(RunCli, SigintStopsCleanly_rerunResumesWithoutDuplicates) {
   EXPECT_EQ(keys.size(), 4u) << "no row doubled";
 }
 
+// [serve] (issue 47 items 3 and 4): serve-bench's schedule and run as config rows, one per
+// mem x max_batch x scheme; a rerun resumes, 2 shards merge to the rows of one run, --check refuses
+// bad keys, ranges, a cap that cannot hold a request and cuda without a device in one line each,
+// and --smoke shrinks to 3 short requests. The model is the qwen2 fixture (2 layers, 1 KV head,
+// head_dim 64, context 256), the text a file of this test. Expected numbers are worked by hand
+// here from the definitions (evaluation/serve.h's policy, eval::serve_requests' lengths, bf16's 2
+// bytes per element), not from the code under test.
+TEST_F(RunCli, Serve_rowsPerCapAndBatch_heldAndBytesFromTheSchedule_resumesShardsAndChecks) {
+  const auto text = dir_ / "text.txt";
+  {
+    std::ofstream t(text);
+    for (int i = 0; i < 200; ++i) t << "In the beginning God created the heaven and the earth.\n";
+  }
+  const std::string model = std::string(KVQ_SOURCE_DIR) + "/tests/fixtures/hf/qwen2";
+  const auto write = [&](const std::string& out, const std::string& schemes,
+                         const std::string& serve) {
+    const auto p = dir_ / "s.toml";
+    std::ofstream(p) << "out = \"" << (dir_ / out).string() << "\"\nmodel_file = \"" << model
+                     << "\"\nschemes = [" << schemes << "]\n[serve]\ntext = \"" << text.string()
+                     << "\"\n" << serve;
+    return p.string();
+  };
+  // 4 requests: prompt_tokens / 2 + (37 i mod 5) = 4, 6, 8, 5 prompt and gen / 2 + (13 i mod 3) =
+  // 2, 3, 4, 2 output tokens (eval::serve_requests' definition). bf16 stores 2 layers x (K, V) x
+  // 1 head x 64 x 2 bytes = 512 bytes per token, and each request reserves its prompt + outputs:
+  // 6, 9, 12, 7 tokens. A cap of 15.5 tokens (7,936 bytes) holds requests 0 and 1, then 2 alone,
+  // then 3 alone (first come first served: 2 blocks 3): steps 2 + 1 + 4 + 2 = 9 (hand-run below),
+  // at most 2 held. 1 MB holds all 4 at once: 4 steps (the longest output).
+  const std::string sizes = "requests = 4\nprompt_tokens = 8\ngen = 4\n";
+  const std::string cfg = write("sv", "\"bf16\", \"kivi2\"",
+                                sizes + "mem = [0.001, 0.000007936]\nmax_batch = [0, 1]\n");
+  auto r = run_kvq("run --check " + cfg);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("serve rows (2): bf16, kivi2:g=32,r=128"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("x max_batch (0, 1): 8 rows of 4 requests"), std::string::npos) << r.out;
+  r = run_kvq("run " + cfg);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("serve.csv; plot: .venv/bin/python experiments/plots/plot_serve.py " +
+                       (dir_ / "sv").string() + ")"),
+            std::string::npos)
+      << r.out;
+  const auto rows = jsonl(dir_ / "sv" / "serve.jsonl");
+  ASSERT_EQ(rows.size(), 8u);
+  struct Want {
+    double mem;
+    int max_batch, steps, held;
+    double peak_tokens;  // the most tokens the held caches hold after a step
+  };
+  // Peak tokens, by hand: all 4 held, after step 2 they hold 4+1, 6+1, 8+1, 5+1 = 27 tokens; under
+  // the cap, requests 0 and 1 after step 2: 5 + 7 = 12. With max_batch 1 one request at a time:
+  // the longest, 8 + 3 = 11 before it leaves.
+  const Want want[] = {{0.001, 0, 4, 4, 27},
+                       {0.001, 1, 11, 1, 11},
+                       {0.000007936, 0, 9, 2, 12},
+                       {0.000007936, 1, 11, 1, 11}};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    const Want& w = want[i / 2];
+    SCOPED_TRACE(row.dump());
+    EXPECT_EQ(row["scheme"], i % 2 == 0 ? "bf16" : "kivi2:g=32,r=128");
+    EXPECT_DOUBLE_EQ(row["settings"]["mem"].get<double>(), w.mem);
+    EXPECT_EQ(row["settings"]["max_batch"], w.max_batch);
+    EXPECT_EQ(row["settings"]["requests"], 4);
+    EXPECT_EQ(row["max_held"], w.held);
+    EXPECT_EQ(row["steps"], w.steps);
+    // every request's prompt once, and its outputs after the first (which its prefill yields)
+    EXPECT_EQ(row["prefill_tokens"], 4 + 6 + 8 + 5);
+    EXPECT_EQ(row["decode_tokens"], 1 + 2 + 3 + 1);
+    EXPECT_GT(row["decode_tokens_per_s"].get<double>(), 0.0);
+    EXPECT_GT(row["prefill_tokens_per_s"].get<double>(), 0.0);
+    EXPECT_EQ(row["batched"], false) << "the host backends decode a step's requests in turn";
+    EXPECT_FALSE(row.contains("bound_decode_tokens_per_s")) << "the bound needs a device's peak";
+    EXPECT_FALSE(row.value("machine", "").empty());
+    if (i % 2 == 0) {  // bf16: the bytes by hand; the cache measured equals the schedule's count
+      EXPECT_DOUBLE_EQ(row["peak_cache_bytes"].get<double>(), w.peak_tokens * 512);
+      EXPECT_DOUBLE_EQ(row["predicted_peak_cache_bytes"].get<double>(), w.peak_tokens * 512);
+      EXPECT_LE(row["peak_reserved_bytes"].get<double>(), w.mem * 1e9);
+    }
+    // kivi2 under r = 128 keeps these few tokens exact, as fp16: bf16's bytes and schedule
+    if (i % 2 == 1) {
+      EXPECT_EQ(row["steps"], rows[i - 1]["steps"]);
+      EXPECT_DOUBLE_EQ(row["peak_cache_bytes"].get<double>(),
+                       row["predicted_peak_cache_bytes"].get<double>());
+    }
+  }
+  r = run_kvq("run " + cfg);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(jsonl(dir_ / "sv" / "serve.jsonl").size(), 8u) << "a rerun adds nothing";
+  for (int i = 1; i <= 2; ++i)
+    ASSERT_EQ(
+        run_kvq(fmt::format("run --shard {}/2 --out {} {}", i, (dir_ / "sh").string(), cfg)).status,
+        0);
+  r = run_kvq(fmt::format("run --merge --out {} {}", (dir_ / "sh").string(), cfg));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto merged = jsonl(dir_ / "sh" / "serve.jsonl");
+  ASSERT_EQ(merged.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(merged[i]["key"], rows[i]["key"]) << i;
+    EXPECT_EQ(merged[i]["settings"], rows[i]["settings"]) << i;
+    EXPECT_EQ(merged[i]["max_held"], rows[i]["max_held"]) << i;
+  }
+  // --smoke: 3 requests of at most 16 prompt and 4 output tokens, the largest cap and the first
+  // batch limit: one row per scheme
+  r = run_kvq("run --smoke --out " + (dir_ / "sm").string() + " " + cfg);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto smoke = jsonl(dir_ / "sm" / "serve.jsonl");
+  ASSERT_EQ(smoke.size(), 2u);
+  EXPECT_EQ(smoke[0]["settings"]["smoke"], true);
+  EXPECT_EQ(smoke[0]["settings"]["requests"], 3);
+  EXPECT_DOUBLE_EQ(smoke[0]["settings"]["mem"].get<double>(), 0.001);
+  EXPECT_EQ(smoke[0]["prefill_tokens"], 4 + 6 + 8);
+  // --check refusals: one line each, before the model loads, nothing written
+  const auto refused = [&](const std::string& serve, const std::string& want) {
+    const auto c = write("bad", "\"bf16\"", serve);
+    const auto b = run_kvq("run --check " + c);
+    EXPECT_NE(b.status, 0) << serve;
+    EXPECT_NE(b.err.find(want), std::string::npos) << serve << "\n" << b.err;
+    EXPECT_FALSE(std::filesystem::exists(dir_ / "bad")) << serve;
+  };
+  refused(sizes + "memory = 1\n", "unknown key [serve].memory (allowed: mem, max_batch");
+  refused(sizes + "mem = 0\n", "[serve].mem 0 GB is outside (0, 1000000]");
+  refused(sizes + "mem = []\n", "[serve].mem is an empty array");
+  refused(sizes + "mem = \"1\"\n", "[serve].mem must be a number or an array of numbers");
+  refused(sizes + "max_batch = [-1]\n", "[serve].max_batch -1 is outside [0, 4096]");
+  refused(sizes + "max_batch = [1.5]\n", "[serve].max_batch must be an integer or an array");
+  refused("requests = 0\n", "[serve].requests must be between 1 and 100000, got 0");
+  refused("gen = 1\n", "[serve].gen must be between 2 and 1048576, got 1");
+  refused("prompt_tokens = 250\ngen = 10\n",
+          "[serve].prompt_tokens 250 + [serve].gen 10 exceed the model's context 256");
+  refused("backend = \"gpu\"\n", "[serve].backend: unknown backend 'gpu' (choices: ref,");
+  // a cap under one request's bytes: request 2 reserves 12 tokens x 512 bytes
+  refused(sizes + "mem = 0.000006\n",
+          "takes 6144 bytes of bf16 cache, more than the 6000-byte cap alone");
+  // backend cuda: checked statically, refused without a device in the one line
+  const auto cuda = write("cu", "\"kivi2\"", sizes + "backend = \"cuda\"\n");
+  EXPECT_EQ(run_kvq("run --check " + cuda).status, 0);
+  if (const std::string why = cuda_unavailable(); !why.empty()) {
+    r = run_kvq("run " + cuda);
+    EXPECT_NE(r.status, 0);
+    EXPECT_EQ(r.err_lines(), 1) << r.err;
+    EXPECT_NE(r.err.find("[serve].backend \"cuda\": " + why), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(dir_ / "cu" / "serve.jsonl"));
+  }
+}
+
 // Every config shipped in experiments/configs passes `kvq run --check` (its keys, types, ranges and
 // every row against the shapes it meets) without running anything. The [model] checks need the
 // fetched model; without it the test says so and skips.
@@ -744,8 +889,8 @@ TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
     if (r.status != 0) continue;
     const size_t nsyn = count(listing, "synthetic"), nmod = count(listing, "model"),
                  nneedle = count(listing, "needle"), ntp = count(listing, "throughput"),
-                 nruler = count(listing, "ruler");
-    EXPECT_GT(nsyn + nmod + nneedle + ntp + nruler, 0u) << e.path() << ": the listing names no rows: " << listing;
+                 nruler = count(listing, "ruler"), nserve = count(listing, "serve");
+    EXPECT_GT(nsyn + nmod + nneedle + ntp + nruler + nserve, 0u) << e.path() << ": the listing names no rows: " << listing;
     ++configs;
     if (ntp) {  // one context and batch, every scheme per op and backend: at least bf16 + one
       const auto rows = jsonl(out / "throughput.jsonl");
@@ -777,6 +922,15 @@ TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
       EXPECT_EQ(rows.size(), nruler) << e.path();
       EXPECT_EQ(rows.front()["settings"]["length"], 1024) << e.path();
       EXPECT_TRUE(rows.front()["fp32_score"].is_number()) << rows.front().dump();
+    }
+    if (nserve) {  // the largest cap, 3 requests of <= 16 prompt and <= 4 output tokens
+      const auto rows = jsonl(out / "serve.jsonl");
+      EXPECT_EQ(rows.size(), nserve) << e.path();
+      EXPECT_EQ(rows.front()["settings"]["smoke"], true) << e.path();
+      EXPECT_EQ(rows.front()["settings"]["requests"], 3) << e.path();
+      EXPECT_LE(rows.front()["prefill_tokens"].get<int>(), 3 * 16) << rows.front().dump();
+      EXPECT_GT(rows.front()["decode_tokens_per_s"].get<double>(), 0.0) << rows.front().dump();
+      EXPECT_GE(rows.front()["max_held"].get<int>(), 1) << rows.front().dump();
     }
   }
   std::filesystem::current_path(cwd);
