@@ -28,7 +28,7 @@ def plot(script, *args, cwd):
 @pytest.fixture(scope="module")
 def run_dir(cli, tmp_path_factory):
     """One small `kvq run` with every task: synthetic, model rows at two window lengths (with a
-    one-layer spec, as layer_sensitivity.toml has), needle, throughput and ruler."""
+    one-layer spec, as layer_sensitivity.toml has), needle, throughput, ruler and serve."""
     try:
         kvq.model_path()
     except kvq.Error as e:
@@ -62,6 +62,11 @@ repeats = 1
 tasks = ["vt"]
 lengths = [1024]
 samples = 1
+[serve]
+requests = 3
+prompt_tokens = 16
+gen = 4
+mem = [0.001, 0.002]
 """)
     r = cli("run", d / "c.toml")
     assert "plot: " in r.stdout, r.stdout
@@ -77,11 +82,12 @@ def test_each_figure_lands_beside_its_results_and_docs_img_is_untouched(run_dir,
     plot("plot_needle.py", out, cwd=tmp_path)
     plot("plot_throughput.py", out, cwd=tmp_path)
     plot("plot_ruler.py", out, cwd=tmp_path)
+    plot("plot_serve.py", out, cwd=tmp_path)
     plot("plot_options.py", "rotation", out, cwd=tmp_path)
     plot("plot_options.py", "sinks", out, cwd=tmp_path)
     plot("plot_options.py", "layers", out, out, cwd=tmp_path)
     for name in ("synthetic_snr", "synthetic_attention", "model_kld", "context", "needle",
-                 "throughput", "rotation", "sinks", "per_layer", "ruler"):
+                 "throughput", "rotation", "sinks", "per_layer", "ruler", "serve"):
         for ext in ("png", "pdf"):
             assert (out / f"{name}.{ext}").stat().st_size > 0, f"{name}.{ext} not beside results"
     sweep = run_dir / "plan" / "sweep.csv"
@@ -157,3 +163,22 @@ def test_footer_names_where_the_numbers_were_measured(run_dir, tmp_path):
     out = run_dir / "out"
     plot("plot_throughput.py", out, out, "--out", tmp_path, cwd=tmp_path)
     assert (tmp_path / "throughput.png").stat().st_size > 0
+
+
+def test_serve_plot_against_the_batch_limit_with_the_planners_bound_dashed(tmp_path):
+    """plot_serve.py on rows of one cap and a max_batch sweep, as backend cuda writes them (with
+    bound_decode_tokens_per_s): the batch limit is the x axis, the bound a dashed line. The rows
+    are written here by hand: the script's branches, not a measurement."""
+    res = tmp_path / "res"
+    res.mkdir()
+    lines = ["key,scheme,backend,max_held,decode_tokens_per_s,bound_decode_tokens_per_s,"
+             "settings.requests,settings.prompt_tokens,settings.gen,settings.mem,"
+             "settings.max_batch"]
+    for s, scale in (("bf16", 1.0), ("kivi2:g=32,r=128", 2.0)):
+        for b in (1, 4, 16):
+            lines.append(f'"{s}","{s}","cuda",{b},{100 * b * scale},{150 * b * scale},'
+                         f'16,8064,128,20.0,{b}')
+    (res / "serve.csv").write_text("\n".join(lines) + "\n")
+    out = plot("plot_serve.py", res, "--out", tmp_path / "fig", cwd=tmp_path)
+    assert "serve.png" in out
+    assert (tmp_path / "fig" / "serve.png").stat().st_size > 0
