@@ -184,48 +184,21 @@ void ServePlan::run(const std::filesystem::path& out, const Shard& shard,
         const eval::ServeRunResult r = eval::run_serve(m, ids, reqs, co, calls);
         const double seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double decode_tps = r.decode_s > 0 ? r.decode_tokens / r.decode_s : 0;
-        const double prefill_tps = r.prefill_s > 0 ? r.prefill_tokens / r.prefill_s : 0;
         json row = {{"key", key},
                     {"scheme", key},
                     {"settings", settings},
                     {"backend", p.backend},
-                    {"mem_bytes", mem * 1e9},
-                    {"max_batch", max_batch},
-                    {"requests", p.requests},
-                    {"steps", plan.steps.size()},
-                    {"max_held", plan.max_held},
-                    {"decode_tokens_per_s", decode_tps},
-                    {"prefill_tokens_per_s", prefill_tps},
-                    {"decode_tokens", r.decode_tokens},
-                    {"prefill_tokens", r.prefill_tokens},
-                    {"peak_cache_bytes", r.peak_cache_bytes},
-                    {"predicted_peak_cache_bytes", plan.peak_live_bytes},
-                    {"peak_reserved_bytes", plan.peak_reserved_bytes},
-                    {"batched", r.batched},
-                    {"decode_calls", r.decode_calls},
-                    {"max_decode_batch", eval::max_decode_batch(calls)}};
-        if (r.batched) {  // backend cuda: the device's memory and the planner's bound
-          const DeviceReport d = device_report(be);
-          const double wb = static_cast<double>(m.device_weight_bytes());
-          const eval::DecodeBound bound = eval::decode_bound(calls, wb, d.peak_gbps * 1e9);
-          row["device"] = d.name;
-          row["driver_version"] = d.driver_version;
-          row["runtime_version"] = d.runtime_version;
-          row["peak_gb_per_s"] = d.peak_gbps;
-          row["device_weight_bytes"] = wb;
-          row["device_bytes_start"] = r.device_bytes_start;
-          row["device_bytes_peak"] = r.device_bytes_peak;
-          row["bound_decode_tokens_per_s"] = bound.tokens_per_s();
-          row["of_bound"] = bound.tokens_per_s() > 0 ? decode_tps / bound.tokens_per_s() : 0.0;
-        }
+                    {"max_batch", max_batch}};
+        const json fields = serve_fields(m, mem * 1e9, plan, calls, r);
+        for (const auto& [k, v] : fields.items()) row[k] = v;
         row["seconds"] = seconds;
         fmt::print(stderr,
                    "[serve {}/{}] {} mem {} GB max_batch {}: {:.1f} decode tokens/s, {:.1f} "
                    "prefill tokens/s, {} held at most over {} steps, cache peak {:.0f} bytes "
                    "({:.0f} predicted)\n",
-                   index + 1, total, key, mem, max_batch, decode_tps, prefill_tps, plan.max_held,
-                   plan.steps.size(), r.peak_cache_bytes, plan.peak_live_bytes);
+                   index + 1, total, key, mem, max_batch, row["decode_tokens_per_s"].get<double>(),
+                   row["prefill_tokens_per_s"].get<double>(), plan.max_held, plan.steps.size(),
+                   r.peak_cache_bytes, plan.peak_live_bytes);
         table.add(std::move(row));
       }
     }
