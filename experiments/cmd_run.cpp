@@ -437,7 +437,11 @@ void register_run(CLI::App& app) {
       "RULER-style\n"
       "long-context suite (length x task x sample: needles, variable tracking, word extraction; "
       "recall\n"
-      "of each greedy answer, each against the fp32 cache).\n"
+      "of each greedy answer, each against the fp32 cache), with a [serve] table serving-style "
+      "batches\n"
+      "(requests admitted first come first served under a KV memory cap x batch limit: decode "
+      "tokens/s,\n"
+      "requests held, the cache's peak bytes beside the schedule's).\n"
       "Rows go to OUT/<task>.{jsonl,csv} as each finishes; rerunning resumes.\n"
       "Everything is checked before the first row runs: unknown keys, types and ranges "
       "(FILE:LINE:\n"
@@ -472,7 +476,8 @@ void register_run(CLI::App& app) {
   c->add_flag(
       "--smoke", o->smoke,
       "the same rows at a tiny size, for CI: synthetic tokens <= 256, model windows <= 64\n"
-      "tokens over 128 tokens of text, ruler its first task once at 1,024 tokens (4 generated);\n"
+      "tokens over 128 tokens of text, ruler its first task once at 1,024 tokens (4 generated),\n"
+      "serve 3 requests of <= 16 prompt and <= 4 output tokens under the largest cap;\n"
       "results go to OUT-smoke unless --out is given");
   c->callback([o] { run_config(*o); });
 }
