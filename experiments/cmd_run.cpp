@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
@@ -143,6 +144,30 @@ std::string task_tables() {
   std::string s;
   for (size_t i = 0; i < tasks.size(); ++i)
     s += fmt::format("{}[{}]", i == 0 ? "" : i + 1 == tasks.size() ? " or " : ", ", tasks[i].name);
+  return s;
+}
+
+// Every task's table and what its rows measure, one paragraph each wrapped at 100 columns, for
+// `kvq run --help`: the task table says it, so a new task needs no edit here.
+std::string task_help() {
+  std::string s;
+  for (const run::Task& t : run::run_tasks()) {
+    std::string line = fmt::format("  [{}]", t.name);
+    std::string_view rest = t.help;
+    while (!rest.empty()) {
+      const size_t sp = rest.find(' ');
+      const std::string_view word = rest.substr(0, sp);
+      if (line.size() + 1 + word.size() > 100) {
+        s += line + "\n";
+        line = "    ";
+      } else {
+        line += ' ';
+      }
+      line += word;
+      rest = sp == std::string_view::npos ? std::string_view{} : rest.substr(sp + 1);
+    }
+    s += line + "\n";
+  }
   return s;
 }
 
@@ -425,23 +450,8 @@ void register_run(CLI::App& app) {
   auto o = std::make_shared<RunFlags>();
   auto* c = app.add_subcommand(
       "run",
-      "Run an experiment config (TOML): every scheme on synthetic K/V (reconstruction SNR, "
-      "attention KL,\n"
-      "top-32 overlap), with a [model] table on SmolLM2 (perplexity, KLD, top-1 vs the fp32 "
-      "cache), and\n"
-      "with a [needle] table passkey retrieval (ctx x depth x trials, each against the fp32 "
-      "cache), with a\n"
-      "[throughput] table decode-attention and quantize time per backend x context x batch (GB/s, "
-      "share\n"
-      "of a memcpy timed in the same run, speed-up over bf16), with a [ruler] table the "
-      "RULER-style\n"
-      "long-context suite (length x task x sample: needles, variable tracking, word extraction; "
-      "recall\n"
-      "of each greedy answer, each against the fp32 cache), with a [serve] table serving-style "
-      "batches\n"
-      "(requests admitted first come first served under a KV memory cap x batch limit: decode "
-      "tokens/s,\n"
-      "requests held, the cache's peak bytes beside the schedule's).\n"
+      "Run an experiment config (TOML): each task table it has runs its rows (run_tasks.cpp):\n" +
+          task_help() +
       "Rows go to OUT/<task>.{jsonl,csv} as each finishes; rerunning resumes.\n"
       "Everything is checked before the first row runs: unknown keys, types and ranges "
       "(FILE:LINE:\n"

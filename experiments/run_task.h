@@ -189,6 +189,7 @@ class TaskPlan {
 struct Task {
   const char* name;
   std::unique_ptr<TaskPlan> (*plan)(const toml::table& table, const TaskContext& context);
+  const char* help;  ///< what its rows measure, one sentence for `kvq run --help`
 };
 
 /// \brief Every task, in the order they are checked, run, merged and listed

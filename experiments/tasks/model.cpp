@@ -235,6 +235,9 @@ void ModelPlan::run(const std::filesystem::path& out, const Shard& shard,
 
 }  // namespace
 
-Task model_task() { return {"model", &plan}; }
+Task model_task() {
+  return {"model", &plan,
+          "the model (SmolLM2 by default): perplexity, KLD and top-1 against the fp32 cache"};
+}
 
 }  // namespace kvq::cli::run

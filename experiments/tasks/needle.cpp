@@ -164,6 +164,8 @@ void NeedlePlan::run(const std::filesystem::path& out, const Shard& shard,
 
 }  // namespace
 
-Task needle_task() { return {"needle", &plan}; }
+Task needle_task() {
+  return {"needle", &plan, "passkey retrieval, ctx x depth x trials, each against the fp32 cache"};
+}
 
 }  // namespace kvq::cli::run

@@ -189,6 +189,10 @@ void RulerPlan::run(const std::filesystem::path& out, const Shard& shard,
 
 }  // namespace
 
-Task ruler_task() { return {"ruler", &plan}; }
+Task ruler_task() {
+  return {"ruler", &plan,
+          "the RULER-style long-context suite, length x task x sample (needles, variable tracking, "
+          "word extraction): recall of each greedy answer against the fp32 cache"};
+}
 
 }  // namespace kvq::cli::run

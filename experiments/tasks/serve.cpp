@@ -206,6 +206,11 @@ void ServePlan::run(const std::filesystem::path& out, const Shard& shard,
 
 }  // namespace
 
-Task serve_task() { return {"serve", &plan}; }
+Task serve_task() {
+  return {
+      "serve", &plan,
+      "serving-style batches, requests admitted first come first served under a KV memory cap x "
+      "batch limit: decode tokens/s, requests held, the cache's peak bytes beside the schedule's"};
+}
 
 }  // namespace kvq::cli::run

@@ -295,6 +295,10 @@ void ThroughputPlan::run(const std::filesystem::path& out, const Shard& shard, M
 
 }  // namespace
 
-Task throughput_task() { return {"throughput", &plan}; }
+Task throughput_task() {
+  return {"throughput", &plan,
+          "decode-attention and quantize time per backend x context x batch (GB/s, share of a "
+          "memcpy timed in the same run, speed-up over bf16)"};
+}
 
 }  // namespace kvq::cli::run

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "evaluation/model_files.h"
+#include "experiments/run_task.h"
 #include "kernels/backend.h"
 
 namespace kvq {
@@ -38,6 +39,21 @@ class RunCli : public ::testing::Test {
   }
   std::filesystem::path dir_;
 };
+
+// `kvq run --help` lists every task of the one table (experiments/run_tasks.cpp) with what its
+// rows measure, in the table's order: the help is made from the table, so a new task shows there.
+TEST(RunCliHelp, ListsEveryRegisteredTaskInOrder) {
+  const auto r = run_kvq("run --help");
+  ASSERT_EQ(r.status, 0) << r.err;
+  size_t at = 0;
+  for (const cli::run::Task& t : cli::run::run_tasks()) {
+    const size_t p = r.out.find(fmt::format("  [{}] ", t.name), at);
+    ASSERT_NE(p, std::string::npos) << t.name << " missing or out of order in:\n" << r.out;
+    EXPECT_GT(std::string(t.help).size(), 20u) << t.name;
+    at = p;
+  }
+  EXPECT_NE(r.out.find("  [serve] serving-style batches"), std::string::npos) << r.out;
+}
 
 TEST_F(RunCli, WritesRowsAndResumes) {
   auto r = run_kvq("run " + config("\"fp8_e4m3:gran=token\", \"kivi2:g=32,r=32\""));
