@@ -26,7 +26,6 @@ namespace {
 // they are written down).
 constexpr BackendSupport cuda_support() {
   BackendSupport s;
-  s.causal = false;
   s.fp32 = false;
   s.fp16 = false;
   s.fp8_prefix_scales = false;
@@ -49,8 +48,8 @@ constexpr std::array<BackendInfo, 4> kBackends{{
      "the SIMD kernels' reduced-precision dot products on 2/4-bit and FP8 codes",
      true,
      {}},
-    {AttentionBackend::kCuda, "cuda", "the CUDA kernels (decode attention and the model on a GPU)",
-     false,
+    {AttentionBackend::kCuda, "cuda",
+     "the CUDA kernels (decode and causal attention, and the model on a GPU)", false,
      cuda_support()},
 }};
 
@@ -277,6 +276,34 @@ TailSpace tail_space(AttentionBackend b) {
   return b == AttentionBackend::kRef ? TailSpace::kModel : TailSpace::kStored;
 }
 
+StoredSide causal_position_view(const SideStore& s, const StoredSide& stored, int64_t pos,
+                                const float* tail, int64_t tail_begin) {
+  const int64_t t = pos + 1;
+  KVQ_CHECK(pos >= 0 && t <= stored.tokens,
+            "causal attention: position {} of a side holding {} tokens", pos, stored.tokens);
+  KVQ_CHECK(stored.sink_tokens == 0,
+            "causal attention: a side with sink=S has no per-position view (the host backends' "
+            "causal calls read sinks)");
+  StoredSide v = stored;
+  v.tokens = t;
+  const int64_t q = s.quantized_tokens_at(t);
+  if (stored.kind == SchemeKind::Int) {
+    KVQ_CHECK(
+        q <= stored.quantized_tokens && tail_begin <= q && (tail || q == t),
+        "causal attention: position {} reads codes of tokens [0, {}) and exact rows [{}, {}), "
+        "but the side holds codes of {} tokens and the exact tail starts at {}{}",
+        pos, q, q, t, stored.quantized_tokens, tail_begin, tail ? "" : " (no tail given)");
+    v.quantized_tokens = q;
+    v.residual = q < t ? tail + (q - tail_begin) * stored.heads * stored.dim : nullptr;
+  } else {
+    KVQ_CHECK(q == t,
+              "causal attention: this {} side keeps tokens [{}, {}) exact beside its codes (fp8 "
+              "first=N); no per-position view reads them",
+              kind_label(stored.kind), q, t);
+  }
+  return v;
+}
+
 cpu::CausalInput cpu_causal_input(const float* q, int64_t n, int64_t q_heads, int64_t t_begin,
                                   const SideStore& k, const SideStore& v, ExactTail k_exact,
                                   ExactTail v_exact, CpuCausalBuffers& b) {
@@ -327,7 +354,7 @@ void require_causal(AttentionBackend b, const CausalArgs& a) {
 
 #if KVQ_HAVE_CUDA
 // Backend cuda's side: the bytes in device memory (kernels/cuda/device_side.h); rot= rotates the
-// appended rows on the host first. Host reads (dot, accumulate, dequantize, stored) refuse.
+// appended rows on the host first. Host reads (dequantize, stored) refuse.
 class CudaSide final : public SideStore {
  public:
   CudaSide(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim, int layer)
@@ -347,12 +374,6 @@ class CudaSide final : public SideStore {
   int64_t heads() const override { return dev_.heads(); }
   int64_t dim() const override { return dev_.dim(); }
   int64_t quantized_tokens_at(int64_t t) const override { return dev_.quantized_tokens_at(t); }
-  void dot(int64_t, const float*, int, int64_t, int64_t, float*, int64_t) const override {
-    host_read("dot");
-  }
-  void accumulate(int64_t, const float*, int, int64_t, int64_t, int64_t, float*) const override {
-    host_read("accumulate");
-  }
   void exact_tail(std::vector<float>& out) const override {
     const size_t before = out.size();
     dev_.exact_tail(out);
@@ -416,6 +437,25 @@ void cuda_decode(const SideStore& k, const SideStore& v, const float* q, int64_t
     decoder.run(std::span<const StoredSide>(&kv, 1), std::span<const StoredSide>(&vv, 1), q_heads,
                 q, out);
   }
+}
+
+// Causal attention over device sides k and v holding t_begin + n tokens: q and out
+// [n, q_heads, dim] and the exact tails (rows of tokens k_begin / v_begin on) in device memory.
+// The n positions are n sequences of one decode launch (per kMaxBatch) over one side pair, each
+// reading its own prefix of the codes and its own rows of the tail (causal_position_view).
+void cuda_causal(const SideStore& k, const SideStore& v, int64_t t_begin, int64_t n,
+                 int64_t q_heads, const float* q, const float* k_tail, int64_t k_begin,
+                 const float* v_tail, int64_t v_begin, float* out) {
+  const StoredSide ks = cuda_side(k, "key").device().device_view(),
+                   vs = cuda_side(v, "value").device().device_view();
+  std::vector<StoredSide> kv, vv;
+  kv.reserve(static_cast<size_t>(n));
+  vv.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    kv.push_back(causal_position_view(k, ks, t_begin + i, k_tail, k_begin));
+    vv.push_back(causal_position_view(v, vs, t_begin + i, v_tail, v_begin));
+  }
+  thread_decoder().run(kv, vv, q_heads, q, out);
 }
 #else
 void cuda_decode(const SideStore&, const SideStore&, const float*, int64_t, float*, bool) {
@@ -644,6 +684,58 @@ void attend_decode_device_batch(const float* q, int64_t q_heads,
 #endif
 }
 
+void prefill_device(SideStore& k, SideStore& v, const float* xk, const float* xv, int64_t stride,
+                    int64_t n, const float* q, int64_t q_heads, float* out) {
+  const AttentionBackend b = AttentionBackend::kCuda;
+  if (const std::string why = unsupported_shape(b, k.heads(), k.dim(), q_heads); !why.empty())
+    fail("backend {} cannot run causal attention over {}", to_string(b), why);
+  const int64_t t_begin = k.tokens(), row = k.heads() * k.dim();
+  KVQ_CHECK(n >= 1 && v.tokens() == t_begin && v.heads() == k.heads() && v.dim() == k.dim() &&
+                stride >= row,
+            "backend cuda: a prefill of {} rows {} floats apart over sides of {} and {} tokens "
+            "(rows of {} floats)",
+            n, stride, t_begin, v.tokens(), row);
+#if KVQ_HAVE_CUDA
+  auto* kc = dynamic_cast<CudaSide*>(&k);
+  auto* vc = dynamic_cast<CudaSide*>(&v);
+  KVQ_CHECK(kc && vc,
+            "backend cuda: prefill_device takes sides made by make_backend_side(cuda, ...)");
+  if (k.rotation() || v.rotation()) {  // rotated on the host: rows, q and output cross
+    const int64_t span = (n - 1) * stride + row, qn = n * q_heads * k.dim();
+    std::vector<float> buf(static_cast<size_t>(span)), kh(static_cast<size_t>(n * row)),
+        vh(static_cast<size_t>(n * row)), qh(static_cast<size_t>(qn)), oh(static_cast<size_t>(qn));
+    for (auto [x, h] : {std::pair{xk, &kh}, std::pair{xv, &vh}}) {
+      cuda::download_floats(x, span, buf.data());
+      for (int64_t r = 0; r < n; ++r)
+        std::copy_n(buf.data() + r * stride, row, h->data() + r * row);
+    }
+    cuda::download_floats(q, qn, qh.data());
+    std::vector<float> kt, vt;
+    const int64_t kb = gather_exact_tail(k, kh.data(), n, kt, tail_space(b));
+    const int64_t vb = gather_exact_tail(v, vh.data(), n, vt, tail_space(b));
+    k.append(kh.data(), n);
+    v.append(vh.data(), n);
+    attend_causal(
+        b, CausalArgs{qh.data(), n, q_heads, t_begin, &k, &v, {kt.data(), kb}, {vt.data(), vb}},
+        oh.data());
+    cuda::upload_floats(oh.data(), qn, out);
+    return;
+  }
+  cuda::DeviceDecoder& d = thread_decoder();
+  float* kt = d.scratch(0, kc->device().tail_tokens(n) * row);
+  float* vt = d.scratch(1, vc->device().tail_tokens(n) * row);
+  const int64_t kb = kc->device().exact_tail_device(xk, n, stride, kt);
+  const int64_t vb = vc->device().exact_tail_device(xv, n, stride, vt);
+  // the chunk's rows, now contiguous at the tails' ends, appended from there
+  kc->append_device(kt + (t_begin - kb) * row, n);
+  vc->append_device(vt + (t_begin - vb) * row, n);
+  cuda_causal(k, v, t_begin, n, q_heads, q, kt, kb, vt, vb, out);
+#else
+  (void)xk, (void)xv, (void)q, (void)out;
+  fail("{}", cuda_unavailable());
+#endif
+}
+
 int64_t device_memory_used(AttentionBackend b) {
   KVQ_CHECK(b == AttentionBackend::kCuda, "backend {} runs on the host, not a device",
             to_string(b));
@@ -667,9 +759,55 @@ void check_window(AttentionBackend b, const CausalArgs& a) {
 }
 }  // namespace
 
+namespace {
+// attend_causal on backend cuda (checked by the caller): q and the host tails up, the launch, out
+// down.
+void cuda_attend_causal(const CausalArgs& a, float* out) {
+  const SideStore &k = *a.k, &v = *a.v;
+  if (const std::string why =
+          unsupported_shape(AttentionBackend::kCuda, k.heads(), k.dim(), a.q_heads);
+      !why.empty())
+    fail("backend cuda cannot run causal attention over {}", why);
+#if KVQ_HAVE_CUDA
+  cuda_side(k, "key");  // device sides, before anything touches the device
+  cuda_side(v, "value");
+  const int64_t row = k.heads() * k.dim(), T = a.t_begin + a.n, qn = a.n * a.q_heads * k.dim();
+  std::vector<float> qr;
+  const float* q = a.q;
+  if (const Rotation* r = k.rotation()) {  // the codes are rotated: q too
+    qr.assign(q, q + qn);
+    r->rotate(qr.data(), a.n * a.q_heads);
+    q = qr.data();
+  }
+  cuda::DeviceDecoder& d = thread_decoder();
+  auto up = [&](int slot, ExactTail e) -> const float* {
+    const int64_t count = (T - e.begin) * row;
+    if (!e.data || count <= 0) return nullptr;
+    float* p = d.scratch(slot, count);
+    cuda::upload_floats(e.data, count, p);
+    return p;
+  };
+  const float* kt = up(0, a.k_exact);
+  const float* vt = up(1, a.v_exact);
+  float* qd = d.scratch(2, qn);
+  float* od = d.scratch(3, qn);
+  cuda::upload_floats(q, qn, qd);
+  cuda_causal(k, v, a.t_begin, a.n, a.q_heads, qd, kt, a.k_exact.begin, vt, a.v_exact.begin, od);
+  cuda::download_floats(od, qn, out);
+  unrotate_output(v, out, a.n * a.q_heads);
+#else
+  (void)out;
+  fail("{}", cuda_unavailable());
+#endif
+}
+}  // namespace
+
 CausalCall::CausalCall(AttentionBackend b, const CausalArgs& a, int threads, double working_set)
     : b_(b), a_(a) {
   require_causal(b, a);
+  KVQ_CHECK(b != AttentionBackend::kCuda,
+            "backend cuda's causal attention is one device call (attend_causal, prefill_device), "
+            "not host work items (CausalCall)");
   check_window(b, a);
   KVQ_CHECK(a.k && a.v, "causal attention: no sides given");
   causal_attention_check(a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact);
@@ -713,6 +851,10 @@ void attend_causal(AttentionBackend b, const CausalArgs& a, float* out, int thre
     return;
   }
   causal_attention_check(a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact);
+  if (b == AttentionBackend::kCuda) {
+    cuda_attend_causal(a, out);
+    return;
+  }
   CpuCausalBuffers buf;
   cpu::CausalInput in =
       cpu_causal_input(a.q, a.n, a.q_heads, a.t_begin, *a.k, *a.v, a.k_exact, a.v_exact, buf);

@@ -32,7 +32,8 @@ enum class AttentionBackend {
   /// products on FP8 codes, with the rounding error kernels/cpu/attention.h states); other
   /// caches as kCpu.
   kCpuInt8,
-  /// kernels/cuda/: decode attention over cache sides in device memory (make_backend_side).
+  /// kernels/cuda/: decode and causal attention over cache sides in device memory
+  /// (make_backend_side); a causal call is one decode launch over its positions' views.
   kCuda,
 };
 
@@ -168,7 +169,8 @@ SideKernels cpu_side_kernels();
 /// \brief The quantizers `b`'s caches are built with: the reference's for ref, else cpu's.
 SideKernels side_kernels(AttentionBackend b);
 /// \brief The space the exact tails of a causal call on `b` are gathered in (gather_exact_tail):
-/// backend cpu reads them as stored (rot= sides: rotated), backend ref in the model's space.
+/// backends cpu and cuda read them as stored (rot= sides: rotated), backend ref in the model's
+/// space.
 TailSpace tail_space(AttentionBackend b);
 
 /// \brief What cpu_causal_input keeps alive for the call: quantized token counts, and the query
@@ -221,6 +223,31 @@ void append_device_batch(std::span<SideStore* const> sides, std::span<const floa
 void attend_decode_device_batch(const float* q, int64_t q_heads,
                                 std::span<const SideStore* const> k,
                                 std::span<const SideStore* const> v, float* out);
+/// \brief What position `pos` of a causal call reads from side `s`, as one StoredSide: `stored`
+/// (s's bytes after the call's append, host or device pointers) cut to its first pos + 1 tokens,
+/// the first s.quantized_tokens_at(pos + 1) of them from the codes (a prefix: the codes of earlier
+/// tokens never change) and the rest exact from `tail` (rows of tokens tail_begin on, e.g.
+/// gather_exact_tail's). The view a decode over a side holding pos + 1 tokens reads, so one decode
+/// launch over the n views of positions t_begin .. t_begin + n - 1 is a causal call (backend
+/// cuda's). Pointer arithmetic only, nothing dereferenced. Throws kvq::Error for a position the
+/// side does not hold, a tail that starts after the position's codes end, sinks (sink=S), and a
+/// non-int side that keeps tokens exact beyond its codes (fp8 first=N: backend cuda reads none).
+StoredSide causal_position_view(const SideStore& s, const StoredSide& stored, int64_t pos,
+                                const float* tail, int64_t tail_begin);
+
+/// \brief Backend cuda's prefill step with rows in DEVICE memory (model/llama_cuda.cpp's chunked
+/// prefill): appends the n rows xk and xv (row r at x + r * stride floats, [heads, dim] each) to
+/// k and v (sides from make_backend_side(cuda, ...) holding t_begin tokens each), then out
+/// [n, q_heads, dim] = causal attention of q [n, q_heads, dim] (contiguous) at positions t_begin
+/// .. t_begin + n - 1: the exact tails gathered on the device (cuda::DeviceSide::
+/// exact_tail_device), one decode launch per kMaxBatch positions over causal_position_view's
+/// views. The same bytes as n append_device steps, and the outputs those steps'
+/// attend_decode_device give up to float32 summation order (a launch splits its longest context,
+/// and a chunk's is longer). Nothing crosses to the host except over a rot= side (rotated on the
+/// host, as attend_decode_device): there rows, q and output cross and the host path runs.
+void prefill_device(SideStore& k, SideStore& v, const float* xk, const float* xv, int64_t stride,
+                    int64_t n, const float* q, int64_t q_heads, float* out);
+
 /// \brief Device memory in use on `b`'s GPU now (cudaMemGetInfo: total - free, every process's
 /// allocations and the CUDA context included); throws for a host backend or without a device.
 int64_t device_memory_used(AttentionBackend b);
@@ -251,7 +278,7 @@ double device_copy_gbps(AttentionBackend b, double bytes, int repeats);
 
 /// \brief A causal call: positions t_begin .. t_begin + n - 1, q [n, q_heads, dim] in the model's
 /// space, over sides holding t_begin + n tokens and their exact tails gathered in
-/// tail_space(backend) (reference_cpu/attention.h's causal_attention contract).
+/// tail_space(backend) (reference_cpu/attention.h's causal_attention contract), in host memory.
 struct CausalArgs {
   const float* q = nullptr;
   int64_t n = 0, q_heads = 0, t_begin = 0;
@@ -267,8 +294,8 @@ struct CausalArgs {
 /// Workspace per thread), then every merge, then finish on the output's rows: the model's
 /// team-parallel form. Backend ref's items are (position, kv head) pairs and it has no merges;
 /// backend cpu's are cpu::CausalAttention's. The constructor checks the arguments
-/// (causal_attention_check) and throws require_supported's error for a backend that does not
-/// run causal attention (cuda).
+/// (causal_attention_check) and refuses backend cuda, whose causal call is one device call
+/// (attend_causal, prefill_device), not host work items.
 class CausalCall {
  public:
   struct Workspace {
@@ -293,6 +320,9 @@ class CausalCall {
 };
 
 /// \brief The whole causal call on `threads` threads, out [n, q_heads, dim] in the model's space.
+/// Backend cuda (sides from make_backend_side(cuda, ...), tails in tail_space(cuda)): q and the
+/// tails uploaded, one decode launch per kMaxBatch positions over causal_position_view's views,
+/// out downloaded (prefill_device's attention with host rows); `threads` unused.
 void attend_causal(AttentionBackend b, const CausalArgs& a, float* out, int threads = 1);
 
 }  // namespace kvq

@@ -120,9 +120,12 @@ class LlamaModel {
   /// \brief The attention backend of every later forward pass (default kCpu). Within one
   /// backend, chunked prefill and token-by-token decode give bit-identical logits; between the
   /// two, attention outputs differ by float rounding (tests/model/llama_test.cpp bounds the KLD).
-  /// Backend cuda (model/llama_cuda.cpp) runs the whole pass on the GPU, token by token (a
-  /// chunk is its tokens in turn), over a cache whose sides it moves to device memory on its
-  /// first pass (an empty cache; LlamaCache holds host sides until then). Throws kvq::Error:
+  /// Backend cuda (model/llama_cuda.cpp) runs the whole pass on the GPU, a pass of n > 1 tokens
+  /// in chunks of device_chunk() tokens (one causal attention call a layer a chunk), a single
+  /// token as a decode step, over a cache whose sides it moves to device memory on its first
+  /// pass (an empty cache; LlamaCache holds host sides until then); its chunked prefill and
+  /// token-by-token decode differ by float rounding (the attention launch's split of the
+  /// contexts; tests/cuda/model_cuda_test.cpp states the tolerance). Throws kvq::Error:
   /// require_host's for a backend the model does not run, cuda_unavailable()'s line for cuda
   /// without a device.
   void set_backend(AttentionBackend b);
@@ -132,6 +135,14 @@ class LlamaModel {
   /// exactly). Uploaded once, on the first backend cuda pass after a change.
   enum class DeviceWeights { kBf16, kFp32 };
   void set_device_weights(DeviceWeights w);
+  /// \brief Backend cuda's prefill chunk: a forward pass of n > 1 tokens runs in chunks of at
+  /// most `chunk` tokens (cuda::DeviceModel::prefill, kernels/backend.h prefill_device), each
+  /// chunk's dense part over its rows at once and its attention one causal call a layer; 1 runs
+  /// every token as a decode step (token by token, for comparison). Throws kvq::Error for
+  /// chunk < 1. Default kDefaultDeviceChunk.
+  static constexpr int64_t kDefaultDeviceChunk = 256;
+  void set_device_chunk(int64_t chunk);
+  int64_t device_chunk() const { return device_chunk_; }
   /// \brief Bytes of the weights in device memory (0 before the first backend cuda pass).
   int64_t device_weight_bytes() const;
   /// \brief Every weight into `dev` (a device model of this model's shape, device_model_shape):
@@ -209,6 +220,7 @@ class LlamaModel {
   std::vector<Block> blocks_;
   std::vector<float> inv_freq_;
   DeviceWeights device_weights_ = DeviceWeights::kBf16;
+  int64_t device_chunk_ = kDefaultDeviceChunk;
   mutable std::shared_ptr<CudaState> cuda_;  // made by the first backend cuda pass, under team_'s
                                              // mutex
 };

@@ -1,9 +1,13 @@
-// The model on backend cuda (issue 47 item 2): LlamaModel::forward on the GPU, one token at a time
-// (batch 1). The dense part of each step runs in kernels/cuda/device_model.h (weights uploaded
-// once, bf16 or float32); each layer's K and V go to the cache's backend cuda sides and its
-// attention is backend cuda's decode attention (kernels/backend.h: rot= handled there, every
-// scheme backend cuda stores). A chunk of n tokens is n decode steps: the same logits a
-// token-by-token decode gives, which is what a causal pass over the cache means here too.
+// The model on backend cuda (issue 47 item 2): LlamaModel::forward on the GPU. The dense part runs
+// in kernels/cuda/device_model.h (weights uploaded once, bf16 or float32); each layer's K and V go
+// to the cache's backend cuda sides and its attention is backend cuda's (kernels/backend.h: rot=
+// handled there, every scheme backend cuda stores). A pass of n > 1 tokens is a prefill in chunks
+// of device_chunk() tokens (DeviceModel::prefill): a chunk's rows through each layer's dense part
+// at once, its K and V appended and its attention one causal call (prefill_device: a decode
+// launch over the chunk's positions, each reading what a decode at that position reads). A single
+// token (and every token with device_chunk() 1) is a decode step (attend_decode_device). The two
+// store the same codes for the same K and V, and their attention outputs differ by the float32
+// summation order of the launch's split of the contexts.
 //
 // The step stays in device memory from the embedding to the logits: each layer's k and v are
 // appended to the cache sides from the device model's q|k|v buffer and the decode attention reads
@@ -55,6 +59,12 @@ void LlamaModel::set_backend(AttentionBackend b) {
   else
     require_host(b);
   backend_ = b;
+}
+
+void LlamaModel::set_device_chunk(int64_t chunk) {
+  KVQ_CHECK(chunk >= 1, "backend cuda's prefill chunk must be >= 1 token (got {})", chunk);
+  const std::lock_guard<std::mutex> lock(team_->mutex);
+  device_chunk_ = chunk;
 }
 
 void LlamaModel::set_device_weights(DeviceWeights w) {
@@ -135,6 +145,17 @@ void LlamaModel::forward_cuda(std::span<const int32_t> tokens, LlamaCache& cache
   const int64_t qd = c.q_dim(), kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim;
   logits.resize(static_cast<size_t>((all_logits ? n : 1) * c.vocab));
   // q|k|v and the attention output are device pointers (the device model's buffers).
+  if (n > 1 && device_chunk_ > 1) {
+    const int64_t row = qd + 2 * kvd;
+    st.dev->prefill(
+        tokens, pos0, inv_freq_, device_chunk_,
+        [&](int l, int64_t, int64_t m, const float* qkv, const float* q, float* attn) {
+          LlamaCache::Layer& side = cache.layers()[static_cast<size_t>(l)];
+          prefill_device(*side.k, *side.v, qkv + qd, qkv + qd + kvd, row, m, q, c.heads, attn);
+        },
+        logits.data(), all_logits);
+    return;
+  }
   st.dev->decode(
       tokens, pos0, inv_freq_,
       [&](int l, int64_t, const float* qkv, float* attn) {

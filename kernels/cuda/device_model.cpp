@@ -190,7 +190,14 @@ struct DeviceModel::Impl {
   void attention_in(int layer, int64_t n, const model::RopeAngles& a,
                     const model::RopeAngles* rows_a);
   void attention_out(int layer, int64_t n);
-  void head(int64_t n, float* out);
+  // The logits of rows first .. first + n - 1 into out [n, vocab] (host).
+  void head(int64_t n, float* out, int64_t first = 0);
+  // A batched step's upload, embedding and layers over rows tokens[i] at positions[i] (checked,
+  // then owner.missing()), `attend(layer, qkv, q, attn)` between each layer's halves; the head is
+  // the caller's.
+  void layers(const DeviceModel& owner, std::span<const int32_t> tokens,
+              std::span<const int64_t> positions, std::span<const float> inv_freq,
+              const std::function<void(int, const float*, const float*, float*)>& attend);
 };
 
 void DeviceModel::Impl::reserve(int64_t b) {
@@ -236,9 +243,10 @@ void DeviceModel::Impl::attention_out(int layer, int64_t n) {
   model::gemv(layer_mat(layer, kDownProj), bf16, s.hidden, s.ffn, g, x.f(), true, n, 2 * s.ffn);
 }
 
-void DeviceModel::Impl::head(int64_t n, float* out) {
-  model::rms_norm(x.f(), vecs[static_cast<size_t>(s.layers * kLayerVecSlots)].f(), n, s.hidden,
-                  s.eps, h.f());
+void DeviceModel::Impl::head(int64_t n, float* out, int64_t first) {
+  model::rms_norm(x.f() + first * s.hidden,
+                  vecs[static_cast<size_t>(s.layers * kLayerVecSlots)].f(), n, s.hidden, s.eps,
+                  h.f());
   model::gemv(slot(s.layers * kLayerSlots), bf16, s.vocab, s.hidden, h.f(), logits.f(), false, n);
   KVQ_CUDA_CHECK(cudaMemcpy(out, logits.ptr, static_cast<size_t>(n * s.vocab) * sizeof(float),
                             cudaMemcpyDeviceToHost));
@@ -411,7 +419,42 @@ int64_t DeviceModel::batch_capacity() const { return p_->cap; }
 void DeviceModel::decode_batch(std::span<const int32_t> tokens, std::span<const int64_t> positions,
                                std::span<const float> inv_freq, const AttendBatch& attend,
                                float* logits_out) {
-  Impl& p = *p_;
+  p_->layers(*this, tokens, positions, inv_freq, attend);
+  p_->head(static_cast<int64_t>(tokens.size()), logits_out);
+}
+
+std::vector<std::pair<int64_t, int64_t>> DeviceModel::prefill_chunks(int64_t n, int64_t chunk) {
+  KVQ_CHECK(chunk >= 1 && n >= 0, "device model: a prefill of {} tokens in chunks of {}", n, chunk);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t b = 0; b < n; b += chunk) out.emplace_back(b, std::min(chunk, n - b));
+  return out;
+}
+
+void DeviceModel::prefill(std::span<const int32_t> tokens, int64_t pos0,
+                          std::span<const float> inv_freq, int64_t chunk, const AttendChunk& attend,
+                          float* logits_out, bool all_logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size()), vocab = p_->s.vocab;
+  KVQ_CHECK(n >= 1 && pos0 >= 0, "device model: a prefill of {} tokens at position {}", n, pos0);
+  std::vector<int64_t> positions;
+  for (const auto& [b, m] : prefill_chunks(n, chunk)) {
+    positions.resize(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) positions[static_cast<size_t>(i)] = pos0 + b + i;
+    p_->layers(*this, tokens.subspan(static_cast<size_t>(b), static_cast<size_t>(m)), positions,
+               inv_freq, [&](int l, const float* qkv, const float* q, float* attn) {
+                 attend(l, pos0 + b, m, qkv, q, attn);
+               });
+    if (all_logits)
+      p_->head(m, logits_out + b * vocab);
+    else if (b + m == n)
+      p_->head(1, logits_out, m - 1);
+  }
+}
+
+void DeviceModel::Impl::layers(
+    const DeviceModel& owner, std::span<const int32_t> tokens, std::span<const int64_t> positions,
+    std::span<const float> inv_freq,
+    const std::function<void(int, const float*, const float*, float*)>& attend) {
+  Impl& p = *this;
   const DeviceModelShape& s = p.s;
   const int64_t n = static_cast<int64_t>(tokens.size());
   KVQ_CHECK(n >= 1 && positions.size() == tokens.size(),
@@ -427,7 +470,7 @@ void DeviceModel::decode_batch(std::span<const int32_t> tokens, std::span<const 
     KVQ_CHECK(positions[static_cast<size_t>(b)] >= 0, "device model: sequence {}'s position {}", b,
               positions[static_cast<size_t>(b)]);
   }
-  const std::string gap = missing();
+  const std::string gap = owner.missing();
   KVQ_CHECK(gap.empty(), "device model: {} was never uploaded", gap);
   p.reserve(n);
   // the step's one upload: the rows' angles, then their token ids (the ids after all cap angles)
@@ -456,7 +499,6 @@ void DeviceModel::decode_batch(std::span<const int32_t> tokens, std::span<const 
     attend(l, p.qkv.f(), p.q.f(), p.o.f());
     p.attention_out(l, n);
   }
-  p.head(n, logits_out);
 }
 
 void DeviceModel::decode(std::span<const int32_t> tokens, int64_t pos0,

@@ -31,6 +31,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/model_kernels.h"
 
@@ -133,6 +134,23 @@ class DeviceModel {
   /// between its halves, and copies logits [B, vocab] to `logits` (the step's one copy back).
   void decode_batch(std::span<const int32_t> tokens, std::span<const int64_t> positions,
                     std::span<const float> inv_freq, const AttendBatch& attend, float* logits);
+
+  /// \brief The attention of a prefill chunk, the caller's: layer `layer`'s q|k|v of the chunk's
+  /// n tokens at positions pos0 .. pos0 + n - 1 in `qkv` [n][q_dim() + 2 kv_dim()], q alone in `q`
+  /// [n][q_dim()], the output [n][q_dim()] into `attn`; all DEVICE pointers (kernels/backend.h's
+  /// prefill_device appends the chunk's k and v and runs the causal call over them).
+  using AttendChunk = std::function<void(int layer, int64_t pos0, int64_t n, const float* qkv,
+                                         const float* q, float* attn)>;
+  /// \brief The chunks prefill cuts n tokens into: (first token, tokens) pairs of at most `chunk`
+  /// tokens each, in order, covering [0, n) (host arithmetic; throws kvq::Error for chunk < 1).
+  static std::vector<std::pair<int64_t, int64_t>> prefill_chunks(int64_t n, int64_t chunk);
+  /// \brief Tokens at positions pos0, pos0 + 1, ... in chunks (prefill_chunks): each chunk one
+  /// batched step of its rows at their positions (decode_batch's dense part: row i computes what
+  /// decode computes for that token), one `attend` a layer over the whole chunk; the logits of
+  /// every token into logits [n, vocab] (all_logits) or of the last into logits [vocab] (the head
+  /// runs over those rows only). Activations grow to `chunk` rows (reserve_batch).
+  void prefill(std::span<const int32_t> tokens, int64_t pos0, std::span<const float> inv_freq,
+               int64_t chunk, const AttendChunk& attend, float* logits, bool all_logits);
 
   /// \brief Decode steps for tokens at positions pos0, pos0 + 1, ... (inv_freq: RoPE's per-pair
   /// frequencies, rope_angles): embed, every layer's attention_in / attend / attention_out, and the

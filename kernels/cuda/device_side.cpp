@@ -345,6 +345,34 @@ void DeviceSide::exact_tail(std::vector<float>& out) const {
   out.insert(out.end(), r.begin(), r.end());
 }
 
+int64_t DeviceSide::tail_tokens(int64_t n) const {
+  const auto* c = std::get_if<KiviSideCache>(&p_->store);
+  return (c ? c->residual_tokens() : 0) + n;
+}
+
+int64_t DeviceSide::exact_tail_device(const float* x, int64_t n, int64_t stride,
+                                      float* tail) const {
+  const Impl& p = *p_;
+  const int64_t row = p.H * p.D;
+  KVQ_CHECK(n >= 0 && stride >= row,
+            "backend cuda: an exact tail of {} rows {} floats apart (rows of {} floats)", n, stride,
+            row);
+  require_device();
+  int64_t r = 0;
+  if (const auto* c = std::get_if<KiviSideCache>(&p.store); c && c->residual_tokens() > 0) {
+    r = c->residual_tokens();
+    KVQ_CUDA_CHECK(cudaMemcpyAsync(tail, c->residual(),
+                                   static_cast<size_t>(r * row) * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, nullptr));
+  }
+  if (n > 0)
+    KVQ_CUDA_CHECK(cudaMemcpy2DAsync(tail + r * row, static_cast<size_t>(row) * sizeof(float), x,
+                                     static_cast<size_t>(stride) * sizeof(float),
+                                     static_cast<size_t>(row) * sizeof(float),
+                                     static_cast<size_t>(n), cudaMemcpyDeviceToDevice, nullptr));
+  return p.tokens - r;
+}
+
 Footprint DeviceSide::footprint() const {
   return kvq::footprint(p_->spec, p_->role, Shape3{p_->tokens, p_->H, p_->D});
 }
@@ -407,6 +435,7 @@ IntSideView int_view(const StoredSide& s) {
 struct DeviceDecoder::Impl {
   Grow<char> workspace;
   Grow<float> q, out;
+  Grow<float> scratch[4];
 };
 
 DeviceDecoder::DeviceDecoder() : p_(std::make_unique<Impl>()) {}
@@ -480,6 +509,14 @@ void DeviceDecoder::run_host(const StoredSide& k, const StoredSide& v, int64_t q
       p_->out.ptr);
   KVQ_CUDA_CHECK(
       cudaMemcpy(out, p_->out.ptr, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+float* DeviceDecoder::scratch(int which, int64_t count) {
+  KVQ_CHECK(which >= 0 && which < 4, "backend cuda: scratch slot {} outside [0, 4)", which);
+  require_device();
+  Grow<float>& g = p_->scratch[which];
+  g.need(std::max<int64_t>(count, 1), 0);
+  return g.ptr;
 }
 
 DeviceFloats::DeviceFloats(int64_t count) {

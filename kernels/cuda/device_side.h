@@ -101,6 +101,15 @@ class DeviceSide {
   StoredSide device_view() const;
   /// \brief The exact residual rows [quantized, tokens) copied back, appended to `out`.
   void exact_tail(std::vector<float>& out) const;
+  /// \brief Rows exact_tail_device writes for an append of n tokens: the exact residual rows now
+  /// (tokens() - quantized_tokens_at(tokens())) + n.
+  int64_t tail_tokens(int64_t n) const;
+  /// \brief gather_exact_tail (cache/side.h) in device memory, for a causal call over
+  /// an append of n tokens: the exact rows [quantized_tokens_at(tokens()), tokens()) followed by
+  /// the n rows of x (DEVICE memory, row r at x + r * stride floats, heads * dim floats each) into
+  /// `tail` (DEVICE memory, tail_tokens(n) rows). Queued on the default stream (two copies, no
+  /// kernel). Returns the first token the tail covers. Call before appending x.
+  int64_t exact_tail_device(const float* x, int64_t n, int64_t stride, float* tail) const;
   /// \brief Bytes stored: kvq::footprint of the scheme at tokens() (the CPU side's formula).
   Footprint footprint() const;
 
@@ -145,6 +154,10 @@ class DeviceDecoder {
   /// \brief One sequence with q [q_heads, dim] and out in HOST memory: upload, run, download.
   void run_host(const StoredSide& k, const StoredSide& v, int64_t q_heads, const float* q,
                 float* out);
+  /// \brief Device scratch of at least `count` floats, slot `which` (0 .. 3), grown as needed
+  /// (contents not kept; cudaFree on growth waits for the queued work): a causal call's exact
+  /// tails, q and output (kernels/backend.cpp). Valid until the next call that grows it.
+  float* scratch(int which, int64_t count);
 
  private:
   struct Impl;

@@ -1,6 +1,7 @@
 // Backend cuda through the backend interface (kernels/backend.h): cache sides in device memory
-// (make_backend_side(cuda, ...)) and decode attention over them (attend_decode), against backend
-// cpu's host sides built from the same appends.
+// (make_backend_side(cuda, ...)), decode attention over them (attend_decode) and chunked causal
+// prefill (prefill_device, attend_causal), against backend cpu's host sides built from the same
+// appends and against token-by-token decode on cuda.
 //
 // Where expected values come from:
 //   - stored bytes: the CPU sides' stored() (reference_cpu/kv_cache.h with backend cpu's
@@ -13,6 +14,7 @@
 // Without a device every test skips with the one line cuda_unavailable() gives.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -222,6 +224,125 @@ TEST_P(BackendCuda, batchedAppend_sameBytesAsEachSideAlone) {
                          got = stored_copy(*batched[static_cast<size_t>(i)]);
         expect_same_bytes(want.view, got.view, at + ": batched vs alone");
       }
+    }
+  }
+}
+
+// Chunked causal prefill on cuda (prefill_device: rows in device memory, q|k|v-strided as the
+// model's buffer holds them) in ragged chunks (1, 37, 130, 1, 200: windows fill, groups complete,
+// one token at a time) against, at every position:
+//   - token-by-token decode on cuda (append_device + attend_decode_device a token): the bytes bit
+//     for bit after every chunk; the outputs within kChunkNmse / kChunkMaxAbsOfV (1,000x / 10x
+//     below the tolerances against the reference): the same kernels over the same bytes, summed
+//     in another order (the launch splits a chunk's longest context, not each position's own,
+//     and the tensor-core kernel's bf16 high/low parts of p are taken relative to each split's
+//     maximum: ~2^-17 relative a probability);
+//   - backend cpu's causal call over host sides of the same appends (attend_causal, tails
+//     gathered as stored): within the decode tolerances above (kNmse, kMaxAbsOfV);
+//   - attend_causal on backend cuda (host rows: gather_exact_tail, append, the call) over a third
+//     pair of device sides: the same bytes, and the same bits as prefill_device (one launch over
+//     the same views).
+constexpr double kChunkNmse = 1e-8, kChunkMaxAbsOfV = 1e-5;
+
+struct Err {
+  double nmse = 0, worst = 0;
+};
+Err error_of(const std::vector<float>& got, const std::vector<float>& want) {
+  double se = 0, sr = 0, worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    se += (got[i] - want[i]) * (got[i] - want[i]);
+    sr += want[i] * want[i];
+    worst = std::max(worst, static_cast<double>(std::fabs(got[i] - want[i])));
+  }
+  return {sr > 0 ? se / sr : (se > 0 ? 1.0 : 0.0), worst};
+}
+
+TEST_P(BackendCuda, chunkedPrefill_equalsTokenByTokenDecode_andCpusCausalCall) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  const SchemeSpec spec = parse_spec(GetParam());
+  const int64_t T = 369, row = kH * kD, qrow = kQh * kD, stride = qrow + 2 * row;
+  const Tensor3 kx = synthetic_kv({{T, kH, kD}, 2, 12.0f, 1}),
+                vx = synthetic_kv({{T, kH, kD}, 0, 1.0f, 2});
+  const std::vector<float> q = testing::random_q(T * qrow, 13);
+  double vmax = 0;
+  for (float x : vx.data) vmax = std::max(vmax, static_cast<double>(std::fabs(x)));
+  // the model's q|k|v buffer: row t = q_t | k_t | v_t
+  std::vector<float> qkv(static_cast<size_t>(T * stride));
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy_n(q.data() + t * qrow, qrow, qkv.data() + t * stride);
+    std::copy_n(kx.data.data() + t * row, row, qkv.data() + t * stride + qrow);
+    std::copy_n(vx.data.data() + t * row, row, qkv.data() + t * stride + qrow + row);
+  }
+  cuda::DeviceFloats qkv_d(T * stride), q_d(T * qrow), out_d(T * qrow);
+  qkv_d.upload(qkv.data(), T * stride);
+  q_d.upload(q.data(), T * qrow);
+  auto pair = [&](AttentionBackend b) {
+    return Pair{make_backend_side(b, spec, Role::Key, kH, kD),
+                make_backend_side(b, spec, Role::Value, kH, kD)};
+  };
+  Pair chunked = pair(AttentionBackend::kCuda), token = pair(AttentionBackend::kCuda),
+       host_rows = pair(AttentionBackend::kCuda), cpu = pair(AttentionBackend::kCpu);
+  std::vector<float> tok(static_cast<size_t>(T * qrow)), chk(tok.size()), hst(tok.size()),
+      cpu_out(tok.size());
+  int64_t t0 = 0;
+  for (const int64_t n : {1, 37, 130, 1, 200}) {
+    const std::string at =
+        GetParam() + " chunk [" + std::to_string(t0) + ", " + std::to_string(t0 + n) + ")";
+    // token by token on cuda
+    for (int64_t t = t0; t < t0 + n; ++t) {
+      append_device(*token.k, qkv_d.get() + t * stride + qrow, 1);
+      append_device(*token.v, qkv_d.get() + t * stride + qrow + row, 1);
+      attend_decode_device(q_d.get() + t * qrow, kQh, *token.k, *token.v, out_d.get() + t * qrow);
+    }
+    cuda::download_floats(out_d.get() + t0 * qrow, n * qrow, tok.data() + t0 * qrow);
+    // the chunk on cuda, rows in device memory
+    prefill_device(*chunked.k, *chunked.v, qkv_d.get() + t0 * stride + qrow,
+                   qkv_d.get() + t0 * stride + qrow + row, stride, n, q_d.get() + t0 * qrow, kQh,
+                   out_d.get() + t0 * qrow);
+    cuda::download_floats(out_d.get() + t0 * qrow, n * qrow, chk.data() + t0 * qrow);
+    // host rows: attend_causal on cuda and on cpu
+    for (const auto& [p, b, out] : {std::tuple{&host_rows, AttentionBackend::kCuda, &hst},
+                                    std::tuple{&cpu, AttentionBackend::kCpu, &cpu_out}}) {
+      std::vector<float> kt, vt;
+      const int64_t kb = gather_exact_tail(*p->k, kx.data.data() + t0 * row, n, kt, tail_space(b));
+      const int64_t vb = gather_exact_tail(*p->v, vx.data.data() + t0 * row, n, vt, tail_space(b));
+      p->k->append(kx.data.data() + t0 * row, n);
+      p->v->append(vx.data.data() + t0 * row, n);
+      attend_causal(b,
+                    CausalArgs{q.data() + t0 * qrow,
+                               n,
+                               kQh,
+                               t0,
+                               p->k.get(),
+                               p->v.get(),
+                               {kt.data(), kb},
+                               {vt.data(), vb}},
+                    out->data() + t0 * qrow);
+    }
+    t0 += n;
+    for (const auto& [c, d, side] :
+         {std::tuple{token.k.get(), chunked.k.get(), " K"},
+          std::tuple{token.v.get(), chunked.v.get(), " V"},
+          std::tuple{token.k.get(), host_rows.k.get(), " K (host rows)"},
+          std::tuple{token.v.get(), host_rows.v.get(), " V (host rows)"}}) {
+      ASSERT_EQ(d->tokens(), t0) << at << side;
+      const StoredCopy want = stored_copy(*c), got = stored_copy(*d);
+      expect_same_bytes(want.view, got.view, at + side + ": chunked vs token by token");
+    }
+    for (int64_t t = t0 - n; t < t0; ++t) {
+      const auto slice = [&](const std::vector<float>& v) {
+        return std::vector<float>(v.begin() + t * qrow, v.begin() + (t + 1) * qrow);
+      };
+      const std::string pos = at + " position " + std::to_string(t);
+      const std::vector<float> c = slice(chk);
+      for (float x : c) ASSERT_TRUE(std::isfinite(x)) << pos;
+      const Err e_tok = error_of(c, slice(tok)), e_cpu = error_of(c, slice(cpu_out));
+      EXPECT_LE(e_tok.nmse, kChunkNmse) << pos << ": chunked vs token by token on cuda";
+      EXPECT_LE(e_tok.worst, kChunkMaxAbsOfV * vmax) << pos << ": chunked vs token by token";
+      EXPECT_LE(e_cpu.nmse, kNmse) << pos << ": chunked cuda vs cpu's causal call";
+      EXPECT_LE(e_cpu.worst, kMaxAbsOfV * vmax) << pos << ": chunked cuda vs cpu's causal call";
+      EXPECT_EQ(std::memcmp(c.data(), hst.data() + t * qrow, c.size() * sizeof(float)), 0)
+          << pos << ": prefill_device vs attend_causal(cuda) with host rows";
     }
   }
 }

@@ -45,6 +45,7 @@
 #include "tests/support/model.h"
 #include "tests/support/model_logits.h"
 #include "tests/support/skip_cuda.h"
+#include "tests/support/stored_counts.h"
 
 namespace kvq {
 namespace {
@@ -119,7 +120,8 @@ TEST_P(ModelCuda, RotatedCacheMatchesBackendCpu) {
 // bf16 device weights on the checkpoints stored as BF16: the same values, the same tolerance.
 TEST_P(ModelCuda, Bf16WeightsOnBf16Checkpoints) {
   KVQ_SKIP_WITHOUT_CUDA();
-  if (!bf16_checkpoint(hf_fixture(GetParam()))) GTEST_SKIP() << GetParam() << " is not stored as BF16";
+  if (!bf16_checkpoint(hf_fixture(GetParam())))
+    GTEST_SKIP() << GetParam() << " is not stored as BF16";
   LlamaModel m = LlamaModel::load(hf_fixture(GetParam()));
   m.set_device_weights(LlamaModel::DeviceWeights::kBf16);
   expect_matches_cpu(m, "bf16", 8, GetParam() + "_bf16w");
@@ -131,25 +133,81 @@ TEST_P(ModelCuda, Bf16WeightsOnBf16Checkpoints) {
   EXPECT_EQ(m.device_weight_bytes(), 2 * b16);
 }
 
-// A chunk and the same tokens one at a time give the same bits (one path on backend cuda), and the
-// cache holds every token.
-TEST_P(ModelCuda, ChunkEqualsTokenByToken) {
+// Chunked prefill (LlamaModel::set_device_chunk: DeviceModel::prefill, prefill_device) against
+// the same tokens as decode steps (device chunk 1, which equals forward passes of one token each
+// bit for bit: one path). Chunks of 3 (3, 3, 2: ragged), one chunk of 8, and the prompt over two
+// forward calls (5 then 3 tokens: the second's tails start in the first's tokens). Layer 0's K
+// and V are the same floats either way (a batched row computes what a single step does), so its
+// stored bytes must be equal bit for bit; later layers read attention outputs summed in another
+// order (the launch's split of the contexts), so logits are held to the file's rule against
+// backend cpu (2 D + 1e-4 x max |logit|, D the scheme's rounding on the CPU).
+TEST_P(ModelCuda, ChunkedPrefillMatchesTokenByToken) {
   KVQ_SKIP_WITHOUT_CUDA();
   LlamaModel m = LlamaModel::load(hf_fixture(GetParam()));
-  m.set_backend(AttentionBackend::kCuda);
-  const std::vector<int32_t> ids = prompt_ids(m.config().vocab, 8);
-  const std::vector<float> chunk = all_logits(m, ids, "kivi2:g=8,r=0");
-  CacheOptions o;
-  o.spec = parse_spec("kivi2:g=8,r=0");
-  LlamaCache cache(m.config(), o);
-  std::vector<float> step, all;
-  for (int32_t id : ids) {
-    m.forward({&id, 1}, cache, step, false, 1);
-    all.insert(all.end(), step.begin(), step.end());
+  m.set_device_weights(LlamaModel::DeviceWeights::kFp32);
+  const int vocab = m.config().vocab;
+  const std::vector<int32_t> ids = prompt_ids(vocab, 8);
+  for (const char* spec : {"bf16", "kivi2:g=8,r=0", "kivi4:g=8,r=0", "fp8_e4m3:gran=token"}) {
+    const std::string what = GetParam() + " " + spec;
+    m.set_backend(AttentionBackend::kCpu);
+    const double tol =
+        testing::quantized_cache_tolerance(all_logits(m, ids), all_logits(m, ids, spec));
+    m.set_backend(AttentionBackend::kCuda);
+    CacheOptions o;
+    o.spec = parse_spec(spec);
+    m.set_device_chunk(1);
+    LlamaCache tok_cache(m.config(), o);
+    std::vector<float> tok;
+    m.forward(ids, tok_cache, tok, true, 1);
+    LlamaCache one_cache(m.config(), o);
+    std::vector<float> step, steps;
+    for (int32_t id : ids) {
+      m.forward({&id, 1}, one_cache, step, false, 1);
+      steps.insert(steps.end(), step.begin(), step.end());
+    }
+    ASSERT_EQ(steps.size(), tok.size()) << what;
+    EXPECT_EQ(std::memcmp(steps.data(), tok.data(), tok.size() * sizeof(float)), 0)
+        << what << ": device chunk 1 is decode steps";
+    for (const int64_t chunk : {int64_t{3}, int64_t{8}}) {
+      m.set_device_chunk(chunk);
+      LlamaCache cache(m.config(), o);
+      std::vector<float> got;
+      m.forward(ids, cache, got, true, 1);
+      EXPECT_EQ(cache.tokens(), 8) << what;
+      ASSERT_EQ(got.size(), tok.size()) << what;
+      EXPECT_LE(max_diff(got, tok), tol) << what << " chunk " << chunk;
+      for (const bool key : {true, false}) {  // layer 0: the same K/V, the same bytes
+        const StoredCopy a = stored_copy(key ? *cache.layers()[0].k : *cache.layers()[0].v),
+                         b = stored_copy(key ? *tok_cache.layers()[0].k : *tok_cache.layers()[0].v);
+        const int64_t qt = a.view.kind == SchemeKind::Int ? a.view.quantized_tokens : 8;
+        ASSERT_EQ(b.view.quantized_tokens, a.view.quantized_tokens) << what;
+        const testing::StoredCounts c = testing::stored_counts(a.view, qt);
+        const int64_t row = a.view.heads * a.view.dim;
+        auto same = [](const void* x, const void* y, int64_t bytes) {
+          return bytes == 0 || (x && y && std::memcmp(x, y, static_cast<size_t>(bytes)) == 0);
+        };
+        EXPECT_TRUE(same(a.view.half16, b.view.half16, a.view.half16 ? 8 * row * 2 : 0)) << what;
+        EXPECT_TRUE(same(a.view.codes, b.view.codes, c.codes)) << what;
+        EXPECT_TRUE(same(a.view.fp8_scales, b.view.fp8_scales, c.scales * 4)) << what;
+        EXPECT_TRUE(same(a.view.words, b.view.words, c.words * 4)) << what;
+        EXPECT_TRUE(same(a.view.scales, b.view.scales, c.params * 2)) << what;
+        EXPECT_TRUE(same(a.view.residual, b.view.residual,
+                         a.view.kind == SchemeKind::Int ? (8 - qt) * row * 4 : 0))
+            << what << (key ? " K" : " V") << " layer 0 chunk " << chunk;
+      }
+    }
+    m.set_device_chunk(3);  // a prompt over two forward calls
+    LlamaCache split(m.config(), o);
+    std::vector<float> first, second;
+    m.forward({ids.data(), 5}, split, first, true, 1);
+    m.forward({ids.data() + 5, 3}, split, second, true, 1);
+    first.insert(first.end(), second.begin(), second.end());
+    ASSERT_EQ(first.size(), tok.size()) << what;
+    EXPECT_LE(max_diff(first, tok), tol) << what << ": 5 + 3 tokens";
   }
-  EXPECT_EQ(cache.tokens(), 8);
-  ASSERT_EQ(all.size(), chunk.size());
-  EXPECT_EQ(std::memcmp(all.data(), chunk.data(), all.size() * sizeof(float)), 0);
+  m.set_device_chunk(LlamaModel::kDefaultDeviceChunk);
+  testing::expect_error([&] { m.set_device_chunk(0); },
+                        "backend cuda's prefill chunk must be >= 1 token (got 0)");
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelCuda,

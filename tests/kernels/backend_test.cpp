@@ -22,6 +22,7 @@
 #include "tests/support/expect_error.h"
 #include "tests/support/names.h"
 #include "tests/support/random.h"
+#include "tests/support/stored_counts.h"
 
 namespace kvq {
 namespace {
@@ -83,18 +84,21 @@ TEST(BackendNames, cudaIsKnownButRefusedWhereItCannotRun) {
   testing::expect_error(
       [&] { attend_decode(AttentionBackend::kCuda, x.data(), 4, *k2, *v2, out.data()); },
       "backend cuda cannot run decode attention over head_dim 16 (head_dim: 64, 128)");
+  // causal: one device call over device sides (attend_causal), never CausalCall's host items
   testing::expect_error(
       [&] {
         CausalCall(AttentionBackend::kCuda, {x.data(), 1, 4, 0, k.get(), v.get(), {}, {}}, 1);
       },
-      "backend cuda does not run causal attention (prefill) (backends that do: ref, cpu, "
-      "cpu-int8)");
+      "backend cuda's causal attention is one device call (attend_causal, prefill_device), not "
+      "host work items (CausalCall)");
   testing::expect_error(
       [&] {
         attend_causal(AttentionBackend::kCuda, {x.data(), 1, 4, 0, k.get(), v.get(), {}, {}},
                       out.data());
       },
-      "backend cuda does not run causal attention");
+      cuda_unavailable().find("built without CUDA") == std::string::npos
+          ? "backend cuda reads sides made by make_backend_side"
+          : "built without CUDA");
 }
 
 // The table's cuda limits are dispatch.h's lists (what the kernels are compiled for), not a copy.
@@ -107,7 +111,7 @@ TEST(BackendSupport, cudaLimitsAreDispatchHsLists) {
   EXPECT_EQ(c.max_gqa, cuda::kMaxGqa);
   EXPECT_EQ(c.max_batch, cuda::kMaxBatch);
   EXPECT_TRUE(c.decode);
-  EXPECT_FALSE(c.causal);
+  EXPECT_TRUE(c.causal);
   EXPECT_TRUE(c.model);
   EXPECT_FALSE(c.pre_rope);
   for (const BackendInfo& b : backends())
@@ -146,16 +150,14 @@ TEST(BackendSupport, specsByBackend_oneErrorNamingWhyAndWhoCan) {
     for (const auto& op : {AttentionOp::kDecode, AttentionOp::kCausal}) {
       for (const auto& t : cuda_runs) {
         const SchemeSpec sp = parse_spec(t);
-        const bool runs = b.host || op == AttentionOp::kDecode;
-        EXPECT_EQ(unsupported(b.id, sp, op).empty(), runs) << b.name << " " << t;
+        EXPECT_EQ(unsupported(b.id, sp, op), "") << b.name << " " << t;
       }
       for (const auto& [t, why] : cuda_refuses) {
         const std::string u = unsupported(b.id, parse_spec(t), op);
         if (b.host)
           EXPECT_EQ(u, "") << b.name << " " << t;
         else
-          EXPECT_NE(u.find(op == AttentionOp::kDecode ? why : "causal"), std::string::npos)
-              << t << ": " << u;
+          EXPECT_NE(u.find(why), std::string::npos) << t << ": " << u;
       }
     }
   }
@@ -198,8 +200,9 @@ TEST(BackendSupport, helpHasOneLinePerBackend) {
     at = p + 1;
   }
   EXPECT_NE(
-      h.find("cuda: the CUDA kernels (decode attention and the model on a GPU); decode "
-             "attention over bf16, fp8, int/kivi; head_dim 64, 128; bits 2, 3, 4, 8; GQA <= 8"),
+      h.find("cuda: the CUDA kernels (decode and causal attention, and the model on a GPU); "
+             "decode and causal attention over bf16, fp8, int/kivi; head_dim 64, 128; bits 2, 3, "
+             "4, 8; GQA <= 8"),
       std::string::npos)
       << h;
   EXPECT_NE(h.find("not: fp8 dynamic tensor/head/channel scales, arith=fp16, sink=, k/v of "
@@ -235,7 +238,7 @@ TEST(BackendModel, modelUnsupported_byTheTable_oneErrorNamingWhoCan) {
         EXPECT_EQ(model_unsupported(b.id, parse_spec(s), true), "") << b.name << " " << s;
       }
   const AttentionBackend cu = AttentionBackend::kCuda;
-  // cuda runs the model as decode steps (model/llama_cuda.cpp): its decode list decides
+  // cuda runs the model (model/llama_cuda.cpp: chunked prefill, decode steps): its list decides
   for (const char* s :
        {"kivi2", "kivi4:g=32,r=64", "bf16", "fp8_e4m3:gran=token", "kivi2:rot=hadamard"})
     EXPECT_EQ(model_unsupported(cu, parse_spec(s)), "") << s;
@@ -371,6 +374,120 @@ INSTANTIATE_TEST_SUITE_P(Specs, BackendCalls,
                                            "fp8_e4m3:gran=token,rot=hadamard",
                                            "fp8_e4m3:gran=channel,first=16,sink=5", "bf16"),
                          [](const auto& i) { return testing::test_name(i.param); });
+
+// Backend cuda's causal call is one decode launch over per-position views (causal_position_view):
+// position t_begin + i of a chunk reads the chunk-appended side's codes cut at
+// quantized_tokens_at(t_begin + i + 1) and the rest from the tail gathered before the append
+// (gather_exact_tail, kStored). Checked here on host sides, where the views can be read: at every
+// position of ragged chunks (1, 37, 130, 1, 200, 64 tokens: windows fill, groups complete, one
+// token at a time) the view holds the same counts and bytes as a side appended token by token
+// up to that position (the independent definition of what a decode there reads), and backend
+// cpu's decode kernel over the two views gives the same bits.
+class CausalPositionView : public ::testing::TestWithParam<std::string> {};
+
+// n elements of a and b hold the same bytes (n == 0: nothing to compare).
+template <typename T>
+bool same_memory(const T* a, const T* b, int64_t n) {
+  return n == 0 || (a && b && std::memcmp(a, b, static_cast<size_t>(n) * sizeof(T)) == 0);
+}
+
+TEST_P(CausalPositionView, raggedChunks_eachPositionReadsWhatTokenByTokenStores) {
+  const SchemeSpec sp = parse_spec(GetParam());
+  constexpr int64_t T = 433, row = kH * kD;
+  const Tensor3 kx = synthetic_kv({{T, kH, kD}, 2, 12.0f, 1}),
+                vx = synthetic_kv({{T, kH, kD}, 0, 1.0f, 2});
+  const SideKernels kern = side_kernels(AttentionBackend::kCpu);
+  Sides chunked{make_side(sp, Role::Key, kH, kD, 0, kern),
+                make_side(sp, Role::Value, kH, kD, 0, kern)};
+  Sides token{make_side(sp, Role::Key, kH, kD, 0, kern),
+              make_side(sp, Role::Value, kH, kD, 0, kern)};
+  const std::vector<float> q = testing::random_q(kQh * kD, 9);
+  std::vector<float> got(q.size()), want(q.size());
+  int64_t t0 = 0;
+  for (const int64_t n : {1, 37, 130, 1, 200, 64}) {
+    std::vector<float> tails[2];
+    int64_t begins[2];
+    const Tensor3* xs[2] = {&kx, &vx};
+    SideStore* cs[2] = {chunked.k.get(), chunked.v.get()};
+    SideStore* ts[2] = {token.k.get(), token.v.get()};
+    for (int s = 0; s < 2; ++s) {
+      begins[s] =
+          gather_exact_tail(*cs[s], xs[s]->data.data() + t0 * row, n, tails[s], TailSpace::kStored);
+      cs[s]->append(xs[s]->data.data() + t0 * row, n);
+    }
+    const StoredSide stored[2] = {cs[0]->stored(), cs[1]->stored()};
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = t0 + i + 1;
+      StoredSide views[2], wants[2];
+      for (int s = 0; s < 2; ++s) {
+        const std::string at = fmt::format("{} {} position {} of the chunk [{}, {})", GetParam(),
+                                           s == 0 ? "K" : "V", t - 1, t0, t0 + n);
+        ts[s]->append(xs[s]->data.data() + (t - 1) * row, 1);
+        const StoredSide v =
+            causal_position_view(*cs[s], stored[s], t - 1, tails[s].data(), begins[s]);
+        const StoredSide w = ts[s]->stored();
+        ASSERT_EQ(v.tokens, t) << at;
+        ASSERT_EQ(w.tokens, t) << at;
+        const int64_t qt = w.kind == SchemeKind::Int ? w.quantized_tokens : t;
+        if (w.kind == SchemeKind::Int) {
+          ASSERT_EQ(v.quantized_tokens, qt) << at;
+          ASSERT_EQ(qt, cs[s]->quantized_tokens_at(t)) << at;
+        }
+        const testing::StoredCounts c = testing::stored_counts(w, qt);
+        EXPECT_TRUE(same_memory(v.codes, w.codes, c.codes)) << at;
+        EXPECT_TRUE(same_memory(v.words, w.words, c.words)) << at;
+        EXPECT_TRUE(same_memory(v.scales, w.scales, c.params)) << at;
+        EXPECT_TRUE(same_memory(v.mins, w.mins, w.mins ? c.params : 0)) << at;
+        if (w.kind == SchemeKind::Fp8 && w.gran == Granularity::Token) {
+          EXPECT_TRUE(same_memory(v.fp8_scales, w.fp8_scales, c.scales)) << at;
+        }
+        if (w.kind == SchemeKind::Bf16) {
+          EXPECT_TRUE(same_memory(v.half16, w.half16, t * row)) << at;
+        }
+        EXPECT_TRUE(same_memory(v.residual, w.residual, (t - qt) * row))
+            << at << ": the exact rows [" << qt << ", " << t << ")";
+        views[s] = v;
+        wants[s] = w;
+      }
+      cpu::decode_attention(q.data(), kQh, views[0], views[1], got.data(),
+                            {1, cpu::IntMode::Exact, 0});
+      cpu::decode_attention(q.data(), kQh, wants[0], wants[1], want.data(),
+                            {1, cpu::IntMode::Exact, 0});
+      ASSERT_TRUE(same_bits(got, want)) << GetParam() << " position " << t - 1;
+    }
+    t0 += n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Specs, CausalPositionView,
+                         ::testing::Values("bf16", "kivi2", "kivi4:g=32,r=64", "kivi2:g=64,r=128",
+                                           "int3:k=channel,v=token,g=32,r=64",
+                                           "int8:k=token,v=channel,sym", "kivi2:rot=hadamard:7",
+                                           "fp8_e4m3:gran=token", "fp8_e5m2:scale=0.05"),
+                         [](const auto& i) { return testing::test_name(i.param); });
+
+// Positions a view cannot describe: one the side does not hold, a tail that starts after the
+// position's codes end, a tail missing where exact rows are read, and sink=S sides.
+TEST(CausalPositionView, badPositionsAndTails_oneLineNamingThem) {
+  const SchemeSpec sp = parse_spec("kivi2:g=32,r=32");
+  const Tensor3 x = synthetic_kv({{80, kH, kD}, 0, 1.0f, 4});
+  const auto k = make_side(sp, Role::Key, kH, kD);
+  k->append(x.data.data(), 80);
+  const StoredSide st = k->stored();
+  const std::vector<float> tail(static_cast<size_t>(80 * kH * kD));
+  testing::expect_error([&] { causal_position_view(*k, st, 80, tail.data(), 0); },
+                        "causal attention: position 80 of a side holding 80 tokens");
+  const int64_t q = k->quantized_tokens_at(70);
+  ASSERT_GT(70, q);
+  testing::expect_error([&] { causal_position_view(*k, st, 69, tail.data(), q + 1); },
+                        fmt::format("the exact tail starts at {}", q + 1));
+  testing::expect_error([&] { causal_position_view(*k, st, 69, nullptr, 0); }, "(no tail given)");
+  EXPECT_NO_THROW(causal_position_view(*k, st, 69, tail.data(), q));
+  const auto sink = make_side(parse_spec("kivi2:sink=4"), Role::Key, kH, kD);
+  sink->append(x.data.data(), 8);
+  testing::expect_error([&] { causal_position_view(*sink, sink->stored(), 5, tail.data(), 0); },
+                        "a side with sink=S has no per-position view");
+}
 
 }  // namespace
 }  // namespace kvq

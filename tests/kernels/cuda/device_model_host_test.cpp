@@ -16,6 +16,7 @@
 // hf_model_test's. A misplaced matrix row, a missed bias or norm, a wrong pairing or residual
 // moves logits by 1e-1 or more on these fixtures.
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -301,6 +302,85 @@ TEST_P(DeviceModelHost, BatchedStepEqualsEachSequenceAlone) {
     EXPECT_EQ(compared, 6 + 4 + 7);
     EXPECT_GE(dev->batch_capacity(), 3);
   }
+}
+
+// Chunked prefill (DeviceModel::prefill: backend cuda's prompt, model/llama_cuda.cpp) equals the
+// decode steps token by token: each chunk's rows through the dense part at once, one attention call
+// a layer over the chunk (here backend ref's causal call over fp32 host sides, the chunk's K/V
+// rows gathered from q|k|v's stride; on a device prefill_device), logits of every row or of the
+// last only. Expected: decode_with's logits (token by token, backend ref's decode), bit for bit
+// (backend ref's causal call and its decode add in the same order, and a batched row computes what
+// a single step does). 8 tokens in chunks of 3 (3, 3, 2: a ragged last chunk), 1 and 8. Copies: one
+// up (ids and angles) and one D2D a layer (the q gather) a chunk; down one a chunk (all logits) or
+// one in all (the last token's).
+TEST_P(DeviceModelHost, ChunkedPrefillEqualsDecodeSteps) {
+  const HfCheckpoint ck = HfCheckpoint::open(hf_fixture(GetParam()));
+  const LlamaConfig& c = ck.config();
+  const std::vector<int32_t> ids = prompt_ids(c.vocab, 8, 41, 5);
+  std::unique_ptr<DeviceModel> dev = upload(ck, false);
+  const std::vector<float> want = decode_with(*dev, c, ids);
+  const int64_t qd = c.q_dim(), kvd = static_cast<int64_t>(c.kv_heads) * c.head_dim,
+                row = qd + 2 * kvd, V = c.vocab, n = 8;
+  const SchemeSpec fp32 = parse_spec("fp32");
+  for (const int64_t chunk : {3, 1, 8}) {
+    for (const bool all : {true, false}) {
+      const std::string at = fmt::format("{} chunk {} {}", GetParam(), chunk, all ? "all" : "last");
+      std::vector<std::unique_ptr<SideStore>> ks, vs;
+      for (int l = 0; l < c.layers; ++l) {
+        ks.push_back(make_side(fp32, Role::Key, c.kv_heads, c.head_dim, l, cpu_side_kernels()));
+        vs.push_back(make_side(fp32, Role::Value, c.kv_heads, c.head_dim, l, cpu_side_kernels()));
+      }
+      std::vector<float> logits(static_cast<size_t>((all ? n : 1) * V));
+      const int64_t chunks = (n + chunk - 1) / chunk;
+      int64_t calls = 0;
+      const long long up0 = host_runtime_copies(cudaMemcpyHostToDevice),
+                      down0 = host_runtime_copies(cudaMemcpyDeviceToHost),
+                      dd0 = host_runtime_copies(cudaMemcpyDeviceToDevice);
+      dev->prefill(
+          ids, 0, rope_inv_freq(c), chunk,
+          [&](int l, int64_t pos0, int64_t m, const float* qkv, const float* q, float* attn) {
+            SideStore& k = *ks[static_cast<size_t>(l)];
+            SideStore& v = *vs[static_cast<size_t>(l)];
+            EXPECT_EQ(pos0, k.tokens()) << at;
+            EXPECT_EQ(m, std::min(chunk, n - pos0)) << at;
+            std::vector<float> kr(static_cast<size_t>(m * kvd)), vr(kr.size()), kt, vt;
+            for (int64_t i = 0; i < m; ++i) {
+              std::copy_n(qkv + i * row + qd, kvd, kr.data() + i * kvd);
+              std::copy_n(qkv + i * row + qd + kvd, kvd, vr.data() + i * kvd);
+            }
+            const TailSpace ts = tail_space(AttentionBackend::kRef);
+            const int64_t kb = gather_exact_tail(k, kr.data(), m, kt, ts);
+            const int64_t vb = gather_exact_tail(v, vr.data(), m, vt, ts);
+            k.append(kr.data(), m);
+            v.append(vr.data(), m);
+            attend_causal(AttentionBackend::kRef,
+                          CausalArgs{q, m, c.heads, pos0, &k, &v, {kt.data(), kb}, {vt.data(), vb}},
+                          attn);
+            ++calls;
+          },
+          logits.data(), all);
+      EXPECT_EQ(calls, chunks * c.layers) << at;
+      EXPECT_EQ(host_runtime_copies(cudaMemcpyHostToDevice) - up0, chunks) << at;
+      EXPECT_EQ(host_runtime_copies(cudaMemcpyDeviceToHost) - down0, all ? chunks : 1) << at;
+      EXPECT_EQ(host_runtime_copies(cudaMemcpyDeviceToDevice) - dd0, chunks * c.layers) << at;
+      const float* w = want.data() + (all ? 0 : (n - 1) * V);
+      EXPECT_EQ(std::memcmp(logits.data(), w, logits.size() * sizeof(float)), 0) << at;
+    }
+  }
+  EXPECT_GE(dev->batch_capacity(), 8);
+}
+
+// The chunks a prefill takes: in order, at most `chunk` tokens each, the last one ragged.
+TEST(DeviceModelHostBatch, PrefillChunks) {
+  using P = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(DeviceModel::prefill_chunks(8, 3), (P{{0, 3}, {3, 3}, {6, 2}}));
+  EXPECT_EQ(DeviceModel::prefill_chunks(8, 8), (P{{0, 8}}));
+  EXPECT_EQ(DeviceModel::prefill_chunks(5, 256), (P{{0, 5}}));
+  EXPECT_EQ(DeviceModel::prefill_chunks(3, 1), (P{{0, 1}, {1, 1}, {2, 1}}));
+  EXPECT_EQ(DeviceModel::prefill_chunks(0, 4), P{});
+  EXPECT_EQ(DeviceModel::prefill_chunks(1024, 256).size(), 4u);
+  testing::expect_error([] { DeviceModel::prefill_chunks(8, 0); },
+                        "device model: a prefill of 8 tokens in chunks of 0");
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DeviceModelHost,
