@@ -1,6 +1,6 @@
 # `cmake --install`: the libraries as namespaced targets, one per component of the package
-# (kvq::core, kvq::fp8, kvq::kivi, kvq::reference, kvq::cpu, kvq::backend, kvq::model; kvq::cuda
-# when built),
+# (kvq::core, kvq::fp8, kvq::kivi, kvq::cache, kvq::reference, kvq::cpu, kvq::backend, kvq::model;
+# kvq::cuda when built),
 # their headers under <prefix>/include/kvq (included as "core/spec.h", "kernels/cpu/attention.h",
 # ...), and in <prefix>/lib/cmake/kvq: kvqConfig.cmake for find_package(kvq [COMPONENTS ...]) and
 # one targets file per component (kvq-<component>-targets.cmake), loaded only with the packages
@@ -9,8 +9,9 @@
 include(CMakePackageConfigHelpers)
 
 # Components in dependency order (each links only components before it): component=target.
-set(kvq_exported core=kvq_core fp8=kvq_fp8 kivi=kvq_kivi reference=kvq_reference cpu=kvq_cpu)
-set(kvq_header_dirs core fp8 kivi reference_cpu kernels/cpu model)
+set(kvq_exported core=kvq_core fp8=kvq_fp8 kivi=kvq_kivi cache=kvq_cache reference=kvq_reference
+                 cpu=kvq_cpu)
+set(kvq_header_dirs core fp8 kivi cache reference_cpu kernels/cpu model)
 if(KVQ_HAVE_CUDA)  # before backend, which links it (backend cuda)
   list(APPEND kvq_exported cuda=kvq_kernels)
   list(APPEND kvq_header_dirs kernels/cuda)

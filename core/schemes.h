@@ -7,9 +7,10 @@
 // list of `kvq quant --help` / Python's kvq.schemes() and the registry tests iterate it. What is
 // not a family's own (k=SPEC;v=SPEC, SPEC@LAYERS, rot=, sink=) stays in core/spec.cpp.
 //
-// How a side of the family is stored and read back is the backends' business, one table each
-// beside their code (ggml's type_traits_cpu): reference_cpu/schemes.cpp (make_side, round_trip);
-// which backends read a kind is kernels/backend.h's BackendSupport::kinds.
+// How a side of the family is stored and read back is one table each beside its code (ggml's
+// type_traits_cpu): cache/schemes.cpp (make_side, round_trip: the storage every backend shares),
+// reference_cpu/reads.cpp (the reference's reads); which backends read a kind is
+// kernels/backend.h's BackendSupport::kinds.
 #pragma once
 
 #include <cstdint>
@@ -122,7 +123,7 @@ std::span<const SchemeTraits* const> scheme_families();
 const SchemeTraits& scheme_traits(SchemeKind kind);
 const SchemeTraits& scheme_traits(const SchemeSpec& s);
 /// \brief The record of `kind`'s family in a backend's per-family table (records with a
-/// `family` field, e.g. reference_cpu/schemes.cpp's); `where` names the table for the error when
+/// `family` field, e.g. cache/schemes.cpp's); `where` names the table for the error when
 /// the family registered here has no record there.
 template <class Record>
 const Record& family_record(std::span<const Record* const> table, SchemeKind kind,

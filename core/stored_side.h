@@ -1,5 +1,5 @@
 // A read-only view of the bytes one side (K or V) of one layer's KV cache stores, in any scheme:
-// what every backend's attention reads. The owner (reference_cpu's SideStore, or a device cache)
+// what every backend's attention reads. The owner (cache/side.h's SideStore, or a device cache)
 // keeps the bytes; a view is valid until its next append.
 //
 //   fp32 / bf16 / fp16  `f32` or `half16` (bf16 / fp16 bits), [tokens, heads, dim]; a view for

@@ -6,9 +6,9 @@
 #include <string_view>
 #include <vector>
 
+#include "cache/round_trip.h"
 #include "core/spec.h"
 #include "core/tensor.h"
-#include "reference_cpu/quantize.h"
 
 namespace kvq::cli {
 

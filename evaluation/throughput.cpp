@@ -12,12 +12,12 @@
 #include <memory>
 #include <random>
 
+#include "cache/side.h"
 #include "core/error.h"
 #include "evaluation/channel_stats.h"
 #include "evaluation/synthetic.h"
 #include "kernels/backend.h"
 #include "reference_cpu/attention.h"
-#include "reference_cpu/kv_cache.h"
 
 namespace kvq::eval {
 namespace {

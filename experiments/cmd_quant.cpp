@@ -4,6 +4,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "cache/round_trip.h"
+#include "cache/schemes.h"
+#include "cache/side.h"
 #include "core/error.h"
 #include "core/io.h"
 #include "core/npy.h"
@@ -13,16 +16,13 @@
 #include "evaluation/kv_input.h"
 #include "evaluation/report.h"
 #include "experiments/commands.h"
-#include "reference_cpu/kv_cache.h"
-#include "reference_cpu/quantize.h"
-#include "reference_cpu/schemes.h"
 
 namespace kvq::cli {
 namespace {
 
 // The bytes a cache of `spec` stores for x (one append, as `kvq quant` measures it), as
 // safetensors: the codes / packed words, the scales and minima (each family's stored_bytes,
-// reference_cpu/schemes.h), the tokens still exact, and metadata naming the layout, so they can be
+// cache/schemes.h), the tokens still exact, and metadata naming the layout, so they can be
 // inspected with numpy or safetensors.
 void write_codes(const std::string& path, const SchemeSpec& spec, Role role, const Tensor3& x,
                  int layer) {

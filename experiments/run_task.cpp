@@ -10,11 +10,11 @@
 #include <fstream>
 #include <set>
 
+#include "cache/side.h"
 #include "core/io.h"
 #include "evaluation/model_files.h"
 #include "evaluation/report.h"
 #include "experiments/commands.h"
-#include "reference_cpu/kv_cache.h"
 
 namespace kvq::cli::run {
 namespace {

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "cache/side.h"
 #include "core/spec.h"
 #include "fuzz/fuzz_util.h"
 #include "model/llama.h"
-#include "reference_cpu/kv_cache.h"
 #include "tests/support/stored_counts.h"
 
 namespace {

@@ -19,8 +19,8 @@
 #include <string_view>
 #include <vector>
 
+#include "cache/side.h"
 #include "kernels/cpu/attention.h"
-#include "reference_cpu/kv_cache.h"
 
 namespace kvq {
 

@@ -197,7 +197,7 @@ void rms_norm_heads(Mat& x, const Eigen::VectorXf& w, float eps, Eigen::Index r0
 LlamaCache::LlamaCache(const LlamaConfig& c, const CacheOptions& o) : opts_(o) {
   opts_.spec = resolve_layers(o.spec, c.layers, "the model");  // @first=/@last= name layers now
   // Appends quantize on backend cpu's kernels whatever the attention backend: the bytes are the
-  // reference's, bit for bit (tests/kernels/cpu/, tests/reference_cpu/kv_cache_test.cpp).
+  // reference's, bit for bit (tests/kernels/cpu/side_kernels_test.cpp).
   const SideKernels k = cpu_side_kernels();
   for (int l = 0; l < c.layers; ++l) {
     layers_.push_back({make_side(opts_.spec, Role::Key, c.kv_heads, c.head_dim, l, k),  // layer l's

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/side.h"
 #include "core/gguf.h"
 #include "core/spec.h"
 #include "kernels/backend.h"
@@ -24,7 +25,6 @@
 #include "model/hf_checkpoint.h"
 #include "model/packed_matrix.h"
 #include "model/thread_team.h"
-#include "reference_cpu/kv_cache.h"
 
 namespace kvq {
 

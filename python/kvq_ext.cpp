@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "cache/round_trip.h"
+#include "cache/side.h"
 #include "core/error.h"
 #include "core/footprint.h"
 #include "core/gguf.h"
@@ -43,8 +45,6 @@
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "reference_cpu/attention.h"
-#include "reference_cpu/kv_cache.h"
-#include "reference_cpu/quantize.h"
 
 namespace nb = nanobind;
 

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "reference_cpu/dense_ops.h"
+#include "reference_cpu/reads.h"
 
 namespace kvq {
 namespace {
@@ -66,7 +67,7 @@ void decode_attention(const float* q, int64_t q_heads, const SideStore& k, const
     for (int64_t t0 = a; t0 < b; t0 += kBlock) {
       const int64_t t1 = std::min(b, t0 + kBlock);
       for (int64_t h = 0; h < H; ++h)
-        k.dot(h, q + h * nq * D, nq, t0, t1, s.data() + h * nq * T + t0, T);
+        side_dot(k, h, q + h * nq * D, nq, t0, t1, s.data() + h * nq * T + t0, T);
     }
 #pragma omp barrier
 #pragma omp for schedule(static)
@@ -79,7 +80,7 @@ void decode_attention(const float* q, int64_t q_heads, const SideStore& k, const
     for (int64_t t0 = a; t0 < b; t0 += kBlock) {
       const int64_t t1 = std::min(b, t0 + kBlock);
       for (int64_t h = 0; h < H; ++h)
-        v.accumulate(h, s.data() + h * nq * T + t0, nq, t0, t1, T, o + h * nq * D);
+        side_accumulate(v, h, s.data() + h * nq * T + t0, nq, t0, t1, T, o + h * nq * D);
     }
   }
   for (int64_t i = 0; i < q_heads * D; ++i) {
@@ -114,7 +115,7 @@ void causal_attention_item(const float* q, int64_t q_heads, int64_t t_begin, con
   const float* qh = q + (r * q_heads + h * nq) * D;
   float* oh = out + (r * q_heads + h * nq) * D;
   // Scores: codes below qk, exact above (the exact tail indexed from its own start).
-  k.dot(h, qh, nq, 0, qk, s.data(), len);
+  side_dot(k, h, qh, nq, 0, qk, s.data(), len);
   dense_dot(k_exact.data - k_exact.begin * H * D, H, D, h, qh, nq, qk, len, s.data() + qk, len);
   for (int i = 0; i < nq; ++i) {
     float* row = s.data() + i * len;
@@ -124,7 +125,7 @@ void causal_attention_item(const float* q, int64_t q_heads, int64_t t_begin, con
     softmax_row(row, len);
   }
   std::fill(oh, oh + nq * D, 0.0f);
-  v.accumulate(h, s.data(), nq, 0, qv, len, oh);
+  side_accumulate(v, h, s.data(), nq, 0, qv, len, oh);
   dense_accumulate(v_exact.data - v_exact.begin * H * D, H, D, h, s.data() + qv, nq, qv, len, len,
                    oh);
 }
@@ -162,7 +163,7 @@ std::vector<double> attention_probs(const float* q, int64_t q_heads, const SideS
   std::vector<float> s(static_cast<size_t>(nq * T));
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
   for (int64_t h = 0; h < H; ++h) {
-    k.dot(h, q + h * nq * D, nq, 0, T, s.data(), T);
+    side_dot(k, h, q + h * nq * D, nq, 0, T, s.data(), T);
     for (int i = 0; i < nq; ++i) {
       float* row = s.data() + i * T;
       for (int64_t t = 0; t < T; ++t) row[t] *= inv_sqrt_d;

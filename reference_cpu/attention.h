@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cache/side.h"
 #include "core/tensor.h"
-#include "reference_cpu/kv_cache.h"
 
 namespace kvq {
 

@@ -3,8 +3,9 @@
 and every import of a Python file, read as an arrow between kvq's folders, must be an arrow of the
 allowed folder graph (GRAPH below, written once, here). The graph is layered, lowest first:
 
-    core  <-  fp8, kivi (the schemes)  <-  reference_cpu, kernels/cpu, kernels/cuda (the backends)
-          <-  kernels (the backend interface: kernels/backend.h, .cpp)  <-  model
+    core  <-  fp8, kivi (the schemes)  <-  cache (the cache sides' storage, every backend's)
+          <-  reference_cpu, kernels/cpu, kernels/cuda (the backends: their reads of the stored
+          bytes)  <-  kernels (the backend interface: kernels/backend.h, .cpp)  <-  model
           <-  evaluation (the evaluation library, kvq_eval)  <-  python  <-  experiments (the kvq
           CLI, its configs, and the plot scripts, which import the Python package)
     tests/, bench/, fuzz/, examples/, scripts/, docs/ may include anything; nothing includes them.
@@ -33,15 +34,17 @@ GRAPH = {
     "core": [],
     "fp8": ["core"],
     "kivi": ["core"],
-    "reference_cpu": ["core", "fp8", "kivi"],
-    "kernels/cpu": ["core", "fp8", "kivi"],
-    "kernels/cuda": ["core", "fp8", "kivi"],
-    "kernels": ["core", "reference_cpu", "kernels/cpu", "kernels/cuda"],
-    "model": ["core", "fp8", "reference_cpu", "kernels/cpu", "kernels/cuda", "kernels"],
-    "evaluation": ["core", "fp8", "reference_cpu", "kernels", "model"],
-    "python": ["core", "fp8", "reference_cpu", "kernels/cpu", "kernels", "model", "evaluation"],
-    "experiments": ["core", "fp8", "kivi", "reference_cpu", "kernels/cpu", "kernels", "model",
-                    "evaluation", "python"],
+    "cache": ["core", "fp8", "kivi"],
+    "reference_cpu": ["core", "fp8", "kivi", "cache"],
+    "kernels/cpu": ["core", "fp8", "kivi", "cache"],
+    "kernels/cuda": ["core", "fp8", "kivi", "cache"],
+    "kernels": ["core", "cache", "reference_cpu", "kernels/cpu", "kernels/cuda"],
+    "model": ["core", "fp8", "cache", "reference_cpu", "kernels/cpu", "kernels/cuda", "kernels"],
+    "evaluation": ["core", "fp8", "cache", "reference_cpu", "kernels", "model"],
+    "python": ["core", "fp8", "cache", "reference_cpu", "kernels/cpu", "kernels", "model",
+               "evaluation"],
+    "experiments": ["core", "fp8", "kivi", "cache", "reference_cpu", "kernels/cpu", "kernels",
+                    "model", "evaluation", "python"],
 }
 # Folders of one rank: no arrow between them (the schemes; the backends).
 PEERS = [{"fp8", "kivi"}, {"reference_cpu", "kernels/cpu", "kernels/cuda"}]

@@ -6,11 +6,11 @@
 #include <random>
 #include <vector>
 
+#include "cache/side.h"
 #include "core/spec.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/kivi.h"
 #include "reference_cpu/attention.h"
-#include "reference_cpu/kv_cache.h"
 
 int main() {
   const int64_t T = 512, H = 2, D = 64, QH = 8;

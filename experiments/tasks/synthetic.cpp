@@ -8,14 +8,14 @@
 #include <cmath>
 #include <random>
 
+#include "cache/round_trip.h"
+#include "cache/side.h"
 #include "evaluation/model_eval.h"
 #include "evaluation/report.h"
 #include "experiments/commands.h"
 #include "experiments/run_task.h"
 #include "reference_cpu/attention.h"
-#include "reference_cpu/kv_cache.h"
 #include "reference_cpu/metrics.h"
-#include "reference_cpu/quantize.h"
 
 namespace kvq::cli::run {
 namespace {

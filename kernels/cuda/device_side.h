@@ -12,7 +12,7 @@
 //         fp8_quantize. Dynamic tensor / head / channel scales (first=N: exact tokens held
 //         until N arrive) are not here.
 //   int   the device KIVI cache (kivi_cache_device.cuh): kivi::SideCache's bytes, bit for bit
-// The bytes of every kind equal the CPU side's (reference_cpu/kv_cache.h) after the same appends;
+// The bytes of every kind equal the CPU side's (cache/side.h) after the same appends;
 // host_copy() reads them back for the tests. rot= and sink= are not this file's: the backend
 // layer rotates on the host (rot=) and sinks are refused (kernels/backend.h's support table).
 //

@@ -1,164 +1,95 @@
-// The float family's reference storage (reference_cpu/schemes.h): fp32, bf16 and fp16 values as
-// stored (bf16 / fp16 as 16-bit patterns).
-#include <algorithm>
+// The float family's reference reads (reference_cpu/reads.h) over its stored view
+// (cache/schemes/float.cpp): fp32 values as they are, bf16 / fp16 bits widened in registers.
 #include <vector>
 
-#include "core/error.h"
 #include "core/half.h"
-#include "core/schemes.h"
 #include "reference_cpu/dense_ops.h"
-#include "reference_cpu/schemes.h"
+#include "reference_cpu/reads.h"
 
 namespace kvq {
 namespace {
 
-// What the float family's sides share: dense [tokens, heads, dim] values of type T, every token
-// stored as its kind's code (fp32: the values themselves).
-template <class T>
-class DenseSide : public SideStore {
- public:
-  DenseSide(SchemeKind kind, int64_t H, int64_t D) : kind_(kind), H_(H), D_(D) {}
-  void reserve(int64_t t) override { x_.reserve(static_cast<size_t>(t * H_ * D_)); }
-  int64_t tokens() const override { return static_cast<int64_t>(x_.size()) / (H_ * D_); }
-  int64_t heads() const override { return H_; }
-  int64_t dim() const override { return D_; }
-  int64_t quantized_tokens_at(int64_t t) const override { return t; }
-  void exact_tail(std::vector<float>&) const override {}
-  Footprint footprint() const override {
-    return scheme_traits(kind_).stored_footprint(stored(), {tokens(), H_, D_});
-  }
-
- protected:
-  SchemeKind kind_;
-  int64_t H_, D_;
-  std::vector<T> x_;
-};
-
-class Fp32Side final : public DenseSide<float> {
- public:
-  Fp32Side(int64_t H, int64_t D) : DenseSide(SchemeKind::Fp32, H, D) {}
-  void append(const float* x, int64_t n) override { x_.insert(x_.end(), x, x + n * H_ * D_); }
-  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
-           int64_t ld) const override {
-    dense_dot(x_.data(), H_, D_, h, q, nq, t0, t1, s, ld);
-  }
-  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
-                  float* out) const override {
-    dense_accumulate(x_.data(), H_, D_, h, p, nq, t0, t1, ld, out);
-  }
-  Tensor3 dequantize() const override {
-    Tensor3 y({tokens(), H_, D_});
-    y.data = x_;
-    return y;
-  }
-  StoredSide stored() const override {
-    StoredSide s{SchemeKind::Fp32, tokens(), H_, D_};
-    s.f32 = x_.data();
-    return s;
-  }
-};
-
-// bf16 or fp16 stored as 16-bit patterns; widened in registers.
 template <bool kBf16>
-class Half16Side final : public DenseSide<uint16_t> {
- public:
-  Half16Side(int64_t H, int64_t D) : DenseSide(kBf16 ? SchemeKind::Bf16 : SchemeKind::Fp16, H, D) {}
-  static float widen(uint16_t b) { return kBf16 ? bf16_bits_to_float(b) : half_bits_to_float(b); }
-  // One growth, then a loop the compiler vectorizes: element by element push_back regrew and
-  // copied the vector log2(n) times and kept the conversion scalar (issue 50: bf16's "quantize"
-  // baseline in [throughput] ran at a fifth of memcpy, which made every other scheme look fast).
-  void append(const float* x, int64_t n) override {
-    const size_t old = x_.size(), m = static_cast<size_t>(n * H_ * D_);
-    x_.resize(old + m);
-    uint16_t* out = x_.data() + old;
-    for (size_t i = 0; i < m; ++i)
-      out[i] = kBf16 ? float_to_bf16_bits(x[i]) : float_to_half_bits(x[i]);
-  }
-  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
-           int64_t ld) const override {
-    float* row = widened_row();
-    for (int64_t t = t0; t < t1; ++t) {
-      const uint16_t* r = x_.data() + (t * H_ + h) * D_;
-      for (int64_t d = 0; d < D_; ++d) row[d] = widen(r[d]);
-      for (int i = 0; i < nq; ++i) {
-        const float* qi = q + i * D_;
-        float acc = 0;
+float widen(uint16_t b) {
+  return kBf16 ? bf16_bits_to_float(b) : half_bits_to_float(b);
+}
+
+// One token's row widened to float: a buffer per thread (sides are read by several threads at
+// once, one head each), grown once instead of allocated on every call.
+float* widened_row(int64_t D) {
+  thread_local std::vector<float> row;
+  if (row.size() < static_cast<size_t>(D)) row.resize(static_cast<size_t>(D));
+  return row.data();
+}
+
+template <bool kBf16>
+void widen_row(const uint16_t* r, int64_t D, float* row) {
+  for (int64_t d = 0; d < D; ++d) row[d] = widen<kBf16>(r[d]);
+}
+
+template <bool kBf16>
+void half_dot(const StoredSide& x, int64_t h, const float* q, int nq, int64_t t0, int64_t t1,
+              float* s, int64_t ld) {
+  const int64_t H = x.heads, D = x.dim;
+  float* row = widened_row(D);
+  for (int64_t t = t0; t < t1; ++t) {
+    widen_row<kBf16>(x.half16 + (t * H + h) * D, D, row);
+    for (int i = 0; i < nq; ++i) {
+      const float* qi = q + i * D;
+      float acc = 0;
 #pragma omp simd reduction(+ : acc)
-        for (int64_t d = 0; d < D_; ++d) acc += qi[d] * row[d];
-        s[i * ld + (t - t0)] = acc;
-      }
+      for (int64_t d = 0; d < D; ++d) acc += qi[d] * row[d];
+      s[i * ld + (t - t0)] = acc;
     }
   }
-  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
-                  float* out) const override {
-    float* row = widened_row();
-    for (int64_t t = t0; t < t1; ++t) {
-      const uint16_t* r = x_.data() + (t * H_ + h) * D_;
-      for (int64_t d = 0; d < D_; ++d) row[d] = widen(r[d]);
-      for (int i = 0; i < nq; ++i) {
-        const float w = p[i * ld + (t - t0)];
-        float* o = out + i * D_;
+}
+
+template <bool kBf16>
+void half_accumulate(const StoredSide& x, int64_t h, const float* p, int nq, int64_t t0, int64_t t1,
+                     int64_t ld, float* out) {
+  const int64_t H = x.heads, D = x.dim;
+  float* row = widened_row(D);
+  for (int64_t t = t0; t < t1; ++t) {
+    widen_row<kBf16>(x.half16 + (t * H + h) * D, D, row);
+    for (int i = 0; i < nq; ++i) {
+      const float w = p[i * ld + (t - t0)];
+      float* o = out + i * D;
 #pragma omp simd
-        for (int64_t d = 0; d < D_; ++d) o[d] += w * row[d];
-      }
+      for (int64_t d = 0; d < D; ++d) o[d] += w * row[d];
     }
   }
-  Tensor3 dequantize() const override {
-    Tensor3 y({tokens(), H_, D_});
-    for (size_t i = 0; i < x_.size(); ++i) y.data[i] = widen(x_[i]);
-    return y;
-  }
-  StoredSide stored() const override {
-    StoredSide s{kind_, tokens(), H_, D_};
-    s.half16 = x_.data();
-    return s;
-  }
+}
 
- private:
-  // One token's row widened to float: a buffer per thread (sides are read by several threads at
-  // once, one head each), grown once instead of allocated on every call.
-  float* widened_row() const {
-    thread_local std::vector<float> row;
-    if (row.size() < static_cast<size_t>(D_)) row.resize(static_cast<size_t>(D_));
-    return row.data();
-  }
-};
-
-std::unique_ptr<SideStore> make(const SchemeSpec& spec, Role, int64_t heads, int64_t dim, int,
-                                const SideKernels&) {
-  switch (spec.kind()) {
+// Runs half.template operator()<kBf16>() for a bf16 / fp16 view, dense() for an fp32 one.
+template <class Half, class Dense>
+void by_kind(SchemeKind kind, Half&& half, Dense&& dense) {
+  switch (kind) {
     case SchemeKind::Bf16:
-      return std::make_unique<Half16Side<true>>(heads, dim);
+      return half.template operator()<true>();
     case SchemeKind::Fp16:
-      return std::make_unique<Half16Side<false>>(heads, dim);
+      return half.template operator()<false>();
     default:
-      return std::make_unique<Fp32Side>(heads, dim);
+      return dense();
   }
 }
 
-Tensor3 round_trip(const SchemeSpec& spec, Role, const Tensor3& x, int) {
-  Tensor3 y = x;
-  if (spec.kind() == SchemeKind::Bf16)
-    for (float& v : y.data) v = round_to_bf16(v);
-  else if (spec.kind() == SchemeKind::Fp16)
-    for (float& v : y.data) v = round_to_half(v);
-  return y;
+void dot(const StoredSide& x, int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
+         int64_t ld) {
+  by_kind(
+      x.kind, [&]<bool kBf16>() { half_dot<kBf16>(x, h, q, nq, t0, t1, s, ld); },
+      [&] { dense_dot(x.f32, x.heads, x.dim, h, q, nq, t0, t1, s, ld); });
 }
 
-// Every token's values as stored: F32, or the 16-bit patterns as BF16 / F16.
-int64_t stored_bytes(const StoredSide& s, int64_t, StoredBytes& out) {
-  const int64_t n = s.tokens * s.heads * s.dim;
-  if (s.kind == SchemeKind::Fp32)
-    out.add("values", "F32", {s.tokens, s.heads, s.dim}, s.f32, n * 4);
-  else
-    out.add("values", s.kind == SchemeKind::Bf16 ? "BF16" : "F16", {s.tokens, s.heads, s.dim},
-            s.half16, n * 2);
-  return s.tokens;
+void accumulate(const StoredSide& x, int64_t h, const float* p, int nq, int64_t t0, int64_t t1,
+                int64_t ld, float* out) {
+  by_kind(
+      x.kind, [&]<bool kBf16>() { half_accumulate<kBf16>(x, h, p, nq, t0, t1, ld, out); },
+      [&] { dense_accumulate(x.f32, x.heads, x.dim, h, p, nq, t0, t1, ld, out); });
 }
 
 }  // namespace
 
-extern const SchemeStorage kFloatStorage;
-const SchemeStorage kFloatStorage{"float", make, round_trip, stored_bytes};
+extern const SchemeReads kFloatReads;
+const SchemeReads kFloatReads{"float", dot, accumulate};
 
 }  // namespace kvq

@@ -52,7 +52,7 @@ TEST(SchemeRegistry, ExamplesRoundTripThroughCanonicalNames) {
 }
 
 // Every key a family takes appears in one of its examples (so the sweeps above and in
-// tests/reference_cpu/schemes_test.cpp cover it), and an unknown key's error lists them all.
+// tests/cache/schemes_test.cpp cover it), and an unknown key's error lists them all.
 TEST(SchemeRegistry, EveryKeyIsSweptAndListedInErrors) {
   for (const SchemeTraits* t : scheme_families())
     for (const std::string_view e : t->examples) {

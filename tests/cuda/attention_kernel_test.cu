@@ -32,6 +32,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cache/side.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/npy.h"
@@ -44,7 +45,6 @@
 #include "kernels/cuda/kivi_cache_device.cuh"
 #include "kivi/cache.h"
 #include "reference_cpu/attention.h"
-#include "reference_cpu/kv_cache.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/names.h"

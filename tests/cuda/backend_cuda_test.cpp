@@ -4,7 +4,7 @@
 // appends and against token-by-token decode on cuda.
 //
 // Where expected values come from:
-//   - stored bytes: the CPU sides' stored() (reference_cpu/kv_cache.h with backend cpu's
+//   - stored bytes: the CPU sides' stored() (cache/side.h with backend cpu's
 //     quantizers, themselves tested bit for bit against the reference), compared bit for bit with
 //     the device bytes read back (stored_copy); the footprint and quantized_tokens_at likewise;
 //   - attention: backend ref's decode_attention over the CPU sides (the scalar definition). The

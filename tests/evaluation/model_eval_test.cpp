@@ -8,9 +8,9 @@
 #include <cmath>
 #include <vector>
 
+#include "cache/side.h"
 #include "core/error.h"
 #include "core/splitmix.h"
-#include "reference_cpu/kv_cache.h"
 
 namespace kvq::eval {
 namespace {
@@ -113,7 +113,7 @@ TEST(QuantizedFraction, PerLayerAndSplitSpecs) {
   EXPECT_NEAR(f("k=fp32;v=kivi2", 1), v / 255, kTol);
 }
 
-// The rule agrees with what the cache sides themselves read exactly (reference_cpu/kv_cache.h:
+// The rule agrees with what the cache sides themselves read exactly (cache/side.h:
 // quantized_tokens_at, which counts sink tokens in front of the scheme's own side), streamed, and
 // with a tensor quantized at once (FP8's first-N clamps to the tensor: everything quantized).
 TEST(QuantizedFraction, AgreesWithTheCacheSides) {

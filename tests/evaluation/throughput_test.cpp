@@ -10,9 +10,9 @@
 
 #include <gtest/gtest.h>
 
+#include "cache/side.h"
 #include "core/half.h"
 #include "core/spec.h"
-#include "reference_cpu/kv_cache.h"
 
 namespace kvq::eval {
 namespace {

@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <random>
 
+#include "cache/round_trip.h"
 #include "core/error.h"
 #include "evaluation/synthetic.h"
 #include "fp8/scale.h"
-#include "reference_cpu/quantize.h"
 #include "tests/support/names.h"
 #include "tests/support/random.h"
 

@@ -1,5 +1,5 @@
 // Tests for backend cpu's quantize kernels lent to the streaming cache sides (SideKernels in
-// reference_cpu/kv_cache.h, kivi::GroupQuantizers in kivi/cache.h): the same tokens appended in
+// cache/side.h, kivi::GroupQuantizers in kivi/cache.h): the same tokens appended in
 // the same ragged chunks to a side with the reference's quantizers and to one with backend cpu's
 // must store the same bytes after every append - codes / words, scales, minima, the exact tail
 // and the dequantized values, compared bit for bit. The expected bytes are the reference's
@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "cache/side.h"
 #include "core/spec.h"
 #include "fp8/scale.h"
 #include "kernels/cpu/fp8.h"
 #include "kernels/cpu/kivi.h"
 #include "kivi/layout.h"
 #include "model/llama.h"
-#include "reference_cpu/kv_cache.h"
 #include "tests/kivi/naive.h"
 #include "tests/support/stored_counts.h"
 

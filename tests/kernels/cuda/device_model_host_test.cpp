@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/side.h"
 #include "core/gguf.h"
 #include "core/spec.h"
 #include "kernels/backend.h"
@@ -38,7 +39,6 @@
 #include "model/hf_checkpoint.h"
 #include "model/llama.h"
 #include "model/llama_cuda.h"
-#include "reference_cpu/kv_cache.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/model_logits.h"
 

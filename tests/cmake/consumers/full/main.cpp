@@ -7,11 +7,11 @@
 #include <random>
 #include <vector>
 
+#include "cache/side.h"
 #include "kernels/cpu/attention.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "reference_cpu/attention.h"
-#include "reference_cpu/kv_cache.h"
 #ifdef FULL_CONSUMER_CUDA
 #include "kernels/cuda/fp8_kernels.cuh"
 #endif

@@ -1,8 +1,9 @@
-// How the reference stores and round-trips each scheme family (issue 48, item 1): one record per
-// family of core/schemes.h's registry, in the manner of ggml's type_traits_cpu beside type_traits.
-// A family's record lives in its file reference_cpu/schemes/<family>.cpp with its SideStore; the
-// one table is reference_cpu/schemes.cpp. make_side and round_trip (kv_cache.h, quantize.h) wrap
-// what every scheme shares (per-layer specs, k=;v= sides, rot=, sink=) around it.
+// How each scheme family is stored and round-tripped (issue 48, item 1): one record per family of
+// core/schemes.h's registry, in the manner of ggml's type_traits_cpu beside type_traits. A
+// family's record lives in its file cache/schemes/<family>.cpp with its SideStore; the one table
+// is cache/schemes.cpp. make_side and round_trip (side.h, round_trip.h) wrap what every scheme
+// shares (per-layer specs, k=;v= sides, rot=, sink=) around it. The reads of a stored side are
+// the backends' (the reference's: reference_cpu/reads.h).
 #pragma once
 
 #include <cstdint>
@@ -12,11 +13,11 @@
 #include <string_view>
 #include <vector>
 
+#include "cache/side.h"
 #include "core/safetensors.h"
 #include "core/spec.h"
 #include "core/stored_side.h"
 #include "core/tensor.h"
-#include "reference_cpu/kv_cache.h"
 
 namespace kvq {
 
@@ -39,7 +40,7 @@ struct SchemeStorage {
   std::unique_ptr<SideStore> (*make_side)(const SchemeSpec& spec, Role role, int64_t heads,
                                           int64_t dim, int layer, const SideKernels& kernels);
   /// \brief `x` quantized and read back as one layer's tensor in `role` (no rot=, no sink=): the
-  /// values of round_trip (quantize.h).
+  /// values of round_trip (round_trip.h).
   Tensor3 (*round_trip)(const SchemeSpec& spec, Role role, const Tensor3& x, int layer);
   /// \brief Adds to `out` the bytes of a stored view of the family (`s.kind` one of its kinds)
   /// whose first `quantized` tokens are coded; returns the tokens they cover (the caller adds the

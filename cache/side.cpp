@@ -1,11 +1,10 @@
-#include "reference_cpu/kv_cache.h"
+#include "cache/side.h"
 
 #include <algorithm>
 #include <vector>
 
+#include "cache/schemes.h"
 #include "core/error.h"
-#include "reference_cpu/dense_ops.h"
-#include "reference_cpu/schemes.h"
 
 namespace kvq {
 namespace {
@@ -22,14 +21,6 @@ class ViewSide final : public SideStore {
   int64_t heads() const override { return x_.shape.heads; }
   int64_t dim() const override { return x_.shape.dim; }
   int64_t quantized_tokens_at(int64_t t) const override { return base_.quantized_tokens_at(t); }
-  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
-           int64_t ld) const override {
-    dense_dot(x_.data.data(), heads(), dim(), h, q, nq, t0, t1, s, ld);
-  }
-  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
-                  float* out) const override {
-    dense_accumulate(x_.data.data(), heads(), dim(), h, p, nq, t0, t1, ld, out);
-  }
   void exact_tail(std::vector<float>& out) const override { base_.exact_tail(out); }
   Tensor3 dequantize() const override { return x_; }
   Footprint footprint() const override { return base_.footprint(); }
@@ -71,18 +62,6 @@ class SinkSide final : public SideStore {
   int64_t quantized_tokens_at(int64_t t) const override {
     return t <= S_ ? t : S_ + in_->quantized_tokens_at(t - S_);
   }
-  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
-           int64_t ld) const override {
-    const int64_t m = std::clamp(S_, t0, t1);
-    if (m > t0) dense_dot(sink_.data(), H_, D_, h, q, nq, t0, m, s, ld);
-    if (t1 > m) in_->dot(h, q, nq, m - S_, t1 - S_, s + (m - t0), ld);
-  }
-  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
-                  float* out) const override {
-    const int64_t m = std::clamp(S_, t0, t1);
-    if (m > t0) dense_accumulate(sink_.data(), H_, D_, h, p, nq, t0, m, ld, out);
-    if (t1 > m) in_->accumulate(h, p + (m - t0), nq, m - S_, t1 - S_, ld, out);
-  }
   void exact_tail(std::vector<float>& out) const override { in_->exact_tail(out); }
   Tensor3 dequantize() const override {
     Tensor3 y({tokens(), H_, D_});
@@ -114,7 +93,8 @@ class SinkSide final : public SideStore {
   std::vector<float> sink_;
 };
 
-// rot=: the inner side stores R x; reads rotate q, un-rotate outputs and exact values.
+// rot=: the inner side stores R x; exact values and dequantize are un-rotated (readers of
+// stored() rotate q and un-rotate outputs by rotation()).
 class RotatedSide final : public SideStore {
  public:
   RotatedSide(const RotSpec& r, std::unique_ptr<SideStore> inner)
@@ -129,19 +109,6 @@ class RotatedSide final : public SideStore {
   int64_t heads() const override { return in_->heads(); }
   int64_t dim() const override { return D_; }
   int64_t quantized_tokens_at(int64_t t) const override { return in_->quantized_tokens_at(t); }
-  void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* s,
-           int64_t ld) const override {
-    std::vector<float> rq(q, q + nq * D_);
-    rot_.rotate(rq.data(), nq);
-    in_->dot(h, rq.data(), nq, t0, t1, s, ld);
-  }
-  void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
-                  float* out) const override {
-    std::vector<float> o(static_cast<size_t>(nq * D_), 0.0f);
-    in_->accumulate(h, p, nq, t0, t1, ld, o.data());
-    rot_.unrotate(o.data(), nq);
-    for (size_t i = 0; i < o.size(); ++i) out[i] += o[i];
-  }
   void exact_tail(std::vector<float>& out) const override {
     const size_t before = out.size();
     in_->exact_tail(out);
@@ -193,8 +160,8 @@ int64_t gather_exact_tail(const SideStore& s, const float* x, int64_t n, std::ve
   return begin;
 }
 
-std::unique_ptr<SideStore> make_side(const SchemeSpec& whole, Role role, int64_t heads,
-                                     int64_t dim, int layer, const SideKernels& kernels) {
+std::unique_ptr<SideStore> make_side(const SchemeSpec& whole, Role role, int64_t heads, int64_t dim,
+                                     int layer, const SideKernels& kernels) {
   if (whole.layered()) return make_side(whole.for_layer(layer), role, heads, dim, layer, kernels);
   const SchemeSpec& spec = whole.side(role);
   KVQ_CHECK(heads > 0 && dim > 0, "cache shape: heads {} and head_dim {} must be positive", heads,

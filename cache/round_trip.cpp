@@ -1,11 +1,11 @@
-#include "reference_cpu/quantize.h"
+#include "cache/round_trip.h"
 
 #include <algorithm>
 #include <optional>
 
+#include "cache/schemes.h"
 #include "core/error.h"
 #include "core/rotation.h"
-#include "reference_cpu/schemes.h"
 
 namespace kvq {
 

@@ -1,4 +1,4 @@
-// reference_cpu/kv_cache.h with rot= and sink= (issue 15): what each option stores, from its
+// cache/side.h with rot= and sink= (issue 15): what each option stores, from its
 // definition. Sinks: the first S tokens read back bit-exact, and the rest is exactly what the
 // scheme without sinks stores for tokens S.. (a second cache fed only those tokens). Rotation:
 // with no quantization it is invisible to attention up to float rounding; with per-token int4
@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "cache/round_trip.h"
+#include "cache/side.h"
 #include "core/footprint.h"
 #include "core/stored_side.h"
 #include "evaluation/synthetic.h"
 #include "reference_cpu/attention.h"
-#include "reference_cpu/kv_cache.h"
 #include "reference_cpu/metrics.h"
-#include "reference_cpu/quantize.h"
 #include "tests/support/random.h"
 
 namespace kvq {

@@ -1,11 +1,11 @@
-// reference_cpu/schemes: the storage sweep over core/schemes.h's registry. For every example spec
+// cache/schemes: the storage sweep over core/schemes.h's registry. For every example spec
 // of every family, both roles, on a ragged shape (kShape): the footprint formula equals the bytes
 // the stored view actually holds (counted from the layouts, fp8/scale.h and kivi/layout.h, through
 // tests/support/stored_counts.h) and the family's coded_tokens the side's own count; the streamed
 // side reads back what the whole-tensor round trip gives; and the round trip's error stays within
 // the family's bound (SchemeTraits::max_error, derived from each format's rounding in
 // core/schemes/<family>.cpp).
-#include "reference_cpu/schemes.h"
+#include "cache/schemes.h"
 
 #include <gtest/gtest.h>
 
@@ -15,9 +15,9 @@
 #include <random>
 #include <string>
 
+#include "cache/round_trip.h"
+#include "cache/side.h"
 #include "core/schemes.h"
-#include "reference_cpu/kv_cache.h"
-#include "reference_cpu/quantize.h"
 #include "tests/support/stored_counts.h"
 
 namespace kvq {

@@ -1,6 +1,9 @@
-// One side (K or V) of one layer's KV cache in any scheme, with the two reads attention needs.
-// Attention reads the stored codes directly: the dequantized cache is never built on this path.
-// Each scheme family's side is in its file, reference_cpu/schemes/<family>.cpp (schemes.h):
+// One side (K or V) of one layer's KV cache in any scheme: the storage every backend shares.
+// A side appends, counts its tokens, says which of them its window keeps exact, reports its
+// footprint and exposes its stored bytes (core/stored_side.h's StoredSide) and exact tail; it does
+// not read. The reads are each backend's over the stored view: the reference's in
+// reference_cpu/reads.h (the scalar definition), backend cpu's and cuda's in kernels/.
+// Each scheme family's side is in its file, cache/schemes/<family>.cpp (schemes.h):
 //
 //   float  fp32 / bf16 / fp16 values as stored (bf16/fp16 as 16-bit patterns)
 //   fp8    one code per element + scales (token scales grow per token; tensor/head/channel
@@ -22,8 +25,7 @@
 
 namespace kvq {
 
-/// \brief One side of one layer's cache. Every read covers tokens [t0, t1) of kv head h for nq
-/// query vectors at once (the GQA group shares each unpacked code).
+/// \brief One side of one layer's cache: its bytes and what it knows of them (no reads).
 class SideStore {
  public:
   virtual ~SideStore() = default;
@@ -41,14 +43,6 @@ class SideStore {
   /// (t for schemes without a residual window). Causal prefill uses it.
   virtual int64_t quantized_tokens_at(int64_t t) const = 0;
 
-  /// \brief scores[i * ld + (t - t0)] = <q_i, K[t, h, :]> for t in [t0, t1), i < nq; q is
-  /// [nq, dim]. Unscaled (no 1/sqrt(d)).
-  virtual void dot(int64_t h, const float* q, int nq, int64_t t0, int64_t t1, float* scores,
-                   int64_t ld) const = 0;
-  /// \brief out[i * dim + d] += sum_t p[i * ld + (t - t0)] * V[t, h, d] for t in [t0, t1).
-  virtual void accumulate(int64_t h, const float* p, int nq, int64_t t0, int64_t t1, int64_t ld,
-                          float* out) const = 0;
-
   /// \brief Appends the exact values of the tokens not yet quantized, [quantized_tokens_at(T), T)
   /// ([n, heads, dim]); nothing for schemes without a residual window.
   virtual void exact_tail(std::vector<float>& out) const = 0;
@@ -59,12 +53,12 @@ class SideStore {
   virtual Tensor3 dequantize() const = 0;
   /// \brief Bytes stored (the one accounting formula).
   virtual Footprint footprint() const = 0;
-  /// \brief A view of the stored bytes for the other backends (valid until the next append);
-  /// the default throws kvq::Error (a side that keeps its bytes elsewhere).
+  /// \brief A view of the stored bytes, what every backend's attention reads (valid until the
+  /// next append); the default throws kvq::Error (a side that keeps its bytes elsewhere).
   virtual StoredSide stored() const;
-  /// \brief rot=: the rotation the side stores its vectors under (null: none). dot() and
-  /// accumulate() apply it themselves; a reader of stored() rotates q by it and un-rotates the
-  /// output (model/llama.h's cpu_causal_input and unrotate_output).
+  /// \brief rot=: the rotation the side stores its vectors under (null: none). A reader of
+  /// stored() rotates q by it and un-rotates the output (reference_cpu/reads.h's side_dot and
+  /// side_accumulate; kernels/backend.h's cpu_causal_input and unrotate_output).
   virtual const Rotation* rotation() const { return nullptr; }
 };
 
@@ -75,14 +69,14 @@ class SideStore {
 ///   kModel   the model's own vectors, as the side gives them back (R^T R x; the chunk's rows
 ///            through the rotation and back too): what backend ref's attention reads;
 ///   kStored  as the side stores them (R x, the chunk rotated alike): what backend cpu's kernels
-///            read beside the stored codes (cpu_causal_input, model/llama.h).
+///            read beside the stored codes (cpu_causal_input, kernels/backend.h).
 enum class TailSpace { kModel, kStored };
 int64_t gather_exact_tail(const SideStore& s, const float* x, int64_t n, std::vector<float>& tail,
                           TailSpace space);
 
 /// \brief Quantize kernels a backend lends the cache sides for their streaming appends, in place of
-/// the reference's own (fp8/scale.h, kivi/cache.cpp). Each must produce the same bytes; backend
-/// cpu's (kernels/cpu/) are tested bit for bit. Null members: the reference's.
+/// the schemes' own (fp8/scale.h, kivi/cache.cpp). Each must produce the same bytes; backend
+/// cpu's (kernels/cpu/) are tested bit for bit. Null members: the schemes' own.
 struct SideKernels {
   kivi::GroupQuantizers kivi;
   /// fp8::compute_scales' contract.
@@ -94,9 +88,10 @@ struct SideKernels {
 };
 
 /// \brief A cache side for `spec` in `role`; `layer` selects calib scales; `kernels` quantize its
-/// appends (the reference's when empty). sink=S keeps the first S tokens exact in front of the
-/// scheme's own side (which starts at token S); rot= stores rotated vectors (rotation() says so)
-/// and undoes it in every read: dot, accumulate, exact_tail, dequantize.
+/// appends (the schemes' own when empty). sink=S keeps the first S tokens exact in front of the
+/// scheme's own side (which starts at token S; StoredSide::sink holds them); rot= stores rotated
+/// vectors (rotation() says so) and undoes it in exact_tail and dequantize (readers of stored()
+/// undo it themselves).
 std::unique_ptr<SideStore> make_side(const SchemeSpec& spec, Role role, int64_t heads, int64_t dim,
                                      int layer = 0, const SideKernels& kernels = {});
 
