@@ -36,6 +36,7 @@ struct Common {
   std::string model_file, kv = kDefaultKv, json, backend = "cpu", weights = "mapped";
   bool pre_rope = false, hadamard = false;
   int threads = 0;
+  int64_t device_chunk = LlamaModel::kDefaultDeviceChunk;  // backend cuda's prefill chunk
 };
 
 // The loaded model and tokenizer (loaded once per process).
@@ -55,6 +56,7 @@ const Loaded& load(const Common& c) {
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   l->model.set_backend(backend);
+  l->model.set_device_chunk(c.device_chunk);
   return *l;
 }
 
@@ -92,6 +94,11 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
                 "quantized caches; rot=hadamard:SEED in the spec for random signs)");
   }
   c->add_option("--threads", o.threads, "threads (0 = kvq chooses per forward pass between all cores and one, by measuring both: one wins when another process shares a core)")->check(at_least(0))->capture_default_str();
+  c->add_option("--device-chunk", o.device_chunk,
+                "backend cuda: a prompt's tokens per prefill chunk (each chunk's dense part over its rows at once "
+                "and one causal attention call a layer); 1 runs every token as a decode step (token by token)")
+      ->check(at_least(1))
+      ->capture_default_str();
   c->add_option("--backend", o.backend,
                 "attention backend, one of " + backend_names(" | ") +
                     ": cpu (SIMD kernels), cpu-int8 (the same kernels with reduced-precision "
@@ -99,7 +106,8 @@ void add_common(CLI::App* c, Common& o, bool with_kv = true) {
                     "on FP8 codes bf16 queries and weights in builds for AVX-512 BF16 and VBMI, head_dim a "
                     "multiple of 32) or ref (the scalar reference); all read the same stored codes, and "
                     "each keeps chunked prefill == token-by-token decode bit-identical. cuda: the whole "
-                    "model on the GPU (bf16 weights, token by token, its cache in device memory: "
+                    "model on the GPU (bf16 weights, prompts in chunks of --device-chunk tokens, decode "
+                    "token by token, its cache in device memory: "
                     "ppl, needle and kvq run's model rows measure against a bf16 cache there, it stores no "
                     "fp32 ones; dump and calibrate need host caches). What each runs:\n" +
                     support_help())
@@ -675,7 +683,8 @@ void register_serve_bench(CLI::App* model) {
       fmt::print("decode      {:.1f} tokens/s ({} tokens, wall; a step's requests one after another)\n", decode_tps,
                  r.decode_tokens);
     fmt::print("prefill     {:.1f} tokens/s ({} tokens{})\n", r.prefill_s > 0 ? r.prefill_tokens / r.prefill_s : 0.0,
-               r.prefill_tokens, r.batched ? ", each request alone, token by token" : "");
+               r.prefill_tokens,
+               r.batched ? fmt::format(", each request alone, in chunks of {}", o->device_chunk) : std::string());
     fmt::print("cache bytes peak {:.0f} measured, {:.0f} predicted by the schedule; {:.0f} reserved (cap {:.0f})\n",
                r.peak_cache_bytes, plan.peak_live_bytes, plan.peak_reserved_bytes, mem);
     nlohmann::ordered_json j = {{"kv", co.spec.canonical()}, {"backend", o->backend}};

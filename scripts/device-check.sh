@@ -19,7 +19,8 @@
 # (when ncu is present; scripts/ncu_table.py), and compute-sanitizer memcheck and racecheck on the
 # named subsets SAN_MEMCHECK and SAN_RACECHECK below, and `kvq run` of
 # experiments/configs/throughput_cuda.toml (the [throughput] task on backend cuda, issue 47) and of
-# a [model] smoke config with backend = "cuda" over the model bench's model, and `kvq model
+# a [model] smoke config with backend = "cuda" over the model bench's model, chunked vs
+# token-by-token prefill on it (`kvq model bench --device-chunk 256 / 1`), and `kvq model
 # serve-bench --backend cuda` (batched decode steps under a KV memory cap) on it (their tables go
 # into the report). Bench repetitions and every step are capped
 # so the whole run stays under 8 minutes.
@@ -427,6 +428,44 @@ else
   (( MB_RAN == 1 )) && note "kvq model bench --backend cuda ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (model_bench/)."
 fi
 
+# Chunked prefill on backend cuda (issues 46/47: LlamaModel::set_device_chunk, kernels/backend.h
+# prefill_device): `kvq model bench --backend cuda --kv kivi2` prefill (pp) tokens/s of a long
+# prompt after a long context, in chunks of 256 tokens (the default: a chunk's dense part at once
+# and one causal attention launch a layer) and token by token (--device-chunk 1: a decode step a
+# token, the path before chunked prefill). The SmolLM2-shaped model: 2048 tokens after 2048
+# (context 8192); the tiny fixture: 96 after 128 (context 256). One rep token by token (the slow
+# side, its depth filled token by token too), three chunked; each capped at 60 s.
+PF_OUT="$OUT/prefill_cuda"
+PF_RAN=0
+PF_PROMPT=2048
+PF_DEPTH=2048
+if [[ "$MB_MODEL" == "$ROOT/tests/fixtures/hf/smollm2" ]]; then
+  PF_PROMPT=96
+  PF_DEPTH=128
+fi
+if [[ ! -x "$KVQ_BIN" || -z "$GPU_NAME" ]]; then
+  note "kvq model bench --backend cuda (chunked prefill): no kvq binary or no GPU; not run."
+elif (( $(left) < 70 )); then
+  note "kvq model bench --backend cuda (chunked prefill): skipped, the budget is nearly spent."
+else
+  t0=$(elapsed)
+  mkdir -p "$PF_OUT"
+  PF_RAN=1
+  for chunk in 256 1; do
+    reps=3
+    (( chunk == 1 )) && reps=1
+    if ! timeout "$(cap 60)" "$KVQ_BIN" model bench --backend cuda --model "$MB_MODEL" --kv kivi2 \
+        --text "$ROOT/README.md" --prompt-tokens "$PF_PROMPT" --gen 0 --depth "$PF_DEPTH" --reps "$reps" \
+        --device-chunk "$chunk" --json "$PF_OUT/chunk$chunk.json" >"$PF_OUT/chunk$chunk.txt" \
+        2>"$LOGS/prefill_cuda_chunk$chunk.log"; then
+      STATUS=1
+      PF_RAN=0
+      note "kvq model bench --backend cuda --device-chunk $chunk failed: $(tail -1 "$LOGS/prefill_cuda_chunk$chunk.log") (logs/prefill_cuda_chunk$chunk.log)."
+    fi
+  done
+  (( PF_RAN == 1 )) && note "chunked vs token-by-token prefill on backend cuda ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (prefill_cuda/)."
+fi
+
 # kvq run's [model] task on backend cuda (issue 47, `[model] backend = "cuda"`): a smoke config
 # written here over the bench's model (the synthetic checkpoint's made-up weights: the rows show
 # that the path runs and how long it takes, their ppl and KLD mean nothing), two 128-token windows
@@ -457,7 +496,7 @@ fi
 # over the bench's model, 16 requests of 128-256 prompt and 16-32 output tokens under a 50 MB KV cap
 # (the synthetic SmolLM2-135M shape: a bf16 request takes up to 6.6 MB, so bf16 holds ~7 at once
 # and kivi2 all 16), bf16 / kivi4 / kivi2 with 32-token groups and residuals. Each step's decodes
-# are one batched call; prefill is each request alone, token by token. Capped at 30 s a scheme.
+# are one batched call; prefill is each request alone, in chunks (--device-chunk). Capped at 30 s a scheme.
 SB_OUT="$OUT/serve_bench"
 SB_RAN=0
 SB_KVS=(bf16 kivi4:g=32,r=32 kivi2:g=32,r=32)
@@ -756,6 +795,31 @@ EOF
       cat "$MB_OUT/$kv.txt"
       echo '```'
     done
+  else
+    echo "Not run (see the build section)."
+  fi
+  echo
+  echo "## Chunked prefill on backend cuda (kvq model bench --backend cuda --kv kivi2, pp$PF_PROMPT at depth $PF_DEPTH)"
+  echo
+  if (( PF_RAN == 1 )) && [[ -n "$PY" ]]; then
+    echo "Model: $MB_MODEL"
+    echo
+    "$PY" - "$PF_OUT" <<'PYEOF'
+import json, sys
+rows = {c: json.load(open(f"{sys.argv[1]}/chunk{c}.json")) for c in (256, 1)}
+print("| prefill | --device-chunk | pp tokens/s | reps |")
+print("|---|---:|---:|---:|")
+for c, r in rows.items():
+    how = "chunked" if c > 1 else "token by token (decode steps)"
+    print(f"| {how} | {c} | {r['pp_tokens_per_s']:.1f} | {3 if c > 1 else 1} |")
+t = rows[1]["pp_tokens_per_s"]
+print()
+print(f"Chunked / token by token: {rows[256]['pp_tokens_per_s'] / t:.2f}x" if t > 0 else "token by token: no rate")
+PYEOF
+    echo
+    echo "Rows: prefill_cuda/chunk256.json, chunk1.json; logs: logs/prefill_cuda_chunk*.log."
+  elif (( PF_RAN == 1 )); then
+    echo "Ran (prefill_cuda/chunk*.txt); no python3 for the table."
   else
     echo "Not run (see the build section)."
   fi
