@@ -437,11 +437,11 @@ class Model:
 
     ``backend`` is the attention backend of every call that names none (each call's ``backend=``
     overrides it), by the CLI's names (``kvq.backends()``): "cpu" (the default), "cpu-int8",
-    "ref", or "cuda": the whole model on the GPU (bf16 weights, prompts in chunks of 256
-    tokens, decode token by token, the cache in device memory; ppl / needle / ruler then measure against a bf16 cache, since backend cuda
-    stores no fp32 ones, and their rows say so in ``reference``). Without a device or a CUDA
-    build, ``backend="cuda"`` raises kvq.Error with the one line ``kvq.backends()`` gives as
-    cuda's ``unavailable``, before the weights load.
+    "ref", or "cuda": the whole model on the GPU (bf16 weights, prompts in chunks of 256 tokens,
+    decode token by token, the cache in device memory; ppl / needle / ruler then measure against
+    a bf16 cache, since backend cuda stores no fp32 ones, and their rows say so in
+    ``reference``). Without a device or a CUDA build, ``backend="cuda"`` raises kvq.Error with
+    the one line ``kvq.backends()`` gives as cuda's ``unavailable``, before the weights load.
 
     Example::
 
