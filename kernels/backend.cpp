@@ -32,7 +32,7 @@ constexpr BackendSupport cuda_support() {
   s.int_fp16_arith = false;
   s.sink = false;
   s.mixed_sides = false;
-  s.pre_rope = false;  // the model runs (model/llama_cuda.cpp: decode steps over device sides)
+  s.pre_rope = false;  // the model runs (model/llama_cuda.cpp: chunked prefill, decode steps)
   s.head_dims = cuda::HeadDims::values;
   s.bits = cuda::BitWidths::values;
   s.max_gqa = cuda::kMaxGqa;
@@ -186,7 +186,7 @@ std::string model_unsupported(AttentionBackend b, const SchemeSpec& spec, bool p
   const BackendSupport& sup = backend_info(b).support;
   if (!sup.model) return "the model";
   if (pre_rope && !sup.pre_rope) return "pre_rope (pre-RoPE keys)";
-  // the model's attention on b: its causal calls where it runs them, else decode steps (cuda)
+  // the model's attention on b: its causal calls where it runs them, else decode steps
   return unsupported(b, spec, sup.causal ? AttentionOp::kCausal : AttentionOp::kDecode);
 }
 

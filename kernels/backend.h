@@ -121,9 +121,9 @@ void require_supported(AttentionBackend b, const SchemeSpec& spec, AttentionOp o
 void require_model(AttentionBackend b);
 /// \brief Empty when the model runs on `b` with a cache in `spec` (`pre_rope`: KVQuant's pre-RoPE
 /// keys), else one phrase naming the first thing it does not: the model (support.model), pre_rope,
-/// or a scheme of any layer the model's attention op on `b` does not read (a host backend's causal
-/// calls; cuda's decode steps, model/llama_cuda.cpp). Static, as unsupported(): what `kvq run
-/// --check`, the CLI and Python ask before the model loads.
+/// or a scheme of any layer the model's attention op on `b` does not read (its causal calls; on
+/// cuda its chunked prefill and decode steps, model/llama_cuda.cpp). Static, as unsupported(): what
+/// `kvq run --check`, the CLI and Python ask before the model loads.
 std::string model_unsupported(AttentionBackend b, const SchemeSpec& spec, bool pre_rope = false);
 /// \brief Throws model_unsupported's reason: "backend cuda cannot run the model with the cache
 /// 'SPEC': it does not run WHY (backends that can: ref, cpu, cpu-int8)".

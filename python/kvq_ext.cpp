@@ -221,12 +221,10 @@ class Cache {
     KVQ_CHECK(n >= 1, "append needs at least one token");
     nb::gil_scoped_release release;
     // The exact values causal attention over this append reads: the window before it + the chunk
-    // (backend cuda runs decode only: nothing to gather).
-    if (backend_info(b_).support.causal) {
-      const TailSpace space = tail_space(b_);  // what attend reads
-      kbeg_ = gather_exact_tail(*k_, k.data(), n, ktail_, space);
-      vbeg_ = gather_exact_tail(*v_, v.data(), n, vtail_, space);
-    }
+    // (every backend runs causal attention; backend cuda uploads them for the call).
+    const TailSpace space = tail_space(b_);  // what attend reads
+    kbeg_ = gather_exact_tail(*k_, k.data(), n, ktail_, space);
+    vbeg_ = gather_exact_tail(*v_, v.data(), n, vtail_, space);
     k_->append(k.data(), n);
     v_->append(v.data(), n);
     last_ = n;
@@ -255,10 +253,7 @@ class Cache {
                 last_, n, last_);
     if (causal) require_supported(b_, spec_, AttentionOp::kCausal);
     std::vector<float> out(static_cast<size_t>(n * qh * dim_));
-    if (!backend_info(b_).support.causal) {  // cuda: decode over the device sides
-      nb::gil_scoped_release release;
-      attend_decode(b_, q.data(), qh, *k_, *v_, out.data());
-    } else {
+    {
       nb::gil_scoped_release release;
       const int64_t T = tokens(), t_begin = T - n;
       // A decode step is the causal call for the last position: the same code as prefill, so

@@ -234,9 +234,9 @@ class Cache:
 
     ``backend`` is "cpu" (SIMD kernels, the default), "cpu-int8" (backend cpu with
     ``int_mode="int8"``), "ref" (the scalar reference) or "cuda" (the bytes in GPU memory, written
-    by the CUDA quantize kernels; decode attention only, q [q_heads, head_dim]: numpy in and out;
-    bf16, fp8 with per-token or fixed scales, int/kivi; no sink=; a missing GPU is one error
-    line); all store the same bytes. ``kvq.backends()`` lists what each one runs.
+    by the CUDA quantize kernels; decode and causal attention, numpy in and out; bf16, fp8 with
+    per-token or fixed scales, int/kivi; no sink=; a missing GPU is one error line); all store
+    the same bytes. ``kvq.backends()`` lists what each one runs.
     ``int_mode="int8"`` (backend cpu) uses integer dot products on 2/4-bit codes:
     per-channel keys against int8 queries, per-token values against 8-bit softmax weights; and bf16
     dot products on FP8 codes (builds for CPUs with AVX-512 BF16 and VBMI, head_dim a multiple of

@@ -22,8 +22,8 @@ def test_backends_table_in_order():
         assert b["host_memory"] and b["decode"] and b["causal"] and b["model"] and b["sink"]
         assert b["unavailable"] == ""
     c = _cuda()
-    # the model runs on it (model/llama_cuda.cpp, token by token), not with pre-RoPE keys
-    assert c["decode"] and not c["causal"] and c["model"] and not c["pre_rope"]
+    # the model runs on it (model/llama_cuda.cpp, prompts in chunks), not with pre-RoPE keys
+    assert c["decode"] and c["causal"] and c["model"] and not c["pre_rope"]
     assert not c["sink"] and c["rot"]
     assert not c["host_memory"]
     assert c["unavailable"] == "" or c["unavailable"].startswith("backend cuda: ")
@@ -50,7 +50,7 @@ def test_cuda_without_device_is_one_line():
 
 @pytest.mark.parametrize("spec", ["kivi2", "kivi4:g=32,r=64", "bf16", "fp8_e4m3:gran=token",
                                   "kivi2:rot=hadamard:3"])
-def test_cuda_decode_matches_ref(rng, spec):
+def test_cuda_decode_and_causal_match_ref(rng, spec):
     line = _cuda()["unavailable"]
     if line:
         pytest.skip(line)
@@ -65,7 +65,10 @@ def test_cuda_decode_matches_ref(rng, spec):
         assert o.shape == (QH, D) and o.dtype == np.float32 and np.isfinite(o).all()
         assert np.abs(o - ref.attend(q)).max() <= 1e-4 * np.abs(v).max()
         assert dev.footprint() == ref.footprint() and dev.tokens == n1
-    with pytest.raises(kvq.Error, match="does not run causal attention"):
-        dev.attend(np.zeros((1, QH, D), np.float32))
+        # causal over the latest append's positions (chunked prefill on cuda), same tolerance
+        qc = rng.standard_normal((n1 - n0, QH, D), dtype=np.float32)
+        oc = dev.attend(qc)
+        assert oc.shape == (n1 - n0, QH, D) and np.isfinite(oc).all()
+        assert np.abs(oc - ref.attend(qc)).max() <= 1e-4 * np.abs(v).max()
     with pytest.raises(kvq.Error, match="device memory"):
         dev.dequantize()
