@@ -17,7 +17,8 @@
 # same run (bench/attention_goals.py), a split-size sweep (bench_attention_cuda --split-tokens
 # 128..1024, tiled, bf16 and kivi2 at 32k), Nsight Compute on the main decode kernels at one shape
 # (when ncu is present; scripts/ncu_table.py), and compute-sanitizer memcheck and racecheck on the
-# named subsets SAN_MEMCHECK and SAN_RACECHECK below, and `kvq run` of
+# named subsets SAN_MEMCHECK and SAN_RACECHECK below (and memcheck on SAN_BACKEND, the chunked
+# prefill of cuda_backend_test), and `kvq run` of
 # experiments/configs/throughput_cuda.toml (the [throughput] task on backend cuda, issue 47) and of
 # a [model] smoke config with backend = "cuda" over the model bench's model, chunked vs
 # token-by-token prefill on it (`kvq model bench --device-chunk 256 / 1`), and `kvq model
@@ -112,6 +113,9 @@ BENCH_CONTEXTS=1024,4096,8192,32768,131072
 # Mma sweep at T=4099, the Mma batch cases and the long splits (the multi-tile cp.async pipeline).
 SAN_MEMCHECK='*_mma:*DecodeAttentionBatch.*_tiled'
 SAN_RACECHECK='Sweep/DecodeAttention.MatchesCpuReference/*_T4099_*_mma:*DecodeAttentionBatch.*_mma:*DecodeAttentionLongSplits.*_mma'
+# memcheck on backend cuda's chunked prefill (cuda_backend_test): every position's view reads a
+# prefix of the codes and its own rows of the exact tail (kernels/backend.h causal_position_view)
+SAN_BACKEND='Specs/BackendCuda.chunkedPrefill*/kivi2:Specs/BackendCuda.chunkedPrefill*/int3*'
 
 write_header() {
   {
@@ -572,24 +576,31 @@ elif [[ ! -x "$ATT_BIN" ]]; then
 elif [[ -z "$GPU_NAME" ]]; then
   note "compute-sanitizer: no GPU; not run."
 else
-  for tl in memcheck racecheck; do
+  for run in memcheck racecheck memcheck-backend; do
+    tl=${run%%-*}
+    bin=$ATT_BIN
     filter=$SAN_MEMCHECK
     [[ $tl == racecheck ]] && filter=$SAN_RACECHECK
+    if [[ $run == memcheck-backend ]]; then
+      bin="$BUILD/tests/cuda/cuda_backend_test"
+      filter=$SAN_BACKEND
+      [[ -x "$bin" ]] || { SAN_MD+=("| $tl | cuda_backend_test \`$filter\` | not built | | |"); continue; }
+    fi
     if (( $(left) < 40 )); then
-      SAN_MD+=("| $tl | \`$filter\` | not run: the budget is nearly spent | | |")
+      SAN_MD+=("| $tl | $(basename "$bin") \`$filter\` | not run: the budget is nearly spent | | |")
       continue
     fi
     t0=$(elapsed)
-    timeout "$(cap 100)" "$SANITIZER" --tool "$tl" --error-exitcode 86 "$ATT_BIN" --gtest_brief=1 \
-      "--gtest_filter=$filter" >"$LOGS/sanitizer-$tl.log" 2>&1
+    timeout "$(cap 100)" "$SANITIZER" --tool "$tl" --error-exitcode 86 "$bin" --gtest_brief=1 \
+      "--gtest_filter=$filter" >"$LOGS/sanitizer-$run.log" 2>&1
     rc=$?
-    passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$LOGS/sanitizer-$tl.log" | grep -oE '[0-9]+$' | tail -1)
-    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitizer-$tl.log" | tail -1 | sed 's/^========= //')
+    passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$LOGS/sanitizer-$run.log" | grep -oE '[0-9]+$' | tail -1)
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitizer-$run.log" | tail -1 | sed 's/^========= //')
     state=clean
     (( rc == 124 )) && state="timed out"
     (( rc != 0 && rc != 124 )) && state="failed (exit $rc)"
     (( rc != 0 && rc != 124 )) && STATUS=1
-    SAN_MD+=("| $tl | \`$filter\` | $state in $(( $(elapsed) - t0 )) s | ${passed:-0} | ${summary:--} |")
+    SAN_MD+=("| $tl | $(basename "$bin") \`$filter\` | $state in $(( $(elapsed) - t0 )) s | ${passed:-0} | ${summary:--} |")
   done
 fi
 
@@ -864,10 +875,10 @@ PYEOF
     echo "Not profiled (see the build section)."
   fi
   echo
-  echo "## compute-sanitizer (cuda_attention_kernel_test)"
+  echo "## compute-sanitizer (cuda_attention_kernel_test; cuda_backend_test's chunked prefill)"
   echo
   if (( ${#SAN_MD[@]} > 0 )); then
-    echo "| tool | subset (gtest filter) | result | tests passed | summary |"
+    echo "| tool | binary and subset (gtest filter) | result | tests passed | summary |"
     echo "|---|---|---|---:|---|"
     for l in "${SAN_MD[@]}"; do echo "$l"; done
     echo
