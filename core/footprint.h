@@ -53,7 +53,7 @@ struct StoredSide;  // core/stored_side.h
 /// \brief What a stored view holds (core/stored_side.h), by the rules footprint(spec, ...) applies
 /// to the scheme that wrote it: its quantized tokens' codes, scales and minima, and its exact tokens
 /// (window and sinks) at kResidualBytesPerElement (the view's own exact rows are float32). The bytes
-/// the cpu kernels weigh against the L3 (kernels/cpu/attention.cpp, beyond_l3).
+/// the cpu kernels weigh against the L3 (kernels/cpu/causal.cpp, beyond_l3).
 Footprint footprint(const StoredSide& side);
 
 /// \brief Storage of `spec` for a tensor `shape` in role `role`. sink=S tokens count as exact

@@ -102,7 +102,7 @@ inline constexpr const char* kIntModeNames = "exact, int8";
 
 /// \brief The L3 size, in bytes, the kernels assume when they choose how to read a call's sides:
 /// where the sides' bytes exceed a sixth of it they stream from memory (prefetching ahead),
-/// else they are read as cache-resident (kernels/cpu/attention.cpp, beyond_l3; the same bits
+/// else they are read as cache-resident (kernels/cpu/causal.cpp, beyond_l3; the same bits
 /// either way). 0 makes every call stream, -1 (the default) takes the size the system reports,
 /// at most 192 MB (a VM's share of a larger shared L3; see beyond_l3). For tests and A/B runs
 /// (`bench_attention --l3-bytes`); not while an attention call runs.

@@ -1,7 +1,7 @@
 // Backend `cpu`: the causal scheduler of kernels/cpu/attention.h, compiled once: checks a call,
 // cuts it into work items (segments of positions, or tiles of positions), folds the segments'
 // partials in order and finishes each position (sinks, fp8 channel scales). The kernels that fill
-// a segment's partials (run_segment) are the CPU path's (kernels/cpu/attention.cpp, chosen at run
+// a segment's partials (run_segment) are the CPU path's (kernels/cpu/attention/, chosen at run
 // time: kernels/cpu/dispatch.cpp).
 #include <omp.h>
 #include <unistd.h>  // sysconf: the L3 size (beyond_l3)

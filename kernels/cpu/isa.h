@@ -1,5 +1,5 @@
 // Backend `cpu`: which instruction set a kernel translation unit is compiled for, and which CPU
-// path this process runs. Each kernel source (attention.cpp, kivi.cpp, fp8.cpp) is compiled once
+// path this process runs. Each kernel source (attention/, kivi.cpp, fp8.cpp) is compiled once
 // per path with that path's flags (cmake/cpu_paths.cmake: portable = baseline x86-64, avx2 =
 // AVX2+FMA+F16C, avx512 = x86-64-v4 + VNNI, avx512bf16 = that + VBMI, BF16 and AMX-TILE/BF16), and
 // the macros below say what the compiler targets in that build: without AVX2+FMA+F16C every
@@ -25,9 +25,9 @@
 #define KVQ_CPU_VNNI 0
 #endif
 
-// 512-bit float rows (kernels/cpu/attention.cpp): the dense and fp8 loaders also give 16 floats at
-// a time where the compiler targets AVX-512 F/BW/VL/DQ (and head_dim is a multiple of 16); the
-// KIVI quantizers (kernels/cpu/kivi.cpp) run 16 columns or groups at a time.
+// 512-bit float rows (kernels/cpu/attention/x86/loaders.h): the dense and fp8 loaders also give 16
+// floats at a time where the compiler targets AVX-512 F/BW/VL/DQ (and head_dim is a multiple of
+// 16); the KIVI quantizers (kernels/cpu/kivi.cpp) run 16 columns or groups at a time.
 #if KVQ_CPU_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__)
 #define KVQ_CPU_AVX512 1
@@ -43,7 +43,7 @@
 #define KVQ_CPU_BF16DOT 0
 #endif
 
-// AMX tiles (tdpbf16ps; fp8 sides in the int8 mode, kernels/cpu/attention.cpp): where the
+// AMX tiles (tdpbf16ps; fp8 sides, kernels/cpu/attention/x86/amx.h): where the
 // compiler targets AMX-TILE and AMX-BF16 beside the bf16 dot products. Linux lends the tiles to a
 // process that asks (arch_prctl ARCH_REQ_XCOMP_PERM); amx() says whether this one got them (and
 // the CPU has them), and the kernels fall back to vdpbf16ps where it did not.

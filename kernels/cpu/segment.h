@@ -1,5 +1,5 @@
 // Backend `cpu`: what the causal scheduler (kernels/cpu/causal.cpp, compiled once) hands each CPU
-// path's attention kernels (kernels/cpu/attention.cpp, compiled once per path,
+// path's attention kernels (kernels/cpu/attention/, compiled once per path,
 // kernels/cpu/isa.h): a call's view of one position, the partial results, a thread's scratch,
 // and run_segment, the one entry the scheduler calls through the path table
 // (kernels/cpu/dispatch.h). Internal to the backend.
@@ -99,9 +99,9 @@ struct Member {
 };
 
 /// Segment [a, a + seg) of every member, block by block, on the path this process runs
-/// (kernels/cpu/attention.cpp): each block's fast members together, the others on the portable
-/// path. A member's arithmetic is the same alone or with others, so a decode step (one member)
-/// and a prefill tile give the same bits.
+/// (kernels/cpu/attention/segment.cpp): each block's fast members together, the others on the
+/// portable path. A member's arithmetic is the same alone or with others, so a decode step (one
+/// member) and a prefill tile give the same bits.
 void run_segment(std::span<const Member> ms, int64_t a, int64_t seg, Scratch& w);
 
 }  // namespace kvq::cpu

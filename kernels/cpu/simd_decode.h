@@ -1,5 +1,5 @@
 // Backend `cpu`: exact SIMD decoders of stored elements, shared by the attention kernels
-// (kernels/cpu/attention.cpp) and tested against the reference decoders on every code
+// (kernels/cpu/attention/x86/) and tested against the reference decoders on every code
 // (tests/kernels/cpu/simd_decode_test.cpp). Internal to the backend: compiled only where the
 // AVX2 forms are (kernels/cpu/isa.h), in each path's own namespace.
 #pragma once
@@ -97,7 +97,7 @@ constexpr int16_t kBf16Mask = static_cast<int16_t>(0x8000 | (0x7f << kBf16Shift<
 /// 32 fp8 codes as bf16 bits: each code's sign at bf16's and its exponent and mantissa bits under
 /// bf16's (sign-extend, shift, mask) give its value times 2^(kBias - 127), exact for every finite
 /// code (subnormal codes as bf16 subnormals); the NaN / inf codes become finite numbers. The int8
-/// mode's bf16 dot products read fp8 keys this way (kernels/cpu/attention.cpp).
+/// mode's bf16 dot products read fp8 keys this way (kernels/cpu/attention/x86/fp8_bf16dot.h).
 template <Fp8Format F>
 inline __m512i fp8_bf16x32(const uint8_t* p) {
   const __m512i x = _mm512_maskz_cvtepi8_epi16(
