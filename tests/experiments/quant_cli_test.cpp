@@ -123,6 +123,7 @@ TEST_F(QuantCli, NumericFlagsCheckedBeforeWork_plainMessages) {
       {"model ppl --ctx 0", "--ctx: must be at least 2, got 0"},
       {"model ppl --chunk x", "--chunk: must be a whole number, got 'x'"},
       {"model bench --reps 0", "--reps: must be at least 1, got 0"},
+      {"model bench --device-chunk 0", "--device-chunk: must be at least 1, got 0"},
       {"compare --outlier-scale 0", "--outlier-scale: must be greater than 0, got 0"},
   };
   for (const auto& c : cases) {
