@@ -54,7 +54,8 @@ struct ScaleOrigin {
 /// quantizes its exact window each time a block completes, an FP8 side with dynamic first=N scales
 /// its exact tokens once the N-th arrives. Between drops the footprint only grows.
 struct FootprintDrops {
-  int64_t period = 0;  ///< > 0: at every token count t with t + 1 a multiple of it
+  int64_t period = 0;  ///< > 0: at every token count t with t - after + 1 a positive multiple of it
+  int64_t after = 0;   ///< the tokens in front of the periodic part (sink=S: its S exact sinks)
   int64_t at = -1;     ///< >= 0: at this token count (sinks included), once
 };
 

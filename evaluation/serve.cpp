@@ -13,8 +13,9 @@ namespace {
 // t1: a KIVI per-channel side holds up to 2B - 1 tokens in its exact window (B = R, or G without
 // one) before a block completes and is quantized, and an FP8 side with dynamic first=N scales
 // holds its first tokens exact until the N-th, so the footprint drops at those points. Between
-// them it only grows, so the peak is at t1 or just before one of them (t + 1 a multiple of B, or
-// N - 1). Each family says where its sides drop (core/schemes.h's footprint_drops).
+// them it only grows, so the peak is at t1 or just before one of them (t - S + 1 a multiple of B
+// with S sinks in front, or N - 1 + S). Each family says where its sides drop (core/schemes.h's
+// footprint_drops).
 double peak_bytes(const planner::ModelDims& m, const SchemeSpec& spec, int64_t t0, int64_t t1) {
   std::vector<FootprintDrops> drops;
   for (const SchemeSpec& l : spec.distinct_layer_specs())
@@ -28,9 +29,11 @@ double peak_bytes(const planner::ModelDims& m, const SchemeSpec& spec, int64_t t
       peak = std::max(peak, planner::request_footprint(m, spec, t).total_bytes());
   };
   for (const FootprintDrops& d : drops) {
-    if (d.at >= 0) at(d.at);  // one point: the token before the N-th
-    if (const int64_t b = d.period; b > 0)
-      for (int64_t t = (t0 + 1 + b - 1) / b * b - 1; t < t1; t += b) at(t);
+    if (d.at >= 0) at(d.at);                  // one point: the token before the N-th
+    if (const int64_t b = d.period; b > 0) {  // t = after + k b - 1, k >= 1, from t0 on
+      const int64_t k = std::max<int64_t>(1, (t0 - d.after + 1 + b - 1) / b);
+      for (int64_t t = d.after + k * b - 1; t < t1; t += b) at(t);
+    }
   }
   return peak;
 }

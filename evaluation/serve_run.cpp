@@ -17,6 +17,7 @@ std::vector<ServeStepCalls> serve_calls(const planner::ModelDims& m, const Schem
   for (const ServeStep& st : s.steps) {
     ServeStepCalls c;
     c.prefill = st.admitted;
+    c.finished = st.finished;
     for (const int64_t i : st.batch) {
       KVQ_CHECK(i >= 0 && static_cast<size_t>(i) < requests.size(),
                 "serve: step names request {} of {}", i, requests.size());
@@ -139,17 +140,54 @@ ServeRunResult run_serve(const LlamaModel& m, std::span<const int32_t> prompt,
     if (cuda)
       r.device_bytes_peak =
           std::max(r.device_bytes_peak, device_memory_used(AttentionBackend::kCuda));
-    std::vector<int64_t> still;  // a request leaves after its last output token
-    for (const int64_t i : held) {
+    for (const int64_t i : c.finished) {  // the schedule says who leaves; its counts must agree
       const auto u = static_cast<size_t>(i);
-      if (static_cast<int64_t>(r.outputs[u].size()) >= requests[u].output_tokens)
-        caches[u].reset();
-      else
-        still.push_back(i);
+      KVQ_CHECK(u < requests.size() && caches[u] &&
+                    static_cast<int64_t>(r.outputs[u].size()) == requests[u].output_tokens,
+                "serve: request {} leaves with {} of its output tokens", i,
+                u < requests.size() ? r.outputs[u].size() : 0);
+      caches[u].reset();
+      held.erase(std::find(held.begin(), held.end(), i));
     }
-    held = std::move(still);
   }
   return r;
+}
+
+nlohmann::ordered_json serve_fields(const LlamaModel& m, double mem_bytes,
+                                    const ServeSchedule& plan,
+                                    std::span<const ServeStepCalls> calls,
+                                    const ServeRunResult& r) {
+  const double decode_tps = r.decode_s > 0 ? r.decode_tokens / r.decode_s : 0;
+  nlohmann::ordered_json j = {
+      {"mem_bytes", mem_bytes},
+      {"requests", r.outputs.size()},
+      {"steps", plan.steps.size()},
+      {"max_held", plan.max_held},
+      {"decode_tokens_per_s", decode_tps},
+      {"prefill_tokens_per_s", r.prefill_s > 0 ? r.prefill_tokens / r.prefill_s : 0.0},
+      {"decode_tokens", r.decode_tokens},
+      {"prefill_tokens", r.prefill_tokens},
+      {"peak_cache_bytes", r.peak_cache_bytes},
+      {"predicted_peak_cache_bytes", plan.peak_live_bytes},
+      {"peak_reserved_bytes", plan.peak_reserved_bytes},
+      {"batched", r.batched},
+      {"decode_calls", r.decode_calls},
+      {"max_decode_batch", max_decode_batch(calls)}};
+  if (r.batched) {  // backend cuda: the GPU, its memory in use, and the planner's bound
+    const DeviceReport d = device_report(m.backend());
+    const double wb = static_cast<double>(m.device_weight_bytes());
+    const DecodeBound bound = decode_bound(calls, wb, d.peak_gbps * 1e9);
+    j["device"] = d.name;
+    j["driver_version"] = d.driver_version;
+    j["runtime_version"] = d.runtime_version;
+    j["peak_gb_per_s"] = d.peak_gbps;
+    j["device_weight_bytes"] = wb;
+    j["device_bytes_start"] = r.device_bytes_start;
+    j["device_bytes_peak"] = r.device_bytes_peak;
+    j["bound_decode_tokens_per_s"] = bound.tokens_per_s();
+    j["of_bound"] = bound.tokens_per_s() > 0 ? decode_tps / bound.tokens_per_s() : 0.0;
+  }
+  return j;
 }
 
 }  // namespace kvq::eval

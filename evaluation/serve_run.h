@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <vector>
 
@@ -34,8 +35,9 @@ struct ServeDecodeCall {
 
 /// \brief The model calls of one schedule step.
 struct ServeStepCalls {
-  ServeDecodeCall decode;        ///< empty when every held request was admitted at this step
-  std::vector<int64_t> prefill;  ///< the requests admitted at this step, in order
+  ServeDecodeCall decode;         ///< empty when every held request was admitted at this step
+  std::vector<int64_t> prefill;   ///< the requests admitted at this step, in order
+  std::vector<int64_t> finished;  ///< leave after this step (ServeStep::finished)
 };
 
 /// \brief The calls of every step of `s` (a schedule of `requests` for a model of shape `m` whose
@@ -82,5 +84,13 @@ struct ServeRunResult {
 ServeRunResult run_serve(const LlamaModel& m, std::span<const int32_t> prompt,
                          std::span<const ServeRequest> requests, const CacheOptions& co,
                          std::span<const ServeStepCalls> calls, int threads = 0);
+
+/// \brief What one serving run measured, as `kvq model serve-bench --json` and `kvq run`'s [serve]
+/// rows record it: the schedule's counts (`plan` of requests under `mem_bytes`, its `calls`), the
+/// run's tokens/s (wall) and cache bytes, and on backend cuda the GPU, its memory in use and the
+/// planner's decode bound at its peak bandwidth (decode_bound).
+nlohmann::ordered_json serve_fields(const LlamaModel& m, double mem_bytes,
+                                    const ServeSchedule& plan,
+                                    std::span<const ServeStepCalls> calls, const ServeRunResult& r);
 
 }  // namespace kvq::eval

@@ -688,7 +688,7 @@ void register_serve_bench(CLI::App* model) {
     fmt::print("cache bytes peak {:.0f} measured, {:.0f} predicted by the schedule; {:.0f} reserved (cap {:.0f})\n",
                r.peak_cache_bytes, plan.peak_live_bytes, plan.peak_reserved_bytes, mem);
     nlohmann::ordered_json j = {{"kv", co.spec.canonical()}, {"backend", o->backend}};
-    j.update(serve_fields(L.model, mem, plan, calls, r));
+    j.update(eval::serve_fields(L.model, mem, plan, calls, r));
     if (r.batched) {
       // The planner's bound: each decode call reads the device weights once and its caches once at
       // the GPU's peak bandwidth (planner::decode_step_seconds).
@@ -707,43 +707,6 @@ void register_serve_bench(CLI::App* model) {
 }
 
 }  // namespace
-
-nlohmann::ordered_json serve_fields(const LlamaModel& m, double mem_bytes,
-                                    const eval::ServeSchedule& plan,
-                                    std::span<const eval::ServeStepCalls> calls,
-                                    const eval::ServeRunResult& r) {
-  const double decode_tps = r.decode_s > 0 ? r.decode_tokens / r.decode_s : 0;
-  nlohmann::ordered_json j = {
-      {"mem_bytes", mem_bytes},
-      {"requests", r.outputs.size()},
-      {"steps", plan.steps.size()},
-      {"max_held", plan.max_held},
-      {"decode_tokens_per_s", decode_tps},
-      {"prefill_tokens_per_s", r.prefill_s > 0 ? r.prefill_tokens / r.prefill_s : 0.0},
-      {"decode_tokens", r.decode_tokens},
-      {"prefill_tokens", r.prefill_tokens},
-      {"peak_cache_bytes", r.peak_cache_bytes},
-      {"predicted_peak_cache_bytes", plan.peak_live_bytes},
-      {"peak_reserved_bytes", plan.peak_reserved_bytes},
-      {"batched", r.batched},
-      {"decode_calls", r.decode_calls},
-      {"max_decode_batch", eval::max_decode_batch(calls)}};
-  if (r.batched) {  // backend cuda: the GPU, its memory in use, and the planner's bound
-    const DeviceReport d = device_report(m.backend());
-    const double wb = static_cast<double>(m.device_weight_bytes());
-    const eval::DecodeBound bound = eval::decode_bound(calls, wb, d.peak_gbps * 1e9);
-    j["device"] = d.name;
-    j["driver_version"] = d.driver_version;
-    j["runtime_version"] = d.runtime_version;
-    j["peak_gb_per_s"] = d.peak_gbps;
-    j["device_weight_bytes"] = wb;
-    j["device_bytes_start"] = r.device_bytes_start;
-    j["device_bytes_peak"] = r.device_bytes_peak;
-    j["bound_decode_tokens_per_s"] = bound.tokens_per_s();
-    j["of_bound"] = bound.tokens_per_s() > 0 ? decode_tps / bound.tokens_per_s() : 0.0;
-  }
-  return j;
-}
 
 void register_model(CLI::App& app) {
   auto* model = app.add_subcommand("model");

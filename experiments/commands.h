@@ -15,7 +15,6 @@
 
 #include "evaluation/defaults.h"
 #include "evaluation/planner.h"
-#include "evaluation/serve_run.h"
 
 namespace kvq::cli {
 
@@ -87,15 +86,6 @@ void set_build_version(std::string v);
 const std::string& build_version();
 /// \brief "host: CPU model x N cores" from /proc/cpuinfo, for the record of a run.
 std::string machine_name();
-
-/// \brief What one serving run measured, as `kvq model serve-bench --json` and `kvq run`'s [serve]
-/// rows record it: the schedule's counts (`plan` of requests under `mem_bytes`, its `calls`), the
-/// run's tokens/s (wall) and cache bytes, and on backend cuda the GPU, its memory in use and the
-/// planner's decode bound at its peak bandwidth (eval::decode_bound).
-nlohmann::ordered_json serve_fields(const LlamaModel& m, double mem_bytes,
-                                    const eval::ServeSchedule& plan,
-                                    std::span<const eval::ServeStepCalls> calls,
-                                    const eval::ServeRunResult& r);
 
 /// \brief A whole number >= `min`, rejected with a plain message ("must be at least 1, got -3")
 /// where CLI11's own range checks print the type's maximum, a 300-digit number.

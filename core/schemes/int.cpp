@@ -261,11 +261,12 @@ ScaleOrigin scale_origin(const SchemeSpec& s, Role role, int64_t) {
 }
 
 // A per-channel side quantizes its exact window each time a block of B = R (or G without a
-// window) tokens completes; a per-token side only grows.
+// window) tokens completes, counted after the sinks (the scheme's own side starts at token S); a
+// per-token side only grows.
 FootprintDrops footprint_drops(const SchemeSpec& s, Role role, int64_t dim) {
   const IntSpec& q = s.q();
   if (q.axis(role) != Axis::Channel) return {};
-  return {.period = q.residual > 0 ? q.residual : q.group_for(dim)};
+  return {.period = q.residual > 0 ? q.residual : q.group_for(dim), .after = s.sink};
 }
 
 }  // namespace

@@ -189,7 +189,7 @@ void ServePlan::run(const std::filesystem::path& out, const Shard& shard,
                     {"settings", settings},
                     {"backend", p.backend},
                     {"max_batch", max_batch}};
-        const json fields = serve_fields(m, mem * 1e9, plan, calls, r);
+        const json fields = eval::serve_fields(m, mem * 1e9, plan, calls, r);
         for (const auto& [k, v] : fields.items()) row[k] = v;
         row["seconds"] = seconds;
         fmt::print(stderr,

@@ -13,6 +13,7 @@
 #include <map>
 #include <vector>
 
+#include "tests/support/expect_error.h"
 #include "tests/support/model_logits.h"
 
 namespace kvq::eval {
@@ -41,6 +42,9 @@ TEST(ServeCalls, HandComputed_bf16_positionsBytesAndBound) {
   EXPECT_EQ(c[2].decode.requests, (std::vector<int64_t>{0}));
   EXPECT_EQ(c[2].decode.positions, (std::vector<int64_t>{4}));
   EXPECT_EQ(c[2].decode.kv_bytes, 5 * 32);
+  EXPECT_EQ(c[0].finished, (std::vector<int64_t>{2}));  // who leaves after each step, by hand
+  EXPECT_EQ(c[1].finished, (std::vector<int64_t>{1}));
+  EXPECT_EQ(c[2].finished, (std::vector<int64_t>{0}));
   EXPECT_EQ(max_decode_batch(c), 2);
   // the bound: 1,000 bytes of weights at 100 bytes/s; (1,000 + 224) / 100 + (1,000 + 160) / 100
   const DecodeBound b = decode_bound(c, 1000, 100);
@@ -136,6 +140,15 @@ TEST(ServeRun, Smollm2Fixture_cpu_outputsAreEachRequestsOwn) {
     }
     EXPECT_EQ(got.outputs[i], want) << "request " << i;
   }
+  // the run releases the caches the schedule names, and refuses a schedule whose departures
+  // disagree with the tokens generated (here a request leaving one step early)
+  std::vector<ServeStepCalls> early = c;
+  size_t k = 1;
+  while (k < early.size() && early[k].finished.empty()) ++k;
+  ASSERT_LT(k, early.size());
+  early[k - 1].finished.push_back(early[k].finished.front());
+  early[k].finished.erase(early[k].finished.begin());
+  testing::expect_error([&] { run_serve(m, prompt, r, co, early, 1); }, "leaves with");
 }
 
 }  // namespace

@@ -107,6 +107,31 @@ TEST(Serve, KiviReservesItsPeak_beforeTheLastBlockIsQuantized) {
   EXPECT_EQ(s.request_bytes[1], at255);
 }
 
+// A request reserves the most bytes its cache takes at any token count from its prompt to its
+// full length: here the definition itself, the footprint at every count, against the schedule's
+// drop points (footprint_drops), with sinks in front of a per-channel side (its blocks complete
+// S tokens later) and of an FP8 side with first=N scales, keys and values of different periods.
+TEST(Serve, ReservationIsTheMaxOverEveryTokenCount_sinksWindowsAndFirstN) {
+  const planner::ModelDims m{"d32", 2, 1, 32, 0};
+  for (const char* kv :
+       {"kivi2", "kivi2:sink=5", "kivi4:g=32,r=32,sink=3", "int4:k=channel,v=channel,g=16,sink=7",
+        "int2:k=channel,v=token,r=64,sink=1", "fp8_e4m3:gran=head,first=40,sink=4",
+        "fp8_e4m3:gran=tensor,first=9"}) {
+    const SchemeSpec spec = parse_spec(kv);
+    std::vector<ServeRequest> r;
+    for (int64_t p : {1, 2, 6, 8, 31, 37, 100, 129})
+      for (int64_t o : {1, 3, 40, 170}) r.push_back({p, o});
+    const ServeSchedule s = schedule_serve(m, spec, r, {1e12, 0});
+    for (size_t i = 0; i < r.size(); ++i) {
+      double want = 0;
+      for (int64_t t = r[i].prompt_tokens; t <= r[i].prompt_tokens + r[i].output_tokens; ++t)
+        want = std::max(want, planner::request_footprint(m, spec, t).total_bytes());
+      EXPECT_EQ(s.request_bytes[i], want)
+          << kv << " prompt " << r[i].prompt_tokens << " output " << r[i].output_tokens;
+    }
+  }
+}
+
 // Random requests: every step keeps reserved <= cap and live <= reserved, every request is
 // admitted once in arrival order and generates exactly its output tokens.
 TEST(Serve, RandomRequests_invariantsEveryStep) {
