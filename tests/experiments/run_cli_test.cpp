@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <chrono>
 #include <cmath>
@@ -871,13 +873,31 @@ TEST(RunConfigs, EveryShippedConfigPassesCheck) {
   EXPECT_GE(n, 6) << "default, kivi_ablation, granularity, kv_split, context and needle at least";
 }
 
+// The configs shipped in experiments/configs, sorted by name.
+std::vector<std::filesystem::path> shipped_configs() {
+  std::vector<std::filesystem::path> out;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(KVQ_SOURCE_DIR) + "/experiments/configs"))
+    if (e.path().extension() == ".toml") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(RunConfigs, ShipsTheConfigsTheSmokeRunsCover) {
+  EXPECT_GE(shipped_configs().size(), 7u) << "experiments/configs/ ships 7 configs at least";
+}
+
 // Issue 11: every shipped config runs, at a tiny size (--smoke: the same code path, synthetic
 // tokens <= 256, model windows <= 64 over 128 tokens), and its rows carry the binary's version and
-// the machine. Expected row counts: what `--check` lists for the config.
-TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
+// the machine. Expected row counts: what `--check` lists for the config. One test per config, so
+// ctest runs them side by side.
+class ShippedConfig : public ::testing::TestWithParam<std::filesystem::path> {};
+
+TEST_P(ShippedConfig, RunsAtSmokeSize) {
   if (!std::filesystem::exists(cli::model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf") ||
       !std::filesystem::exists(cli::model_dir() + "/kjv.txt"))
     GTEST_SKIP() << "model or text not fetched (scripts/fetch-model.sh, scripts/fetch-text.sh)";
+  const std::filesystem::path config = GetParam();
   const auto cwd = std::filesystem::current_path();
   std::filesystem::current_path(KVQ_SOURCE_DIR);
   const auto dir = testing::temp_dir("smoke");
@@ -885,74 +905,78 @@ TEST(RunConfigs, EveryShippedConfigRunsAtSmokeSize) {
     const size_t at = listing.find(task + " rows (");
     return at == std::string::npos ? 0 : std::stoul(listing.substr(at + task.size() + 7));
   };
-  int configs = 0;
-  for (const auto& e :
-       std::filesystem::directory_iterator(std::string(KVQ_SOURCE_DIR) + "/experiments/configs")) {
-    if (e.path().extension() != ".toml") continue;
-    const auto out = dir / e.path().stem();
-    const auto dry = run_kvq("run --dry-run " + e.path().string());
-    EXPECT_EQ(dry.status, 0) << e.path() << ": " << dry.err;
+  // runs once; `return` leaves through the cleanup below
+  [&] {
+    const auto out = dir / config.stem();
+    const auto dry = run_kvq("run --dry-run " + config.string());
+    EXPECT_EQ(dry.status, 0) << config << ": " << dry.err;
     const std::string& listing = dry.out;
-    const auto r = run_kvq("run --smoke --out " + out.string() + " " + e.path().string());
+    const auto r = run_kvq("run --smoke --out " + out.string() + " " + config.string());
     // a config for backend cuda (throughput_cuda.toml, model_cuda.toml) without a device: that one
     // line, nothing else
     if (const std::string why = cuda_unavailable();
         r.status != 0 && !why.empty() && r.err.find(why) != std::string::npos) {
-      EXPECT_EQ(r.err_lines(), 1) << e.path() << ": " << r.err;
-      continue;
+      EXPECT_EQ(r.err_lines(), 1) << config << ": " << r.err;
+      return;
     }
-    EXPECT_EQ(r.status, 0) << e.path() << ": " << r.err;
-    if (r.status != 0) continue;
+    EXPECT_EQ(r.status, 0) << config << ": " << r.err;
+    if (r.status != 0) return;
     const size_t nsyn = count(listing, "synthetic"), nmod = count(listing, "model"),
                  nneedle = count(listing, "needle"), ntp = count(listing, "throughput"),
                  nruler = count(listing, "ruler"), nserve = count(listing, "serve");
-    EXPECT_GT(nsyn + nmod + nneedle + ntp + nruler + nserve, 0u) << e.path() << ": the listing names no rows: " << listing;
-    ++configs;
+    EXPECT_GT(nsyn + nmod + nneedle + ntp + nruler + nserve, 0u) << config << ": the listing names no rows: " << listing;
     if (ntp) {  // one context and batch, every scheme per op and backend: at least bf16 + one
       const auto rows = jsonl(out / "throughput.jsonl");
-      EXPECT_GE(rows.size(), 2u) << e.path();
-      EXPECT_EQ(rows.front()["scheme"], "bf16") << e.path();
-      EXPECT_EQ(rows.front()["settings"]["smoke"], true) << e.path();
+      EXPECT_GE(rows.size(), 2u) << config;
+      EXPECT_EQ(rows.front()["scheme"], "bf16") << config;
+      EXPECT_EQ(rows.front()["settings"]["smoke"], true) << config;
     }
     if (nsyn) {
       const auto rows = jsonl(out / "synthetic.jsonl");
-      EXPECT_EQ(rows.size(), nsyn) << e.path();
-      EXPECT_EQ(rows.front()["settings"]["tokens"], 256) << e.path();
+      EXPECT_EQ(rows.size(), nsyn) << config;
+      EXPECT_EQ(rows.front()["settings"]["tokens"], 256) << config;
       EXPECT_NE(rows.front().value("kvq", "").find("kvq "), std::string::npos) << rows.front().dump();
       EXPECT_FALSE(rows.front().value("machine", "").empty());
     }
     if (nmod) {
       const auto rows = jsonl(out / "model.jsonl");
-      EXPECT_EQ(rows.size(), nmod) << e.path() << " (windows of different lengths collapse to 64)";
-      EXPECT_EQ(rows.front()["settings"]["ctx"], 64) << e.path();
-      EXPECT_EQ(rows.front()["settings"]["smoke"], true) << e.path();
+      EXPECT_EQ(rows.size(), nmod) << config << " (windows of different lengths collapse to 64)";
+      EXPECT_EQ(rows.front()["settings"]["ctx"], 64) << config;
+      EXPECT_EQ(rows.front()["settings"]["smoke"], true) << config;
     }
     if (nneedle) {  // one 256-token trial per depth
       const auto rows = jsonl(out / "needle.jsonl");
-      EXPECT_TRUE(!rows.empty() && rows.size() % nneedle == 0) << e.path() << ": " << rows.size();
-      EXPECT_EQ(rows.front()["settings"]["ctx"], 256) << e.path();
+      EXPECT_TRUE(!rows.empty() && rows.size() % nneedle == 0) << config << ": " << rows.size();
+      EXPECT_EQ(rows.front()["settings"]["ctx"], 256) << config;
       EXPECT_TRUE(rows.front()["fp32_correct"].is_boolean()) << rows.front().dump();
     }
     if (nruler) {  // the first task once at 1,024 tokens: one row per scheme
       const auto rows = jsonl(out / "ruler.jsonl");
-      EXPECT_EQ(rows.size(), nruler) << e.path();
-      EXPECT_EQ(rows.front()["settings"]["length"], 1024) << e.path();
+      EXPECT_EQ(rows.size(), nruler) << config;
+      EXPECT_EQ(rows.front()["settings"]["length"], 1024) << config;
       EXPECT_TRUE(rows.front()["fp32_score"].is_number()) << rows.front().dump();
     }
     if (nserve) {  // the largest cap, 3 requests of <= 16 prompt and <= 4 output tokens
       const auto rows = jsonl(out / "serve.jsonl");
-      EXPECT_EQ(rows.size(), nserve) << e.path();
-      EXPECT_EQ(rows.front()["settings"]["smoke"], true) << e.path();
-      EXPECT_EQ(rows.front()["settings"]["requests"], 3) << e.path();
+      EXPECT_EQ(rows.size(), nserve) << config;
+      EXPECT_EQ(rows.front()["settings"]["smoke"], true) << config;
+      EXPECT_EQ(rows.front()["settings"]["requests"], 3) << config;
       EXPECT_LE(rows.front()["prefill_tokens"].get<int>(), 3 * 16) << rows.front().dump();
       EXPECT_GT(rows.front()["decode_tokens_per_s"].get<double>(), 0.0) << rows.front().dump();
       EXPECT_GE(rows.front()["max_held"].get<int>(), 1) << rows.front().dump();
     }
-  }
+  }();
   std::filesystem::current_path(cwd);
   std::filesystem::remove_all(dir);
-  EXPECT_GE(configs, 7) << "experiments/configs/ ships 7 configs";
 }
+
+INSTANTIATE_TEST_SUITE_P(RunConfigs, ShippedConfig, ::testing::ValuesIn(shipped_configs()),
+                         [](const ::testing::TestParamInfo<std::filesystem::path>& i) {
+                           std::string n = i.param.stem().string();
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace kvq
