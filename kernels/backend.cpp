@@ -796,7 +796,7 @@ void cuda_attend_causal(const CausalArgs& a, float* out) {
   cuda::download_floats(od, qn, out);
   unrotate_output(v, out, a.n * a.q_heads);
 #else
-  (void)out;
+  (void)v, (void)out;
   fail("{}", cuda_unavailable());
 #endif
 }
