@@ -6,8 +6,8 @@
 // batch order (backend cuda: LlamaModel::decode_batch, every layer's dense part over the batch's
 // rows and one attention call over its caches), or one request after another (the host backends,
 // which have no batched forward); then each request admitted at the step runs its prefill alone
-// (LlamaModel::forward over its prompt: chunked on the host backends, token by token on backend
-// cuda), which yields its first output token. A request of P prompt and O output tokens so decodes
+// (LlamaModel::forward over its prompt, in chunks: the host backends' causal calls, backend cuda's
+// --device-chunk launches), which yields its first output token. A request of P prompt and O output tokens so decodes
 // O - 1 tokens, at positions P .. P + O - 2 (the cache holds that many tokens before each).
 #pragma once
 
