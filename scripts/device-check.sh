@@ -20,7 +20,8 @@
 # named subsets SAN_MEMCHECK and SAN_RACECHECK below (and memcheck on SAN_BACKEND, the chunked
 # prefill of cuda_backend_test), and `kvq run` of
 # experiments/configs/throughput_cuda.toml (the [throughput] task on backend cuda, issue 47) and of
-# a [model] smoke config with backend = "cuda" over the model bench's model, chunked vs
+# a [model] smoke config with backend = "cuda" over the model bench's model, decode at depth 32,704
+# (bf16 vs kivi2 on a 32k-context made-up-weights checkpoint of SmolLM2's shape), chunked vs
 # token-by-token prefill on it (`kvq model bench --device-chunk 256 / 1`), and `kvq model
 # serve-bench --backend cuda` (batched decode steps under a KV memory cap) on it (their tables go
 # into the report). Bench repetitions and every step are capped
@@ -432,6 +433,39 @@ else
   (( MB_RAN == 1 )) && note "kvq model bench --backend cuda ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (model_bench/)."
 fi
 
+# Decode at long context (issue 47's goal: on SmolLM2-135M's shape a kivi2 cache decodes at least
+# as fast as bf16 at 32k): `kvq model bench --backend cuda` tg64 at depth 32,704 for bf16 and kivi2
+# on the made-up-weights checkpoint with a 32,768-token context (make-synthetic-checkpoint.py
+# --context 32768: the real model's context is 8,192; the bytes a token reads are the same), the
+# depth filled by chunked prefill; 2 reps, each capped at 60 s.
+ML_OUT="$OUT/model_bench_long"
+ML_RAN=0
+ML_DEPTH=32704
+ML_MODEL="$ROOT/build/synthetic-smollm2-135m-32k"
+if [[ ! -x "$KVQ_BIN" || -z "$GPU_NAME" ]]; then
+  note "kvq model bench --backend cuda at depth $ML_DEPTH: no kvq binary or no GPU; not run."
+elif [[ -z "$PY" ]]; then
+  note "kvq model bench --backend cuda at depth $ML_DEPTH: no python3 for the 32k-context checkpoint; not run."
+elif (( $(left) < 90 )); then
+  note "kvq model bench --backend cuda at depth $ML_DEPTH: skipped, the budget is nearly spent."
+elif ! "$PY" scripts/make-synthetic-checkpoint.py "$ML_MODEL" --context 32768 >"$LOGS/synthetic_checkpoint_32k.log" 2>&1; then
+  note "make-synthetic-checkpoint.py --context 32768 failed: $(tail -1 "$LOGS/synthetic_checkpoint_32k.log")."
+else
+  t0=$(elapsed)
+  mkdir -p "$ML_OUT"
+  ML_RAN=1
+  for kv in bf16 kivi2; do
+    if ! timeout "$(cap 60)" "$KVQ_BIN" model bench --backend cuda --model "$ML_MODEL" --kv "$kv" \
+        --text "$ROOT/README.md" --prompt-tokens 0 --gen 64 --depth "$ML_DEPTH" --reps 2 \
+        --json "$ML_OUT/$kv.json" >"$ML_OUT/$kv.txt" 2>"$LOGS/model_bench_long_$kv.log"; then
+      STATUS=1
+      ML_RAN=0
+      note "kvq model bench --backend cuda --kv $kv --depth $ML_DEPTH failed: $(tail -1 "$LOGS/model_bench_long_$kv.log") (logs/model_bench_long_$kv.log)."
+    fi
+  done
+  (( ML_RAN == 1 )) && note "kvq model bench --backend cuda at depth $ML_DEPTH ran in $(( $(elapsed) - t0 )) s (model_bench_long/)."
+fi
+
 # Chunked prefill on backend cuda (issues 46/47: LlamaModel::set_device_chunk, kernels/backend.h
 # prefill_device): `kvq model bench --backend cuda --kv kivi2` prefill (pp) tokens/s of a long
 # prompt after a long context, in chunks of 256 tokens (the default: a chunk's dense part at once
@@ -808,6 +842,28 @@ EOF
     done
   else
     echo "Not run (see the build section)."
+  fi
+  echo
+  echo "## Decode at long context on backend cuda (kvq model bench --backend cuda, tg64 at depth $ML_DEPTH)"
+  echo
+  if (( ML_RAN == 1 )) && [[ -n "$PY" ]]; then
+    echo "Model: $ML_MODEL (SmolLM2-135M's shape, made-up bf16 weights, 32,768-token context)"
+    echo
+    "$PY" - "$ML_OUT" <<'PYEOF'
+import json, pathlib, sys
+d = pathlib.Path(sys.argv[1])
+r = {kv: json.loads((d / f"{kv}.json").read_text()) for kv in ("bf16", "kivi2")}
+print("| kv | depth | tg tokens/s | vs bf16 | goal (issue 47) |")
+print("|---|---:|---:|---:|---|")
+b = r["bf16"]["tg_tokens_per_s"]
+for kv, j in r.items():
+    t = j["tg_tokens_per_s"]
+    ratio = t / b if b > 0 else 0
+    goal = "" if kv == "bf16" else ("kivi2 >= bf16: " + ("met" if ratio >= 1 else "not met"))
+    print(f"| {kv} | {j['depth']} | {t:.1f} | {ratio:.2f}x | {goal} |")
+PYEOF
+  else
+    echo "Not run (see the notes above)."
   fi
   echo
   echo "## Chunked prefill on backend cuda (kvq model bench --backend cuda --kv kivi2, pp$PF_PROMPT at depth $PF_DEPTH)"

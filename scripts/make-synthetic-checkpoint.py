@@ -7,7 +7,11 @@ pattern of small values from a fixed LCG, norms 1.0; 269 MB) and the tiny fixtur
 (tests/fixtures/hf/smollm2: its ids lie below the vocabulary). Pure Python, no packages. The
 weights mean nothing: use it for speed, never for quality.
 
-    scripts/make-synthetic-checkpoint.py OUTDIR
+    scripts/make-synthetic-checkpoint.py OUTDIR [--context N]
+
+--context sets max_position_embeddings (default 8192, SmolLM2's): a longer one lets the bench
+measure decode at depths the real model does not reach (issue 47's 32k goal); the weights, and so
+the bytes a token reads, are the same.
 """
 import json
 import pathlib
@@ -30,12 +34,19 @@ def pattern(n=65536, seed=12345):
 
 
 def main():
-    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
-        sys.exit("usage: scripts/make-synthetic-checkpoint.py OUTDIR")
-    out = pathlib.Path(sys.argv[1])
+    usage = "usage: scripts/make-synthetic-checkpoint.py OUTDIR [--context N]"
+    args = sys.argv[1:]
+    s = dict(SHAPE)
+    if len(args) == 3 and args[1] == "--context":
+        if not args[2].isdigit() or not 1 <= int(args[2]) <= 1 << 20:
+            sys.exit(f"--context takes a whole number of tokens in [1, 1048576], got {args[2]!r}")
+        s["context"] = int(args[2])
+        args = args[:1]
+    if len(args) != 1 or args[0].startswith("-"):
+        sys.exit(usage)
+    out = pathlib.Path(args[0])
     out.mkdir(parents=True, exist_ok=True)
     root = pathlib.Path(__file__).resolve().parent.parent
-    s = SHAPE
     head_dim = s["hidden"] // s["heads"]
     kvd = s["kv_heads"] * head_dim
     tensors = [("model.embed_tokens.weight", [s["vocab"], s["hidden"]], False),
