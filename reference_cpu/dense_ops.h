@@ -21,8 +21,8 @@ inline void dense_dot(const float* x, int64_t H, int64_t D, int64_t h, const flo
 }
 
 /// \brief out[i*D + d] += sum_t p[i*ld + (t - t0)] * x[t, h, d] for t in [t0, t1).
-inline void dense_accumulate(const float* x, int64_t H, int64_t D, int64_t h, const float* p, int nq,
-                             int64_t t0, int64_t t1, int64_t ld, float* out) {
+inline void dense_accumulate(const float* x, int64_t H, int64_t D, int64_t h, const float* p,
+                             int nq, int64_t t0, int64_t t1, int64_t ld, float* out) {
   for (int64_t t = t0; t < t1; ++t) {
     const float* row = x + (t * H + h) * D;
     for (int i = 0; i < nq; ++i) {
