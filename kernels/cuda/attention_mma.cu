@@ -1,6 +1,6 @@
 // The tensor-core split kernels of decode attention (DecodeKernel::Mma, issue 46): bf16 caches
 // (mma_split_kernel, below), KIVI 2- / 4-bit int caches (mma_int_split_kernel, further down) and
-// FP8 caches with tensor / head scales (mma_fp8_split_kernel, last; mma_fp8.h).
+// FP8 caches with tensor, head, token or channel scales (mma_fp8_split_kernel, last; mma_fp8.h).
 // Same grid, plan, workspace and merge as attention_kernels.cu's split kernels (one block =
 // (split, kv head, sequence), 128 threads, all nq <= 8 query heads of the kv head); what differs
 // is how a block computes its partial:
@@ -147,7 +147,8 @@ __device__ __forceinline__ void softmax_partial(const Params& p, float* scores, 
     float l = 0.0f;
     for (int t = lane; t < n; t += 32) {
       const float e = expf(row[t] - m);
-      row[t] = e * pscale * (ts ? __ldg(ts + static_cast<int64_t>(t) * ts_stride) : 1.0f);
+      // pscale s_t first: exact (a power of two) unless subnormal, so p' errs by <= 2^-150 abs.
+      row[t] = e * (ts ? pscale * __ldg(ts + static_cast<int64_t>(t) * ts_stride) : pscale);
       l += e;
     }
 #pragma unroll
@@ -221,11 +222,14 @@ __device__ __forceinline__ void write_partial(const Params& p, const float* red,
 
 /// q of head g (zero where !real) as fp16 A fragments of the D / 16 k-steps, high parts in
 /// registers [ks][2 r], low parts in [ks][2 r + 1]; A register pair r of k-step ks holds the
-/// channels chan(ks, r, 0), chan(ks, r, 1). q is multiplied by 2^e, e = q_shift(max |q| of the
-/// head) + bias (bias 0: max |q'| in [2^14, 2^15); -15: in [1/2, 1)); returns e.
+/// channels chan(ks, r, 0), chan(ks, r, 1). Where cs is given, channel c of q is first multiplied
+/// by cs[c] (key channel scales folded into q: q_c s_c, one fp32 rounding, as the CPU and the
+/// tiled kernel fold them). q is multiplied by 2^e, e = q_shift(max |q| of the head) + bias
+/// (bias 0: max |q'| in [2^14, 2^15); -15: in [1/2, 1)); returns e.
 template <int D, class Chan>
 __device__ __forceinline__ int q_fragments_f16(uint32_t (&qa)[D / mma::kK][4], const float* q_heads,
-                                               bool real, int lane, int bias, Chan chan) {
+                                               bool real, int lane, int bias, Chan chan,
+                                               const float* cs = nullptr) {
   const float* q = q_heads + mma::group_of(lane) * D;
   float2 qf[D / mma::kK][2];
   float amax = 0.0f;
@@ -233,8 +237,10 @@ __device__ __forceinline__ int q_fragments_f16(uint32_t (&qa)[D / mma::kK][4], c
   for (int ks = 0; ks < D / mma::kK; ++ks)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float x = real ? __ldg(q + chan(ks, r, 0)) : 0.0f;
-      const float y = real ? __ldg(q + chan(ks, r, 1)) : 0.0f;
+      const int c0 = chan(ks, r, 0), c1 = chan(ks, r, 1);
+      float x = real ? __ldg(q + c0) : 0.0f;
+      float y = real ? __ldg(q + c1) : 0.0f;
+      if (cs) x *= __ldg(cs + c0), y *= __ldg(cs + c1);
       qf[ks][r] = make_float2(x, y);
       amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
     }
@@ -744,7 +750,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   });
 }
 
-// ---- FP8 caches: e4m3 / e5m2 / e4m3fnuz, tensor, head or token scales (mma_fp8.h) -------------
+// ---- FP8 caches: e4m3 / e5m2 / e4m3fnuz, tensor, head, token or channel scales (mma_fp8.h) ----
 //
 // As the bf16 kernel, with fp16 operands: a stage holds kTile rows of D code bytes (swizzled
 // 16-byte chunks, mma_fp8::chunk_offset); B registers come from 16-byte shared loads of codes, two
@@ -752,7 +758,9 @@ __global__ void __launch_bounds__(kThreads, 4)
 // p (times 2^kPShift) are fp16 high + low A rows. A tensor / head scale and the powers of two
 // multiply each score and each output once. Token scales: a key's scale multiplies its score (one
 // load and multiply a score); a value's scale folds into p in the softmax (p_t s_t 2^pe, pe from
-// the split's largest value scale, mma_fp8::token_pshift, so p' < 2^14).
+// the split's largest value scale, mma_fp8::token_pshift, so p' < 2^14). Channel scales: a key's
+// fold into q before its high / low split (q_c s_c, q_fragments_f16), a value's multiply each
+// output channel once (write_partial); neither touches the loops.
 
 template <int D>
 struct Fp8Smem {
@@ -796,10 +804,16 @@ struct Fp8TileCopy {
   }
 };
 
-/// The scale of a tensor- or head-scaled side for head h.
+/// The scale of a tensor- or head-scaled side for head h, 1 otherwise.
 __device__ __forceinline__ float fp8_head_scale(const Fp8SideView& s, int h) {
-  if (s.gran == Granularity::Token) return 1.0f;  // per token: fp8_token_scale
+  // per token: fp8_token_scale; per channel: fp8_channel_scales
+  if (s.gran == Granularity::Token || s.gran == Granularity::Channel) return 1.0f;
   return __ldg(s.scales + (s.gran == Granularity::Head ? h : 0));
+}
+
+/// Head h's D channel scales (index h D + c, fp8/scale.h) of a channel-scaled side, else null.
+__device__ __forceinline__ const float* fp8_channel_scales(const Fp8SideView& s, int h, int D) {
+  return s.gran == Granularity::Channel ? s.scales + static_cast<int64_t>(h) * D : nullptr;
 }
 
 /// The scale of token t (absolute) of a token-scaled side, 1 otherwise (head / tensor scales:
@@ -843,11 +857,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   copy.load(stages, kv.codes, s0, s1);
   cp_async_commit();
 
-  // q times 2^qe (max |q| in [2^14, 2^15)) as fp16 high + low rows, channels in key_channel order.
+  // q (times the key channel scales) times 2^qe (max |q| in [2^14, 2^15)) as fp16 high + low
+  // rows, channels in key_channel order.
   uint32_t qa[D / mma::kK][4];
-  const int qe = q_fragments_f16<D>(qa, p.q + qrow * D, g < nq, lane, 0, [&](int ks, int r, int e) {
-    return mf::key_channel(D, tg, ks, r, e);
-  });
+  const int qe = q_fragments_f16<D>(
+      qa, p.q + qrow * D, g < nq, lane, 0,
+      [&](int ks, int r, int e) { return mf::key_channel(D, tg, ks, r, e); },
+      fp8_channel_scales(kv, h, D));
   const float kfac = pow2(unpack::kHalfExpShift<F> - qe) * fp8_head_scale(kv, h) * p.inv_sqrt_d;
 
   // ---- scores --------------------------------------------------------------------------------
@@ -951,7 +967,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
   const float vfac = pow2(unpack::kHalfExpShift<F> - pe) * fp8_head_scale(vv, h);
-  write_partial<D>(p, red, qrow, split, tid, vfac, [](int, int, float s) { return s; });
+  const float* vcs = fp8_channel_scales(vv, h, D);  // value channel scales: once an output
+  write_partial<D>(p, red, qrow, split, tid, vfac,
+                   [vcs](int, int d, float s) { return vcs ? s * __ldg(vcs + d) : s; });
 }
 
 }  // namespace
@@ -991,10 +1009,8 @@ bool mma_fp8_supported(int head_dim, int nq, int64_t split_tokens, std::span<con
                        std::span<const Fp8SideView> v) {
   if (!mma_bf16_supported(head_dim, nq, split_tokens)) return false;
   for (auto side : {k, v})
-    for (const Fp8SideView& x : side) {
-      if (x.gran == Granularity::Channel) return false;
+    for (const Fp8SideView& x : side)
       if (x.tokens > 0 && reinterpret_cast<uintptr_t>(x.codes) % 16 != 0) return false;
-    }
   return true;
 }
 

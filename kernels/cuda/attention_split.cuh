@@ -43,8 +43,8 @@ bool mma_int_supported(int bits, int head_dim, int nq, int64_t split_tokens,
                        std::span<const IntSideView> k, std::span<const IntSideView> v);
 
 /// Whether the Mma kernel takes an FP8 launch; the one place that says which FP8 caches it
-/// covers: every format (e4m3, e5m2, e4m3fnuz) with tensor, head or token scales on each side,
-/// head_dim 64 / 128, codes 16-byte aligned. Channel scales run the tiled kernel.
+/// covers: every format (e4m3, e5m2, e4m3fnuz) with tensor, head, token or channel scales on each
+/// side, head_dim 64 / 128, codes 16-byte aligned. Unaligned codes run the tiled kernel.
 bool mma_fp8_supported(int head_dim, int nq, int64_t split_tokens, std::span<const Fp8SideView> k,
                        std::span<const Fp8SideView> v);
 

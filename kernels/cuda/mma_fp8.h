@@ -10,7 +10,10 @@
 //   t & 0xff00ff00                                   (e5m2: a code is the top byte of a binary16)
 // (fp8_hi_pair_half2), exact for every non-NaN code, subnormals included; the power of two
 // (unpack::kHalfExpShift) and the per-tensor / per-head scale multiply the scores and the outputs
-// once. This integer form serves every format (sm_89's cvt.rn.f16x2.e4m3x2 has no e4m3fnuz form).
+// once; per-token key scales multiply each score, per-token value scales fold into p
+// (token_pshift), per-channel key scales fold into q (q_c s_c before q_shift and the split),
+// per-channel value scales multiply each output channel once. This integer form serves every
+// format (sm_89's cvt.rn.f16x2.e4m3x2 has no e4m3fnuz form).
 //
 // Keys (scores, B = K^T: k = channel, n = token). Lane (g, tig) takes token g of the n-tile and
 // the D / 4 channels [tig D / 4, (tig + 1) D / 4) of it: one 16-byte shared load (two for D 128),
@@ -101,12 +104,14 @@ KVQ_HD int q_shift(float amax) {
 }
 
 /// The power of two 2^e for p' = p s_t 2^e with token value scales (p <= 1, s_t <= smax): smax
-/// 2^e in [2^13, 2^14) (p' fp16 with room for the high + low split), within [-100, 100] so that
-/// the output factor 2^(kHalfExpShift - e) stays a normal float; kPShift for smax 0, inf or NaN.
+/// 2^e in [2^13, 2^14) (p' fp16 with room for the high + low split) for every smax >= 2^-112;
+/// e in [-114, 125] (q_shift's cap), so that 2^e and the output factor 2^(kHalfExpShift - e)
+/// stay normal floats: below 2^-112 (subnormal scales included) e = 125 and p' < 2^13 keeps fp16
+/// precision down to 2^-14, each token's p' within 2^-25 absolute (2^-150 |V| after the output
+/// factor); kPShift for smax 0, inf or NaN.
 KVQ_HD int token_pshift(float smax) {
   if (!(smax > 0.0f) || ((float_bits(smax) >> 23) & 0xffu) == 0xffu) return kPShift;
-  const int e = q_shift(smax) - 1;
-  return e > 100 ? 100 : (e < -100 ? -100 : e);
+  return q_shift(smax) - 1;
 }
 
 /// Two floats as f16x2 bits (x low), round to nearest even.

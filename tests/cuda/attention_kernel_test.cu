@@ -149,14 +149,14 @@ Bf16SideView upload_side(Arena& arena, const SchemeSpec&, Role, const Tensor3& x
 
 Fp8SideView upload_side(Arena& arena, const SchemeSpec& spec, Role role, const Tensor3& x,
                         const SideStore& cpu, Fp8SideView*) {
-  const std::vector<float> scales = fp8::prefill_scales(spec.fp8(), role, x);
+  const Fp8Spec& f = spec.side(role).fp8();  // a split spec: this side's granularity
+  const std::vector<float> scales = fp8::prefill_scales(f, role, x);
   std::vector<uint8_t> codes;
-  fp8::quantize(spec.fp8(), scales, x, codes);
+  fp8::quantize(f, scales, x, codes);
   Tensor3 back(x.shape);
-  fp8::dequantize(spec.fp8(), scales, codes, back);
+  fp8::dequantize(f, scales, codes, back);
   expect_same_readback(cpu, back, "fp8");
-  return Fp8SideView{arena.upload(codes), arena.upload(scales), x.shape.tokens, spec.fp8().format,
-                     spec.fp8().gran};
+  return Fp8SideView{arena.upload(codes), arena.upload(scales), x.shape.tokens, f.format, f.gran};
 }
 
 IntSideView upload_side(Arena& arena, const SchemeSpec& spec, Role role, const Tensor3& x,
@@ -338,9 +338,9 @@ class DecodeAttention : public ::testing::TestWithParam<SweepCase> {
 // Expected: kvq::decode_attention on the CPU over the same cache (see the file comment).
 // Every split kernel (DecodeKernel), each against the reference with the same tolerances; GQA 3
 // pads the tiled kernel's group of 4 (masked query heads) and fills 3 of the Mma kernel's 8 rows
-// (bf16 caches and FP8 with tensor / head scales, with the tiled kernel's tolerances, and kivi2 /
-// kivi4 with the int tolerances, all read on tensor cores; on the other kinds Mma runs the tiled
-// kernel).
+// (bf16 caches and FP8 with tensor, head, token or channel scales, with the tiled kernel's
+// tolerances, and kivi2 / kivi4 with the int tolerances, all read on tensor cores; on the other
+// kinds Mma runs the tiled kernel).
 TEST_P(DecodeAttention, MatchesCpuReference) {
   const auto& [spec, T, gqa, dim, kernel] = GetParam();
   run_spec(spec, {T}, 2, gqa, dim, sweep_name({GetParam(), 0}), kernel);
@@ -355,11 +355,14 @@ INSTANTIATE_TEST_SUITE_P(Sweep, DecodeAttention,
                                                               DecodeKernel::Tiled,
                                                               DecodeKernel::Mma)),
                          sweep_name);
-// GQA 6 pads the tiled kernel's group of 8 (two masked query heads).
+// GQA 6 pads the tiled kernel's group of 8 (two masked query heads). FP8 keys and values scaled
+// differently (channel keys with token values, and the reverse): the Mma kernel's four folds.
 INSTANTIATE_TEST_SUITE_P(
     Gqa6, DecodeAttention,
     ::testing::Combine(
-        ::testing::Values("bf16", "fp8_e4m3:gran=token", "fp8_e5m2:gran=channel", "kivi2", "kivi4"),
+        ::testing::Values("bf16", "fp8_e4m3:gran=token", "fp8_e5m2:gran=channel",
+                          "k=fp8_e4m3:gran=channel;v=fp8_e4m3:gran=token",
+                          "k=fp8_e5m2:gran=token;v=fp8_e5m2:gran=channel", "kivi2", "kivi4"),
         ::testing::Values<int64_t>(37, 1000), ::testing::Values(6), ::testing::Values(128),
         ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled, DecodeKernel::Mma)),
     sweep_name);
@@ -375,11 +378,13 @@ class DecodeAttentionLongSplits : public ::testing::TestWithParam<LongSplitCase>
 };
 
 // Expected: kvq::decode_attention on the CPU (the file comment), bf16 and FP8 (head scales: the
-// Mma kernel's FP8 tiles) caches.
+// Mma kernel's FP8 tiles; channel keys with token values: q folded once, the split-wide value
+// scale maximum over several tiles) caches.
 TEST_P(DecodeAttentionLongSplits, MatchesCpuReference) {
   const auto& [T, gqa, dim, split, kernel] = GetParam();
   const int64_t st = split > 0 ? split : 4096 / gqa;
-  for (const char* spec : {"bf16", "fp8_e5m2:gran=head"})
+  for (const char* spec :
+       {"bf16", "fp8_e5m2:gran=head", "k=fp8_e4m3:gran=channel;v=fp8_e4m3:gran=token"})
     run_spec(spec, {T, T / 3 + 1}, 2, gqa, dim,
              kvq::testing::test_name(spec) + "_T" + std::to_string(T) + "_gqa" +
                  std::to_string(gqa) + "_d" + std::to_string(dim) + "_split" + std::to_string(st) +
@@ -438,7 +443,8 @@ TEST_P(DecodeAttentionBatch, LargestBatch) {
 INSTANTIATE_TEST_SUITE_P(
     Kinds, DecodeAttentionBatch,
     ::testing::Combine(::testing::Values("bf16", "fp8_e4m3:gran=token", "fp8_e5m2:gran=channel",
-                                         "kivi2", "kivi4", "int3:k=token,v=channel,g=8,r=0"),
+                                         "k=fp8_e5m2:gran=token;v=fp8_e5m2:gran=channel", "kivi2",
+                                         "kivi4", "int3:k=token,v=channel,g=8,r=0"),
                        ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled,
                                          DecodeKernel::Mma)),
     [](const ::testing::TestParamInfo<BatchCase>& p) {

@@ -237,50 +237,71 @@ std::vector<uint8_t> random_codes(std::mt19937& rng, size_t n) {
   return c;
 }
 
-/// Token scales over 2^-20 .. 2^10 (per-token key or value scales, one per token of a tile).
-std::vector<float> token_scales(std::mt19937& rng, int n) {
+/// n scales 2^top times [2^-30, 2^1) spread over 31 binades (token scales, one per token of a
+/// tile, or channel scales, one per channel).
+std::vector<float> spread_scales(std::mt19937& rng, int n, int top = 10) {
   std::uniform_real_distribution<float> u(1.0f, 2.0f);
   std::vector<float> s(static_cast<size_t>(n));
-  for (int t = 0; t < n; ++t) s[static_cast<size_t>(t)] = std::ldexp(u(rng), -20 + 31 * t / n);
+  for (int t = 0; t < n; ++t)
+    s[static_cast<size_t>(t)] =
+        static_cast<float>(std::ldexp(static_cast<double>(u(rng)), top - 30 + 31 * t / n));
   return s;
 }
 
-// token: per-token key scales, applied to each score (the kernel's fp8_token_scale) instead of
-// one scale for the tile.
+/// How a side is scaled: one scale (tensor / head), per token, or per channel.
+enum class Gran { One, Token, Channel };
+const char* name(Gran g) {
+  return g == Gran::One ? "one" : (g == Gran::Token ? "token" : "channel");
+}
+
+// Token: per-token key scales, applied to each score (the kernel's fp8_token_scale). Channel:
+// per-channel key scales folded into q before q_shift and the high + low split (q_c s_c, the
+// kernel's q_fragments_f16 with cs).
 template <int D, Fp8Format F>
-void check_scores(int nq, bool token) {
-  std::mt19937 rng(static_cast<uint32_t>(D + nq + 10 * static_cast<int>(F)));
+void check_scores(int nq, Gran gran) {
+  std::mt19937 rng(
+      static_cast<uint32_t>(D + nq + 10 * static_cast<int>(F) + 100 * static_cast<int>(gran)));
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> q(8 * D);
   for (float& x : q) x = nd(rng) * 0.01f;  // far from [2^14, 2^15): q_shift matters
   const std::vector<uint8_t> k = random_codes<F>(rng, 16 * D);
   const std::vector<uint8_t> tile = tile_of<D>(k);
-  const float scale = token ? 1.0f : 0.37f;
-  const std::vector<float> st = token ? token_scales(rng, 16) : std::vector<float>(16, 1.0f);
-  // A fragments of q as the kernel builds them.
+  const float scale = gran == Gran::One ? 0.37f : 1.0f;
+  const std::vector<float> st =
+      gran == Gran::Token ? spread_scales(rng, 16) : std::vector<float>(16, 1.0f);
+  std::vector<float> sc = gran == Gran::Channel ? spread_scales(rng, D, 5)
+                                                : std::vector<float>(static_cast<size_t>(D), 1.0f);
+  std::shuffle(sc.begin(), sc.end(), rng);  // large and small scales on every lane's channels
+  // A fragments of q (times the channel scales) as the kernel builds them.
   std::vector<Frag4> qa(D / 16);
   for (Frag4& f : qa)
     for (Frag& r : f) r.assign(32, 0);
   std::vector<int> qe(32);
+  const auto qs_c = [&](int g, int c) {  // q_c s_c in fp32, as the kernel
+    return g < nq ? q[static_cast<size_t>(g * D + c)] * sc[static_cast<size_t>(c)] : 0.0f;
+  };
+  double qmax = 0;  // the largest |q_c s_c| of any head
   for (int l = 0; l < 32; ++l) {
     const int g = group_of(l);
     float amax = 0.0f;  // over the lane's quad (every channel of head g)
-    for (int d = 0; d < D; ++d)
-      amax = std::fmax(amax, g < nq ? std::fabs(q[static_cast<size_t>(g * D + d)]) : 0.0f);
+    for (int d = 0; d < D; ++d) amax = std::fmax(amax, std::fabs(qs_c(g, d)));
+    qmax = std::max(qmax, static_cast<double>(amax));
     qe[static_cast<size_t>(l)] = q_shift(amax);
     const float qs = pow2(qe[static_cast<size_t>(l)]);
     for (int ks = 0; ks < D / 16; ++ks)
       for (int r = 0; r < 2; ++r) {
         const int tg = tig_of(l);
-        const float x =
-            g < nq ? q[static_cast<size_t>(g * D + key_channel(D, tg, ks, r, 0))] : 0.0f;
-        const float y =
-            g < nq ? q[static_cast<size_t>(g * D + key_channel(D, tg, ks, r, 1))] : 0.0f;
-        const HiLo s = split_half2(x * qs, y * qs);
+        const HiLo s = split_half2(qs_c(g, key_channel(D, tg, ks, r, 0)) * qs,
+                                   qs_c(g, key_channel(D, tg, ks, r, 1)) * qs);
         qa[static_cast<size_t>(ks)][2 * r][l] = s.hi;
         qa[static_cast<size_t>(ks)][2 * r + 1][l] = s.lo;
       }
   }
+  double kmax = 0;
+  for (uint8_t c : k) kmax = std::max(kmax, std::fabs(static_cast<double>(fp8::decode<F>(c))));
+  // q' below fp16's normal range (channels far below the head's largest |q_c s_c|) rounds to
+  // 2^-25 absolute of q' = 2^-39 of max |q_c s_c|: D such terms, relative to max |q s| max |K|.
+  const double abs_tol = D * std::ldexp(qmax * kmax, -39) * scale + 1e-30;
   for (int nt = 0; nt < 2; ++nt) {
     float c[32][4] = {};
     for (int ks = 0; ks < D / 16; ++ks) {
@@ -302,6 +323,7 @@ void check_scores(int nq, bool token) {
         double want = 0, mag = 0;
         for (int d = 0; d < D; ++d) {
           const double t = static_cast<double>(q[static_cast<size_t>(g * D + d)]) *
+                           sc[static_cast<size_t>(d)] *
                            fp8::decode<F>(k[static_cast<size_t>(tok * D + d)]) * scale *
                            st[static_cast<size_t>(tok)];
           want += t;
@@ -309,9 +331,9 @@ void check_scores(int nq, bool token) {
         }
         const double got =
             (static_cast<double>(c[l][i]) + c[l][i + 2]) * fac * st[static_cast<size_t>(tok)];
-        EXPECT_NEAR(got, want, kTolRel * mag + 1e-30)
+        EXPECT_NEAR(got, want, kTolRel * mag + abs_tol * st[static_cast<size_t>(tok)])
             << "D " << D << " format " << static_cast<int>(F) << " head " << g << " token " << tok
-            << " token scales " << token;
+            << " key scales " << name(gran);
       }
     }
   }
@@ -320,9 +342,9 @@ void check_scores(int nq, bool token) {
 template <Fp8Format F>
 void scores_all() {
   for (int nq : {1, 3, 8})
-    for (bool token : {false, true}) {
-      check_scores<64, F>(nq, token);
-      check_scores<128, F>(nq, token);
+    for (Gran gran : {Gran::One, Gran::Token, Gran::Channel}) {
+      check_scores<64, F>(nq, gran);
+      check_scores<128, F>(nq, gran);
     }
 }
 
@@ -332,31 +354,36 @@ TEST(MmaFp8, ScoresOfATileEqualDecodeThenDot) {
   scores_all<Fp8Format::E5M2>();
 }
 
-// token: per-token value scales folded into p (p_t s_t 2^token_pshift(max s_t), as the kernel's
-// softmax writes it) instead of one scale applied to the outputs.
+// Token: per-token value scales folded into p (p_t (2^token_pshift(max s_t) s_t), as the kernel's
+// softmax writes it), the largest scale near 2^top. Channel: per-channel value scales multiply
+// each output channel once (the kernel's write_partial), in fp32.
 template <int D, Fp8Format F>
-void check_values(int nq, bool token) {
-  std::mt19937 rng(static_cast<uint32_t>(3 * D + nq + 10 * static_cast<int>(F)));
+void check_values(int nq, Gran gran, int top = 10) {
+  std::mt19937 rng(static_cast<uint32_t>(3 * D + nq + 10 * static_cast<int>(F) +
+                                         100 * static_cast<int>(gran) + top));
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   std::vector<float> p(8 * 16);
   for (float& x : p) x = u(rng) * u(rng) * u(rng);  // softmax weights, some small
   const std::vector<uint8_t> v = random_codes<F>(rng, 16 * D);
   const std::vector<uint8_t> tile = tile_of<D>(v);
-  const float scale = token ? 1.0f : 1.9f;
-  const std::vector<float> st = token ? token_scales(rng, 16) : std::vector<float>(16, 1.0f);
-  const int pe = token ? token_pshift(*std::max_element(st.begin(), st.end())) : kPShift;
+  const float scale = gran == Gran::One ? 1.9f : 1.0f;
+  const bool token = gran == Gran::Token;
+  const std::vector<float> st = token ? spread_scales(rng, 16, top) : std::vector<float>(16, 1.0f);
+  const std::vector<float> sc = gran == Gran::Channel
+                                    ? spread_scales(rng, D, 5)
+                                    : std::vector<float>(static_cast<size_t>(D), 1.0f);
+  const float smax = *std::max_element(st.begin(), st.end());
+  const int pe = token ? token_pshift(smax) : kPShift;
   Frag4 pa;
   for (Frag& r : pa) r.assign(32, 0);
+  const auto pp = [&](int g, int t) {  // p' as the kernel's softmax writes it
+    return g < nq ? p[static_cast<size_t>(g * 16 + t)] * (pow2(pe) * st[static_cast<size_t>(t)])
+                  : 0.0f;
+  };
   for (int l = 0; l < 32; ++l)
     for (int half = 0; half < 2; ++half) {
       const int g = group_of(l), tok = a_col(l, 2 * half, 0);
-      const float x =
-          g < nq ? p[static_cast<size_t>(g * 16 + tok)] * pow2(pe) * st[static_cast<size_t>(tok)]
-                 : 0.0f;
-      const float y = g < nq ? p[static_cast<size_t>(g * 16 + tok + 1)] * pow2(pe) *
-                                   st[static_cast<size_t>(tok + 1)]
-                             : 0.0f;
-      const HiLo s = split_half2(x, y);
+      const HiLo s = split_half2(pp(g, tok), pp(g, tok + 1));
       pa[2 * half][l] = s.hi;
       pa[2 * half + 1][l] = s.lo;
     }
@@ -376,14 +403,17 @@ void check_values(int nq, bool token) {
     mma(o[j], pa, b0, b1);
   }
   const float fac = pow2(unpack::kHalfExpShift<F> - pe) * scale;
-  // Token scales: p' below fp16's normal range (tokens whose s_t is far below the largest) is
-  // rounded to 2^-24 (high and low parts), so each token may add 2^-24 2^-pe |decode(v)| <=
-  // 2^-37 max s_t |decode(v)|: an error bound relative to the split's largest |V| (as the device
-  // tests' max-|V| tolerance), not to sum |terms|.
+  // Token scales: p' below fp16's normal range (tokens whose s_t is far below the largest) rounds
+  // to 2^-24 (high and low parts), so each token may add 2^-24 2^-pe |decode(v)| <= 2^-37
+  // max(max s_t, 2^-112) |decode(v)| (token_pshift: smax 2^pe >= 2^13 for smax >= 2^-112, else
+  // pe = 125): an error bound relative to the split's largest |V| (as the device tests' max-|V|
+  // tolerance), not to sum |terms|.
   double vmax = 0;
   for (uint8_t c : v) vmax = std::max(vmax, std::fabs(static_cast<double>(fp8::decode<F>(c))));
   const double abs_tol =
-      token ? 16 * std::ldexp(*std::max_element(st.begin(), st.end()) * vmax, -37) : 1e-30;
+      token
+          ? 16 * std::ldexp(std::max(static_cast<double>(smax), std::ldexp(1.0, -112)) * vmax, -37)
+          : 1e-30;
   for (int l = 0; l < 32; ++l) {
     const int g = group_of(l);
     if (g >= nq) continue;
@@ -394,13 +424,16 @@ void check_values(int nq, bool token) {
         for (int t = 0; t < 16; ++t) {
           const double x = static_cast<double>(p[static_cast<size_t>(g * 16 + t)]) *
                            fp8::decode<F>(v[static_cast<size_t>(t * D + d)]) * scale *
-                           st[static_cast<size_t>(t)];
+                           st[static_cast<size_t>(t)] * sc[static_cast<size_t>(d)];
           want += x;
           mag += std::fabs(x);
         }
-        const double got = (static_cast<double>(o[j][l][i]) + o[j][l][i + 2]) * fac;
+        // The kernel: the warps' fp32 sum times the channel scale, times the factor (fp32).
+        const float sum = o[j][l][i] + o[j][l][i + 2];
+        const double got = static_cast<double>(sum * sc[static_cast<size_t>(d)] * fac);
         EXPECT_NEAR(got, want, kTolRel * mag + abs_tol)
-            << "D " << D << " format " << static_cast<int>(F) << " head " << g << " channel " << d;
+            << "D " << D << " format " << static_cast<int>(F) << " head " << g << " channel " << d
+            << " value scales " << name(gran) << " top 2^" << top;
       }
   }
 }
@@ -408,23 +441,38 @@ void check_values(int nq, bool token) {
 template <Fp8Format F>
 void values_all() {
   for (int nq : {1, 3, 8})
-    for (bool token : {false, true}) {
-      check_values<64, F>(nq, token);
-      check_values<128, F>(nq, token);
+    for (Gran gran : {Gran::One, Gran::Token, Gran::Channel}) {
+      check_values<64, F>(nq, gran);
+      check_values<128, F>(nq, gran);
     }
 }
 
-// token_pshift: the largest token scale times 2^e lands in [2^13, 2^14) over 2^-85 .. 2^85
-// (kPShift for 0, inf, NaN).
+// token_pshift over every float exponent (zero, subnormal and normal scales, the largest float):
+// the largest token scale times 2^e lands in [2^13, 2^14) for every smax >= 2^-112, and below
+// that e = 125 (smax 2^e < 2^13); e within [-114, 125], so 2^e and the output factor
+// 2^(kHalfExpShift
+// - e) of every format are normal floats (kPShift for 0, inf, NaN).
 TEST(MmaFp8, TokenPShiftBringsTheLargestScaleIntoRange) {
-  std::mt19937 rng(9);
-  std::uniform_real_distribution<float> u(1.0f, 2.0f);
-  for (int e = -85; e <= 85; ++e)
-    for (int i = 0; i < 50; ++i) {
-      const float s = std::ldexp(u(rng), e);
-      const double x = std::ldexp(static_cast<double>(s), token_pshift(s));
-      ASSERT_GE(x, 8192.0) << s;
-      ASSERT_LT(x, 16384.0) << s;
+  for (uint32_t x = 0; x < 255; ++x)
+    for (uint32_t m : {0u, 1u, 0x2aaaaau, 0x400000u, 0x7ffffeu, 0x7fffffu}) {
+      const float s = bits_float((x << 23) | m);
+      if (s == 0.0f) continue;
+      const int e = token_pshift(s);
+      ASSERT_GE(e, -114) << s;
+      ASSERT_LE(e, 125) << s;
+      for (int k : {unpack::kHalfExpShift<Fp8Format::E4M3>, unpack::kHalfExpShift<Fp8Format::E5M2>,
+                    unpack::kHalfExpShift<Fp8Format::E4M3FNUZ>}) {
+        ASSERT_TRUE(std::isnormal(pow2(k - e))) << s;
+        ASSERT_EQ(static_cast<double>(pow2(k - e)), std::ldexp(1.0, k - e)) << s;
+      }
+      ASSERT_EQ(static_cast<double>(pow2(e)), std::ldexp(1.0, e)) << s;
+      const double y = std::ldexp(static_cast<double>(s), e);
+      ASSERT_LT(y, 16384.0) << s;
+      if (s >= std::ldexp(1.0f, -112)) {
+        ASSERT_GE(y, 8192.0) << s;
+      } else {
+        ASSERT_EQ(e, 125) << s;
+      }
     }
   EXPECT_EQ(token_pshift(0.0f), kPShift);
   EXPECT_EQ(token_pshift(INFINITY), kPShift);
@@ -435,6 +483,18 @@ TEST(MmaFp8, ValuesOfATileEqualDecodeThenWeightedSum) {
   values_all<Fp8Format::E4M3>();
   values_all<Fp8Format::E4M3FNUZ>();
   values_all<Fp8Format::E5M2>();
+}
+
+// Token value scales at the ends of float's range (outputs finite): the largest near 2^100, 2^60,
+// 2^-60, 2^-112 (the last exact token_pshift), 2^-120 and 2^-135 (its smallest tokens subnormal),
+// every format (e5m2's codes up to 57344 and down to 2^-16, e4m3's subnormal codes), within the
+// bound above.
+TEST(MmaFp8, ValuesOfATileWithExtremeTokenScales) {
+  for (int top : {100, 60, -60, -112, -120, -135}) {
+    check_values<64, Fp8Format::E4M3>(3, Gran::Token, top);
+    check_values<128, Fp8Format::E5M2>(8, Gran::Token, top);
+    check_values<128, Fp8Format::E4M3FNUZ>(1, Gran::Token, top);
+  }
 }
 
 }  // namespace
