@@ -2,29 +2,49 @@
 # <...>::<path>, one path chosen at run time from the CPU's features or KVQ_CPU_PATH
 # (kernels/cpu/isa.h, kernels/cpu/dispatch.cpp). Backend cpu's kernels (kernels/cpu/) and the
 # model's packed products (model/packed_kernels.cpp) are built this way, so one binary runs on any
-# x86-64 machine at that machine's best path. The flags first take away what a path must not use,
-# so that flags a build adds to every source (CMAKE_CXX_FLAGS) cannot widen it. The AVX-512 paths
-# are tuned for the Intel cores that run them (Ice Lake server; Sapphire Rapids, which AMD Zen 4/5
-# share the path with): generic tuning cost 5-15% in bench_attention's exact mode on this
-# project's Xeon.
+# x86-64 machine at that machine's best path. What a path is (its name, flags, the CPU features
+# it needs) is declared once, in kernels/cpu/paths.def, read here and by dispatch.cpp.
 #
 # KVQ_CPU_PATHS, the paths compiled: `all` (the default: one binary for any x86-64 CPU, and the
 # cpu_path tests run every path this CPU has), `host` (portable and the widest this machine runs,
 # from its compiler's -march=native: the asan and fuzz presets, whose programs never take another
 # path), or a list of paths (portable is always in).
 set(KVQ_CPU_PATHS all CACHE STRING "backend cpu's paths to compile: all, host, or a list")
-if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
-  set(kvq_cpu_all_paths portable avx2 avx512 avx512bf16)
-  set(KVQ_CPU_FLAGS_portable -march=x86-64 -mno-avx CACHE INTERNAL "")
-  set(KVQ_CPU_FLAGS_avx2 -march=x86-64 -mno-avx512f -mno-avxvnni -mavx2 -mfma -mf16c
-      CACHE INTERNAL "")
-  set(KVQ_CPU_FLAGS_avx512 -march=x86-64-v4 -mno-avx512vbmi -mno-avx512bf16 -mno-amx-tile
-      -mavx512vnni -mtune=icelake-server CACHE INTERNAL "")
-  set(KVQ_CPU_FLAGS_avx512bf16 -march=x86-64-v4 -mno-avx512fp16 -mavx512vnni -mavx512vbmi
-      -mavx512bf16 -mamx-tile -mamx-bf16 -mtune=sapphirerapids CACHE INTERNAL "")
-else()
-  set(kvq_cpu_all_paths portable)
-  set(KVQ_CPU_FLAGS_portable "" CACHE INTERNAL "")
+set(kvq_paths_def ${PROJECT_SOURCE_DIR}/kernels/cpu/paths.def)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${kvq_paths_def})
+file(READ ${kvq_paths_def} kvq_def)
+string(REGEX REPLACE "\"[ \t\r\n]+\"" "" kvq_def "${kvq_def}")  # "a" "b" is "ab", as in C++
+string(REGEX MATCHALL "\nKVQ_CPU_FEATURE\\([^)]*\\)" kvq_entries "${kvq_def}")
+foreach(e IN LISTS kvq_entries)
+  string(REGEX MATCH "KVQ_CPU_FEATURE\\(([A-Z0-9_]+), *\"([^\"]*)\"" kvq_m "${e}")
+  set(kvq_feature_macro_${CMAKE_MATCH_1} "${CMAKE_MATCH_2}")
+endforeach()
+set(kvq_cpu_all_paths "")
+string(REGEX MATCHALL "\nKVQ_CPU_PATH\\([^)]*\\)" kvq_entries "${kvq_def}")
+foreach(e IN LISTS kvq_entries)
+  if(NOT e MATCHES "KVQ_CPU_PATH\\(([a-z0-9_]+),[ \n]*\"([^\"]*)\",[ \n]*\"([^\"]*)\",[ \n]*\"([^\"]*)\"\\)")
+    message(FATAL_ERROR "kernels/cpu/paths.def: cannot read ${e} (KVQ_CPU_PATH(name, \"flags\", "
+                        "\"needs\", \"uses\"))")
+  endif()
+  set(p ${CMAKE_MATCH_1})
+  separate_arguments(kvq_flags UNIX_COMMAND "${CMAKE_MATCH_2}")
+  separate_arguments(kvq_needs_${p} UNIX_COMMAND "${CMAKE_MATCH_3}")
+  foreach(f IN LISTS kvq_needs_${p})
+    if(NOT DEFINED kvq_feature_macro_${f})
+      message(FATAL_ERROR "kernels/cpu/paths.def: path ${p} needs ${f}, which no KVQ_CPU_FEATURE "
+                          "line declares")
+    endif()
+  endforeach()
+  if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+    list(APPEND kvq_cpu_all_paths ${p})
+    set(KVQ_CPU_FLAGS_${p} ${kvq_flags} CACHE INTERNAL "")
+  elseif(p STREQUAL "portable")  # paths.def's paths are x86-64's; elsewhere portable, no flags
+    list(APPEND kvq_cpu_all_paths ${p})
+    set(KVQ_CPU_FLAGS_${p} "" CACHE INTERNAL "")
+  endif()
+endforeach()
+if(NOT kvq_cpu_all_paths MATCHES "^portable")
+  message(FATAL_ERROR "kernels/cpu/paths.def: the first path must be portable")
 endif()
 if(KVQ_CPU_PATHS STREQUAL "all")
   set(kvq_selected ${kvq_cpu_all_paths})
@@ -33,19 +53,17 @@ elseif(KVQ_CPU_PATHS STREQUAL "host")
   if(NOT kvq_cpu_all_paths STREQUAL "portable")
     execute_process(COMMAND ${CMAKE_CXX_COMPILER} -march=native -dM -E -x c++ /dev/null
                     OUTPUT_VARIABLE kvq_native ERROR_QUIET)
-    # What each path needs, as kernels/cpu/dispatch.cpp's detect() asks the CPU for it.
-    set(kvq_needs_avx2 __AVX2__ __FMA__ __F16C__)
-    set(kvq_needs_avx512 ${kvq_needs_avx2} __BMI__ __BMI2__ __LZCNT__ __AVX512F__ __AVX512CD__
-        __AVX512BW__ __AVX512DQ__ __AVX512VL__ __AVX512VNNI__)
-    set(kvq_needs_avx512bf16 ${kvq_needs_avx512} __AVX512VBMI__ __AVX512BF16__)
-    foreach(p avx2 avx512 avx512bf16)
+    # The widest path whose every feature the compiler's -march=native targets (paths.def's
+    # macros; a feature with none, such as OSXSAVE, counts as there).
+    foreach(p IN LISTS kvq_cpu_all_paths)
       set(kvq_runs ON)
-      foreach(m IN LISTS kvq_needs_${p})
-        if(NOT kvq_native MATCHES "#define ${m} 1")
+      foreach(f IN LISTS kvq_needs_${p})
+        set(m "${kvq_feature_macro_${f}}")
+        if(m AND NOT kvq_native MATCHES "#define ${m} 1")
           set(kvq_runs OFF)
         endif()
       endforeach()
-      if(kvq_runs)
+      if(kvq_runs AND NOT p STREQUAL "portable")
         set(kvq_selected portable ${p})
       endif()
     endforeach()
@@ -92,9 +110,11 @@ find_program(KVQ_CPU_LD NAMES ld.bfd ld REQUIRED)
 # TARGET as one relocatable object whose only global symbol is the path's table getter
 # NAME_path_<path>, so nothing compiled with one path's instructions (inline functions, template
 # instantiations) can be picked by the linker for other code. TABLES, the TARGET source that lists
-# the getters, is compiled with KVQ_CPU_HAVE_<path> defined for each path built.
+# the getters, is compiled with KVQ_CPU_BUILT defined as KVQ_CPU_BUILT_PATH(<path>) for each path
+# built, in paths.def's order (an X-macro list).
 function(kvq_cpu_path_sources target name)
   cmake_parse_arguments(A "" "TABLES" "SOURCES;LIBS" ${ARGN})
+  set(built "")
   foreach(p IN LISTS KVQ_CPU_PATHS)
     add_library(${name}_${p} OBJECT ${A_SOURCES})
     target_link_libraries(${name}_${p} PRIVATE ${A_LIBS} kvq_warnings)
@@ -109,6 +129,7 @@ function(kvq_cpu_path_sources target name)
       COMMENT "${name}: path ${p} as one object")
     target_sources(${target} PRIVATE ${obj})
     add_dependencies(${target} ${name}_${p})
-    set_property(SOURCE ${A_TABLES} APPEND PROPERTY COMPILE_DEFINITIONS KVQ_CPU_HAVE_${p})
+    string(APPEND built "KVQ_CPU_BUILT_PATH(${p})")
   endforeach()
+  set_property(SOURCE ${A_TABLES} APPEND PROPERTY COMPILE_DEFINITIONS "KVQ_CPU_BUILT=${built}")
 endfunction()

@@ -12,11 +12,10 @@
 
 // Each CPU path's kernel table (model/packed_kernels.cpp), as backend cpu's paths
 // (kernels/cpu/dispatch.cpp): cmake/cpu_paths.cmake compiles one per KVQ_CPU_PATHS entry and
-// defines KVQ_CPU_HAVE_<path> for each.
-extern "C" const kvq::packed::Kernels* kvq_packed_path_portable();
-extern "C" const kvq::packed::Kernels* kvq_packed_path_avx2();
-extern "C" const kvq::packed::Kernels* kvq_packed_path_avx512();
-extern "C" const kvq::packed::Kernels* kvq_packed_path_avx512bf16();
+// defines KVQ_CPU_BUILT as the list of them (KVQ_CPU_BUILT_PATH(name) each).
+#define KVQ_CPU_BUILT_PATH(name) extern "C" const kvq::packed::Kernels* kvq_packed_path_##name();
+KVQ_CPU_BUILT
+#undef KVQ_CPU_BUILT_PATH
 
 namespace kvq {
 
@@ -25,16 +24,9 @@ namespace packed {
 const Kernels& kernels() {
   static const Kernels& k = []() -> const Kernels& {
     constexpr const Kernels* (*kPaths[])() = {
-        kvq_packed_path_portable,
-#ifdef KVQ_CPU_HAVE_avx2
-        kvq_packed_path_avx2,
-#endif
-#ifdef KVQ_CPU_HAVE_avx512
-        kvq_packed_path_avx512,
-#endif
-#ifdef KVQ_CPU_HAVE_avx512bf16
-        kvq_packed_path_avx512bf16,
-#endif
+#define KVQ_CPU_BUILT_PATH(name) kvq_packed_path_##name,
+        KVQ_CPU_BUILT
+#undef KVQ_CPU_BUILT_PATH
     };
     const std::string_view want = cpu::path().name;
     for (auto table : kPaths)

@@ -3,10 +3,13 @@
 // (kernels/cpu/dispatch.h). Compiled for baseline x86-64 (or the target's baseline elsewhere).
 #include "kernels/cpu/dispatch.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
 
@@ -21,83 +24,105 @@
 #define KVQ_CPU_X86 0
 #endif
 
-// Each path's table getter (kernels/cpu/path.cpp), in the order of width; KVQ_CPU_HAVE_<path>
-// for each path this build compiles (KVQ_CPU_PATHS, cmake/cpu_paths.cmake; portable always).
-extern "C" const kvq::cpu::Kernels* kvq_cpu_path_portable();
-extern "C" const kvq::cpu::Kernels* kvq_cpu_path_avx2();
-extern "C" const kvq::cpu::Kernels* kvq_cpu_path_avx512();
-extern "C" const kvq::cpu::Kernels* kvq_cpu_path_avx512bf16();
+// Each built path's table getter (kernels/cpu/path.cpp): KVQ_CPU_BUILT lists the paths this build
+// compiles (KVQ_CPU_PATHS, cmake/cpu_paths.cmake), in kernels/cpu/paths.def's order, widest last.
+#ifndef KVQ_CPU_BUILT
+#define KVQ_CPU_BUILT KVQ_CPU_BUILT_PATH(portable)
+#endif
+#define KVQ_CPU_BUILT_PATH(name) extern "C" const kvq::cpu::Kernels* kvq_cpu_path_##name();
+KVQ_CPU_BUILT
+#undef KVQ_CPU_BUILT_PATH
 
 namespace kvq::cpu {
 namespace {
 
-/// What this CPU (and its OS, which must save the wider registers) runs.
-struct Features {
-  bool avx2 = false;        // AVX, AVX2, FMA, F16C, OS-saved ymm
-  bool avx512 = false;      // x86-64-v4 (v3 and AVX-512 F/BW/CD/DQ/VL, OS-saved zmm) and VNNI
-  bool avx512bf16 = false;  // and VBMI, AVX512-BF16
-  bool amx = false;         // AMX-TILE, AMX-BF16 (the OS grants the tiles: amx_granted)
+enum Reg { eax, ebx, ecx, edx };
+
+/// A CPU feature as kernels/cpu/paths.def declares it.
+struct Feature {
+  std::string_view name;
+  unsigned leaf, subleaf;
+  Reg reg;
+  int bit;
+  unsigned xcr0;  // the register state the OS must save for it
+};
+constexpr Feature kFeatures[] = {
+#define KVQ_CPU_FEATURE(name, macro, leaf, subleaf, reg, bit, xcr0) \
+  {#name, leaf, subleaf, reg, bit, xcr0},
+#include "kernels/cpu/paths.def"
 };
 
-Features detect() {
-  Features f;
+/// Whether this CPU has feature f and its OS saves the state f needs (cpuid, xgetbv).
+bool has(const Feature& f) {
 #if KVQ_CPU_X86
+  unsigned r[4] = {};
+  if (__get_cpuid_count(f.leaf, f.subleaf, &r[0], &r[1], &r[2], &r[3]) == 0) return false;
+  if (((r[f.reg] >> f.bit) & 1u) == 0) return false;
+  if (f.xcr0 == 0) return true;
   unsigned a, b, c, d;
-  if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
-  const unsigned c1 = c;
-  auto bit = [](unsigned r, int i) { return ((r >> i) & 1u) != 0; };
-  // x86-64-v2 and v3's leaf-1 features: SSE3, SSSE3, CX16, SSE4.1, SSE4.2, MOVBE, POPCNT, FMA,
-  // XSAVE, OSXSAVE, AVX, F16C
-  for (int i : {0, 9, 12, 13, 19, 20, 22, 23, 26, 27, 28, 29})
-    if (!bit(c1, i)) return f;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0 || ((c >> 27) & 1u) == 0) return false;  // OSXSAVE
   unsigned xlo, xhi;
   __asm__("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
-  if ((xlo & 0x6) != 0x6) return f;  // the OS saves xmm and ymm
-  unsigned b7 = 0, c7 = 0, d7 = 0, a71 = 0;
-  if (__get_cpuid_count(7, 0, &a, &b7, &c7, &d7) == 0) return f;
-  __get_cpuid_count(7, 1, &a71, &b, &c, &d);
-  if (!bit(b7, 5)) return f;  // AVX2
-  f.avx2 = true;
-  unsigned e1c = 0;
-  if (__get_cpuid(0x80000001, &a, &b, &e1c, &d) == 0) return f;
-  const bool v3 = bit(b7, 3) && bit(b7, 8) && bit(e1c, 5) && bit(e1c, 0);  // BMI1 BMI2 LZCNT LAHF
-  const bool zmm = (xlo & 0xe0) == 0xe0;  // opmask, zmm0-15 upper halves, zmm16-31
-  // AVX-512 F, DQ, CD, BW, VL; VNNI
-  f.avx512 = v3 && zmm && bit(b7, 16) && bit(b7, 17) && bit(b7, 28) && bit(b7, 30) && bit(b7, 31) &&
-             bit(c7, 11);
-  f.avx512bf16 = f.avx512 && bit(c7, 1) && bit(a71, 5);  // VBMI, AVX512-BF16
-  f.amx = f.avx512bf16 && bit(d7, 24) && bit(d7, 22) &&  // AMX-TILE, AMX-BF16
-          (xlo & 0x60000) == 0x60000;                    // XTILECFG, XTILEDATA
+  return (xlo & f.xcr0) == f.xcr0;
+#else
+  (void)f;
+  return false;
 #endif
-  return f;
 }
 
-const Features& features() {
-  static const Features f = detect();
-  return f;
+/// Whether this CPU has every feature of a space-separated list of paths.def's names.
+bool has_all(std::string_view names) {
+  static const std::vector<bool> present = [] {
+    std::vector<bool> v;
+    for (const Feature& f : kFeatures) v.push_back(has(f));
+    return v;
+  }();
+  size_t i = 0;
+  while (i < names.size()) {
+    const size_t j = std::min(names.find(' ', i), names.size());
+    const std::string_view n = names.substr(i, j - i);
+    i = j + 1;
+    if (n.empty()) continue;
+    bool found = false;
+    for (size_t k = 0; k < std::size(kFeatures); ++k)
+      if (kFeatures[k].name == n) {
+        if (!present[k]) return false;
+        found = true;
+      }
+    if (!found) return false;  // (cmake/cpu_paths.cmake refuses such a paths.def)
+  }
+  return true;
+}
+
+/// A path as paths.def declares it: the features it needs to run and those it uses where present.
+struct PathDef {
+  std::string_view name, needs, uses;
+};
+constexpr PathDef kDefs[] = {
+#define KVQ_CPU_PATH(name, flags, needs, uses) {#name, needs, uses},
+#include "kernels/cpu/paths.def"
+};
+
+const PathDef& def_of(std::string_view name) {
+  for (const PathDef& d : kDefs)
+    if (d.name == name) return d;
+  fail("kvq: CPU path {} has no line in kernels/cpu/paths.def", name);
 }
 
 struct Entry {
   const Kernels* (*table)();
-  bool (*runs)(const Features&);
+  bool runs() const { return has_all(def_of(table()->info.name).needs); }
 };
 constexpr Entry kPaths[] = {
-    {kvq_cpu_path_portable, [](const Features&) { return true; }},
-#if KVQ_CPU_X86 && defined(KVQ_CPU_HAVE_avx2)
-    {kvq_cpu_path_avx2, [](const Features& f) { return f.avx2; }},
-#endif
-#if KVQ_CPU_X86 && defined(KVQ_CPU_HAVE_avx512)
-    {kvq_cpu_path_avx512, [](const Features& f) { return f.avx512; }},
-#endif
-#if KVQ_CPU_X86 && defined(KVQ_CPU_HAVE_avx512bf16)
-    {kvq_cpu_path_avx512bf16, [](const Features& f) { return f.avx512bf16; }},
-#endif
+#define KVQ_CPU_BUILT_PATH(name) {kvq_cpu_path_##name},
+    KVQ_CPU_BUILT
+#undef KVQ_CPU_BUILT_PATH
 };
 
 std::string names(bool only_supported) {
   std::string s;
   for (const Entry& e : kPaths)
-    if (!only_supported || e.runs(features()))
+    if (!only_supported || e.runs())
       s += (s.empty() ? "" : ", ") + std::string(e.table()->info.name);
   return s;
 }
@@ -107,14 +132,13 @@ const Kernels& choose() {
   if (env == nullptr || *env == '\0') {
     const Kernels* best = nullptr;
     for (const Entry& e : kPaths)
-      if (e.runs(features())) best = e.table();
+      if (e.runs()) best = e.table();
     return *best;
   }
   for (const Entry& e : kPaths)
     if (std::string_view(env) == e.table()->info.name) {
-      KVQ_CHECK(e.runs(features()),
-                "KVQ_CPU_PATH={}: this CPU lacks that path's instructions; it runs {}", env,
-                names(true));
+      KVQ_CHECK(e.runs(), "KVQ_CPU_PATH={}: this CPU lacks that path's instructions; it runs {}",
+                env, names(true));
       return *e.table();
     }
   fail("KVQ_CPU_PATH={} is not a CPU path of this build; set it to one of {} (this CPU runs {})",
@@ -144,7 +168,7 @@ std::string supported_paths() { return names(true); }
 bool amx_granted() {
 #if KVQ_CPU_X86 && defined(__linux__)
   static const bool granted =
-      path().amx && features().amx &&
+      path().amx && has_all(def_of(path().name).uses) &&
       syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
   return granted;
 #else

@@ -1,12 +1,13 @@
 // Backend `cpu`: which instruction set a kernel translation unit is compiled for, and which CPU
 // path this process runs. Each kernel source (attention/, kivi.cpp, fp8.cpp) is compiled once
-// per path with that path's flags (cmake/cpu_paths.cmake: portable = baseline x86-64, avx2 =
+// per path with that path's flags (kernels/cpu/paths.def: portable = baseline x86-64, avx2 =
 // AVX2+FMA+F16C, avx512 = x86-64-v4 + VNNI, avx512bf16 = that + VBMI, BF16 and AMX-TILE/BF16), and
 // the macros below say what the compiler targets in that build: without AVX2+FMA+F16C every
 // kernel takes its portable scalar path (the same results: the quantizers are bit-identical
 // either way, attention stays within the tolerances stated in kernels/cpu/attention.h). Where the
 // compiler also targets AVX-512 F/BW/VL/DQ (and VNNI), the hot loops have 512-bit forms beside the
-// AVX2 ones (KVQ_CPU_AVX512). kernels/cpu/dispatch.cpp chooses the path at run time (path()).
+// AVX2 ones (KVQ_CPU_AVX512). kernels/cpu/dispatch.cpp chooses the path at run time (path()); a
+// path's capabilities (PathInfo, below) are these macros in its build, so they follow its flags.
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
