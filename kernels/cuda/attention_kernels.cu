@@ -1,16 +1,16 @@
 // Fused decode attention (flash-decoding): ports of reference_cpu/attention.cpp's decode_attention
-// with the reads of reference_cpu/schemes/{float,fp8,int}.cpp (bf16, fp8, packed int codes).
+// with the reads of schemes/{float,fp8,int}/reads.cpp (bf16, fp8, packed int codes).
 //
 // One block = (split, kv head h, sequence b), kThreads threads, all nq query heads of h:
 //   1. scores  s[i][t] = <q_i, K[t, h]> / sqrt(D) for the split's tokens into shared memory.
 //      Token-major rows (bf16, fp8, per-token int, the float32 residual): one thread per token
 //      walks its row in 8-channel chunks (q from shared memory, broadcast). Per-channel int
 //      groups: one warp per group of G tokens, one lane per token, the group's scales folded
-//      into q once (as reference_cpu/schemes/int.cpp's dot_channel).
+//      into q once (as schemes/int/reads.cpp's dot_channel).
 //   2. softmax partial: one warp per query head takes m = max s, p = e^(s - m), l = sum p.
 //   3. values  o[i][d] = sum_t p[i][t] V[t, h, d]. Token-major rows: a token's D channels are
 //      spread over D/4 lanes (4 channels each, coalesced); per-channel int groups: one warp per
-//      group, one lane per channel (as reference_cpu/schemes/int.cpp's acc_channel). Warp
+//      group, one lane per channel (as schemes/int/reads.cpp's acc_channel). Warp
 //      partials go through shared memory and are summed in a fixed order (deterministic).
 //   4. the partial (m, l, o) goes to the workspace; merge_kernel combines the splits.
 // Accumulation is float32 throughout (the CPU reference accumulates in float too, with the
@@ -121,7 +121,7 @@ __device__ __forceinline__ float half_at(const uint16_t* p, int64_t i) {
 }
 
 /// The effective min of an int group: the stored one, or -2^(b-1) * scale for sym
-/// (reference_cpu/schemes/int.cpp's params()).
+/// (schemes/int/reads.cpp's params()).
 template <int B>
 __device__ __forceinline__ float group_min(const IntSideView& v, int64_t i, float scale) {
   return v.sym ? -static_cast<float>(kivi::sym_offset(B)) * scale : half_at(v.mins, i);
@@ -316,7 +316,7 @@ struct Bf16Policy {
 // ---- fp8 -------------------------------------------------------------------------------------
 
 /// The scale of element (t, h, d) factors as token_factor(t, h) * channel factor
-/// (reference_cpu/schemes/fp8.cpp's token_factor and channel_factors): tensor / head / token
+/// (schemes/fp8/reads.cpp's token_factor and channel_factors): tensor / head / token
 /// scales are token factors, channel scales channel factors.
 __device__ __forceinline__ float fp8_token_factor(const Fp8SideView& s, int64_t t, int h, int H) {
   switch (s.gran) {
@@ -389,7 +389,7 @@ struct IntPolicy {
   __device__ static float value_channel_factor(const View&, int64_t) { return 1.0f; }
 
   /// Per-channel keys, token groups [g0, g1): <q, k_t> = sum_d (q_d * scale_gd) * code_td +
-  /// sum_d q_d * min_gd (reference_cpu/schemes/int.cpp's dot_channel). One warp per group, one
+  /// sum_d q_d * min_gd (schemes/int/reads.cpp's dot_channel). One warp per group, one
   /// lane per token.
   template <int D>
   __device__ static void scores_channel(const Block& bk, const View& k, int64_t g0, int64_t g1) {
@@ -575,7 +575,7 @@ struct IntPolicy {
   }
 
   /// Per-channel values, token groups [g0, g1): o_d += scale_gd * sum_j p_j code_jd +
-  /// min_gd * sum_j p_j (reference_cpu/schemes/int.cpp's acc_channel). One warp per group, lanes
+  /// min_gd * sum_j p_j (schemes/int/reads.cpp's acc_channel). One warp per group, lanes
   /// own channels lane, lane + 32, ...; adds into scratch[warp].
   template <int D>
   __device__ static void values_channel(const Block& bk, const View& v, int64_t g0, int64_t g1) {

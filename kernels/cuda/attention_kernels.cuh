@@ -1,7 +1,7 @@
 // Fused decode attention over a quantized KV cache (CUDA), flash-decoding style: one query token
 // per sequence, a batch of sequences of different lengths, GQA. The port of
 // reference_cpu/attention.cpp's decode_attention (and of the reference's reads in
-// reference_cpu/schemes/<family>.cpp): o = softmax(q K^T / sqrt(D)) V for every query head.
+// schemes/<family>/reads.cpp): o = softmax(q K^T / sqrt(D)) V for every query head.
 //
 // Work split: the context of each sequence is cut into splits of `split_tokens` tokens (a multiple
 // of every per-channel group G); one thread block takes one (split, kv head, sequence) and all
