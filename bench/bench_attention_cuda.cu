@@ -1,7 +1,7 @@
 // Decode attention on the GPU (kernels/cuda/attention_kernels.cu): time, bytes read, effective
 // GB/s, fraction of peak bandwidth and speedup over kvq's bf16 cache at the same (shape, context,
 // batch, kernel), for each split kernel (DecodeKernel: baseline, tiled, mma; all by default; mma
-// runs the tiled kernel on caches other than bf16).
+// runs the tiled kernel on caches its tensor-core kernels do not take: detail::mma_*_supported).
 //
 // A plain program (no Google Benchmark, so it builds with nvcc alone:
 //   nvcc -std=c++20 -O3 -arch=native -I. kernels/cuda/attention_kernels.cu
@@ -104,6 +104,7 @@ void usage() {
       "                     [--shapes 8x128x4,3x64x3] [--contexts 1024,4096,...]\n"
       "                     [--batches 1,16,64]\n"
       "                     [--kinds bf16,fp8_e4m3_token,fp8_e4m3_tensor,kivi4,kivi2]\n"
+      "                     (also fp8_e4m3_channel, kivi3, kivi8; not by default)\n"
       "                     [--kernels baseline,tiled,mma] [--split-tokens N]\n"
       "Decode attention per shape (kv heads x head_dim x GQA; default 8x128x4 and SmolLM2's\n"
       "3x64x3), cache kind and split kernel\n"
@@ -176,10 +177,10 @@ Options parse_args(int argc, char** argv) {
     }
   }
   for (const std::string& k : o.kinds)
-    if (k != "bf16" && k != "fp8_e4m3_token" && k != "fp8_e4m3_tensor" && k != "kivi2" &&
-        k != "kivi3" && k != "kivi4" && k != "kivi8")
+    if (k != "bf16" && k != "fp8_e4m3_token" && k != "fp8_e4m3_tensor" && k != "fp8_e4m3_channel" &&
+        k != "kivi2" && k != "kivi3" && k != "kivi4" && k != "kivi8")
       throw Error("--kinds: unknown kind '" + k +
-                  "' (bf16, fp8_e4m3_token, fp8_e4m3_tensor, kivi2|3|4|8)");
+                  "' (bf16, fp8_e4m3_token, fp8_e4m3_tensor, fp8_e4m3_channel, kivi2|3|4|8)");
   for (int b : o.batches)
     if (b > kMaxBatch)
       throw Error("--batches: " + std::to_string(b) + " exceeds " + std::to_string(kMaxBatch));
@@ -318,6 +319,8 @@ double case_bytes(const BenchShape& sh, const std::string& kind, int64_t T, int 
     per_seq = 2 * (n + 4.0 * T * sh.kv_heads);
   } else if (kind == "fp8_e4m3_tensor") {
     per_seq = 2 * (n + 4.0);
+  } else if (kind == "fp8_e4m3_channel") {
+    per_seq = 2 * (n + 4.0 * sh.kv_heads * sh.head_dim);
   } else {
     const int bits = kind.back() - '0';
     for (Axis a : {Axis::Channel, Axis::Token}) {
@@ -391,17 +394,21 @@ std::optional<Result> run_case(const Env& env, const Options& o, const BenchShap
                               ws->as<void>(), plan.workspace_bytes, nullptr, kernel);
     };
   } else if (kind.rfind("fp8", 0) == 0) {
-    const bool token = kind == "fp8_e4m3_token";
+    const bool token = kind == "fp8_e4m3_token", channel = kind == "fp8_e4m3_channel";
+    const Granularity gran =
+        token ? Granularity::Token : (channel ? Granularity::Channel : Granularity::Tensor);
     std::vector<Fp8SideView> k, v;
     const uint32_t scale_bits = 0x3c23d70au;  // 0.01f
     for (int side = 0; side < 2; ++side) {
       const DeviceMem* codes = alloc(n * batch, 21 + side, kFp8And, 0);
-      const size_t ns = token ? static_cast<size_t>(T) * sh.kv_heads : 1;
+      const size_t ns = token     ? static_cast<size_t>(T) * sh.kv_heads
+                        : channel ? static_cast<size_t>(sh.kv_heads) * sh.head_dim
+                                  : 1;
       const DeviceMem* scales = alloc(4 * ns * batch, 0, 0, scale_bits);
       for (int b = 0; b < batch; ++b)
         (side ? v : k)
             .push_back({codes->as<uint8_t>() + b * n, scales->as<float>() + b * ns, T,
-                        Fp8Format::E4M3, token ? Granularity::Token : Granularity::Tensor});
+                        Fp8Format::E4M3, gran});
     }
     plan = plan_decode(shape, std::span<const Fp8SideView>(k), std::span<const Fp8SideView>(v));
     ws.emplace(plan.workspace_bytes);

@@ -15,8 +15,9 @@
 # binaries run only with KVQ_DC_FULL=1. After the benches: PyTorch's SDPA at the bench's shapes
 # (bench/torch_sdpa_peer.py, skipped where python3 has no torch), the goals against it from the
 # same run (bench/attention_goals.py), a split-size sweep (bench_attention_cuda --split-tokens
-# 128..1024, tiled, bf16 and kivi2 at 32k), Nsight Compute on the main decode kernels at one shape
-# (when ncu is present; scripts/ncu_table.py), and compute-sanitizer memcheck and racecheck on the
+# 128..1024, tiled, bf16 and kivi2 at 32k), FP8 tensor / token / channel scales on the tiled and
+# Mma kernels at 32k (bench_attention_cuda --kinds ...,fp8_e4m3_channel), Nsight Compute on the
+# main decode kernels at one shape (when ncu is present; scripts/ncu_table.py), and compute-sanitizer memcheck and racecheck on the
 # named subsets SAN_MEMCHECK and SAN_RACECHECK below (and memcheck on SAN_BACKEND, the chunked
 # prefill of cuda_backend_test), and `kvq run` of
 # experiments/configs/throughput_cuda.toml (the [throughput] task on backend cuda, issue 47) and of
@@ -367,6 +368,22 @@ if [[ " ${BENCH_ORDER[*]} " == *" bench_attention_cuda "* ]]; then
       note "bench_attention_cuda --split-tokens $st failed (stderr: logs/split.stderr)."
     fi
   done
+fi
+
+# FP8 granularities on the Mma kernel (issue 46): channel scales (not in the default kinds) beside
+# token and tensor scales, tiled and mma, 8x128x4 at 32k, batch 1 and 16.
+FP8_GRAN=0
+if [[ " ${BENCH_ORDER[*]} " == *" bench_attention_cuda "* ]]; then
+  if (( $(left) < 60 )); then
+    note "FP8 granularity run skipped: the budget is nearly spent."
+  elif timeout "$(cap 60)" "${BENCH_BIN[bench_attention_cuda]}" --shapes 8x128x4 --contexts 32768 \
+      --batches 1,16 --kinds bf16,fp8_e4m3_tensor,fp8_e4m3_token,fp8_e4m3_channel \
+      --kernels tiled,mma --reps 5 --warmup 1 --json "$OUT/fp8_gran.json" \
+      >"$OUT/fp8_gran.md" 2>>"$LOGS/fp8_gran.stderr"; then
+    FP8_GRAN=1
+  else
+    note "bench_attention_cuda FP8 granularity run failed (stderr: logs/fp8_gran.stderr)."
+  fi
 fi
 
 # kvq run's [throughput] task on backend cuda (issue 47): experiments/configs/throughput_cuda.toml,
@@ -799,6 +816,12 @@ write_header
       echo
       sed 's/^#\+ /##### /' "$OUT/split_$st.md"
     done
+  fi
+  if (( FP8_GRAN == 1 )); then
+    echo
+    echo "### FP8 scale granularities (tensor, token, channel; tiled and mma; 8x128x4, 32k)"
+    echo
+    sed 's/^#\+ /#### /' "$OUT/fp8_gran.md"
   fi
   echo
   echo "## kvq run [throughput] on backend cuda (experiments/configs/throughput_cuda.toml)"

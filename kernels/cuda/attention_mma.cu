@@ -237,13 +237,23 @@ __device__ __forceinline__ int q_fragments_f16(uint32_t (&qa)[D / mma::kK][4], c
   for (int ks = 0; ks < D / mma::kK; ++ks)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int c0 = chan(ks, r, 0), c1 = chan(ks, r, 1);
-      float x = real ? __ldg(q + c0) : 0.0f;
-      float y = real ? __ldg(q + c1) : 0.0f;
-      if (cs) x *= __ldg(cs + c0), y *= __ldg(cs + c1);
+      const float x = real ? __ldg(q + chan(ks, r, 0)) : 0.0f;
+      const float y = real ? __ldg(q + chan(ks, r, 1)) : 0.0f;
       qf[ks][r] = make_float2(x, y);
-      amax = fmaxf(amax, fmaxf(fabsf(x), fabsf(y)));
     }
+  if (cs) {
+#pragma unroll
+    for (int ks = 0; ks < D / mma::kK; ++ks)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        qf[ks][r].x *= __ldg(cs + chan(ks, r, 0));
+        qf[ks][r].y *= __ldg(cs + chan(ks, r, 1));
+      }
+  }
+#pragma unroll
+  for (int ks = 0; ks < D / mma::kK; ++ks)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) amax = fmaxf(amax, fmaxf(fabsf(qf[ks][r].x), fabsf(qf[ks][r].y)));
   amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));  // the head's 4 lanes
   amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
   const int e = max(mma_fp8::q_shift(amax) + bias, -126);
