@@ -1300,7 +1300,7 @@ cudaError_t launch(const DecodeShape& s, const DecodePlan& plan,
           std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10));
   }
   const int nq = s.q_heads / s.kv_heads;
-  // Mma (attention_mma.cu) covers bf16 caches, FP8 with tensor / head scales and the 2- / 4-bit
+  // Mma (attention_mma.cu) covers bf16 caches, FP8 with any scale granularity and the 2- / 4-bit
   // KIVI int layouts (detail::mma_fp8_supported / mma_int_supported say which); on every other
   // cache it runs the tiled kernel.
   bool mma = false;

@@ -140,11 +140,13 @@ DecodePlan plan_decode(const DecodeShape& shape, std::span<const IntSideView> k,
 /// read by ldmatrix; bf16 caches, head_dim 64 / 128. KIVI 2- and 4-bit int caches (per-channel
 /// keys, per-token values, asymmetric, groups a multiple of 32): codes unpacked straight into
 /// bf16 B fragments (mma_int.h), key scales folded into q and value scales into p, the float32
-/// residual window by plain loops. FP8 caches (every format) with tensor or head scales: codes
+/// residual window by plain loops. FP8 caches (every format, every scale granularity): codes
 /// converted two at a time into fp16 B fragments (mma_fp8.h), q and p as fp16 high and low
-/// parts, the scales applied once to the scores and the outputs. On every other cache (FP8 token
-/// and channel scales, 3- and 8-bit, sym, other layouts: detail::mma_fp8_supported and
-/// mma_int_supported in attention_split.cuh are the one list) it runs the tiled kernel.
+/// parts; tensor / head scales applied once to the scores and the outputs, token scales to each
+/// score (keys) or folded into p (values), channel scales folded into q (keys) or applied once to
+/// each output channel (values). On every other cache (FP8 codes not 16-byte aligned, 3- and
+/// 8-bit, sym, other layouts: detail::mma_fp8_supported and mma_int_supported in
+/// attention_split.cuh are the one list) it runs the tiled kernel.
 enum class DecodeKernel : int { Baseline = 0, Tiled = 1, Mma = 2 };
 
 /// \brief "baseline" / "tiled" / "mma" (test names, bench rows).
