@@ -7,8 +7,9 @@
 // quarter-warp (16-byte loads) or half-warp (8-byte loads) phase for the swizzle; and a random
 // tile's scores and P V, emulated through the kernel's steps (q times 2^q_shift and p times
 // 2^kPShift as fp16 high + low A rows, codes through the swizzled tile into B registers, mma as
-// a sum over k, the powers of two and the scale applied once), against decode-then-dot within
-// kTolRel.
+// a sum over k, the powers of two and the scale applied once; token and channel scales folded
+// where the kernel folds them), against decode-then-dot within kTolRel (plus the stated absolute
+// terms where fp16 leaves its normal range); token_pshift over every float exponent.
 #include "kernels/cuda/mma_fp8.h"
 
 #include <gtest/gtest.h>
