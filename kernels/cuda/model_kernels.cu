@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gemm_bf16.h"
 #include "kernels/cuda/model_kernels.h"
 
 namespace kvq::cuda::model {
@@ -118,6 +119,160 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
         if (lane == 0) *yr = accumulate ? *yr + s : s;
       }
   }
+}
+
+// ---- the tensor-core GEMM (gemm_bf16.h: tile plan, fragment offsets, dispatch) ---------------
+// The PTX wrappers below are attention_mma.cu's (cp.async, mma.m16n8k16 bf16) restated: that file
+// keeps its own in its anonymous namespace.
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global -> shared through L2; src_bytes 0 zero-fills the destination.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+// c += A B, mma.m16n8k16, bf16 in, float32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A thread's cp.async sources, fixed for the block: its W chunk's and X chunks' addresses at
+// column 0 (clamped to the matrix start where the row lies outside) and whether the row lies
+// inside; a stage adds its first column and zero-fills chunks past `cols` (gemm_bf16.h's plan).
+struct GemmSources {
+  const uint16_t* w;
+  const float* x[gemm::kGemmXChunksPerThread];
+  bool w_in, x_in[gemm::kGemmXChunksPerThread];
+};
+
+__device__ __forceinline__ GemmSources gemm_sources(const uint16_t* w, const float* x, int64_t rows,
+                                                    int64_t cols, int64_t n, int64_t ldx,
+                                                    int64_t m0, int64_t n0) {
+  using namespace gemm;
+  const int t = static_cast<int>(threadIdx.x);
+  GemmSources s;
+  const int64_t r = m0 + w_chunk_row(t);
+  s.w_in = r < rows;
+  s.w = s.w_in ? w + r * cols + w_chunk_col(t) : w;
+#pragma unroll
+  for (int i = 0; i < kGemmXChunksPerThread; ++i) {
+    const int64_t b = n0 + x_chunk_row(t, i);
+    s.x_in[i] = b < n;
+    s.x[i] = s.x_in[i] ? x + b * ldx + x_chunk_col(t, i) : x;
+  }
+  return s;
+}
+
+// Stage (ws, xs) <- columns [k0, k0 + kGemmBK) of the block's W rows and x rows.
+__device__ __forceinline__ void gemm_load(uint16_t* ws, float* xs, const GemmSources& s,
+                                          int64_t cols, int64_t k0) {
+  using namespace gemm;
+  const int t = static_cast<int>(threadIdx.x);
+  {
+    const bool in = s.w_in && k0 + w_chunk_col(t) < cols;
+    cp_async16(ws + w_chunk_smem(t), in ? s.w + k0 : s.w, in ? 16 : 0);
+  }
+#pragma unroll
+  for (int i = 0; i < kGemmXChunksPerThread; ++i) {
+    const bool in = s.x_in[i] && k0 + x_chunk_col(t, i) < cols;
+    cp_async16(xs + x_chunk_smem(t, i), in ? s.x[i] + k0 : s.x[i], in ? 16 : 0);
+  }
+}
+
+// y [n][rows] (+)= x [n][cols] W^T on tensor cores: block (blockIdx.x, blockIdx.y) the weight rows
+// [kGemmBM bx, +kGemmBM) and activation rows [kGemmBN by, +kGemmBN); kGemmStages-stage cp.async
+// pipeline over the columns; x split into high and low bf16 (two mmas a tile, gemm_bf16.h).
+__global__ void __launch_bounds__(gemm::kGemmThreads)
+    gemm_bf16_kernel(const uint16_t* __restrict__ w, int64_t rows, int64_t cols,
+                     const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y,
+                     bool accumulate) {
+  using namespace gemm;
+  __shared__ __align__(16) uint16_t ws[kGemmStages][kGemmWStage];
+  __shared__ __align__(16) float xs[kGemmStages][kGemmXStage];
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kGemmBM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kGemmBN;
+  const bool active = n0 + 16 * warp < n;  // warp-uniform: a warp past n only loads
+  const int tiles = static_cast<int>(gemm_k_tiles(cols));
+  const GemmSources src = gemm_sources(w, x, rows, cols, n, ldx, m0, n0);
+  float acc[2][2][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kGemmStages - 1; ++s) {
+    if (s < tiles) gemm_load(ws[s], xs[s], src, cols, int64_t{s} * kGemmBK);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < tiles; ++kt) {
+    cp_async_wait<kGemmStages - 2>();  // tile kt has landed (this thread's copies)
+    __syncthreads();                   // everyone's; and the slot refilled below is free
+    const int next = kt + kGemmStages - 1;
+    if (next < tiles) {
+      const int slot = next % kGemmStages;
+      gemm_load(ws[slot], xs[slot], src, cols, int64_t{next} * kGemmBK);
+    }
+    cp_async_commit();  // an empty group past the last tile keeps the count
+    if (active) {
+      const int slot = kt % kGemmStages;
+      const uint16_t* wsl = ws[slot];
+      const float* xsl = xs[slot];
+#pragma unroll
+      for (int s = 0; s < kGemmBK / mma::kK; ++s) {
+        uint32_t a[2][4], hi[2][2], lo[2][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            a[mt][r] = *reinterpret_cast<const uint32_t*>(wsl + a_smem(lane, mt, s, r));
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float2 v = *reinterpret_cast<const float2*>(xsl + b_smem(lane, warp, nt, s, r));
+            const mma::HiLo h = mma::split_bf16x2(v.x, v.y);
+            hi[nt][r] = h.hi;
+            lo[nt][r] = h.lo;
+          }
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            mma_bf16(acc[mt][nt], a[mt], hi[nt][0], hi[nt][1]);
+            mma_bf16(acc[mt][nt], a[mt], lo[nt][0], lo[nt][1]);
+          }
+      }
+    }
+  }
+  cp_async_wait<0>();  // no copy outlives the block (the trailing groups are empty)
+  if (!active) return;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t r = m0 + c_wrow(lane, mt, i), b = n0 + c_xrow(lane, warp, nt, i);
+        if (r < rows && b < n) {
+          float* out = y + b * rows + r;
+          *out = accumulate ? *out + acc[mt][nt][i] : acc[mt][nt][i];
+        }
+      }
 }
 
 // Row blockIdx.y of the output: W's row ids[blockIdx.y] (a batch), or `row` (ids null).
@@ -239,20 +394,40 @@ std::string shape(int64_t a, int64_t b) {
 
 void check_aligned(const void* p, const char* what) {
   KVQ_MODEL_NEED(reinterpret_cast<uintptr_t>(p) % 16 == 0,
-                 std::string("gemv: ") + what + " is not 16-byte aligned");
+                 std::string(what) + " is not 16-byte aligned");
 }
 
 }  // namespace
+
+void gemm_bf16(const uint16_t* w, int64_t rows, int64_t cols, const float* x, float* y,
+               bool accumulate, int64_t n, int64_t ldx) {
+  if (ldx == 0) ldx = cols;
+  KVQ_MODEL_NEED(rows > 0 && cols > 0 && cols % 8 == 0 && n > 0 && ldx >= cols && ldx % 4 == 0 &&
+                     gemm::gemm_blocks_m(rows) <= 0x7fffffff && gemm::gemm_blocks_n(n) <= 65535 &&
+                     gemm::gemm_k_tiles(cols) <= 0x7fffffff,
+                 "gemm_bf16: bad shape " + shape(rows, cols) + " x " + shape(n, ldx) +
+                     " (cols a multiple of 8, ldx of 4)");
+  check_aligned(w, "gemm_bf16: W");
+  check_aligned(x, "gemm_bf16: x");
+  const dim3 grid(static_cast<unsigned>(gemm::gemm_blocks_m(rows)),
+                  static_cast<unsigned>(gemm::gemm_blocks_n(n)));
+  gemm_bf16_kernel<<<grid, gemm::kGemmThreads>>>(w, rows, cols, x, ldx, n, y, accumulate);
+  KVQ_CUDA_CHECK(cudaGetLastError());
+}
 
 void gemv(const void* w, bool bf16, int64_t rows, int64_t cols, const float* x, float* y,
           bool accumulate, int64_t n, int64_t ldx) {
   if (ldx == 0) ldx = cols;
   KVQ_MODEL_NEED(rows > 0 && cols > 0 && n > 0 && ldx >= cols && gemv_blocks(rows) <= 0x7fffffff,
                  "gemv: bad shape " + shape(rows, cols) + " x " + shape(n, ldx));
+  if (gemm::use_gemm(bf16, n, cols, ldx)) {
+    gemm_bf16(static_cast<const uint16_t*>(w), rows, cols, x, y, accumulate, n, ldx);
+    return;
+  }
   const bool vec = gemv_vectorized(cols, bf16, ldx);
   if (vec) {
-    check_aligned(w, "W");
-    check_aligned(x, "x");
+    check_aligned(w, "gemv: W");
+    check_aligned(x, "gemv: x");
   }
   const dim3 grid(static_cast<unsigned>(gemv_blocks(rows))), block(kGemvWarps * kWarp);
   auto go = [&](auto cols_c) {

@@ -4,12 +4,17 @@
 // row-major W [rows][cols] as the checkpoint writes it). Each launcher takes the row count of its
 // activations; a row of a batched launch computes exactly what the same launcher computes for that
 // row alone (the same order of float operations), so a batched step equals n single steps bit for
-// bit outside attention.
+// bit outside attention, except gemv's bf16 products over gemm::kGemmMinRows rows or more (the
+// tensor-core GEMM below: its own summation order and x's 2^-16 split, the same bits every run).
 //
 //   gemv         y[b][r] (+)= sum_c W[r][c] x[b][c] for b < n: one warp a weight row, 16-byte
 //                loads (8 bf16 or 4 fp32 weights a lane) where the row allows, each weight chunk
 //                loaded once for up to kGemvCols activation rows, float32 accumulation, a fixed
-//                shuffle reduction (the same bits every run)
+//                shuffle reduction (the same bits every run); bf16 W at gemm::use_gemm's row
+//                counts and shapes goes to gemm_bf16
+//   gemm_bf16    the same product on tensor cores (kernels/cuda/gemm_bf16.h): mma.m16n8k16 over
+//                cp.async tiles of W as stored, x split into high + low bf16 (two mmas), float32
+//                accumulation
 //   embed_row(s) out[b] = W[id_b] as float32 (ids in device memory for a batch)
 //   rms_norm     each of `rows` rows of `dim` values (in `groups` groups at a stride): x * w /
 //                sqrt(mean(x^2) + eps) (the model's final / block norms: one row a token; qwen3's
@@ -116,6 +121,11 @@ inline constexpr int kBf16Jobs = 64;
 /// overlap.
 void gemv(const void* w, bool bf16, int64_t rows, int64_t cols, const float* x, float* y,
           bool accumulate, int64_t n = 1, int64_t ldx = 0);
+/// \brief gemv's product for bf16 W on tensor cores (gemm_bf16.h), whatever n: cols a multiple of
+/// 8, ldx (0: cols) of 4, W and x 16-byte aligned (else kvq::Error). gemv calls it where
+/// gemm::use_gemm holds; the device tests call it directly.
+void gemm_bf16(const uint16_t* w, int64_t rows, int64_t cols, const float* x, float* y,
+               bool accumulate, int64_t n = 1, int64_t ldx = 0);
 /// \brief out [cols] = row `row` of W [rows][cols] (bf16 bits or float32) as float32.
 void embed_row(const void* w, bool bf16, int64_t cols, int64_t row, float* out);
 /// \brief out [n][cols] = rows ids[0..n) of W (ids: DEVICE memory, each checked by the caller to
