@@ -18,11 +18,14 @@
 //
 // decode_batch runs the same step for B sequences at once, one new token each at its own position
 // (a serving step): every kernel above over B rows (the products load each weight once for up to
-// kGemvCols rows), the attention one call a layer over all B (AttendBatch), the logits [B, vocab]
-// back in one copy. Each row computes exactly what decode computes for that sequence alone (the
-// same float operations in the same order; model_kernels.h), so a batched step differs from B
-// single steps only through the attention call. Activations are held for the largest batch asked
-// (reserve_batch; activation_bytes says how much).
+// kGemvCols rows; bf16 weights at gemm::kGemmMinRows rows or more go to the tensor-core GEMM,
+// kernels/cuda/gemm_bf16.h), the attention one call a layer over all B (AttendBatch), the logits
+// [B, vocab] back in one copy. With float32 weights, or bf16 below the GEMM's rows, each row
+// computes exactly what decode computes for that sequence alone (the same float operations in the
+// same order; model_kernels.h), so a batched step differs from B single steps only through the
+// attention call; the GEMM's rows differ from the gemv's by its summation order and x's 2^-16
+// split (gemm_rel_bound). Chunked prefill's chunks take the same dispatch. Activations are held for
+// the largest batch asked (reserve_batch; activation_bytes says how much).
 #pragma once
 
 #include <cstdint>

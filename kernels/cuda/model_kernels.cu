@@ -416,11 +416,11 @@ void gemm_bf16(const uint16_t* w, int64_t rows, int64_t cols, const float* x, fl
 }
 
 void gemv(const void* w, bool bf16, int64_t rows, int64_t cols, const float* x, float* y,
-          bool accumulate, int64_t n, int64_t ldx) {
+          bool accumulate, int64_t n, int64_t ldx, bool tensor_cores) {
   if (ldx == 0) ldx = cols;
   KVQ_MODEL_NEED(rows > 0 && cols > 0 && n > 0 && ldx >= cols && gemv_blocks(rows) <= 0x7fffffff,
                  "gemv: bad shape " + shape(rows, cols) + " x " + shape(n, ldx));
-  if (gemm::use_gemm(bf16, n, cols, ldx)) {
+  if (tensor_cores && gemm::use_gemm(bf16, n, cols, ldx)) {
     gemm_bf16(static_cast<const uint16_t*>(w), rows, cols, x, y, accumulate, n, ldx);
     return;
   }

@@ -118,9 +118,10 @@ inline constexpr int kBf16Jobs = 64;
 /// \brief y [n][rows] (+)= x [n][cols] W^T: row b of y is W [rows][cols] times row b of x; W bf16
 /// bits (`bf16`) or float32. x rows lie `ldx` floats apart (0: cols). `accumulate` adds to y (the
 /// residual stream), else y is overwritten. W, x, y 16-byte aligned (cudaMalloc); x and y do not
-/// overlap.
+/// overlap. `tensor_cores` false keeps bf16 W on this kernel at every n (the device tests' and
+/// timings' comparison path), else gemm::use_gemm's shapes go to gemm_bf16.
 void gemv(const void* w, bool bf16, int64_t rows, int64_t cols, const float* x, float* y,
-          bool accumulate, int64_t n = 1, int64_t ldx = 0);
+          bool accumulate, int64_t n = 1, int64_t ldx = 0, bool tensor_cores = true);
 /// \brief gemv's product for bf16 W on tensor cores (gemm_bf16.h), whatever n: cols a multiple of
 /// 8, ldx (0: cols) of 4, W and x 16-byte aligned (else kvq::Error). gemv calls it where
 /// gemm::use_gemm holds; the device tests call it directly.

@@ -3,18 +3,19 @@
 // tests/kernels/cuda/gemm_bf16_test.cpp). Expected values: (1) a double-precision GEMM on the host
 // of the same bf16 weights and float32 x, within 2 x gemm_rel_bound(cols) x sum |w x| (twice the
 // emulated launch's bound: PTX leaves the rounding inside an mma's sum unspecified); (2) the gemv
-// path (model::gemv over at most kGemvCols rows a call, below the GEMM's threshold: float32 FMAs)
-// within that bound plus the gemv's own float32 rounding, cols x 2^-24 x sum |w x|; (3) gemv at
-// the threshold or above, which dispatches to the GEMM, bit for bit, and a second launch bit for
-// bit (no atomics). Guard bytes around y catch writes past the rows. Shapes: SmolLM2-135M's
-// matrices at batch 64 (q|k|v, gate|up, down read from g|u at ldx 2 ffn), ragged rows and batches
-// (70 outputs, 9 and 100 rows: partial tiles, an idle warp, two block rows), a k tail (cols 40).
+// path (model::gemv with tensor_cores false: the CUDA-core kernel, float32 FMAs, same rows) within
+// that bound plus the gemv's own float32 rounding, cols x 2^-24 x sum |w x|; (3) gemv at the
+// threshold or above, which dispatches to the GEMM, bit for bit, and a second launch bit for bit
+// (no atomics). Guard bytes around y catch writes past the rows. Shapes: SmolLM2-135M's matrices at
+// batch 64 (q|k|v, gate|up, down read from g|u at ldx 2 ffn), ragged rows and batches (70 outputs,
+// 9 and 100 rows: partial tiles, an idle warp, two block rows), a k tail (cols 40).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -65,10 +66,8 @@ TEST_P(GemmBf16Device, MatchesDoubleGemmAndTheGemv) {
     model::gemv(dw.get(), true, g.rows, g.cols, dx.get(), dy.get(), accumulate, g.n, g.ldx);
     if (gemm::use_gemm(true, g.n, g.cols, g.ldx))
       EXPECT_EQ(dy.download(), got) << what << ": gemv dispatches to the GEMM";
-    dy.upload(y0);  // the gemv path: at most kGemvCols rows a call
-    for (int64_t b0 = 0; b0 < g.n; b0 += model::kGemvCols)
-      model::gemv(dw.get(), true, g.rows, g.cols, dx.get() + b0 * g.ldx, dy.get() + b0 * g.rows,
-                  accumulate, std::min<int64_t>(model::kGemvCols, g.n - b0), g.ldx);
+    dy.upload(y0);  // the gemv path: CUDA cores, float32 FMAs, at the same rows
+    model::gemv(dw.get(), true, g.rows, g.cols, dx.get(), dy.get(), accumulate, g.n, g.ldx, false);
     const std::vector<float> gv = dy.download();
     EXPECT_EQ(dy.damaged_guard_bytes(), 0u) << what;
     double worst = 0, worst_gemv = 0;
@@ -104,6 +103,69 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GemmBf16Device,
                                            GemmCase{70, 40, 9, 40, "ragged_70x40_b9"},
                                            GemmCase{70, 576, 100, 580, "ragged_70x576_b100"}),
                          [](const ::testing::TestParamInfo<GemmCase>& i) { return i.param.name; });
+
+// Timings (recorded, not asserted; scripts/device-check.sh keeps each binary's JSON):
+// SmolLM2-135M's five products at 64 rows, the GEMM against the gemv on CUDA cores, CUDA events
+// over 20 launches after 3 warm-up launches, each launch's weights read from DRAM (copies
+// of them round-robin over 128 MB, as a step's layers are). Properties: <name>_{gemm,gemv}_us a
+// launch, and the GEMM's weight-stream GB/s.
+TEST(GemmBf16DeviceTiming, SmolLM2ProductsAtBatch64) {
+  KVQ_SKIP_WITHOUT_DEVICE();
+  struct P {
+    const char* name;
+    int64_t rows, cols, ldx, count;  // count: how many a decode step runs (30 layers, 1 head)
+  };
+  const P ps[] = {{"qkv", 960, 576, 576, 30},
+                  {"o", 576, 576, 576, 30},
+                  {"gate_up", 3072, 576, 576, 30},
+                  {"down", 576, 1536, 3072, 30},
+                  {"head", 49152, 576, 576, 1}};
+  const int64_t n = 64;
+  cudaEvent_t t0, t1;
+  KVQ_CUDA_CHECK(cudaEventCreate(&t0));
+  KVQ_CUDA_CHECK(cudaEventCreate(&t1));
+  double step_gemm = 0, step_gemv = 0;
+  for (const P& p : ps) {
+    // copies of the weights round-robin over >= 128 MB (beyond the L2), so each launch reads its W
+    // from DRAM as a decode step does (a layer's weights were last read 269 MB earlier)
+    const int64_t wbytes = p.rows * p.cols * 2;
+    const int copies =
+        static_cast<int>(std::max<int64_t>(2, ((int64_t{128} << 20) + wbytes - 1) / wbytes));
+    GuardedBuffer<uint16_t> dw(static_cast<size_t>(copies * p.rows * p.cols));
+    GuardedBuffer<float> dx(static_cast<size_t>(n * p.ldx)), dy(static_cast<size_t>(n * p.rows));
+    KVQ_CUDA_CHECK(cudaMemset(dw.get(), 0x3c, static_cast<size_t>(copies * p.rows * p.cols) * 2));
+    KVQ_CUDA_CHECK(cudaMemset(dx.get(), 0x3c, static_cast<size_t>(n * p.ldx) * 4));
+    auto time_us = [&](bool tc) {
+      const int reps = 20, warm = 3;
+      for (int i = 0; i < warm + reps; ++i) {
+        if (i == warm) KVQ_CUDA_CHECK(cudaEventRecord(t0));
+        model::gemv(dw.get() + (i % copies) * p.rows * p.cols, true, p.rows, p.cols, dx.get(),
+                    dy.get(), false, n, p.ldx, tc);
+      }
+      KVQ_CUDA_CHECK(cudaEventRecord(t1));
+      KVQ_CUDA_CHECK(cudaEventSynchronize(t1));
+      float ms = 0;
+      KVQ_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+      return 1000.0 * ms / reps;
+    };
+    const double gemm_us = time_us(true), gemv_us = time_us(false);
+    step_gemm += gemm_us * static_cast<double>(p.count);
+    step_gemv += gemv_us * static_cast<double>(p.count);
+    const double gbs = static_cast<double>(p.rows * p.cols * 2) / (gemm_us * 1e3);
+    std::printf("%-8s [%lld, %lld] x 64 rows: gemm %.1f us (%.0f GB/s of W), gemv %.1f us\n",
+                p.name, static_cast<long long>(p.rows), static_cast<long long>(p.cols), gemm_us,
+                gbs, gemv_us);
+    RecordProperty(std::string(p.name) + "_gemm_us", std::to_string(gemm_us));
+    RecordProperty(std::string(p.name) + "_gemv_us", std::to_string(gemv_us));
+    RecordProperty(std::string(p.name) + "_gemm_weight_gbs", std::to_string(gbs));
+  }
+  std::printf("a decode step's products at 64 rows: gemm %.0f us, gemv %.0f us\n", step_gemm,
+              step_gemv);
+  RecordProperty("step_products_gemm_us", std::to_string(step_gemm));
+  RecordProperty("step_products_gemv_us", std::to_string(step_gemv));
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+}
 
 TEST(GemmBf16DeviceErrors, BadShapesRefused) {
   KVQ_SKIP_WITHOUT_DEVICE();

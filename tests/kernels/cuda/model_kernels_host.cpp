@@ -18,7 +18,7 @@ float weight(const void* w, bool bf16, int64_t i) {
 }  // namespace
 
 void gemv(const void* w, bool bf16, int64_t rows, int64_t cols, const float* x, float* y,
-          bool accumulate, int64_t n, int64_t ldx) {
+          bool accumulate, int64_t n, int64_t ldx, bool) {
   if (ldx == 0) ldx = cols;
   KVQ_CHECK(rows > 0 && cols > 0 && n > 0 && ldx >= cols, "model kernels: gemv: bad shape [{}, {}]",
             rows, cols);
