@@ -24,6 +24,7 @@
 #include "kernels/cuda/gemm_bf16.h"
 #include "kernels/cuda/model_kernels.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/kernels/cuda/gemm_ref.h"
 
 namespace kvq::cuda {
 namespace {
@@ -73,14 +74,7 @@ TEST_P(GemmBf16Device, MatchesDoubleGemmAndTheGemv) {
     double worst = 0, worst_gemv = 0;
     for (int64_t b = 0; b < g.n; ++b)
       for (int64_t r = 0; r < g.rows; ++r) {
-        double ref = 0, mag = 0;
-        for (int64_t c = 0; c < g.cols; ++c) {
-          const double p =
-              static_cast<double>(bf16_bits_to_float(w[static_cast<size_t>(r * g.cols + c)])) *
-              x[static_cast<size_t>(b * g.ldx + c)];
-          ref += p;
-          mag += std::fabs(p);
-        }
+        const auto [ref, mag] = gemm_ref::dot(w, x, g.cols, g.ldx, b, r);
         const size_t at = static_cast<size_t>(b * g.rows + r);
         const double base = accumulate ? y0[at] : 0.0;
         const double add = accumulate ? 0x1p-24 * (std::fabs(base) + mag) : 0.0;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/half.h"
+#include "tests/kernels/cuda/gemm_ref.h"
 #include "tests/kernels/cuda/mma_emu.h"
 
 namespace kvq::cuda::gemm {
@@ -268,14 +269,7 @@ TEST(GemmBf16Emulated, MatchesADoubleGemmWithinTheBound) {
       double worst = 0, worst_hi = 0;  // error / bound
       for (int64_t b = 0; b < sh.n; ++b)
         for (int64_t r = 0; r < sh.rows; ++r) {
-          double ref = 0, mag = 0;
-          for (int64_t c = 0; c < sh.cols; ++c) {
-            const double p =
-                static_cast<double>(bf16_bits_to_float(w[static_cast<size_t>(r * sh.cols + c)])) *
-                x[static_cast<size_t>(b * sh.ldx + c)];
-            ref += p;
-            mag += std::fabs(p);
-          }
+          const auto [ref, mag] = gemm_ref::dot(w, x, sh.cols, sh.ldx, b, r);
           const size_t at = static_cast<size_t>(b * sh.rows + r);
           const double base = accumulate ? y0[at] : 0.0;
           // the accumulate's own float addition: half an ulp of the result
