@@ -21,8 +21,9 @@
 // n-tiles of 8) and every weight row (two m-tiles of 16): per k-step of 16, 8 A words, 4 float2
 // of X split into 4 high and 4 low B words, 8 mmas. Shared rows are padded (kGemmWStride bf16,
 // kGemmXStride floats) so that a warp's fragment loads hit 32 different banks (checked by the
-// host test). Each output element belongs to one lane of one block: `accumulate` adds to y without
-// atomics, and the result is the same bits every run.
+// host test). Each output element belongs to one lane of one block (of each k slice, split-K
+// below, whose partial sums a second launch adds in a fixed order): no atomics, the same bits
+// every run.
 //
 // Dispatch (use_gemm): bf16 weights, at least kGemmMinRows activation rows, cols a multiple of 8
 // and x rows 16-byte aligned (ldx % 4 == 0); else the gemv (model_kernels.h). Below the threshold
@@ -69,17 +70,42 @@ KVQ_HD bool use_gemm(bool bf16, int64_t n, int64_t cols, int64_t ldx) {
   return bf16 && n >= kGemmMinRows && cols % 8 == 0 && ldx % 4 == 0;
 }
 /// \brief The GEMM's error bound relative to sum_c |W[r][c] x[b][c]|: x's split (2^-16) and the
-/// float32 additions of 2 ceil(cols / 16) mma results, each rounded at most twice (2^-24 a
-/// rounding, the running sum bounded by the same sum of magnitudes). The emulated launch meets it
+/// float32 additions of 2 ceil(cols / 16) mma results, each rounded at most twice, plus the
+/// split-K reduce's additions of at most cols / (kGemmBK kGemmMinSliceTiles) = cols / 128 slices
+/// (2^-24 a rounding, every partial sum bounded by the same sum of magnitudes): 5 ceil(cols / 16)
+/// roundings in all. The emulated launch meets it
 /// (tests/kernels/cuda/gemm_bf16_test.cpp); the device tests allow twice it (PTX leaves the
 /// rounding of the mma's internal sum unspecified).
 KVQ_HD double gemm_rel_bound(int64_t cols) {
-  return 0x1p-16 + 4.0 * static_cast<double>((cols + 15) / 16) * 0x1p-24;
+  return 0x1p-16 + 5.0 * static_cast<double>((cols + 15) / 16) * 0x1p-24;
 }
 /// \brief Blocks along the weight rows (grid.x) and the activation rows (grid.y).
 KVQ_HD int64_t gemm_blocks_m(int64_t rows) { return (rows + kGemmBM - 1) / kGemmBM; }
 KVQ_HD int64_t gemm_blocks_n(int64_t n) { return (n + kGemmBN - 1) / kGemmBN; }
 KVQ_HD int64_t gemm_k_tiles(int64_t cols) { return (cols + kGemmBK - 1) / kGemmBK; }
+
+/// \brief Split-K: a product whose out / kGemmBM x n / kGemmBN blocks cannot fill the GPU (at 64
+/// rows SmolLM2's o and down have 18) cuts its column stages into slices, grid.z one a slice, each
+/// block writing its partial sums to a workspace [splits][n][rows]; a second launch adds the
+/// slices in order z = 0, 1, ... (and y when accumulating), so the bits stay the same every run.
+/// A slice takes at least kGemmMinSliceTiles stages (the pipeline's fill amortized), at most
+/// kGemmMaxSplits slices.
+inline constexpr int64_t kGemmMinSliceTiles = 4;
+inline constexpr int64_t kGemmMaxSplits = 16;
+/// \brief Stages a slice takes so that the grid reaches `target_blocks` blocks where it can (the
+/// launcher asks for 2 blocks an SM); gemm_k_tiles(cols) when one slice is enough.
+KVQ_HD int64_t gemm_slice_tiles(int64_t rows, int64_t n, int64_t cols, int64_t target_blocks) {
+  const int64_t blocks = gemm_blocks_m(rows) * gemm_blocks_n(n), tiles = gemm_k_tiles(cols);
+  int64_t splits = blocks >= target_blocks ? 1 : (target_blocks + blocks - 1) / blocks;
+  if (splits > tiles / kGemmMinSliceTiles) splits = tiles / kGemmMinSliceTiles;
+  if (splits > kGemmMaxSplits) splits = kGemmMaxSplits;
+  if (splits < 1) splits = 1;
+  return (tiles + splits - 1) / splits;
+}
+/// \brief Slices of `slice_tiles` stages each (the last may be shorter, none empty).
+KVQ_HD int64_t gemm_splits(int64_t cols, int64_t slice_tiles) {
+  return (gemm_k_tiles(cols) + slice_tiles - 1) / slice_tiles;
+}
 
 /// \brief Tile row and first column of thread t's W chunk (8 bf16), and its offset in a stage.
 KVQ_HD int w_chunk_row(int t) { return t / (kGemmBK / 8); }

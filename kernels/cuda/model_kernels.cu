@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <type_traits>
 
@@ -193,11 +194,13 @@ __device__ __forceinline__ void gemm_load(uint16_t* ws, float* xs, const GemmSou
 
 // y [n][rows] (+)= x [n][cols] W^T on tensor cores: block (blockIdx.x, blockIdx.y) the weight rows
 // [kGemmBM bx, +kGemmBM) and activation rows [kGemmBN by, +kGemmBN); kGemmStages-stage cp.async
-// pipeline over the columns; x split into high and low bf16 (two mmas a tile, gemm_bf16.h).
+// pipeline over the column stages [slice_tiles z, +slice_tiles) of slice z = blockIdx.z; x split
+// into high and low bf16 (two mmas a tile, gemm_bf16.h). With `partial` (split-K) the sums go to
+// partial [z][n][rows] and gemm_reduce_kernel adds the slices; else to y.
 __global__ void __launch_bounds__(gemm::kGemmThreads)
     gemm_bf16_kernel(const uint16_t* __restrict__ w, int64_t rows, int64_t cols,
                      const float* __restrict__ x, int64_t ldx, int64_t n, float* __restrict__ y,
-                     bool accumulate) {
+                     bool accumulate, int slice_tiles, float* __restrict__ partial) {
   using namespace gemm;
   __shared__ __align__(16) uint16_t ws[kGemmStages][kGemmWStage];
   __shared__ __align__(16) float xs[kGemmStages][kGemmXStage];
@@ -205,8 +208,14 @@ __global__ void __launch_bounds__(gemm::kGemmThreads)
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kGemmBM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kGemmBN;
   const bool active = n0 + 16 * warp < n;  // warp-uniform: a warp past n only loads
-  const int tiles = static_cast<int>(gemm_k_tiles(cols));
-  const GemmSources src = gemm_sources(w, x, rows, cols, n, ldx, m0, n0);
+  const int first = static_cast<int>(blockIdx.z) * slice_tiles;
+  const int all = static_cast<int>(gemm_k_tiles(cols));
+  const int tiles = all - first < slice_tiles ? all - first : slice_tiles;  // this slice's stages
+  GemmSources src = gemm_sources(w, x, rows, cols, n, ldx, m0, n0);
+  src.w += static_cast<int64_t>(first) * kGemmBK;  // the slice's first column (kept in bounds:
+  cols -= static_cast<int64_t>(first) * kGemmBK;   // a chunk is read only while k0 < the rest)
+#pragma unroll
+  for (int i = 0; i < kGemmXChunksPerThread; ++i) src.x[i] += static_cast<int64_t>(first) * kGemmBK;
   float acc[2][2][4];
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
@@ -269,10 +278,25 @@ __global__ void __launch_bounds__(gemm::kGemmThreads)
       for (int i = 0; i < 4; ++i) {
         const int64_t r = m0 + c_wrow(lane, mt, i), b = n0 + c_xrow(lane, warp, nt, i);
         if (r < rows && b < n) {
-          float* out = y + b * rows + r;
-          *out = accumulate ? *out + acc[mt][nt][i] : acc[mt][nt][i];
+          if (partial) {
+            partial[(static_cast<int64_t>(blockIdx.z) * n + b) * rows + r] = acc[mt][nt][i];
+          } else {
+            float* out = y + b * rows + r;
+            *out = accumulate ? *out + acc[mt][nt][i] : acc[mt][nt][i];
+          }
         }
       }
+}
+
+// y [total] (+)= the sum of partial [z][total] over z = 0 .. splits - 1, in that order.
+__global__ void gemm_reduce_kernel(const float* __restrict__ partial, int64_t splits, int64_t total,
+                                   float* __restrict__ y, bool accumulate) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = partial[i];
+    for (int64_t z = 1; z < splits; ++z) v += partial[z * total + i];
+    y[i] = accumulate ? y[i] + v : v;
+  }
 }
 
 // Row blockIdx.y of the output: W's row ids[blockIdx.y] (a batch), or `row` (ids null).
@@ -397,6 +421,41 @@ void check_aligned(const void* p, const char* what) {
                  std::string(what) + " is not 16-byte aligned");
 }
 
+// The current device's SM count and split-K workspace (grown, never shrunk, kept for the process;
+// a mutex guards the growth, and the launches that use it queue on the legacy default stream, so
+// one finishes its reduce before the next product's slices write).
+struct GemmDevice {
+  int64_t sms = 0;
+  float* ws = nullptr;
+  int64_t ws_floats = 0;
+  std::mutex m;
+  float* workspace(int64_t floats) {
+    std::lock_guard<std::mutex> lock(m);
+    if (floats > ws_floats) {
+      if (ws) KVQ_CUDA_CHECK(cudaFree(ws));  // waits for the device: no launch still reads it
+      ws = nullptr;
+      ws_floats = 0;
+      KVQ_CUDA_CHECK(cudaMalloc(&ws, static_cast<size_t>(floats) * sizeof(float)));
+      ws_floats = floats;
+    }
+    return ws;
+  }
+};
+constexpr int kGemmMaxDevices = 64;
+GemmDevice& gemm_device() {
+  static GemmDevice devices[kGemmMaxDevices];
+  int dev = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&dev));
+  KVQ_MODEL_NEED(dev >= 0 && dev < kGemmMaxDevices, "gemm_bf16: device " + std::to_string(dev));
+  GemmDevice& d = devices[dev];
+  if (d.sms == 0) {
+    int sms = 0;
+    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    d.sms = sms > 0 ? sms : 1;
+  }
+  return d;
+}
+
 }  // namespace
 
 void gemm_bf16(const uint16_t* w, int64_t rows, int64_t cols, const float* x, float* y,
@@ -409,10 +468,19 @@ void gemm_bf16(const uint16_t* w, int64_t rows, int64_t cols, const float* x, fl
                      " (cols a multiple of 8, ldx of 4)");
   check_aligned(w, "gemm_bf16: W");
   check_aligned(x, "gemm_bf16: x");
+  GemmDevice& d = gemm_device();
+  const int64_t slice = gemm::gemm_slice_tiles(rows, n, cols, 2 * d.sms);
+  const int64_t splits = gemm::gemm_splits(cols, slice);
+  float* partial = splits > 1 ? d.workspace(splits * n * rows) : nullptr;
   const dim3 grid(static_cast<unsigned>(gemm::gemm_blocks_m(rows)),
-                  static_cast<unsigned>(gemm::gemm_blocks_n(n)));
-  gemm_bf16_kernel<<<grid, gemm::kGemmThreads>>>(w, rows, cols, x, ldx, n, y, accumulate);
+                  static_cast<unsigned>(gemm::gemm_blocks_n(n)), static_cast<unsigned>(splits));
+  gemm_bf16_kernel<<<grid, gemm::kGemmThreads>>>(w, rows, cols, x, ldx, n, y, accumulate,
+                                                 static_cast<int>(slice), partial);
   KVQ_CUDA_CHECK(cudaGetLastError());
+  if (partial) {
+    gemm_reduce_kernel<<<grid_for(n * rows), kThreads>>>(partial, splits, n * rows, y, accumulate);
+    KVQ_CUDA_CHECK(cudaGetLastError());
+  }
 }
 
 void gemv(const void* w, bool bf16, int64_t rows, int64_t cols, const float* x, float* y,

@@ -14,7 +14,7 @@
 //                counts and shapes goes to gemm_bf16
 //   gemm_bf16    the same product on tensor cores (kernels/cuda/gemm_bf16.h): mma.m16n8k16 over
 //                cp.async tiles of W as stored, x split into high + low bf16 (two mmas), float32
-//                accumulation
+//                accumulation, split-K where the output's blocks cannot fill the SMs
 //   embed_row(s) out[b] = W[id_b] as float32 (ids in device memory for a batch)
 //   rms_norm     each of `rows` rows of `dim` values (in `groups` groups at a stride): x * w /
 //                sqrt(mean(x^2) + eps) (the model's final / block norms: one row a token; qwen3's

@@ -8,7 +8,9 @@
 // threshold or above, which dispatches to the GEMM, bit for bit, and a second launch bit for bit
 // (no atomics). Guard bytes around y catch writes past the rows. Shapes: SmolLM2-135M's matrices at
 // batch 64 (q|k|v, gate|up, down read from g|u at ldx 2 ffn), ragged rows and batches (70 outputs,
-// 9 and 100 rows: partial tiles, an idle warp, two block rows), a k tail (cols 40).
+// 9 and 100 rows: partial tiles, an idle warp, two block rows), a k tail (cols 40); on a GPU of
+// more than ~16 SMs every case but 70x40 runs split-K (gemm_slice_tiles: down 12 slices on an
+// H200), so the reduce is checked too.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 

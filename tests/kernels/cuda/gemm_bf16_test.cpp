@@ -155,88 +155,120 @@ TEST(GemmBf16Plan, DispatchThresholdAndShapes) {
   EXPECT_EQ(gemm_k_tiles(40), 2);
 }
 
-// One launch on the CPU, block by block, stage by stage, warp by warp, as the kernel runs it
-// (zero-filled chunks outside the matrices; fragments through a_smem / b_smem; x split by
-// split_bf16x2; two emulated mmas a tile unless `drop_low`; outputs through c_wrow / c_xrow).
-void emulate(const std::vector<uint16_t>& w, int64_t rows, int64_t cols,
-             const std::vector<float>& x, int64_t ldx, int64_t n, std::vector<float>& y,
-             bool accumulate, bool drop_low) {
+// Split-K on an H200 (132 SMs: the launcher asks for 264 blocks) at 64 rows, by hand: down has
+// 18 blocks and 48 stages, ceil(264 / 18) = 15 slices capped at 48 / 4 = 12, slices of 4 (216
+// blocks); o and q|k|v (18 stages) at most 4 slices, of 5, 5, 5, 3 (72, 120 blocks); gate|up
+// ceil(264 / 96) = 3 slices of 6 (288); the head's 1,536 blocks fill the GPU (one slice).
+TEST(GemmBf16Plan, SplitKSlicesOnSmolLM2AtBatch64) {
+  const std::tuple<int64_t, int64_t, int64_t, int64_t> smol[] = {{576, 1536, 4, 12},
+                                                                 {576, 576, 5, 4},
+                                                                 {960, 576, 5, 4},
+                                                                 {3072, 576, 6, 3},
+                                                                 {49152, 576, 18, 1}};
+  for (const auto& [rows, cols, slice, splits] : smol) {
+    EXPECT_EQ(gemm_slice_tiles(rows, 64, cols, 264), slice) << rows << "x" << cols;
+    EXPECT_EQ(gemm_splits(cols, slice), splits) << rows << "x" << cols;
+  }
+  EXPECT_EQ(gemm_slice_tiles(576, 64, 96, 264), 3) << "3 stages: too few to cut";
+  EXPECT_EQ(gemm_slice_tiles(64, 64, 32 * 1000, 100000), 1000 / kGemmMaxSplits + 1)
+      << "at most kGemmMaxSplits slices";
+}
+
+// One launch on the CPU, slice by slice, block by block, stage by stage, warp by warp, as the
+// kernel runs it (the slices of gemm_slice_tiles for `target_blocks`; zero-filled chunks outside
+// the matrices; fragments through a_smem / b_smem; x split by split_bf16x2; two emulated mmas a
+// tile unless `drop_low`; outputs through c_wrow / c_xrow into the slice's partial sums, then the
+// reduce's sum over the slices in order). Returns the number of slices.
+int64_t emulate(const std::vector<uint16_t>& w, int64_t rows, int64_t cols,
+                const std::vector<float>& x, int64_t ldx, int64_t n, std::vector<float>& y,
+                bool accumulate, bool drop_low, int64_t target_blocks) {
   std::vector<uint16_t> ws(kGemmWStage);
   std::vector<float> xs(kGemmXStage);
-  for (int64_t bx = 0; bx < gemm_blocks_m(rows); ++bx)
-    for (int64_t by = 0; by < gemm_blocks_n(n); ++by) {
-      const int64_t m0 = bx * kGemmBM, n0 = by * kGemmBN;
-      float acc[kGemmWarps][32][2][2][4] = {};
-      for (int64_t kt = 0; kt < gemm_k_tiles(cols); ++kt) {
-        const int64_t k0 = kt * kGemmBK;
-        std::fill(ws.begin(), ws.end(), uint16_t{0xffff});  // padding never read: NaN if it were
-        std::fill(xs.begin(), xs.end(), NAN);
-        for (int t = 0; t < kGemmThreads; ++t) {
-          const int64_t r = m0 + w_chunk_row(t), c = k0 + w_chunk_col(t);
-          for (int e = 0; e < 8; ++e)
-            ws[static_cast<size_t>(w_chunk_smem(t) + e)] =
-                r < rows && c < cols ? w[static_cast<size_t>(r * cols + c + e)] : 0;
-          for (int i = 0; i < kGemmXChunksPerThread; ++i) {
-            const int64_t xr = n0 + x_chunk_row(t, i), xc = k0 + x_chunk_col(t, i);
-            for (int e = 0; e < 4; ++e)
-              xs[static_cast<size_t>(x_chunk_smem(t, i) + e)] =
-                  xr < n && xc < cols ? x[static_cast<size_t>(xr * ldx + xc + e)] : 0.0f;
+  const int64_t slice = gemm_slice_tiles(rows, n, cols, target_blocks);
+  const int64_t splits = gemm_splits(cols, slice), tiles = gemm_k_tiles(cols);
+  std::vector<float> partial(static_cast<size_t>(splits * n * rows), NAN);
+  for (int64_t z = 0; z < splits; ++z)
+    for (int64_t bx = 0; bx < gemm_blocks_m(rows); ++bx)
+      for (int64_t by = 0; by < gemm_blocks_n(n); ++by) {
+        const int64_t m0 = bx * kGemmBM, n0 = by * kGemmBN;
+        float acc[kGemmWarps][32][2][2][4] = {};
+        for (int64_t kt = z * slice; kt < std::min(tiles, (z + 1) * slice); ++kt) {
+          const int64_t k0 = kt * kGemmBK;
+          std::fill(ws.begin(), ws.end(), uint16_t{0xffff});  // padding never read: NaN if it were
+          std::fill(xs.begin(), xs.end(), NAN);
+          for (int t = 0; t < kGemmThreads; ++t) {
+            const int64_t r = m0 + w_chunk_row(t), c = k0 + w_chunk_col(t);
+            for (int e = 0; e < 8; ++e)
+              ws[static_cast<size_t>(w_chunk_smem(t) + e)] =
+                  r < rows && c < cols ? w[static_cast<size_t>(r * cols + c + e)] : 0;
+            for (int i = 0; i < kGemmXChunksPerThread; ++i) {
+              const int64_t xr = n0 + x_chunk_row(t, i), xc = k0 + x_chunk_col(t, i);
+              for (int e = 0; e < 4; ++e)
+                xs[static_cast<size_t>(x_chunk_smem(t, i) + e)] =
+                    xr < n && xc < cols ? x[static_cast<size_t>(xr * ldx + xc + e)] : 0.0f;
+            }
+          }
+          for (int warp = 0; warp < kGemmWarps; ++warp) {
+            if (n0 + 16 * warp >= n) continue;
+            for (int s = 0; s < kGemmBK / mma::kK; ++s) {
+              mma_emu::Frag4 a[2];
+              mma_emu::Frag hi[2][2], lo[2][2];
+              for (int mt = 0; mt < 2; ++mt)
+                for (int r = 0; r < 4; ++r) {
+                  a[mt][static_cast<size_t>(r)].resize(32);
+                  for (int lane = 0; lane < 32; ++lane) {
+                    const size_t off = static_cast<size_t>(a_smem(lane, mt, s, r));
+                    a[mt][static_cast<size_t>(r)][static_cast<size_t>(lane)] =
+                        ws[off] | static_cast<uint32_t>(ws[off + 1]) << 16;
+                  }
+                }
+              for (int nt = 0; nt < 2; ++nt)
+                for (int r = 0; r < 2; ++r) {
+                  hi[nt][r].resize(32);
+                  lo[nt][r].resize(32);
+                  for (int lane = 0; lane < 32; ++lane) {
+                    const size_t off = static_cast<size_t>(b_smem(lane, warp, nt, s, r));
+                    const mma::HiLo h = mma::split_bf16x2(xs[off], xs[off + 1]);
+                    hi[nt][r][static_cast<size_t>(lane)] = h.hi;
+                    lo[nt][r][static_cast<size_t>(lane)] = drop_low ? 0u : h.lo;
+                  }
+                }
+              for (int mt = 0; mt < 2; ++mt)
+                for (int nt = 0; nt < 2; ++nt) {
+                  float c[32][4];
+                  for (int lane = 0; lane < 32; ++lane)
+                    for (int i = 0; i < 4; ++i) c[lane][i] = acc[warp][lane][mt][nt][i];
+                  mma_emu::mma<mma_emu::Elem::Bf16>(c, a[mt], hi[nt][0], hi[nt][1]);
+                  mma_emu::mma<mma_emu::Elem::Bf16>(c, a[mt], lo[nt][0], lo[nt][1]);
+                  for (int lane = 0; lane < 32; ++lane)
+                    for (int i = 0; i < 4; ++i) acc[warp][lane][mt][nt][i] = c[lane][i];
+                }
+            }
           }
         }
-        for (int warp = 0; warp < kGemmWarps; ++warp) {
-          if (n0 + 16 * warp >= n) continue;
-          for (int s = 0; s < kGemmBK / mma::kK; ++s) {
-            mma_emu::Frag4 a[2];
-            mma_emu::Frag hi[2][2], lo[2][2];
+        for (int warp = 0; warp < kGemmWarps; ++warp)
+          for (int lane = 0; lane < 32; ++lane)
             for (int mt = 0; mt < 2; ++mt)
-              for (int r = 0; r < 4; ++r) {
-                a[mt][static_cast<size_t>(r)].resize(32);
-                for (int lane = 0; lane < 32; ++lane) {
-                  const size_t off = static_cast<size_t>(a_smem(lane, mt, s, r));
-                  a[mt][static_cast<size_t>(r)][static_cast<size_t>(lane)] =
-                      ws[off] | static_cast<uint32_t>(ws[off + 1]) << 16;
+              for (int nt = 0; nt < 2; ++nt)
+                for (int i = 0; i < 4; ++i) {
+                  const int64_t r = m0 + c_wrow(lane, mt, i), b = n0 + c_xrow(lane, warp, nt, i);
+                  if (r >= rows || b >= n) continue;
+                  float& p = partial[static_cast<size_t>((z * n + b) * rows + r)];
+                  EXPECT_TRUE(std::isnan(p)) << "an output written twice";
+                  p = acc[warp][lane][mt][nt][i];
                 }
-              }
-            for (int nt = 0; nt < 2; ++nt)
-              for (int r = 0; r < 2; ++r) {
-                hi[nt][r].resize(32);
-                lo[nt][r].resize(32);
-                for (int lane = 0; lane < 32; ++lane) {
-                  const size_t off = static_cast<size_t>(b_smem(lane, warp, nt, s, r));
-                  const mma::HiLo h = mma::split_bf16x2(xs[off], xs[off + 1]);
-                  hi[nt][r][static_cast<size_t>(lane)] = h.hi;
-                  lo[nt][r][static_cast<size_t>(lane)] = drop_low ? 0u : h.lo;
-                }
-              }
-            for (int mt = 0; mt < 2; ++mt)
-              for (int nt = 0; nt < 2; ++nt) {
-                float c[32][4];
-                for (int lane = 0; lane < 32; ++lane)
-                  for (int i = 0; i < 4; ++i) c[lane][i] = acc[warp][lane][mt][nt][i];
-                mma_emu::mma<mma_emu::Elem::Bf16>(c, a[mt], hi[nt][0], hi[nt][1]);
-                mma_emu::mma<mma_emu::Elem::Bf16>(c, a[mt], lo[nt][0], lo[nt][1]);
-                for (int lane = 0; lane < 32; ++lane)
-                  for (int i = 0; i < 4; ++i) acc[warp][lane][mt][nt][i] = c[lane][i];
-              }
-          }
-        }
       }
-      for (int warp = 0; warp < kGemmWarps; ++warp)
-        for (int lane = 0; lane < 32; ++lane)
-          for (int mt = 0; mt < 2; ++mt)
-            for (int nt = 0; nt < 2; ++nt)
-              for (int i = 0; i < 4; ++i) {
-                const int64_t r = m0 + c_wrow(lane, mt, i), b = n0 + c_xrow(lane, warp, nt, i);
-                if (r >= rows || b >= n) continue;
-                float& out = y[static_cast<size_t>(b * rows + r)];
-                const float v = acc[warp][lane][mt][nt][i];
-                out = accumulate ? out + v : v;
-              }
-    }
+  for (int64_t i = 0; i < n * rows; ++i) {
+    float v = partial[static_cast<size_t>(i)];
+    for (int64_t z = 1; z < splits; ++z) v += partial[static_cast<size_t>(z * n * rows + i)];
+    float& out = y[static_cast<size_t>(i)];
+    out = accumulate ? out + v : v;
+  }
+  return splits;
 }
 
 struct Shape {
-  int64_t rows, cols, n, ldx;
+  int64_t rows, cols, n, ldx, target_blocks, splits;  // splits: what gemm_slice_tiles gives
 };
 
 // Random bf16 weights and float32 x with magnitudes over 2^-6 .. 2^6 (so x's low halves matter),
@@ -244,17 +276,20 @@ struct Shape {
 // the launch adds to (accumulate).
 TEST(GemmBf16Emulated, MatchesADoubleGemmWithinTheBound) {
   const Shape shapes[] = {
-      {32, 32, 16, 32},    // one block, one stage
-      {70, 40, 9, 40},     // ragged rows, the threshold's 9 rows, a k tail of 8
-      {96, 576, 64, 576},  // SmolLM2's hidden: 18 stages
-      {40, 96, 70, 200},   // two block rows of x (70 rows), x rows 200 floats apart (down's ldx)
+      {32, 32, 16, 32, 1, 1},         // one block, one stage
+      {70, 40, 9, 40, 264, 1},        // ragged rows, the threshold's 9 rows, a k tail of 8
+      {96, 576, 64, 576, 1, 1},       // SmolLM2's hidden: 18 stages, one slice
+      {96, 576, 64, 576, 264, 4},     // the same in 4 slices of 5, 5, 5, 3 stages
+      {40, 96, 70, 200, 264, 1},      // two block rows of x (70 rows), x rows 200 floats apart
+      {40, 1544, 20, 1552, 264, 10},  // 49 stages: 9 slices of 5, one of 4 ending in a tail of 8
   };
   std::mt19937 rng(47);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f), e(-6.0f, 6.0f);
   for (const Shape& sh : shapes)
     for (const bool accumulate : {false, true}) {
       const std::string what = std::to_string(sh.rows) + "x" + std::to_string(sh.cols) + " n " +
-                               std::to_string(sh.n) + (accumulate ? " accumulate" : "");
+                               std::to_string(sh.n) + " target " +
+                               std::to_string(sh.target_blocks) + (accumulate ? " accumulate" : "");
       std::vector<uint16_t> w(static_cast<size_t>(sh.rows * sh.cols));
       for (uint16_t& v : w) v = float_to_bf16_bits(u(rng) * std::exp2(e(rng)));
       std::vector<float> x(static_cast<size_t>(sh.n * sh.ldx), NAN);  // the gap past cols: unread
@@ -264,8 +299,11 @@ TEST(GemmBf16Emulated, MatchesADoubleGemmWithinTheBound) {
       std::vector<float> y0(static_cast<size_t>(sh.n * sh.rows));
       for (float& v : y0) v = accumulate ? u(rng) : -12345.0f;
       std::vector<float> y = y0, y_hi = y0;
-      emulate(w, sh.rows, sh.cols, x, sh.ldx, sh.n, y, accumulate, false);
-      emulate(w, sh.rows, sh.cols, x, sh.ldx, sh.n, y_hi, accumulate, true);
+      EXPECT_EQ(
+          emulate(w, sh.rows, sh.cols, x, sh.ldx, sh.n, y, accumulate, false, sh.target_blocks),
+          sh.splits)
+          << what;
+      emulate(w, sh.rows, sh.cols, x, sh.ldx, sh.n, y_hi, accumulate, true, sh.target_blocks);
       double worst = 0, worst_hi = 0;  // error / bound
       for (int64_t b = 0; b < sh.n; ++b)
         for (int64_t r = 0; r < sh.rows; ++r) {
