@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm_bf16.h"
 #include "kernels/cuda/model_kernels.h"
+#include "kernels/cuda/ptx.cuh"
 
 namespace kvq::cuda::model {
 namespace {
@@ -123,31 +124,7 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp)
 }
 
 // ---- the tensor-core GEMM (gemm_bf16.h: tile plan, fragment offsets, dispatch) ---------------
-// The PTX wrappers below are attention_mma.cu's (cp.async, mma.m16n8k16 bf16) restated: that file
-// keeps its own in its anonymous namespace.
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16 bytes global -> shared through L2; src_bytes 0 zero-fills the destination.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-// c += A B, mma.m16n8k16, bf16 in, float32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+using namespace ptx;  // cp.async, mma.m16n8k16 (ptx.cuh, shared with attention_mma.cu)
 
 // A thread's cp.async sources, fixed for the block: its W chunk's and X chunks' addresses at
 // column 0 (clamped to the matrix start where the row lies outside) and whether the row lies
