@@ -6,8 +6,9 @@
 // The kernels by concern (kernels/cpu/attention/): portable.{h,cpp}, the portable row-at-a-time
 // path every path compiles; x86/, the SIMD blocks of the x86 paths (common.h, simd_math.h: e^x,
 // sums, softmax; loaders.h: row loaders; float_dot.h: float dot products; kivi_exact.h,
-// kivi_int8.h and kivi.cpp: KIVI sides; fp8_bf16dot.h, amx.h and rows.cpp: dense and fp8 sides;
-// tile.cpp: a tile's block, blocks.h: the entries between them). This file is the entry.
+// kivi_int8.h and kivi.cpp: KIVI sides; fp8_bf16dot.h, amx.h, row_scores.cpp and row_values.cpp:
+// dense and fp8 sides; tile.cpp: a tile's block, blocks.h: the entries between them). This file is
+// the entry.
 #include "kernels/cpu/segment.h"
 
 #include <algorithm>

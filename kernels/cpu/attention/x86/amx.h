@@ -8,6 +8,21 @@
 #include "kernels/cpu/attention/x86/simd_math.h"
 
 namespace kvq::cpu::KVQ_CPU_PATH_NS::attn {
+
+#if KVQ_CPU_AMX
+/// Loads cfg into this thread's tiles unless they hold it already (id names the configuration,
+/// the same in every file; nothing in the process releases the tiles). Outside the unnamed
+/// namespace below: the tiles are the thread's, so `held` is one variable for every file of the
+/// path (row_scores.cpp and row_values.cpp load different configurations).
+inline void use_tiles(const TileConfig& cfg, int id) {
+  thread_local int held = -1;
+  if (held != id) {
+    _tile_loadconfig(&cfg);
+    held = id;
+  }
+}
+#endif
+
 // Internal to this path's attention sources: each file that includes it has its own copy (internal
 // linkage), as when they were one translation unit, so the compiler inlines them as it did.
 namespace {
@@ -21,16 +36,6 @@ namespace {
 // chain over 16 pairs), where vdpbf16ps takes 32. Keys put 16 tokens in the rows and the NQ
 // queries in the columns; values put the NQ queries in the rows and 16 channels in the columns.
 // On the session-21 Xeon a tdpbf16ps took ~17 ns whatever its shape (a zmm vdpbf16ps ~1 ns).
-
-/// Loads cfg into this thread's tiles unless they hold it already (id names the configuration;
-/// nothing in the process releases the tiles).
-inline void use_tiles(const TileConfig& cfg, int id) {
-  thread_local int held = -1;
-  if (held != id) {
-    _tile_loadconfig(&cfg);
-    held = id;
-  }
-}
 
 // The tile intrinsics name their registers in the instruction's text, so a tile number must be a
 // literal: these take one at run time (a constant once inlined), tiles 0..6 (all the kernels

@@ -23,11 +23,11 @@ void scores(const Call& c, int64_t h, int64_t t0, int64_t t1, float* s, int64_t 
 template <int NQ>
 void values(const Call& c, int64_t h, int64_t t0, int64_t t1, float* p, int64_t ldp, float* o,
             Scratch& w);
-/// Dense and fp8 keys (rows.cpp): every kv head at once, s[h * hs + i * lds + (t - t0)].
+/// Dense and fp8 keys (row_scores.cpp): every kv head at once, s[h * hs + i * lds + (t - t0)].
 template <int NQ, bool kStream>
 void scores_rows(const Call& c, int64_t t0, int64_t t1, float* s, int64_t hs, int64_t lds,
                  Scratch& w);
-/// Dense and fp8 values (rows.cpp): every kv head at once, o is [H, NQ, D].
+/// Dense and fp8 values (row_values.cpp): every kv head at once, o is [H, NQ, D].
 template <int NQ, bool kStream>
 void values_rows(const Call& c, int64_t t0, int64_t t1, float* p, int64_t hs, int64_t ldp, float* o,
                  Scratch& w);

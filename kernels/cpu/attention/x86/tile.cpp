@@ -1,6 +1,7 @@
 // Backend `cpu`, x86 attention blocks: one block of a tile of positions (simd_block): each
 // thread's scratch sized for the call, then sub-block by sub-block the scores by side kind
-// (kivi.cpp, rows.cpp), each head's softmax step (simd_math.h) and the values.
+// (kivi.cpp, row_scores.cpp), each head's softmax step (simd_math.h) and the values (kivi.cpp,
+// row_values.cpp).
 #include "kernels/cpu/isa.h"
 
 // The portable path compiles this file empty (its blocks are x86 SIMD: AVX2 and wider).
