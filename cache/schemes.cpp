@@ -1,5 +1,5 @@
-// The one table of the schemes' cache storage (cache/schemes.h), one line per family of
-// core/schemes.cpp.
+// The one table of the schemes' cache storage (cache/schemes.h), one per line of
+// schemes/families.def: a family's record is k<Name>Storage in schemes/<family>/storage.cpp.
 #include "cache/schemes.h"
 
 #include <array>
@@ -8,13 +8,17 @@
 
 namespace kvq {
 
-extern const SchemeStorage kFloatStorage;  // cache/schemes/float.cpp
-extern const SchemeStorage kFp8Storage;    // cache/schemes/fp8.cpp
-extern const SchemeStorage kIntStorage;    // cache/schemes/int.cpp
+#define KVQ_SCHEME_FAMILY(folder, Name, ...) extern const SchemeStorage k##Name##Storage;
+#include "schemes/families.def"
+#undef KVQ_SCHEME_FAMILY
 
 namespace {
 
-const std::array<const SchemeStorage*, 3> kStorage{&kFloatStorage, &kFp8Storage, &kIntStorage};
+const std::array kStorage{
+#define KVQ_SCHEME_FAMILY(folder, Name, ...) &k##Name##Storage,
+#include "schemes/families.def"
+#undef KVQ_SCHEME_FAMILY
+};
 
 }  // namespace
 

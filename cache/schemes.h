@@ -1,9 +1,9 @@
 // How each scheme family is stored and round-tripped (issue 48, item 1): one record per family of
 // core/schemes.h's registry, in the manner of ggml's type_traits_cpu beside type_traits. A
-// family's record lives in its file cache/schemes/<family>.cpp with its SideStore; the one table
-// is cache/schemes.cpp. make_side and round_trip (side.h, round_trip.h) wrap what every scheme
-// shares (per-layer specs, k=;v= sides, rot=, sink=) around it. The reads of a stored side are
-// the backends' (the reference's: reference_cpu/reads.h).
+// family's record lives in its folder, schemes/<family>/storage.cpp, with its SideStore; the one
+// table, cache/schemes.cpp, is built from schemes/families.def. make_side and round_trip (side.h,
+// round_trip.h) wrap what every scheme shares (per-layer specs, k=;v= sides, rot=, sink=) around
+// it. The reads of a stored side are the backends' (the reference's: reference_cpu/reads.h).
 #pragma once
 
 #include <cstdint>

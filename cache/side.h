@@ -3,7 +3,7 @@
 // footprint and exposes its stored bytes (core/stored_side.h's StoredSide) and exact tail; it does
 // not read. The reads are each backend's over the stored view: the reference's in
 // reference_cpu/reads.h (the scalar definition), backend cpu's and cuda's in kernels/.
-// Each scheme family's side is in its file, cache/schemes/<family>.cpp (schemes.h):
+// Each scheme family's side is in its folder, schemes/<family>/storage.cpp (schemes.h):
 //
 //   float  fp32 / bf16 / fp16 values as stored (bf16/fp16 as 16-bit patterns)
 //   fp8    one code per element + scales (token scales grow per token; tensor/head/channel

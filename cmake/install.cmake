@@ -11,7 +11,8 @@ include(CMakePackageConfigHelpers)
 # Components in dependency order (each links only components before it): component=target.
 set(kvq_exported core=kvq_core fp8=kvq_fp8 kivi=kvq_kivi cache=kvq_cache reference=kvq_reference
                  cpu=kvq_cpu)
-set(kvq_header_dirs core fp8 kivi cache reference_cpu kernels/cpu model)
+# schemes: the families' params.h and families.def, which core/spec.h includes (".def" below)
+set(kvq_header_dirs core schemes fp8 kivi cache reference_cpu kernels/cpu model)
 if(KVQ_HAVE_CUDA)  # before backend, which links it (backend cuda)
   list(APPEND kvq_exported cuda=kvq_kernels)
   list(APPEND kvq_header_dirs kernels/cuda)
@@ -94,7 +95,7 @@ string(APPEND KVQ_COMPONENT_TABLE ")\n${kvq_component_table}${kvq_find_args}")
 foreach(dir IN LISTS kvq_header_dirs)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ COMPONENT dev
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvq/${dir}
-          FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
+          FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh" PATTERN "*.def")
 endforeach()
 install(FILES ${PROJECT_SOURCE_DIR}/kernels/backend.h COMPONENT dev  # kvq::backend's one header
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvq/kernels)

@@ -1,6 +1,5 @@
-// The one registration table of scheme families (core/schemes.h). A new family is its file
-// core/schemes/<family>.{h,cpp} (parameters and traits), its alternative in SchemeParams
-// (core/spec.h), its kinds in SchemeKind (core/schemes/kinds.h) and its line here.
+// The table of scheme families' traits records (core/schemes.h), one per line of
+// schemes/families.def: a family's record is k<Name>Scheme in schemes/<family>/traits.cpp.
 #include "core/schemes.h"
 
 #include <array>
@@ -10,13 +9,17 @@
 
 namespace kvq {
 
-extern const SchemeTraits kFloatScheme;  // core/schemes/float.cpp
-extern const SchemeTraits kFp8Scheme;    // core/schemes/fp8.cpp
-extern const SchemeTraits kIntScheme;    // core/schemes/int.cpp
+#define KVQ_SCHEME_FAMILY(folder, Name, ...) extern const SchemeTraits k##Name##Scheme;
+#include "schemes/families.def"
+#undef KVQ_SCHEME_FAMILY
 
 namespace {
 
-const std::array<const SchemeTraits*, 3> kFamilies{&kFloatScheme, &kFp8Scheme, &kIntScheme};
+const std::array kFamilies{
+#define KVQ_SCHEME_FAMILY(folder, Name, ...) &k##Name##Scheme,
+#include "schemes/families.def"
+#undef KVQ_SCHEME_FAMILY
+};
 
 }  // namespace
 
@@ -26,7 +29,7 @@ const SchemeTraits& scheme_traits(SchemeKind kind) {
   for (const SchemeTraits* t : kFamilies)
     for (const SchemeKindName& k : t->kinds)
       if (k.kind == kind) return *t;
-  fail("scheme kind {} has no registered family (core/schemes.cpp)", static_cast<int>(kind));
+  fail("scheme kind {} has no registered family (schemes/families.def)", static_cast<int>(kind));
 }
 
 const SchemeTraits& scheme_traits(const SchemeSpec& s) { return scheme_traits(s.kind()); }

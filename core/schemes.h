@@ -1,11 +1,12 @@
 // The scheme registry (issue 48, item 1): one traits record per scheme family, in the manner of
-// ggml's type_traits. A family's file, core/schemes/<family>.{h,cpp}, holds its parameters
-// (FloatSpec, Fp8Spec, IntSpec), its names and aliases, the parse of its own keys with their
-// defaults and errors, its canonical name, its footprint (bytes of a side for a shape, from a spec
-// and from a stored view) and the round-trip error bound its tests hold it to; the one table,
-// core/schemes.cpp, lists the records. parse_spec, SchemeSpec::canonical, footprint, the scheme
-// list of `kvq quant --help` / Python's kvq.schemes() and the registry tests iterate it. What is
-// not a family's own (k=SPEC;v=SPEC, SPEC@LAYERS, rot=, sink=) stays in core/spec.cpp.
+// ggml's type_traits. A family's folder, schemes/<family>/ (params.h, traits.cpp), holds its
+// parameters (FloatSpec, Fp8Spec, IntSpec), its names and aliases, the parse of its own keys with
+// their defaults and errors, its canonical name, its footprint (bytes of a side for a shape, from a
+// spec and from a stored view) and the round-trip error bound its tests hold it to; the one table,
+// core/schemes.cpp, lists the records of schemes/families.def. parse_spec,
+// SchemeSpec::canonical, footprint, the scheme list of `kvq quant --help` / Python's
+// kvq.schemes() and the registry tests iterate it. What is not a family's own (k=SPEC;v=SPEC,
+// SPEC@LAYERS, rot=, sink=) stays in core/spec.cpp.
 //
 // How a side of the family is stored and read back is one table each beside its code (ggml's
 // type_traits_cpu): cache/schemes.cpp (make_side, round_trip: the storage every backend shares),
@@ -77,7 +78,7 @@ struct SchemeKindName {
 /// \brief Everything core knows of one scheme family. Errors are kvq::Error lines
 /// "bad scheme spec 'TEXT': ..." naming the bad part and what is allowed.
 struct SchemeTraits {
-  std::string_view family;  ///< "float", "fp8", "int": core/schemes/<family>.cpp
+  std::string_view family;  ///< "float", "fp8", "int": schemes/<family>/traits.cpp
   std::span<const SchemeKindName> kinds;
   std::string_view names;      ///< the names it parses ("fp32, bf16, fp16"), for errors and --help
   std::string_view keys_help;  ///< its keys and their defaults, for --help

@@ -42,16 +42,28 @@
 #include <variant>
 #include <vector>
 
-#include "core/schemes/float.h"
-#include "core/schemes/fp8.h"
-#include "core/schemes/int.h"
-#include "core/schemes/kinds.h"
+#include "schemes/kinds.h"  // before the families' params.h, which use SchemeKind
+#define KVQ_SCHEME_PARAMS_HEADERS
+#include "schemes/families.def"  // each family's schemes/<family>/params.h
+#undef KVQ_SCHEME_PARAMS_HEADERS
 
 namespace kvq {
 
-/// \brief One scheme's own parameters: which family (core/schemes/<family>.h) and its keys.
-/// SchemeSpec::kind() is derived from it; adding a family adds its alternative here.
-using SchemeParams = std::variant<FloatSpec, Fp8Spec, IntSpec>;
+namespace detail {
+template <class First, class... Rest>
+struct VariantOfRest {
+  using type = std::variant<Rest...>;
+};
+}  // namespace detail
+
+/// \brief One scheme's own parameters: which family (schemes/<family>/params.h) and its keys, one
+/// alternative <Name>Spec per line of schemes/families.def, in its order (the first, FloatSpec,
+/// is the default: fp32). SchemeSpec::kind() is derived from it.
+using SchemeParams = detail::VariantOfRest<void
+#define KVQ_SCHEME_FAMILY(folder, Name, ...) , Name##Spec
+#include "schemes/families.def"
+#undef KVQ_SCHEME_FAMILY
+                                           >::type;
 
 /// \brief rot=hadamard[:SEED]: which rotation a side's vectors are stored under.
 struct RotSpec {

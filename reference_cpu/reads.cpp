@@ -10,13 +10,19 @@
 
 namespace kvq {
 
-extern const SchemeReads kFloatReads;  // reference_cpu/schemes/float.cpp
-extern const SchemeReads kFp8Reads;    // reference_cpu/schemes/fp8.cpp
-extern const SchemeReads kIntReads;    // reference_cpu/schemes/int.cpp
+// Each family's reads: k<Name>Reads in schemes/<family>/reads.cpp, one per line of
+// schemes/families.def.
+#define KVQ_SCHEME_FAMILY(folder, Name, ...) extern const SchemeReads k##Name##Reads;
+#include "schemes/families.def"
+#undef KVQ_SCHEME_FAMILY
 
 namespace {
 
-const std::array<const SchemeReads*, 3> kReads{&kFloatReads, &kFp8Reads, &kIntReads};
+const std::array kReads{
+#define KVQ_SCHEME_FAMILY(folder, Name, ...) &k##Name##Reads,
+#include "schemes/families.def"
+#undef KVQ_SCHEME_FAMILY
+};
 
 // The view of the tokens after the sinks, indexed from 0 there.
 StoredSide without_sinks(const StoredSide& s) {

@@ -2,9 +2,9 @@
 // every backend's kernels compute over the same stored bytes. A read covers tokens [t0, t1) of kv
 // head h for nq query vectors at once (the GQA group shares each unpacked code). The side's stored
 // view (core/stored_side.h) is read directly: the dequantized cache is never built on this path.
-// Each scheme family's reads are in its file, reference_cpu/schemes/<family>.cpp, one record per
-// family of core/schemes.h's registry (SchemeReads), listed once in reads.cpp; sink= and rot= are
-// read here, once for every family.
+// Each scheme family's reads are in its folder, schemes/<family>/reads.cpp, one record per family
+// of core/schemes.h's registry (SchemeReads), in reads.cpp's table (built from
+// schemes/families.def); sink= and rot= are read here, once for every family.
 #pragma once
 
 #include <cstdint>

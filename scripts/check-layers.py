@@ -10,6 +10,10 @@ allowed folder graph (GRAPH below, written once, here). The graph is layered, lo
           CLI, its configs, and the plot scripts, which import the Python package)
     tests/, bench/, fuzz/, examples/, scripts/, docs/ may include anything; nothing includes them.
 
+The scheme families' folder schemes/ spans three layers (SCHEME_PARTS): schemes/families.def,
+schemes/kinds.h and each family's params.h and traits.* are core's, its storage.* cache's, its
+reads.* reference_cpu's; a family's folder (schemes/<family>/) never includes another family's.
+
 No arrow points up, none joins two folders of one rank (schemes never include each other, nor do
 backends), so no two folders include each other: the script refuses a GRAPH that breaks this.
 
@@ -46,11 +50,15 @@ GRAPH = {
     "experiments": ["core", "fp8", "kivi", "cache", "reference_cpu", "kernels/cpu", "kernels",
                     "model", "evaluation", "python"],
 }
+# The layer of each part of a scheme family, schemes/<family>/<part>[_*].<ext> (README
+# "Architecture"); the files directly under schemes/ (families.def, kinds.h) are core's.
+SCHEME_PARTS = {"params": "core", "traits": "core", "storage": "cache", "reads": "reference_cpu"}
+BAD_PART = "schemes/?"  # a file of a scheme family that is none of SCHEME_PARTS
 # Folders of one rank: no arrow between them (the schemes; the backends).
 PEERS = [{"fp8", "kivi"}, {"reference_cpu", "kernels/cpu", "kernels/cuda"}]
 TOP = ("tests", "bench", "fuzz", "examples", "scripts", "docs")  # may include anything
 SKIP = ("build", ".venv", ".git", ".pytest_cache")
-SOURCES = (".h", ".hpp", ".cpp", ".cu", ".cuh")
+SOURCES = (".h", ".hpp", ".cpp", ".cu", ".cuh", ".def")
 INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
 IMPORT = re.compile(r"\s*(?:from|import)\s+([A-Za-z_]\w*)")
 PACKAGE = {"kvq": "python"}  # Python package name -> the folder that holds it
@@ -75,7 +83,18 @@ def folder(rel):
         return "top"
     if parts[0] == "kernels" and len(parts) > 2:
         return "kernels/" + parts[1]
+    if parts[0] == "schemes":
+        if len(parts) == 2:
+            return "core"
+        part = parts[-1].split(".")[0].split("_")[0]
+        return SCHEME_PARTS.get(part, BAD_PART) if len(parts) == 3 else BAD_PART
     return parts[0]
+
+
+def family(rel):
+    """The scheme family folder of a repo-relative path (schemes/<family>/...), else None."""
+    parts = rel.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "schemes" else None
 
 
 def target(name, is_py):
@@ -109,6 +128,10 @@ def main():
         src = folder(rel)
         if src in (None, "top"):
             continue
+        if src == BAD_PART:
+            bad.append(f"{rel}: a scheme family's file is one of {', '.join(SCHEME_PARTS)} "
+                       f"(its layer: SCHEME_PARTS in {ME})")
+            continue
         if src not in GRAPH:
             bad.append(f"{rel}: folder {src}/ is in no layer of the allowed graph in {ME}")
             continue
@@ -116,6 +139,11 @@ def main():
         for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             m = (IMPORT if is_py else INCLUDE).match(line)
             dst = m and target(m.group(1), is_py)
+            if dst and not is_py and family(rel) and family(m.group(1)) not in (None,
+                                                                                 family(rel)):
+                bad.append(f'{rel}:{n}: schemes/{family(rel)} -> schemes/{family(m.group(1))} '
+                           f'("{m.group(1)}"): a scheme family never includes another ({ME})')
+                continue
             if not dst or dst == src:
                 continue
             arrows[(src, dst)] += 1

@@ -3,7 +3,7 @@
 
 #include <string_view>
 
-#include "core/schemes/kinds.h"
+#include "schemes/kinds.h"
 
 namespace kvq {
 

@@ -1,10 +1,11 @@
 // The float family's reference reads (reference_cpu/reads.h) over its stored view
-// (cache/schemes/float.cpp): fp32 values as they are, bf16 / fp16 bits widened in registers.
+// (schemes/float/storage.cpp): fp32 values as they are, bf16 / fp16 bits widened in registers.
+#include "reference_cpu/reads.h"
+
 #include <vector>
 
 #include "core/half.h"
 #include "reference_cpu/dense_ops.h"
-#include "reference_cpu/reads.h"
 
 namespace kvq {
 namespace {

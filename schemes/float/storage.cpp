@@ -1,5 +1,5 @@
 // The float family's cache storage (cache/schemes.h): fp32, bf16 and fp16 values as stored
-// (bf16 / fp16 as 16-bit patterns). Their reads: reference_cpu/schemes/float.cpp.
+// (bf16 / fp16 as 16-bit patterns). Their reads: schemes/float/reads.cpp.
 #include <algorithm>
 #include <vector>
 

@@ -1,10 +1,9 @@
 // The float family: fp32 | bf16 | fp16, dense values (core/schemes.h's traits record).
-#include "core/schemes/float.h"
-
 #include <array>
 
 #include "core/error.h"
 #include "core/schemes.h"
+#include "schemes/float/params.h"
 
 namespace kvq {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "core/schemes/kinds.h"
+#include "schemes/kinds.h"
 
 namespace kvq {
 

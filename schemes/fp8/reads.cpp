@@ -1,11 +1,12 @@
 // The fp8 family's reference reads (reference_cpu/reads.h) over its stored view
-// (cache/schemes/fp8.cpp): one code per element times its scale, the scale of element (t, h, d)
+// (schemes/fp8/storage.cpp): one code per element times its scale, the scale of element (t, h, d)
 // factored as token_factor(t, h) * channel_factor(h, d) (fp8/scale.h's layouts).
+#include "reference_cpu/reads.h"
+
 #include <array>
 #include <vector>
 
 #include "fp8/format.h"
-#include "reference_cpu/reads.h"
 
 namespace kvq {
 namespace {

@@ -1,7 +1,7 @@
 // The fp8 family's cache storage (cache/schemes.h): one code per element + scales (token scales
 // grow per token; tensor/head/channel dynamic scales are computed from the first `first` tokens -
 // the prefill - and then frozen, as vLLM's calculate-kv-scales; constant and calib scales are
-// fixed). Its reads: reference_cpu/schemes/fp8.cpp.
+// fixed). Its reads: schemes/fp8/reads.cpp.
 #include <algorithm>
 #include <vector>
 

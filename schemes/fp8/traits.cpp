@@ -1,7 +1,5 @@
 // The fp8 family: fp8_e4m3 (alias fp8) | fp8_e4m3fnuz | fp8_e5m2 with a scale granularity and
 // source (core/schemes.h's traits record). Codecs and scales: fp8/.
-#include "core/schemes/fp8.h"
-
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -12,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/schemes.h"
+#include "schemes/fp8/params.h"
 
 namespace kvq {
 

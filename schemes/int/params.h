@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "core/schemes/kinds.h"
+#include "schemes/kinds.h"
 
 namespace kvq {
 

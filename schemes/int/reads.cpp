@@ -1,5 +1,5 @@
 // The int family's reference reads (reference_cpu/reads.h) over its stored view
-// (cache/schemes/int.cpp): the packed KIVI codes (layout: kivi/layout.h) below the residual
+// (schemes/int/storage.cpp): the packed KIVI codes (layout: kivi/layout.h) below the residual
 // window, the exact residual above it.
 //
 // Per-channel keys fold each (head, channel)'s scale into the query once per token group:
@@ -8,6 +8,8 @@
 //   o_d += (p_t * scale_tc) * code_td,  and  p_t * min_tc once per channel group.
 // (The mirror images - per-token keys, per-channel values - fold the same way.) Symmetric codes
 // read as (code - 2^(b-1)) * scale, i.e. an asymmetric min of -2^(b-1) * scale.
+#include "reference_cpu/reads.h"
+
 #include <algorithm>
 #include <vector>
 
@@ -16,7 +18,6 @@
 #include "kivi/layout.h"
 #include "kivi/minmax.h"
 #include "reference_cpu/dense_ops.h"
-#include "reference_cpu/reads.h"
 
 namespace kvq {
 namespace {

@@ -1,6 +1,6 @@
 // The int family's cache storage (cache/schemes.h): the streaming KIVI cache (kivi/cache.h),
 // codes outside the residual window (layout: kivi/layout.h). Its reads over the packed codes:
-// reference_cpu/schemes/int.cpp.
+// schemes/int/reads.cpp.
 
 #include <fmt/format.h>
 

@@ -1,14 +1,13 @@
 // The int family: int<B> with both axes named, kivi<B> (KIVI's axes and window), and HF
 // QuantizedCache's names (hf) (core/schemes.h's traits record). Quantizer, packing and the
 // streaming cache: kivi/.
-#include "core/schemes/int.h"
-
 #include <algorithm>
 #include <array>
 #include <set>
 
 #include "core/error.h"
 #include "core/schemes.h"
+#include "schemes/int/params.h"
 
 namespace kvq {
 

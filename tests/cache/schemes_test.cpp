@@ -4,7 +4,7 @@
 // tests/support/stored_counts.h) and the family's coded_tokens the side's own count; the streamed
 // side reads back what the whole-tensor round trip gives; and the round trip's error stays within
 // the family's bound (SchemeTraits::max_error, derived from each format's rounding in
-// core/schemes/<family>.cpp).
+// schemes/<family>/traits.cpp).
 #include "cache/schemes.h"
 
 #include <gtest/gtest.h>

@@ -27,7 +27,7 @@ TEST(SchemeRegistry, EveryKindHasOneFamily) {
       EXPECT_EQ(&scheme_traits(k.kind), t);
       EXPECT_EQ(kind_label(k.kind), k.label);
     }
-  // SchemeKind's enumerators, all of them (core/schemes/kinds.h).
+  // SchemeKind's enumerators, all of them (schemes/kinds.h).
   for (const SchemeKind k :
        {SchemeKind::Fp32, SchemeKind::Bf16, SchemeKind::Fp16, SchemeKind::Fp8, SchemeKind::Int})
     EXPECT_TRUE(seen.count(k)) << "kind " << static_cast<int>(k) << " has no family";

@@ -4,7 +4,9 @@
 # line, the two folders and the script's graph: an include up the layers, one between two schemes,
 # one half of a two-way pair, the evaluation library or Python reaching into the CLI, a backend
 # including the backend interface, a library including tests/, a new arrow down that the graph does
-# not hold, and a source folder the graph does not know. Given a list of files, only those are read.
+# not hold, and a source folder the graph does not know; in schemes/, a family's params.h
+# including a scheme, one family including another, and a family's file that is none of its parts.
+# Given a list of files, only those are read.
 set -euo pipefail
 check="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/check-layers.py"
 t="$(mktemp -d)"
@@ -26,6 +28,12 @@ tree() {  # a fresh tree with one file per layer, each including the one below
   printf 'import kvq\nfrom figures import save\n' > "$t/r/experiments/plots/p.py"
   printf '#include "experiments/cmd_plan.cpp"\n#include "core/a.h"\n' > "$t/r/tests/support/s.h"
   printf '#include "tests/support/s.h"\n' > "$t/r/bench/b.cpp"
+  mkdir -p "$t/r"/schemes/{a,b}  # families: params.h, traits.cpp core's; reads.cpp a backend's
+  printf '#include "schemes/%s/params.h"\n' a b > "$t/r/schemes/families.def"
+  printf '#include "core/a.h"\n' | tee "$t/r/schemes/a/params.h" > "$t/r/schemes/b/params.h"
+  printf '#include "schemes/a/params.h"\n' > "$t/r/schemes/a/traits.cpp"
+  printf '#include "schemes/families.def"\n' > "$t/r/core/spec.h"
+  printf '#include "schemes/b/params.h"\n#include "kivi/k.h"\n' > "$t/r/schemes/b/reads.cpp"
 }
 expect_fail() {  # $1: a line the output must hold; the rest: extra arguments (files)
   local want="$1"
@@ -59,6 +67,12 @@ tree; printf '#include "tests/support/s.h"\n' >> "$t/r/model/m.h"
 expect_fail "model/m.h:4: model -> top (\"tests/support/s.h\") $G (points up the layers)"
 tree; printf '#include "kivi/k.h"\n' >> "$t/r/evaluation/planner.h"
 expect_fail "evaluation/planner.h:4: evaluation -> kivi (\"kivi/k.h\") $G (a new arrow down: add"
+tree; printf '#include "kivi/k.h"\n' >> "$t/r/schemes/a/params.h"
+expect_fail "schemes/a/params.h:2: core -> kivi (\"kivi/k.h\") $G (points up the layers)"
+tree; printf '#include "schemes/a/params.h"\n' >> "$t/r/schemes/b/reads.cpp"
+expect_fail "schemes/b/reads.cpp:3: schemes/b -> schemes/a (\"schemes/a/params.h\"): a scheme family"
+tree; printf '#include "core/a.h"\n' > "$t/r/schemes/a/helpers.h"
+expect_fail "schemes/a/helpers.h: a scheme family's file is one of params, traits, storage, reads"
 tree; mkdir "$t/r/serving" && printf '#include "core/a.h"\n' > "$t/r/serving/s.cpp"
 expect_fail "serving/s.cpp: folder serving/ is in no layer of the allowed graph"
 # a list of files: the bad one named alone fails; the others alone pass though it is in the tree
@@ -66,4 +80,4 @@ tree; printf '#include "model/m.h"\n' >> "$t/r/core/a.h"
 expect_fail "core/a.h:2: core -> model" core/a.h
 python3 "$check" --root "$t/r" fp8/f.h model/m.h evaluation/planner.h >/dev/null ||
   { echo "FAIL: the listed clean files were refused for a file not listed"; exit 1; }
-echo "check-layers: 12 planted arrows refused, the clean tree and the clean file list passed"
+echo "check-layers: 15 planted arrows refused, the clean tree and the clean file list passed"
