@@ -46,6 +46,7 @@
 
 #include "core/half.h"
 #include "core/hostdev.h"
+#include "kernels/cuda/mma_fp8.h"
 
 namespace kvq::cuda::mma_int {
 
@@ -216,6 +217,78 @@ KVQ_HD int key_word(int d, int g) {
 template <int D, int B>
 KVQ_HD int value_word(int t, int cs, int g) {
   return t * (D * B / 32) + cs * B + slice_word<B>(g);
+}
+
+// ---- the transposed value product (GQA <= 4; kTHeads) -----------------------------------------
+//
+// For nq <= 4 the value product runs transposed, out^T[c][h] = sum_t V^T[c][t] P^T[t][h]:
+// A = the codes (M = 16 channels of an m-tile, K = 16 tokens), B = p'_t s_t (N = 8 columns:
+// column h < 4 is head h's high part, column 4 + h its low part), so one mma consumes 256 codes
+// (128 in the direct form, where half the M rows were low parts and rows of absent heads).
+// A lane's A registers of m-tile mt come from the same two pair_slices words as the direct form's
+// B registers (y[r]: tokens 2 tg + 8 r, + 1): register r reads slice code t_code(mt, r) of
+// y[r / 2], so slice code k of lane group g sits at m-tile k / 2, row g + 8 (k % 2): channel
+// t_channel(mt, row) of the 32-channel set (a permutation inside the set, undone at write-out).
+// Codes become fp16 -(t_base(k) + c) by t_code_half (2-bit: key_code_half2, one shift per two
+// codes, bases 64 and 16 by row half; 4-bit: code_half, base 64).
+// B: the softmax stores p' of every quantized token as one word, fp16 high part in the low half
+// and low part in the high half (pack_p); a lane's column is head g % 4's high part (g < 4) or low
+// part (g >= 4), and p_select turns the words of tokens t, t + 1 into xh' = (g < 4 ? 0 : high),
+// xl' = (g < 4 ? high : low), so that fold_b = fold_f16x2(xh', xl', s).lo is fold_f16x2's hi
+// (g < 4: fl(fl(0 s - 0) + ph s) = fl(ph s)) or lo (g >= 4) of the direct form, bit for bit for
+// s >= 0, with the same three instructions a pair. Offsets and minima go into one accumulator E
+// whose rows are channel groups: per group cg one mma of A row cg = -1 (t_offset_a) against that
+// group's folded B gives E[cg][n] = -sum_t b_t; one mma per k-step of A row kTMinRow + cg =
+// m_{t,cg} (t_min_row) against the unfolded B (xl') gives E[kTMinRow + cg][n] = sum_t p'_t m_t.
+// Then, per channel c of group cg and head h (columns h and h + 4 summed),
+//   out'[c][h] = t_base(k(c)) E[cg][h] + E[kTMinRow + cg][h] - C[c][h].
+
+/// Heads the transposed product takes (B columns h and kTHeads + h); E's first minima row.
+inline constexpr int kTHeads = 4;
+inline constexpr int kTMinRow = 4;
+
+/// Slice code (0..3) that A register r of m-tile mt (0, 1) reads from its y (y[r / 2]).
+KVQ_HD int t_code(int mt, int r) { return 2 * mt + r % 2; }
+/// Channel (within the 32-channel set) of row `row` (0..15) of m-tile mt: lane group row % 8,
+/// slice code 2 mt + row / 8.
+KVQ_HD int t_channel(int mt, int row) { return set_index(row % 8, t_code(mt, row / 8)); }
+
+/// Slice code k of each half of y as fp16 -(t_base<B>(k) + c).
+template <int B>
+KVQ_HD uint32_t t_code_half(uint32_t y, int k) {
+  if constexpr (B == 2) return key_code_half2(y, k);
+  return code_half<B>(y, k);
+}
+template <int B>
+KVQ_HD float t_base(int k) {
+  return B == 2 ? key_base2(k) : kOffset;
+}
+
+/// p' of one token as the softmax stores it for the transposed product: fp16 high part (low
+/// half), fp16 low part of the remainder (high half), the values split_half2 gives.
+KVQ_HD uint32_t pack_p(float x) {
+  const mma_fp8::HiLo s = mma_fp8::split_half2(x, 0.0f);
+  return (s.hi & 0xffffu) | (s.lo << 16);
+}
+
+/// The lane's B inputs for tokens t, t + 1 (their pack_p words w0, w1): lo = xl' (the pair of
+/// high parts for a high column, of low parts for a low column), hi = xh' (0 for a high column,
+/// the high parts for a low column). sel = p_selector(low), mask = p_mask(low): lane constants.
+KVQ_HD uint32_t p_selector(bool low) { return low ? 0x7632u : 0x5410u; }
+KVQ_HD uint32_t p_mask(bool low) { return low ? 0xffffffffu : 0u; }
+KVQ_HD HiLo16 p_select(uint32_t w0, uint32_t w1, uint32_t sel, uint32_t mask) {
+  return {byte_perm(w0, w1, 0x5410u) & mask, byte_perm(w0, w1, sel)};
+}
+
+/// B of channel group cg for tokens t, t + 1 (x = p_select's pair, s = their scales' fp16 pair).
+KVQ_HD uint32_t fold_b(HiLo16 x, uint32_t s) { return fold_f16x2(x.hi, x.lo, s).lo; }
+
+/// A register 0 or 2 of the offset mma of channel group cg (row cg = -1, every other row 0;
+/// registers 1 and 3, rows 8..15, are 0).
+KVQ_HD uint32_t t_offset_a(int g, int cg) { return g == cg ? kMinus1x2 : 0u; }
+/// The channel group whose minima lane group g puts in its A rows (row g = kTMinRow + cg), or -1.
+KVQ_HD int t_min_group(int g, int ncg) {
+  return g >= kTMinRow && g < kTMinRow + ncg ? g - kTMinRow : -1;
 }
 
 }  // namespace kvq::cuda::mma_int

@@ -8,7 +8,9 @@
 // sum_t p_t (code s_t + m_t), in double) for a random run's scores and a tile's P V emulated
 // through the kernel's steps (q' and p' as fp16 high + low rows times a power of two, the fold,
 // codes as -(64 + c), the offset mma against -64 and the minima mma into one accumulator E,
-// read back as E - C), within kTolRel of the sum of |terms|.
+// read back as E - C), within kTolRel of the sum of |terms|. The transposed value product (GQA
+// <= 4, MmaIntTransposed): the PTX tables' A rows / columns for every lane's code registers,
+// fold_f16x2's own bits for the selected B fold, and dequantize-then-weighted-sum for a tile.
 #include "kernels/cuda/mma_int.h"
 
 #include <gtest/gtest.h>
@@ -482,6 +484,238 @@ TEST(MmaInt, ValuesOfAnIntTileEqualDequantizeThenWeightedSum) {
     check_int_values<4, 64>(nq);
     check_int_values<4, 128>(nq);
   }
+}
+
+// ---- the transposed value product (nq <= 4) -----------------------------------------------------
+
+using mma::a_row;
+using mma::c_row;
+
+// t_channel: the two m-tiles' 32 rows are the 32 channels of a set, each once, and row g of
+// m-tile mt is the channel of lane group g's slice code t_code(mt, 0) (row g + 8: t_code(mt, 1)).
+TEST(MmaIntTransposed, ChannelMapIsAPermutationOfTheSetByLaneGroupAndCode) {
+  std::array<int, kSpan> seen{};
+  for (int mt = 0; mt < 2; ++mt)
+    for (int row = 0; row < 16; ++row) {
+      const int c = t_channel(mt, row);
+      ASSERT_GE(c, 0);
+      ASSERT_LT(c, kSpan);
+      ++seen[static_cast<size_t>(c)];
+      EXPECT_EQ(c, set_index(row % 8, t_code(mt, row < 8 ? 0 : 1)));
+    }
+  for (int n : seen) EXPECT_EQ(n, 1);
+}
+
+/// A register r of m-tile mt for `lane`, channel set cs, at the k-step of rows [row0, row0 + 16):
+/// the kernel's reads (the direct form's y words).
+template <int D, int B>
+uint32_t value_a_reg(const std::vector<uint32_t>& rows, int lane, int row0, int cs, int mt, int r) {
+  const int g = group_of(lane), t = row0 + a_col(lane, r, 0);
+  const uint32_t y =
+      pair_slices<B>(rows[static_cast<size_t>(value_word<D, B>(t, cs, g))],
+                     rows[static_cast<size_t>(value_word<D, B>(t + 1, cs, g))], slice_of<B>(g));
+  return t_code_half<B>(y, t_code(mt, r));
+}
+
+// Every lane's A registers hold TokenLayout::code of the token (the PTX table's A column) and the
+// channel (t_channel of the PTX table's A row) as fp16 -(t_base + c).
+template <int B, int D>
+void check_transposed_fragments(int G) {
+  const kivi::TokenLayout L{2, D, G, B};
+  const int64_t tokens = 32;
+  const std::vector<uint32_t> words = random_words(static_cast<size_t>(L.words_for_tokens(tokens)),
+                                                   static_cast<uint32_t>(5 * B * D + G));
+  for (int64_t h = 0; h < 2; ++h) {
+    const std::vector<uint32_t> rows = value_rows<D, B>(L, words, tokens, h);
+    for (int l = 0; l < 32; ++l)
+      for (int row0 = 0; row0 < tokens; row0 += kK)
+        for (int cs = 0; cs < D / kSpan; ++cs)
+          for (int mt = 0; mt < 2; ++mt)
+            for (int r = 0; r < 4; ++r) {
+              const uint32_t reg = value_a_reg<D, B>(rows, l, row0, cs, mt, r);
+              for (int hf = 0; hf < 2; ++hf) {
+                const int64_t t = row0 + a_col(l, r, hf);
+                const int64_t d = kSpan * cs + t_channel(mt, a_row(l, r));
+                const float want =
+                    -t_base<B>(t_code(mt, r)) - static_cast<float>(L.code(words.data(), t, h, d));
+                ASSERT_EQ(static_cast<uint16_t>(reg >> (16 * hf)), float_to_half_bits(want))
+                    << "B " << B << " D " << D << " G " << G << " lane " << l << " token " << t
+                    << " channel " << d;
+              }
+            }
+  }
+}
+
+TEST(MmaIntTransposed, ValueAFragmentsHoldTheTokenLayoutsCodes) {
+  for (int G : {32, 64}) {
+    check_transposed_fragments<2, 64>(G);
+    check_transposed_fragments<2, 128>(G);
+    check_transposed_fragments<4, 64>(G);
+    check_transposed_fragments<4, 128>(G);
+  }
+  check_transposed_fragments<2, 128>(128);
+  check_transposed_fragments<4, 128>(128);
+}
+
+// The B fold: from the softmax's packed words, a high column's B is fold_f16x2's hi and a low
+// column's its lo (the direct form's A registers), bit for bit, for p' over 30 binades and every
+// 7th non-negative finite fp16 scale; xl' is the direct form's high (low) parts for the minima.
+TEST(MmaIntTransposed, SelectedFoldGivesTheDirectFormsBitsForEveryLaneClass) {
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> u(0.5f, 1.0f);
+  int checked = 0;
+  for (int e = -26; e <= 3; ++e) {
+    const float x = std::ldexp(u(rng), e), y = std::ldexp(u(rng), e - static_cast<int>(rng() % 3));
+    const mma_fp8::HiLo q = mma_fp8::split_half2(x, y);  // the direct form's p' A registers
+    const uint32_t w0 = pack_p(x), w1 = pack_p(y);
+    ASSERT_EQ((w0 & 0xffffu) | (w1 << 16), q.hi);
+    ASSERT_EQ((w0 >> 16) | (w1 & 0xffff0000u), q.lo);
+    for (int l = 0; l < 32; ++l) {
+      const bool low = group_of(l) >= kTHeads;
+      const HiLo16 xs = p_select(w0, w1, p_selector(low), p_mask(low));
+      ASSERT_EQ(xs.lo, low ? q.lo : q.hi) << "lane " << l;
+      ASSERT_EQ(xs.hi, low ? q.hi : 0u) << "lane " << l;
+      if (l % 4 != 0) continue;  // lanes of one group take the same path
+      for (uint32_t sb = 0; sb < 0x7c00u; sb += 7) {
+        const uint32_t s2 = sb | ((sb ^ 0x15u) << 16);
+        const HiLo16 f = fold_f16x2(q.hi, q.lo, s2);
+        ASSERT_EQ(fold_b(xs, s2), low ? f.lo : f.hi) << "lane " << l << " x " << x << " s " << sb;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 500000);
+}
+
+// P V through the transposed fragments (codes as A, B = fold_b per channel group, one offset mma
+// per group and one minima mma per k-step into E), read back as the kernel's write-out does
+// (columns h and h + 4 summed, t_base E[cg] + E[kTMinRow + cg] - C), against sum_t p_t (code s_t +
+// m_t) in double. 80 tokens (5 k-steps, the last 15 past nv hold NaN words: the predicate zeroes
+// them), scales over 2^-12 .. 2^5 with one zero-scale token group, minima over +-8.
+template <int B, int D>
+void check_transposed_values(int nq, int G) {
+  ASSERT_LE(nq, kTHeads);
+  const int ncg = D / G;
+  ASSERT_LE(ncg, kTHeads);
+  std::mt19937 rng(static_cast<uint32_t>(17 * D + 7 * B + 3 * nq + G));
+  std::uniform_real_distribution<float> up(0.0f, 1.0f);
+  constexpr int kTokens = 5 * kK, kSets = D / kSpan, kValid = kTokens - 15;
+  const kivi::TokenLayout L{1, D, G, B};
+  const std::vector<uint32_t> words =
+      random_words(static_cast<size_t>(L.words_for_tokens(kTokens)), rng());
+  std::vector<float> pr(static_cast<size_t>(nq * kTokens));
+  std::vector<float> sc(static_cast<size_t>(kTokens * ncg)), mn(sc.size());
+  for (float& x : pr) x = std::ldexp(up(rng), -static_cast<int>(rng() % 12));
+  uint32_t smax = 0;
+  for (size_t i = 0; i < sc.size(); ++i) {
+    sc[i] = round_to_half(std::ldexp(random_half(rng, 1.0f, 2.0f), static_cast<int>(i % 18) - 12));
+    mn[i] = random_half(rng, -8.0f, 8.0f);
+    if (i / static_cast<size_t>(ncg) < kValid)
+      smax = std::max<uint32_t>(smax, float_to_half_bits(sc[i]));
+  }
+  sc[7] = 0.0f;
+  const int ve = value_shift(smax);
+  // The score buffer as the softmax leaves it: pack_p(p') below kValid, NaN words past it.
+  std::vector<uint32_t> sbuf(static_cast<size_t>(nq * kTokens), 0x7e007e00u);
+  for (int h = 0; h < nq; ++h)
+    for (int t = 0; t < kValid; ++t)
+      sbuf[static_cast<size_t>(h * kTokens + t)] =
+          pack_p(std::ldexp(pr[static_cast<size_t>(h * kTokens + t)], ve));
+  const std::vector<uint32_t> rows = value_rows<D, B>(L, words, kTokens, 0);
+  const auto pair = [&](const std::vector<float>& v, int t, int cg) {
+    return half2_of(v[static_cast<size_t>(t * ncg + cg)],
+                    v[static_cast<size_t>((t + 1) * ncg + cg)]);
+  };
+  float o[kSets][2][32][4] = {}, ex[32][4] = {};
+  for (int ks = 0; ks < kTokens / kK; ++ks) {
+    // B inputs per lane and register: head g % 4's words, zero past kValid or for heads >= nq.
+    std::array<std::vector<HiLo16>, 2> xs;
+    for (int r = 0; r < 2; ++r)
+      for (int l = 0; l < 32; ++l) {
+        const int hh = group_of(l) % kTHeads, t = kK * ks + b_row(l, r, 0);
+        const int lim = hh < nq ? kValid : 0;
+        const uint32_t w0 = t < lim ? sbuf[static_cast<size_t>(hh * kTokens + t)] : 0u;
+        const uint32_t w1 = t + 1 < lim ? sbuf[static_cast<size_t>(hh * kTokens + t + 1)] : 0u;
+        const bool low = group_of(l) >= kTHeads;
+        xs[static_cast<size_t>(r)].push_back(p_select(w0, w1, p_selector(low), p_mask(low)));
+      }
+    // The minima mma: A rows kTMinRow + cg = m_{t, cg}, B = xl'.
+    Frag4 am;
+    for (Frag& f : am) f.assign(32, 0);
+    Frag xl0(32), xl1(32);
+    for (int l = 0; l < 32; ++l) {
+      const int cg = t_min_group(group_of(l), ncg);
+      for (int r = 0; r < 4; r += 2)
+        am[static_cast<size_t>(r)][static_cast<size_t>(l)] =
+            cg < 0 ? 0u : pair(mn, kK * ks + a_col(l, r, 0), cg);
+      xl0[static_cast<size_t>(l)] = xs[0][static_cast<size_t>(l)].lo;
+      xl1[static_cast<size_t>(l)] = xs[1][static_cast<size_t>(l)].lo;
+    }
+    mma(ex, am, xl0, xl1);
+    for (int cg = 0; cg < ncg; ++cg) {
+      Frag b0(32), b1(32);
+      Frag4 ao;
+      for (Frag& f : ao) f.assign(32, 0);
+      for (int l = 0; l < 32; ++l) {
+        for (int r = 0; r < 2; ++r)
+          (r == 0 ? b0 : b1)[static_cast<size_t>(l)] =
+              fold_b(xs[static_cast<size_t>(r)][static_cast<size_t>(l)],
+                     pair(sc, kK * ks + b_row(l, r, 0), cg));
+        ao[0][static_cast<size_t>(l)] = ao[2][static_cast<size_t>(l)] = t_offset_a(group_of(l), cg);
+      }
+      mma(ex, ao, b0, b1);
+      for (int cs = cg * kSets / ncg; cs < (cg + 1) * kSets / ncg; ++cs)
+        for (int mt = 0; mt < 2; ++mt) {
+          Frag4 a;
+          for (int r = 0; r < 4; ++r)
+            for (int l = 0; l < 32; ++l)
+              a[static_cast<size_t>(r)].push_back(value_a_reg<D, B>(rows, l, kK * ks, cs, mt, r));
+          mma(o[cs][mt], a, b0, b1);
+        }
+    }
+  }
+  // Read back: C value i of lane l is row c_row, column c_col; E likewise (row = group or
+  // kTMinRow + group).
+  double E[16][8] = {}, C[kSets][2][16][8] = {};
+  for (int l = 0; l < 32; ++l)
+    for (int i = 0; i < 4; ++i) {
+      E[c_row(l, i)][c_col(l, i)] = ex[l][i];
+      for (int cs = 0; cs < kSets; ++cs)
+        for (int mt = 0; mt < 2; ++mt) C[cs][mt][c_row(l, i)][c_col(l, i)] = o[cs][mt][l][i];
+    }
+  for (int h = 0; h < nq; ++h)
+    for (int cs = 0; cs < kSets; ++cs)
+      for (int mt = 0; mt < 2; ++mt)
+        for (int row = 0; row < 16; ++row) {
+          const int d = kSpan * cs + t_channel(mt, row), cg = d / G;
+          const auto col2 = [h](const double(&m)[8]) { return m[h] + m[h + kTHeads]; };
+          const double got = (t_base<B>(t_code(mt, row / 8)) * col2(E[cg]) +
+                              col2(E[kTMinRow + cg]) - col2(C[cs][mt][row])) *
+                             std::ldexp(1.0, -ve);
+          double want = 0, mag = 0;
+          for (int t = 0; t < kValid; ++t) {
+            const double pt = pr[static_cast<size_t>(h * kTokens + t)];
+            const double s = sc[static_cast<size_t>(t * ncg + cg)];
+            const double mt2 = mn[static_cast<size_t>(t * ncg + cg)];
+            const double code = L.code(words.data(), t, 0, d);
+            want += pt * (code * s + mt2);
+            mag += std::fabs(pt * s) * (kOffset + code) + std::fabs(pt * mt2);
+          }
+          ASSERT_NEAR(got, want, kTolRel * mag) << "B " << B << " D " << D << " G " << G << " nq "
+                                                << nq << " head " << h << " channel " << d;
+        }
+}
+
+TEST(MmaIntTransposed, ValuesOfAnIntTileEqualDequantizeThenWeightedSum) {
+  for (int nq : {1, 3, 4})
+    for (int G : {32, 64}) {
+      check_transposed_values<2, 64>(nq, G);
+      check_transposed_values<2, 128>(nq, G);
+      check_transposed_values<4, 64>(nq, G);
+      check_transposed_values<4, 128>(nq, G);
+    }
+  check_transposed_values<2, 128>(4, 128);
+  check_transposed_values<4, 128>(3, 128);
 }
 
 }  // namespace
