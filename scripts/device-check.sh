@@ -37,6 +37,11 @@
 # (default 450) is the time the steps are capped to.
 # Exit status: 0 all built and passed; 1 a build step, a test or a bench failed; 2 no GPU;
 # 3 no nvcc; 4 benches only (the tests could not be configured), nothing failed.
+#
+# Each measurement is written once: every timed program runs through step() (its cap and the
+# budget), the kvq runs through kvq_model / model_benches / kvq_run, each report table through one
+# function. Background jobs are waited for by id: a bare `wait` also waits for a process
+# substitution, so under `exec > >(tee LOG)` (a caller logging this script that way) it would hang.
 set -uo pipefail
 
 if [[ $# -ne 1 || "$1" == -* ]]; then
@@ -90,8 +95,62 @@ for r in rows:
           f"{100 * r['quantized']:.0f}% | {r['seconds']:.1f} |")
 EOF
 }
+# The report's table of the serve-bench runs (serve_bench/*.json), one line per scheme.
+serve_bench_table() {
+  "$PY" - "$@" <<'PYEOF'
+import json, sys
+print("| kv | held (max) | decode calls | decode tok/s | planner bound tok/s | measured / bound | cache bytes peak (predicted) | device bytes added (cudaMemGetInfo) | cap |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for p in sys.argv[1:]:
+    r = json.load(open(p))
+    b = r.get("bound_decode_tokens_per_s", 0)
+    print(f"| {r['kv']} | {r['max_held']} | {r['decode_calls']} | {r['decode_tokens_per_s']:.0f} | {b:.0f} | "
+          f"{(r['decode_tokens_per_s'] / b if b else 0):.3f} | {r['peak_cache_bytes']:.0f} ({r['predicted_peak_cache_bytes']:.0f}) | "
+          f"{r.get('device_bytes_peak', 0) - r.get('device_bytes_start', 0)} | {r['mem_bytes']:.0f} |")
+PYEOF
+}
+# The report's table of `kvq model bench` runs (DIR KV[=GOAL]...): a row per scheme from
+# DIR/KV.json, its tg tokens/s against bf16's from the same run; GOAL: the least ratio to bf16 that
+# issue 47 asks of KV.
+model_bench_table() {
+  "$PY" - "$@" <<'PYEOF'
+import json, pathlib, sys
+d = pathlib.Path(sys.argv[1])
+rows = []
+for a in sys.argv[2:]:
+    kv, _, goal = a.partition("=")
+    rows.append((kv, json.loads((d / f"{kv}.json").read_text()), float(goal) if goal else None))
+base = next((j["tg_tokens_per_s"] for kv, j, _ in rows if kv == "bf16"), 0)
+print("| kv | depth | batch | tg tokens/s | vs bf16 | GB/s read (weights and caches) | of peak | goal (issue 47) |")
+print("|---|---:|---:|---:|---:|---:|---:|---|")
+for kv, j, goal in rows:
+    t = j["tg_tokens_per_s"]
+    ratio = t / base if base > 0 else 0
+    g = "" if goal is None else f"{kv} >= {goal:g}x bf16: " + ("met" if ratio >= goal else "not met")
+    gb, peak = j.get("tg_read_gbps"), j.get("peak_gbps") or 0
+    print(f"| {kv} | {j['depth']} | {j.get('batch', 1)} | {t:.1f} | {ratio:.2f}x | "
+          f"{'-' if gb is None else f'{gb:.0f}'} | {'-' if gb is None or not peak else f'{100 * gb / peak:.0f}%'} | {g} |")
+PYEOF
+}
 # Timeout for a step: at most $1 seconds, and never past the budget (at least 10 s).
 cap() { local l; l=$(left); (( l < $1 )) && { (( l > 10 )) && echo "$l" || echo 10; } || echo "$1"; }
+# step LABEL CAP OUTFILE ERRFILE PROGRAM ARGS...: one capped step, the way every step runs.
+# PROGRAM runs under timeout for at most CAP seconds and never past the budget (cap), stdout to
+# OUTFILE and stderr to ERRFILE (both there when they are the same file). Returns its exit status
+# (124: timed out), or 125 without running it when the budget is spent.
+step() {
+  local label=$1 c=$2 o=$3 e=$4
+  shift 4
+  if (( $(left) <= 0 )); then
+    note "$label: skipped, the budget is spent."
+    return 125
+  fi
+  if [[ "$o" == "$e" ]]; then
+    timeout "$(cap "$c")" "$@" >"$o" 2>&1
+  else
+    timeout "$(cap "$c")" "$@" >"$o" 2>"$e"
+  fi
+}
 
 # ---- machine ----------------------------------------------------------------------------------
 
@@ -242,6 +301,7 @@ if [[ "$MODE" != prebuilt ]] && (( ${#need_nvcc[@]} > 0 )); then
   [[ -z "$GPU_NAME" ]] && archflags=("-gencode=arch=compute_90,code=sm_90")
   CXX_BIN=${CXX:-c++}
   srcs=(kernels/cuda/*.cu core/*.cpp fp8/*.cpp kivi/*.cpp)
+  pids=()
   for k in "${srcs[@]}"; do  # JOBS at a time; a file that does not compile alone is left out
     while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n; done
     o="$NVBUILD/$(tr / _ <<<"$k").o"
@@ -251,8 +311,9 @@ if [[ "$MODE" != prebuilt ]] && (( ${#need_nvcc[@]} > 0 )); then
     else
       ( timeout "$(cap 200)" "$CXX_BIN" -std=c++20 -O2 -DFMT_HEADER_ONLY -I. -c "$k" -o "$o" >"$log" 2>&1 || rm -f "$o" ) &
     fi
+    pids+=($!)
   done
-  wait
+  (( ${#pids[@]} > 0 )) && wait "${pids[@]}"  # by id: a bare `wait` also waits for a process substitution (see the top)
   objs=() left_out=()
   for k in "${srcs[@]}"; do
     o="$NVBUILD/$(tr / _ <<<"$k").o"
@@ -281,13 +342,15 @@ else
   # The binaries run side by side (one GPU, the CPU reference threads share the cores).
   t0=$(elapsed)
   limit=$(cap 240)
+  pids=()
   for t in "${TEST_TARGETS[@]}"; do
     bin="$BUILD/tests/cuda/$t"
     [[ -x "$bin" ]] || continue
     ( timeout "$limit" "$bin" --gtest_brief=1 "--gtest_output=json:$OUT/tests/$t.json" >"$LOGS/$t.log" 2>&1
       echo $? >"$LOGS/$t.rc" ) &
+    pids+=($!)
   done
-  wait
+  (( ${#pids[@]} > 0 )) && wait "${pids[@]}"  # by id, as above
   note "Test binaries ran in $(( $(elapsed) - t0 )) s (limit $limit s each)."
   for t in "${TEST_TARGETS[@]}"; do
     if [[ ! -x "$BUILD/tests/cuda/$t" ]]; then
@@ -320,7 +383,7 @@ for b in "${BENCH_TARGETS[@]}"; do
   # every split kernel at both shapes (8x128x4, SmolLM2's 3x64x3) and the contexts the goals read
   [[ "$b" == bench_attention_cuda ]] && args+=(--reps 7 --warmup 2 --contexts "$BENCH_CONTEXTS")
   t0=$(elapsed)
-  timeout "$(cap 200)" "${BENCH_BIN[$b]}" "${args[@]}" >"$OUT/$b.md" 2>"$LOGS/$b.stderr"
+  step "$b" 200 "$OUT/$b.md" "$LOGS/$b.stderr" "${BENCH_BIN[$b]}" "${args[@]}"
   rc=$?
   # Exit 2: the bench saw no CUDA device (one line on stderr). Expected under KVQ_DC_FORCE=1
   # without a GPU; on a GPU machine it is a failure (the GPU is not visible to the process).
@@ -332,6 +395,7 @@ for b in "${BENCH_TARGETS[@]}"; do
   (( rc == 0 )) && note "$b ran in $(( $(elapsed) - t0 )) s."
   BENCH_ORDER+=("$b")
 done
+ran_bench() { [[ " ${BENCH_ORDER[*]} " == *" $1 "* ]]; }
 
 # PyTorch's SDPA over a bf16 cache at the bench's shapes and contexts, timed the same way (issue 46);
 # exit 2: no torch or no device visible to it (skipped, said in the report).
@@ -340,8 +404,9 @@ if [[ -z "$PY" ]]; then
   note "PyTorch peer: skipped, no python3."
 else
   t0=$(elapsed)
-  timeout "$(cap 150)" "$PY" bench/torch_sdpa_peer.py "$OUT/torch_sdpa_peer.json" --contexts "$BENCH_CONTEXTS" \
-    --batches 1,16,64 --reps 7 --warmup 2 --budget-s "$(cap 120)" >"$OUT/torch_sdpa_peer.md" 2>"$LOGS/torch_sdpa_peer.stderr"
+  step "PyTorch SDPA peer" 150 "$OUT/torch_sdpa_peer.md" "$LOGS/torch_sdpa_peer.stderr" \
+    "$PY" bench/torch_sdpa_peer.py "$OUT/torch_sdpa_peer.json" --contexts "$BENCH_CONTEXTS" \
+    --batches 1,16,64 --reps 7 --warmup 2 --budget-s "$(cap 120)"
   rc=$?
   if (( rc == 0 )); then
     PEER=1
@@ -357,15 +422,14 @@ fi
 # Split sizes (DecodeShape::split_tokens): the tiled kernel, bf16 and kivi2 at 32k, batch 1 and 16,
 # each fixed size against the plan's choice in the run above (wave tails; issue 12). Seconds.
 SPLITS=()
-if [[ " ${BENCH_ORDER[*]} " == *" bench_attention_cuda "* ]]; then
+if ran_bench bench_attention_cuda; then
   for st in 128 256 512 1024; do
-    (( $(left) < 60 )) && { note "split sweep stopped at $st: the budget is nearly spent."; break; }
-    if timeout "$(cap 60)" "${BENCH_BIN[bench_attention_cuda]}" --shapes 8x128x4 --contexts 32768 --batches 1,16 \
-        --kinds bf16,kivi2 --kernels tiled --reps 5 --warmup 1 --split-tokens "$st" \
-        --json "$OUT/split_$st.json" >"$OUT/split_$st.md" 2>>"$LOGS/split.stderr"; then
+    if step "split sweep --split-tokens $st" 60 "$OUT/split_$st.md" "$LOGS/split_$st.stderr" \
+        "${BENCH_BIN[bench_attention_cuda]}" --shapes 8x128x4 --contexts 32768 --batches 1,16 \
+        --kinds bf16,kivi2 --kernels tiled --reps 5 --warmup 1 --split-tokens "$st" --json "$OUT/split_$st.json"; then
       SPLITS+=("$st")
     else
-      note "bench_attention_cuda --split-tokens $st failed (stderr: logs/split.stderr)."
+      note "bench_attention_cuda --split-tokens $st failed (stderr: logs/split_$st.stderr)."
     fi
   done
 fi
@@ -373,54 +437,82 @@ fi
 # FP8 granularities on the Mma kernel (issue 46): channel scales (not in the default kinds) beside
 # token and tensor scales, tiled and mma, 8x128x4 at 32k, batch 1 and 16.
 FP8_GRAN=0
-if [[ " ${BENCH_ORDER[*]} " == *" bench_attention_cuda "* ]]; then
-  if (( $(left) < 60 )); then
-    note "FP8 granularity run skipped: the budget is nearly spent."
-  elif timeout "$(cap 60)" "${BENCH_BIN[bench_attention_cuda]}" --shapes 8x128x4 --contexts 32768 \
+if ran_bench bench_attention_cuda; then
+  if step "FP8 granularities" 60 "$OUT/fp8_gran.md" "$LOGS/fp8_gran.stderr" \
+      "${BENCH_BIN[bench_attention_cuda]}" --shapes 8x128x4 --contexts 32768 \
       --batches 1,16 --kinds bf16,fp8_e4m3_tensor,fp8_e4m3_token,fp8_e4m3_channel \
-      --kernels tiled,mma --reps 5 --warmup 1 --json "$OUT/fp8_gran.json" \
-      >"$OUT/fp8_gran.md" 2>>"$LOGS/fp8_gran.stderr"; then
+      --kernels tiled,mma --reps 5 --warmup 1 --json "$OUT/fp8_gran.json"; then
     FP8_GRAN=1
   else
     note "bench_attention_cuda FP8 granularity run failed (stderr: logs/fp8_gran.stderr)."
   fi
 fi
 
-# kvq run's [throughput] task on backend cuda (issue 47): experiments/configs/throughput_cuda.toml,
-# decode rows timed by CUDA events, the GPU's peak and a device-to-device copy from the same run.
+# ---- kvq on backend cuda (issue 47) -----------------------------------------------------------
+
 KVQ_BIN="$BUILD/experiments/kvq"
 [[ "$MODE" == prebuilt ]] && KVQ_BIN="$BUILD/bin/kvq"
+# Whether the kvq steps can run (a kvq binary and a GPU); else a note naming step $1.
+kvq_ready() {
+  [[ -x "$KVQ_BIN" && -n "$GPU_NAME" ]] && return 0
+  note "$1: no kvq binary ($KVQ_BIN) or no GPU; not run."
+  return 1
+}
+# `kvq run --out OUT/$1 CONFIG` ($3), capped at $2 seconds, log logs/$1.log; 0 when it ran.
+kvq_run() {
+  local name=$1 c=$2 config=$3 t0 rc
+  t0=$(elapsed)
+  rm -rf "${OUT:?}/$name"
+  step "kvq run $name" "$c" "$LOGS/$name.log" "$LOGS/$name.log" "$KVQ_BIN" run --out "$OUT/$name" "$config"
+  rc=$?
+  if (( rc == 0 )); then
+    note "kvq run $config ran in $(( $(elapsed) - t0 )) s ($name/)."
+    return 0
+  fi
+  (( rc == 125 )) && return 1
+  STATUS=1
+  note "kvq run $config failed (exit $rc after $(( $(elapsed) - t0 )) s): $(tail -1 "$LOGS/$name.log") (logs/$name.log)."
+  return 1
+}
+# One `kvq model SUBCOMMAND --backend cuda ARGS --json OUT/NAME/LABEL.json` (NAME LABEL CAP
+# SUBCOMMAND ARGS...): its output OUT/NAME/LABEL.txt, its log logs/NAME_LABEL.log; 0 when it ran.
+kvq_model() {
+  local name=$1 label=$2 c=$3 sub=$4
+  shift 4
+  mkdir -p "$OUT/$name"
+  step "kvq model $sub $name $label" "$c" "$OUT/$name/$label.txt" "$LOGS/${name}_$label.log" \
+    "$KVQ_BIN" model "$sub" --backend cuda "$@" --json "$OUT/$name/$label.json"
+  local rc=$?
+  (( rc == 0 )) && return 0
+  (( rc != 125 )) && STATUS=1 &&
+    note "kvq model $sub --backend cuda ($name/$label) failed (exit $rc): $(tail -1 "$LOGS/${name}_$label.log") (logs/${name}_$label.log)."
+  return 1
+}
+# `kvq model bench` of MODEL once per cache scheme of KVS (NAME CAP MODEL "KVS" ARGS...), each
+# labelled by its spec up to the first ':' (kivi2:g=32 -> kivi2); 0 when every one ran.
+model_benches() {
+  local name=$1 c=$2 model=$3 kvs=$4 kv rc=0 t0
+  shift 4
+  t0=$(elapsed)
+  for kv in $kvs; do
+    kvq_model "$name" "${kv%%:*}" "$c" bench --model "$model" --kv "$kv" --text "$ROOT/README.md" "$@" || rc=1
+  done
+  (( rc == 0 )) && note "kvq model bench --backend cuda $* ran in $(( $(elapsed) - t0 )) s on $model ($name/)."
+  return $rc
+}
+
+# kvq run's [throughput] task on backend cuda (issue 47): experiments/configs/throughput_cuda.toml,
+# decode rows timed by CUDA events, the GPU's peak and a device-to-device copy from the same run.
 TP_OUT="$OUT/throughput_cuda"
 TP_RAN=0
-if [[ ! -x "$KVQ_BIN" ]]; then
-  note "kvq run throughput_cuda.toml: no kvq binary ($KVQ_BIN); not run."
-elif [[ -z "$GPU_NAME" ]]; then
-  note "kvq run throughput_cuda.toml: no GPU; not run."
-elif (( $(left) < 60 )); then
-  note "kvq run throughput_cuda.toml: skipped, the budget is nearly spent."
-else
-  t0=$(elapsed)
-  rm -rf "$TP_OUT"
-  if timeout "$(cap 100)" "$KVQ_BIN" run --out "$TP_OUT" experiments/configs/throughput_cuda.toml \
-      >"$LOGS/throughput_cuda.log" 2>&1; then
-    TP_RAN=1
-    note "kvq run experiments/configs/throughput_cuda.toml ran in $(( $(elapsed) - t0 )) s (throughput_cuda/)."
-  else
-    rc=$?
-    STATUS=1
-    note "kvq run throughput_cuda.toml failed (exit $rc after $(( $(elapsed) - t0 )) s): $(tail -1 "$LOGS/throughput_cuda.log") (logs/throughput_cuda.log)."
-  fi
-fi
+kvq_ready "kvq run throughput_cuda.toml" && kvq_run throughput_cuda 100 experiments/configs/throughput_cuda.toml && TP_RAN=1
 
-# The model on backend cuda (issue 47 item 2, model/llama_cuda.cpp): `kvq model bench --backend
-# cuda` decode (tg) tokens/s with bf16 device weights, and the fraction of the GPU's peak bandwidth
-# the weights' bytes per token imply, for a bf16 and a kivi2 cache. The model: the SmolLM2 GGUF
-# when ${KVQ_MODEL_DIR:-~/.cache/kvq} holds it, else a SmolLM2-135M-shaped folder of made-up bf16
-# weights (scripts/make-synthetic-checkpoint.py, python3; the same bytes a token reads), else the
-# tiny tests/fixtures/hf/smollm2 (2 layers, hidden 64: its rate is launch- and copy-bound, its
-# fraction of peak means nothing).
-MB_OUT="$OUT/model_bench"
-MB_RAN=0
+# The models. The model bench's: the SmolLM2 GGUF when ${KVQ_MODEL_DIR:-~/.cache/kvq} holds it, else
+# a SmolLM2-135M-shaped folder of made-up bf16 weights (scripts/make-synthetic-checkpoint.py,
+# python3; the same bytes a token reads), else the tiny tests/fixtures/hf/smollm2 (2 layers, hidden
+# 64: its rate is launch- and copy-bound, its fraction of peak means nothing). Decode at long
+# context needs the made-up-weights checkpoint with a 32,768-token context (--context 32768: the
+# real model's context is 8,192; the bytes a token reads are the same).
 MB_DEPTH=256
 MB_MODEL="${KVQ_MODEL_DIR:-$HOME/.cache/kvq}/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [[ ! -f "$MB_MODEL" ]]; then
@@ -430,57 +522,33 @@ if [[ ! -f "$MB_MODEL" ]]; then
     MB_DEPTH=128  # the fixture's context is 256
   fi
 fi
-if [[ ! -x "$KVQ_BIN" || -z "$GPU_NAME" ]]; then
-  note "kvq model bench --backend cuda: no kvq binary or no GPU; not run."
-elif (( $(left) < 40 )); then
-  note "kvq model bench --backend cuda: skipped, the budget is nearly spent."
-else
-  t0=$(elapsed)
-  mkdir -p "$MB_OUT"
+
+# The model on backend cuda (issue 47 item 2, model/llama_cuda.cpp): `kvq model bench --backend
+# cuda` decode (tg) tokens/s with bf16 device weights, and the fraction of the GPU's peak bandwidth
+# the weights' bytes per token imply, for a bf16 and a kivi2 cache.
+MB_OUT="$OUT/model_bench"
+MB_RAN=0
+kvq_ready "kvq model bench --backend cuda" &&
+  model_benches model_bench 60 "$MB_MODEL" "bf16 kivi2" --prompt-tokens 0 --gen 64 --depth "$MB_DEPTH" --reps 3 &&
   MB_RAN=1
-  for kv in bf16 kivi2; do
-    if ! timeout "$(cap 60)" "$KVQ_BIN" model bench --backend cuda --model "$MB_MODEL" --kv "$kv" \
-        --text "$ROOT/README.md" --prompt-tokens 0 --gen 64 --depth "$MB_DEPTH" --reps 3 \
-        --json "$MB_OUT/$kv.json" >"$MB_OUT/$kv.txt" 2>"$LOGS/model_bench_$kv.log"; then
-      STATUS=1
-      MB_RAN=0
-      note "kvq model bench --backend cuda --kv $kv failed: $(tail -1 "$LOGS/model_bench_$kv.log") (logs/model_bench_$kv.log)."
-    fi
-  done
-  (( MB_RAN == 1 )) && note "kvq model bench --backend cuda ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (model_bench/)."
-fi
 
 # Decode at long context (issue 47's goal: on SmolLM2-135M's shape a kivi2 cache decodes at least
-# as fast as bf16 at 32k): `kvq model bench --backend cuda` tg64 at depth 32,704 for bf16 and kivi2
-# on the made-up-weights checkpoint with a 32,768-token context (make-synthetic-checkpoint.py
-# --context 32768: the real model's context is 8,192; the bytes a token reads are the same), the
-# depth filled by chunked prefill; 2 reps, each capped at 60 s.
+# as fast as bf16 at 32k): tg64 at depth 32,704 for bf16 and kivi2 on the 32k-context checkpoint,
+# the depth filled by chunked prefill; 2 reps.
 ML_OUT="$OUT/model_bench_long"
 ML_RAN=0
 ML_DEPTH=32704
 ML_MODEL="$ROOT/build/synthetic-smollm2-135m-32k"
-if [[ ! -x "$KVQ_BIN" || -z "$GPU_NAME" ]]; then
-  note "kvq model bench --backend cuda at depth $ML_DEPTH: no kvq binary or no GPU; not run."
+if ! kvq_ready "kvq model bench --backend cuda at depth $ML_DEPTH"; then
+  :
 elif [[ -z "$PY" ]]; then
   note "kvq model bench --backend cuda at depth $ML_DEPTH: no python3 for the 32k-context checkpoint; not run."
-elif (( $(left) < 90 )); then
-  note "kvq model bench --backend cuda at depth $ML_DEPTH: skipped, the budget is nearly spent."
-elif ! "$PY" scripts/make-synthetic-checkpoint.py "$ML_MODEL" --context 32768 >"$LOGS/synthetic_checkpoint_32k.log" 2>&1; then
+elif ! step "32k-context checkpoint" 60 "$LOGS/synthetic_checkpoint_32k.log" "$LOGS/synthetic_checkpoint_32k.log" \
+    "$PY" scripts/make-synthetic-checkpoint.py "$ML_MODEL" --context 32768; then
   note "make-synthetic-checkpoint.py --context 32768 failed: $(tail -1 "$LOGS/synthetic_checkpoint_32k.log")."
 else
-  t0=$(elapsed)
-  mkdir -p "$ML_OUT"
-  ML_RAN=1
-  for kv in bf16 kivi2; do
-    if ! timeout "$(cap 60)" "$KVQ_BIN" model bench --backend cuda --model "$ML_MODEL" --kv "$kv" \
-        --text "$ROOT/README.md" --prompt-tokens 0 --gen 64 --depth "$ML_DEPTH" --reps 2 \
-        --json "$ML_OUT/$kv.json" >"$ML_OUT/$kv.txt" 2>"$LOGS/model_bench_long_$kv.log"; then
-      STATUS=1
-      ML_RAN=0
-      note "kvq model bench --backend cuda --kv $kv --depth $ML_DEPTH failed: $(tail -1 "$LOGS/model_bench_long_$kv.log") (logs/model_bench_long_$kv.log)."
-    fi
-  done
-  (( ML_RAN == 1 )) && note "kvq model bench --backend cuda at depth $ML_DEPTH ran in $(( $(elapsed) - t0 )) s (model_bench_long/)."
+  model_benches model_bench_long 60 "$ML_MODEL" "bf16 kivi2" --prompt-tokens 0 --gen 64 --depth "$ML_DEPTH" --reps 2 &&
+    ML_RAN=1
 fi
 
 # Chunked prefill on backend cuda (issues 46/47: LlamaModel::set_device_chunk, kernels/backend.h
@@ -489,7 +557,7 @@ fi
 # and one causal attention launch a layer) and token by token (--device-chunk 1: a decode step a
 # token, the path before chunked prefill). The SmolLM2-shaped model: 2048 tokens after 2048
 # (context 8192); the tiny fixture: 96 after 128 (context 256). One rep token by token (the slow
-# side, its depth filled token by token too), three chunked; each capped at 60 s.
+# side, its depth filled token by token too), three chunked.
 PF_OUT="$OUT/prefill_cuda"
 PF_RAN=0
 PF_PROMPT=2048
@@ -498,25 +566,14 @@ if [[ "$MB_MODEL" == "$ROOT/tests/fixtures/hf/smollm2" ]]; then
   PF_PROMPT=96
   PF_DEPTH=128
 fi
-if [[ ! -x "$KVQ_BIN" || -z "$GPU_NAME" ]]; then
-  note "kvq model bench --backend cuda (chunked prefill): no kvq binary or no GPU; not run."
-elif (( $(left) < 70 )); then
-  note "kvq model bench --backend cuda (chunked prefill): skipped, the budget is nearly spent."
-else
+if kvq_ready "kvq model bench --backend cuda (chunked prefill)"; then
   t0=$(elapsed)
-  mkdir -p "$PF_OUT"
   PF_RAN=1
   for chunk in 256 1; do
     reps=3
     (( chunk == 1 )) && reps=1
-    if ! timeout "$(cap 60)" "$KVQ_BIN" model bench --backend cuda --model "$MB_MODEL" --kv kivi2 \
-        --text "$ROOT/README.md" --prompt-tokens "$PF_PROMPT" --gen 0 --depth "$PF_DEPTH" --reps "$reps" \
-        --device-chunk "$chunk" --json "$PF_OUT/chunk$chunk.json" >"$PF_OUT/chunk$chunk.txt" \
-        2>"$LOGS/prefill_cuda_chunk$chunk.log"; then
-      STATUS=1
-      PF_RAN=0
-      note "kvq model bench --backend cuda --device-chunk $chunk failed: $(tail -1 "$LOGS/prefill_cuda_chunk$chunk.log") (logs/prefill_cuda_chunk$chunk.log)."
-    fi
+    kvq_model prefill_cuda "chunk$chunk" 60 bench --model "$MB_MODEL" --kv kivi2 --text "$ROOT/README.md" \
+      --prompt-tokens "$PF_PROMPT" --gen 0 --depth "$PF_DEPTH" --reps "$reps" --device-chunk "$chunk" || PF_RAN=0
   done
   (( PF_RAN == 1 )) && note "chunked vs token-by-token prefill on backend cuda ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (prefill_cuda/)."
 fi
@@ -529,22 +586,9 @@ fi
 # on backend cpu and the fixture reads 50%). Its table goes into the report.
 MR_OUT="$OUT/model_cuda"
 MR_RAN=0
-if [[ ! -x "$KVQ_BIN" || -z "$GPU_NAME" ]]; then
-  note "kvq run [model] backend cuda: no kvq binary or no GPU; not run."
-elif (( $(left) < 40 )); then
-  note "kvq run [model] backend cuda: skipped, the budget is nearly spent."
-else
-  t0=$(elapsed)
-  rm -rf "$MR_OUT"
+if kvq_ready "kvq run [model] backend cuda"; then
   model_cuda_config "$MR_OUT" "$MB_MODEL" "$ROOT/README.md" >"$OUT/model_cuda.toml"
-  if timeout "$(cap 60)" "$KVQ_BIN" run "$OUT/model_cuda.toml" >"$LOGS/model_cuda.log" 2>&1; then
-    MR_RAN=1
-    note "kvq run model_cuda.toml ([model] backend = \"cuda\") ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (model_cuda/)."
-  else
-    rc=$?
-    STATUS=1
-    note "kvq run model_cuda.toml ([model] backend = \"cuda\") failed (exit $rc after $(( $(elapsed) - t0 )) s): $(tail -1 "$LOGS/model_cuda.log") (logs/model_cuda.log)."
-  fi
+  kvq_run model_cuda 60 "$OUT/model_cuda.toml" && MR_RAN=1
 fi
 
 # Serving-style batches on backend cuda (issue 47 item 3): `kvq model serve-bench --backend cuda`
@@ -554,61 +598,35 @@ fi
 # are one batched call; prefill is each request alone, in chunks (--device-chunk). Capped at 30 s a scheme.
 SB_OUT="$OUT/serve_bench"
 SB_RAN=0
-SB_KVS=(bf16 kivi4:g=32,r=32 kivi2:g=32,r=32)
+SB_KVS=(bf16 "kivi4:g=32,r=32" "kivi2:g=32,r=32")
 SB_PROMPT=256
 (( MB_DEPTH == 128 )) && SB_PROMPT=96  # the tiny fixture's context is 256
-if [[ ! -x "$KVQ_BIN" || -z "$GPU_NAME" ]]; then
-  note "kvq model serve-bench --backend cuda: no kvq binary or no GPU; not run."
-elif (( $(left) < 40 )); then
-  note "kvq model serve-bench --backend cuda: skipped, the budget is nearly spent."
-else
+if kvq_ready "kvq model serve-bench --backend cuda"; then
   t0=$(elapsed)
-  mkdir -p "$SB_OUT"
   SB_RAN=1
   for kv in "${SB_KVS[@]}"; do
-    f=${kv%%:*}
-    if ! timeout "$(cap 30)" "$KVQ_BIN" model serve-bench --backend cuda --model "$MB_MODEL" --kv "$kv" \
-        --text "$ROOT/README.md" --mem 0.05 --requests 16 --prompt-tokens "$SB_PROMPT" --gen 32 \
-        --json "$SB_OUT/$f.json" >"$SB_OUT/$f.txt" 2>"$LOGS/serve_bench_$f.log"; then
-      STATUS=1
-      SB_RAN=0
-      note "kvq model serve-bench --backend cuda --kv $kv failed: $(tail -1 "$LOGS/serve_bench_$f.log") (logs/serve_bench_$f.log)."
-      break
-    fi
+    kvq_model serve_bench "${kv%%:*}" 30 serve-bench --model "$MB_MODEL" --kv "$kv" --text "$ROOT/README.md" \
+      --mem 0.05 --requests 16 --prompt-tokens "$SB_PROMPT" --gen 32 || { SB_RAN=0; break; }
   done
   (( SB_RAN == 1 )) && note "kvq model serve-bench --backend cuda ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (serve_bench/)."
 fi
-# The report's table of those runs (serve_bench/*.json), one line per scheme.
-serve_bench_table() {
-  "$PY" - "$@" <<'PYEOF'
-import json, sys
-print("| kv | held (max) | decode calls | decode tok/s | planner bound tok/s | measured / bound | cache bytes peak (predicted) | device bytes added (cudaMemGetInfo) | cap |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-for p in sys.argv[1:]:
-    r = json.load(open(p))
-    b = r.get("bound_decode_tokens_per_s", 0)
-    print(f"| {r['kv']} | {r['max_held']} | {r['decode_calls']} | {r['decode_tokens_per_s']:.0f} | {b:.0f} | "
-          f"{(r['decode_tokens_per_s'] / b if b else 0):.3f} | {r['peak_cache_bytes']:.0f} ({r['predicted_peak_cache_bytes']:.0f}) | "
-          f"{r.get('device_bytes_peak', 0) - r.get('device_bytes_start', 0)} | {r['mem_bytes']:.0f} |")
-PYEOF
-}
+
+# ---- profiles and sanitizers ------------------------------------------------------------------
 
 # Nsight Compute on the main decode kernels at one shape (8x128x4, 32k, batch 16): each split
 # kernel of tiled and mma for bf16, fp8 per tensor, kivi4 and kivi2, one launch each.
 NCU_MD=""
 if [[ -z "$NCU" ]]; then
   note "ncu: not found; no profile."
-elif [[ " ${BENCH_ORDER[*]} " != *" bench_attention_cuda "* || -z "$PY" ]]; then
+elif ! ran_bench bench_attention_cuda || [[ -z "$PY" ]]; then
   note "ncu: skipped (bench_attention_cuda did not run, or no python3 for the table)."
-elif (( $(left) < 90 )); then
-  note "ncu: skipped, the budget is nearly spent."
 else
   t0=$(elapsed)
-  if timeout "$(cap 120)" "$NCU" --csv --page raw --metrics "$("$PY" scripts/ncu_table.py --metrics)" \
+  if step "ncu" 120 "$LOGS/ncu-bench.md" "$LOGS/ncu.stderr" \
+      "$NCU" --csv --page raw --metrics "$("$PY" scripts/ncu_table.py --metrics)" \
       --kernel-name regex:split_kernel --log-file "$OUT/ncu.csv" \
       "${BENCH_BIN[bench_attention_cuda]}" --shapes 8x128x4 --contexts 32768 --batches 16 \
-      --kinds bf16,fp8_e4m3_tensor,kivi4,kivi2 --kernels tiled,mma --reps 1 --warmup 0 \
-      >"$LOGS/ncu-bench.md" 2>"$LOGS/ncu.stderr" &&
+      --kinds bf16,fp8_e4m3_tensor,kivi4,kivi2 --kernels tiled,mma --reps 1 --warmup 0 &&
       "$PY" scripts/ncu_table.py "$OUT/ncu.csv" >"$OUT/ncu.md" 2>>"$LOGS/ncu.stderr"; then
     NCU_MD="$OUT/ncu.md"
     note "ncu ran in $(( $(elapsed) - t0 )) s (ncu.csv, ncu.md)."
@@ -617,41 +635,31 @@ else
   fi
 fi
 
-# compute-sanitizer on the named subsets (SAN_MEMCHECK, SAN_RACECHECK) of the attention test.
+# compute-sanitizer on the named subsets (SAN_MEMCHECK, SAN_RACECHECK) of the attention test and
+# SAN_BACKEND of the backend test: one run each (tool, binary, gtest filter).
 SAN_MD=()
-ATT_BIN="$BUILD/tests/cuda/cuda_attention_kernel_test"
 if [[ -z "$SANITIZER" ]]; then
   note "compute-sanitizer: not found; not run."
-elif [[ ! -x "$ATT_BIN" ]]; then
-  note "compute-sanitizer: cuda_attention_kernel_test not built; not run."
 elif [[ -z "$GPU_NAME" ]]; then
   note "compute-sanitizer: no GPU; not run."
 else
-  for run in memcheck racecheck memcheck-backend; do
-    tl=${run%%-*}
-    bin=$ATT_BIN
-    filter=$SAN_MEMCHECK
-    [[ $tl == racecheck ]] && filter=$SAN_RACECHECK
-    if [[ $run == memcheck-backend ]]; then
-      bin="$BUILD/tests/cuda/cuda_backend_test"
-      filter=$SAN_BACKEND
-      [[ -x "$bin" ]] || { SAN_MD+=("| $tl | cuda_backend_test \`$filter\` | not built | | |"); continue; }
-    fi
-    if (( $(left) < 40 )); then
-      SAN_MD+=("| $tl | $(basename "$bin") \`$filter\` | not run: the budget is nearly spent | | |")
-      continue
-    fi
+  for run in "memcheck cuda_attention_kernel_test $SAN_MEMCHECK" "racecheck cuda_attention_kernel_test $SAN_RACECHECK" \
+      "memcheck cuda_backend_test $SAN_BACKEND"; do
+    read -r tl name filter <<<"$run"
+    bin="$BUILD/tests/cuda/$name"
+    log="$LOGS/sanitizer-$tl-$name.log"
+    [[ -x "$bin" ]] || { SAN_MD+=("| $tl | $name \`$filter\` | not built | | |"); continue; }
     t0=$(elapsed)
-    timeout "$(cap 100)" "$SANITIZER" --tool "$tl" --error-exitcode 86 "$bin" --gtest_brief=1 \
-      "--gtest_filter=$filter" >"$LOGS/sanitizer-$run.log" 2>&1
+    step "compute-sanitizer $tl $name" 100 "$log" "$log" \
+      "$SANITIZER" --tool "$tl" --error-exitcode 86 "$bin" --gtest_brief=1 "--gtest_filter=$filter"
     rc=$?
-    passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$LOGS/sanitizer-$run.log" | grep -oE '[0-9]+$' | tail -1)
-    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/sanitizer-$run.log" | tail -1 | sed 's/^========= //')
+    passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1 | sed 's/^========= //')
     state=clean
     (( rc == 124 )) && state="timed out"
-    (( rc != 0 && rc != 124 )) && state="failed (exit $rc)"
-    (( rc != 0 && rc != 124 )) && STATUS=1
-    SAN_MD+=("| $tl | $(basename "$bin") \`$filter\` | $state in $(( $(elapsed) - t0 )) s | ${passed:-0} | ${summary:--} |")
+    (( rc == 125 )) && state="not run: the budget is spent"
+    (( rc != 0 && rc != 124 && rc != 125 )) && { state="failed (exit $rc)"; STATUS=1; }
+    SAN_MD+=("| $tl | $name \`$filter\` | $state in $(( $(elapsed) - t0 )) s | ${passed:-0} | ${summary:--} |")
   done
 fi
 
@@ -872,19 +880,7 @@ EOF
   if (( ML_RAN == 1 )) && [[ -n "$PY" ]]; then
     echo "Model: $ML_MODEL (SmolLM2-135M's shape, made-up bf16 weights, 32,768-token context)"
     echo
-    "$PY" - "$ML_OUT" <<'PYEOF'
-import json, pathlib, sys
-d = pathlib.Path(sys.argv[1])
-r = {kv: json.loads((d / f"{kv}.json").read_text()) for kv in ("bf16", "kivi2")}
-print("| kv | depth | tg tokens/s | vs bf16 | goal (issue 47) |")
-print("|---|---:|---:|---:|---|")
-b = r["bf16"]["tg_tokens_per_s"]
-for kv, j in r.items():
-    t = j["tg_tokens_per_s"]
-    ratio = t / b if b > 0 else 0
-    goal = "" if kv == "bf16" else ("kivi2 >= bf16: " + ("met" if ratio >= 1 else "not met"))
-    print(f"| {kv} | {j['depth']} | {t:.1f} | {ratio:.2f}x | {goal} |")
-PYEOF
+    model_bench_table "$ML_OUT" bf16 kivi2=1
   else
     echo "Not run (see the notes above)."
   fi
