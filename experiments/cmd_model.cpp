@@ -24,6 +24,7 @@
 #include "evaluation/planner.h"
 #include "evaluation/serve.h"
 #include "evaluation/serve_run.h"
+#include "evaluation/synthetic.h"
 #include "fp8/scale.h"
 #include "kernels/backend.h"
 #include "model/llama.h"
@@ -515,16 +516,21 @@ void register_logits(CLI::App* model) {
 
 void register_bench(CLI::App* model) {
   struct O : Common {
-    std::string text = "kjv";
-    int prompt = 512, gen = 64, depth = 0, reps = 3;
+    std::string text = "kjv", fill = "prefill";
+    int prompt = 512, gen = 64, depth = 0, reps = 3, batch = 1;
   };
   auto o = std::make_shared<O>();
   auto* c = model->add_subcommand(
       "bench",
       "Model throughput, as llama-bench reports it: prefill of --prompt tokens in one call (pp) and\n"
       "token-by-token decode of --gen tokens (tg), each after --depth tokens already in the cache.\n"
-      "Wall-clock tokens/s, median of --reps runs, plus CPU seconds and peak memory (RSS).\n"
-      "Example: kvq model bench --threads 2 --prompt-tokens 512 --gen 64 --depth 8192 --kv kivi2");
+      "Wall-clock tokens/s, median of --reps runs, plus CPU seconds and peak memory (RSS). With\n"
+      "--batch B, tg decodes B sequences a token each per step (backend cuda: one batched call a step,\n"
+      "as serve-bench's; the host backends one sequence after another) and counts all B's tokens;\n"
+      "--fill synthetic puts the depth in without running the model over it, for batches too deep\n"
+      "to prefill.\n"
+      "Example: kvq model bench --threads 2 --prompt-tokens 512 --gen 64 --depth 8192 --kv kivi2\n"
+      "         kvq model bench --backend cuda --prompt-tokens 0 --gen 32 --depth 8192 --batch 64 --fill synthetic");
   add_common(c, *o);
   c->add_option("--text", o->text, "text the tokens come from, or 'kjv'")->capture_default_str();
   c->add_option("--prompt-tokens", o->prompt, "prefill tokens (0 = skip pp)")->check(at_least(0))->capture_default_str();
@@ -538,8 +544,23 @@ void register_bench(CLI::App* model) {
   c->add_option("--gen", o->gen, "decoded tokens (0 = skip tg)")->check(at_least(0))->capture_default_str();
   c->add_option("--depth", o->depth, "tokens in the cache before each measurement")->check(at_least(0))->capture_default_str();
   c->add_option("--reps", o->reps, "repetitions (the median is reported)")->check(at_least(1))->capture_default_str();
+  c->add_option("--batch", o->batch,
+                "tg: sequences decoded together, each --depth tokens deep, a token each per step (backend cuda: "
+                "one batched call a step, LlamaModel::decode_batch; the host backends one sequence after another); "
+                "tokens/s counts every sequence's tokens. Only with --prompt-tokens 0")
+      ->check(at_least(1))
+      ->capture_default_str();
+  c->add_option("--fill", o->fill,
+                "how --depth's tokens enter each cache: prefill (the model runs them) or synthetic (the model runs "
+                "the first; the other depth - 1 K/V rows of every layer are evaluation/synthetic.h's made-up rows, "
+                "appended and quantized as a prefill's would be: the same bytes for the decode to read without "
+                "the prefill's cost; the outputs then mean nothing)")
+      ->check(CLI::IsMember({"prefill", "synthetic"}))
+      ->capture_default_str();
   c->callback([o] {
     const CacheOptions co = cache_options(o->kv, o->pre_rope, o->hadamard);
+    if (o->batch > 1 && o->prompt > 0)
+      usage_error("bench: --batch {} times decode (tg) only; give --prompt-tokens 0 with it", o->batch);
     const std::string text = read_text(o->text);
     const int64_t need = static_cast<int64_t>(o->depth) + std::max(o->prompt, o->gen);
     KVQ_CHECK(need <= model_config(*o).context, "bench: --depth {} + {} tokens exceed the model's context {}",
@@ -552,8 +573,27 @@ void register_bench(CLI::App* model) {
     const std::string threads_label =
         threads > 0 ? std::to_string(threads) : fmt::format("auto (1 or {} per pass)", omp_get_num_procs());
     auto cpu_now = [] { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; };
+    // --fill synthetic: K and V rows for depth - 1 tokens, the [throughput] sweep's (keys with
+    // outlier channels); the same rows go to every layer and sequence
+    const LlamaConfig& mc = L.model.config();
+    const Tensor3 syn_k = o->fill == "synthetic" && o->depth > 1
+                              ? synthetic_kv({{o->depth - 1, mc.kv_heads, mc.head_dim}, 2, 12.0f, 1})
+                              : Tensor3{},
+                  syn_v = o->fill == "synthetic" && o->depth > 1
+                              ? synthetic_kv({{o->depth - 1, mc.kv_heads, mc.head_dim}, 0, 1.0f, 2})
+                              : Tensor3{};
     auto fill = [&](LlamaCache& cache) {  // the untimed context
       std::vector<float> logits;
+      if (o->fill == "synthetic" && o->depth > 0) {
+        // the first token through the model puts the sides where the backend keeps them
+        L.model.forward({ids.data(), 1}, cache, logits, false, threads);
+        if (o->depth > 1)
+          for (LlamaCache::Layer& l : cache.layers()) {
+            l.k->append(syn_k.data.data(), o->depth - 1);
+            l.v->append(syn_v.data.data(), o->depth - 1);
+          }
+        return;
+      }
       for (int64_t a = 0; a < o->depth; a += 512)
         L.model.forward({ids.data() + a, static_cast<size_t>(std::min<int64_t>(512, o->depth - a))}, cache, logits,
                         false, threads);
@@ -561,6 +601,7 @@ void register_bench(CLI::App* model) {
     struct Stat {
       std::vector<double> tps, cpu;
     } pp, tg;
+    double tg_cache_bytes = 0;  // the tg caches' stored bytes after their last step
     for (int r = 0; r < o->reps; ++r) {
       std::vector<float> logits;
       if (o->prompt > 0) {
@@ -574,15 +615,31 @@ void register_bench(CLI::App* model) {
         pp.cpu.push_back((cpu_now() - c0) / o->prompt * 1e3);
       }
       if (o->gen > 0) {
-        LlamaCache cache(L.model.config(), co);
-        fill(cache);
+        std::vector<std::unique_ptr<LlamaCache>> caches;
+        std::vector<LlamaCache*> cs;
+        for (int b = 0; b < o->batch; ++b) {
+          caches.push_back(std::make_unique<LlamaCache>(L.model.config(), co));
+          fill(*caches.back());
+          cs.push_back(caches.back().get());
+        }
+        const bool batched = o->batch > 1 && L.model.backend() == AttentionBackend::kCuda;
+        if (batched) L.model.reserve_device_batch(o->batch);  // no allocation inside the timed steps
+        std::vector<int32_t> step(static_cast<size_t>(o->batch));
         const auto t0 = std::chrono::steady_clock::now();
         const double c0 = cpu_now();
-        for (int i = 0; i < o->gen; ++i)
-          L.model.forward({ids.data() + o->depth + i, 1}, cache, logits, false, threads);
+        for (int i = 0; i < o->gen; ++i) {
+          std::fill(step.begin(), step.end(), ids[static_cast<size_t>(o->depth + i)]);
+          if (batched)
+            L.model.decode_batch(step, cs, logits);
+          else
+            for (LlamaCache* cache : cs) L.model.forward({step.data(), 1}, *cache, logits, false, threads);
+        }
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        tg.tps.push_back(o->gen / s);
-        tg.cpu.push_back((cpu_now() - c0) / o->gen * 1e3);
+        const double tokens = static_cast<double>(o->gen) * o->batch;
+        tg.tps.push_back(tokens / s);
+        tg_cache_bytes = 0;
+        for (const LlamaCache* cache : cs) tg_cache_bytes += cache->bytes();
+        tg.cpu.push_back((cpu_now() - c0) / tokens * 1e3);
       }
       fmt::print(stderr, "[bench] rep {}/{}{}{}\n", r + 1, o->reps,
                  pp.tps.empty() ? "" : fmt::format(": pp{} {:.1f} tok/s", o->prompt, pp.tps.back()),
@@ -597,24 +654,31 @@ void register_bench(CLI::App* model) {
     const double rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;
     fmt::print("model       {} ({}; {:.1f} MB of weights)\n", model_path(o->model_file), L.model.weight_formats(),
                static_cast<double>(L.model.weight_bytes()) / 1e6);
-    fmt::print("kv          {}, threads {}, depth {}\n", co.spec.canonical(), threads_label, o->depth);
+    fmt::print("kv          {}, threads {}, depth {}{}{}\n", co.spec.canonical(), threads_label, o->depth,
+               o->fill == "synthetic" ? " (synthetic rows after the first token)" : "",
+               o->batch > 1 ? fmt::format(", batch {}", o->batch) : "");
     fmt::print("{:<8} {:>10} {:>14} {:>6}\n", "test", "tokens/s", "CPU ms/token", "reps");
     if (!pp.tps.empty()) fmt::print("{:<8} {:>10.1f} {:>14.2f} {:>6}\n", fmt::format("pp{}", o->prompt), median(pp.tps), median(pp.cpu), o->reps);
     if (!tg.tps.empty()) fmt::print("{:<8} {:>10.1f} {:>14.2f} {:>6}\n", fmt::format("tg{}", o->gen), median(tg.tps), median(tg.cpu), o->reps);
     fmt::print("peak RSS    {:.0f} MB\n", rss_mb);
     nlohmann::json j = {{"kv", co.spec.canonical()}, {"backend", o->backend}, {"threads", threads}, {"depth", o->depth}, {"prompt", o->prompt},
-              {"gen", o->gen}, {"pp_tokens_per_s", median(pp.tps)}, {"tg_tokens_per_s", median(tg.tps)},
+              {"gen", o->gen}, {"batch", o->batch}, {"fill", o->fill}, {"pp_tokens_per_s", median(pp.tps)}, {"tg_tokens_per_s", median(tg.tps)},
               {"pp_cpu_ms_per_token", median(pp.cpu)}, {"tg_cpu_ms_per_token", median(tg.cpu)},
-              {"peak_rss_mb", rss_mb}, {"weights", L.model.weight_formats()}};
+              {"peak_rss_mb", rss_mb}, {"weights", L.model.weight_formats()}, {"tg_cache_bytes", tg_cache_bytes}};
     if (L.model.backend() == AttentionBackend::kCuda) {
-      // Every decode step reads every device weight once: the bandwidth tg's rate implies from them.
+      // Every decode step (a token of each of --batch sequences) reads every device weight once and
+      // each cache once: the bandwidths tg's rate implies from the weights alone and from both.
       const DeviceReport d = device_report(AttentionBackend::kCuda);
-      const double wb = static_cast<double>(L.model.device_weight_bytes()), gbps = median(tg.tps) * wb / 1e9;
+      const double wb = static_cast<double>(L.model.device_weight_bytes()), steps = median(tg.tps) / o->batch;
+      const double gbps = steps * wb / 1e9, read_gbps = steps * (wb + tg_cache_bytes) / 1e9;
       fmt::print("device      {}: {:.1f} MB of weights; tg reads them at {:.1f} GB/s = {:.3f} of peak {:.0f} GB/s ({})\n",
                  d.name, wb / 1e6, gbps, d.peak_gbps > 0 ? gbps / d.peak_gbps : 0.0, d.peak_gbps, d.peak_formula);
+      fmt::print("            with the caches ({:.1f} MB after the last step): {:.1f} GB/s = {:.3f} of peak\n",
+                 tg_cache_bytes / 1e6, read_gbps, d.peak_gbps > 0 ? read_gbps / d.peak_gbps : 0.0);
       j["device"] = d.name;
       j["device_weight_bytes"] = wb;
       j["tg_weight_gbps"] = gbps;
+      j["tg_read_gbps"] = read_gbps;
       j["peak_gbps"] = d.peak_gbps;
     }
     write_json(o->json, j);

@@ -124,6 +124,7 @@ TEST_F(QuantCli, NumericFlagsCheckedBeforeWork_plainMessages) {
       {"model ppl --chunk x", "--chunk: must be a whole number, got 'x'"},
       {"model bench --reps 0", "--reps: must be at least 1, got 0"},
       {"model bench --device-chunk 0", "--device-chunk: must be at least 1, got 0"},
+      {"model bench --batch 0", "--batch: must be at least 1, got 0"},
       {"compare --outlier-scale 0", "--outlier-scale: must be greater than 0, got 0"},
   };
   for (const auto& c : cases) {

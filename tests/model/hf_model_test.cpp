@@ -653,6 +653,41 @@ TEST(HfCli, RunConfigModelFile_andFolderWithoutConfig) {
   fs::remove_all(tmp);
 }
 
+// `kvq model bench --batch B --fill synthetic` (device-check's batch-64 x 8k decode): B caches
+// each hold --depth + --gen tokens after tg, in every layer. Expected bytes by hand for bf16
+// (tokens x 2 layers x 1 kv head x 64 dims x K and V x 2 bytes); a kivi2 cache filled with
+// synthetic rows stores the bytes a prefilled one does (the same token counts on every side).
+TEST(HfCli, BenchBatchOfSyntheticDepth_cachesHoldDepthPlusGen) {
+  const std::string dir = fixture_root() + "/smollm2";
+  const fs::path tmp = testing::temp_dir("hf_bench");
+  auto bench = [&](const std::string& kv, const std::string& fill, int batch) {
+    const std::string json = (tmp / (kv + fill + std::to_string(batch) + ".json")).string();
+    const auto r = testing::run_kvq("model bench --model '" + dir +
+                                    "' --text '" KVQ_SOURCE_DIR
+                                    "/README.md' --prompt-tokens 0 --gen 3 --depth 40 --reps 1 "
+                                    "--kv '" +
+                                    kv + "' --fill " + fill + " --batch " + std::to_string(batch) +
+                                    " --json '" + json + "'");
+    EXPECT_EQ(r.status, 0) << r.err;
+    return nlohmann::json::parse(testing::slurp(json));
+  };
+  const Json b = bench("bf16", "synthetic", 3);
+  EXPECT_EQ(b["batch"], 3);
+  EXPECT_EQ(b["fill"], "synthetic");
+  EXPECT_EQ(b["tg_cache_bytes"].get<double>(), 3.0 * (40 + 3) * 2 * 1 * 64 * 2 * 2);
+  EXPECT_GT(b["tg_tokens_per_s"].get<double>(), 0.0);
+  const Json k = bench("kivi2:g=32,r=32", "synthetic", 2);
+  const Json p = bench("kivi2:g=32,r=32", "prefill", 2);
+  EXPECT_GT(k["tg_cache_bytes"].get<double>(), 0.0);
+  EXPECT_EQ(k["tg_cache_bytes"].get<double>(), p["tg_cache_bytes"].get<double>());
+  // --batch times decode only: with a prefill length it is a usage error, one line, exit 2
+  const auto pp = testing::run_kvq("model bench --model '" + dir + "' --batch 2 --prompt-tokens 8");
+  EXPECT_EQ(pp.status, 2) << pp.err;
+  EXPECT_EQ(pp.err_lines(), 1) << pp.err;
+  EXPECT_NE(pp.err.find("give --prompt-tokens 0 with it"), std::string::npos) << pp.err;
+  fs::remove_all(tmp);
+}
+
 // The table's pieces from config.json: qwen3's explicit head_dim, qwen2's biases and layer
 // types, mistral's window, llama3's inverse frequencies (transformers' formula, evaluated here by
 // hand for one frequency in each of its three bands).
