@@ -507,17 +507,28 @@ TP_OUT="$OUT/throughput_cuda"
 TP_RAN=0
 kvq_ready "kvq run throughput_cuda.toml" && kvq_run throughput_cuda 100 experiments/configs/throughput_cuda.toml && TP_RAN=1
 
-# The models. The model bench's: the SmolLM2 GGUF when ${KVQ_MODEL_DIR:-~/.cache/kvq} holds it, else
-# a SmolLM2-135M-shaped folder of made-up bf16 weights (scripts/make-synthetic-checkpoint.py,
-# python3; the same bytes a token reads), else the tiny tests/fixtures/hf/smollm2 (2 layers, hidden
-# 64: its rate is launch- and copy-bound, its fraction of peak means nothing). Decode at long
-# context needs the made-up-weights checkpoint with a 32,768-token context (--context 32768: the
-# real model's context is 8,192; the bytes a token reads are the same).
+# The models. SYN: a SmolLM2-135M-shaped folder of made-up bf16 weights with a 32,768-token
+# context (scripts/make-synthetic-checkpoint.py --context 32768, python3: the real model's context
+# is 8,192; the weights, and so the bytes a token reads, are the same), made once. The model bench's
+# (MB_MODEL): the SmolLM2 GGUF when ${KVQ_MODEL_DIR:-~/.cache/kvq} holds it, else SYN, else the
+# tiny tests/fixtures/hf/smollm2 (2 layers, hidden 64: its rate is launch- and copy-bound, its
+# fraction of peak means nothing). Decode at long context and at batch 64 need SYN.
+SYN="$ROOT/build/synthetic-smollm2-135m-32k"
+SYN_OK=0
+if ! kvq_ready "the synthetic checkpoint"; then
+  :
+elif [[ -z "$PY" ]]; then
+  note "No python3 for the synthetic checkpoint: decode at long context and at batch 64 not run."
+elif step "synthetic checkpoint" 60 "$LOGS/synthetic_checkpoint.log" "$LOGS/synthetic_checkpoint.log"     "$PY" scripts/make-synthetic-checkpoint.py "$SYN" --context 32768; then
+  SYN_OK=1
+else
+  note "make-synthetic-checkpoint.py --context 32768 failed: $(tail -1 "$LOGS/synthetic_checkpoint.log")."
+fi
 MB_DEPTH=256
 MB_MODEL="${KVQ_MODEL_DIR:-$HOME/.cache/kvq}/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [[ ! -f "$MB_MODEL" ]]; then
-  MB_MODEL="$ROOT/build/synthetic-smollm2-135m"
-  if [[ -z "$PY" ]] || ! "$PY" scripts/make-synthetic-checkpoint.py "$MB_MODEL" >"$LOGS/synthetic_checkpoint.log" 2>&1; then
+  MB_MODEL="$SYN"
+  if (( SYN_OK == 0 )); then
     MB_MODEL="$ROOT/tests/fixtures/hf/smollm2"
     MB_DEPTH=128  # the fixture's context is 256
   fi
@@ -533,31 +544,40 @@ kvq_ready "kvq model bench --backend cuda" &&
   MB_RAN=1
 
 # Decode at long context (issue 47's goal: on SmolLM2-135M's shape a kivi2 cache decodes at least
-# as fast as bf16 at 32k): tg64 at depth 32,704 for bf16 and kivi2 on the 32k-context checkpoint,
-# the depth filled by chunked prefill; 2 reps.
+# as fast as bf16 at 32k): tg64 at depth 32,704 for bf16 and kivi2 on SYN, the depth put in as
+# synthetic rows (--fill synthetic: the bytes a prefill stores, without its cost; untimed either
+# way); 3 reps.
 ML_OUT="$OUT/model_bench_long"
 ML_RAN=0
 ML_DEPTH=32704
-ML_MODEL="$ROOT/build/synthetic-smollm2-135m-32k"
-if ! kvq_ready "kvq model bench --backend cuda at depth $ML_DEPTH"; then
-  :
-elif [[ -z "$PY" ]]; then
-  note "kvq model bench --backend cuda at depth $ML_DEPTH: no python3 for the 32k-context checkpoint; not run."
-elif ! step "32k-context checkpoint" 60 "$LOGS/synthetic_checkpoint_32k.log" "$LOGS/synthetic_checkpoint_32k.log" \
-    "$PY" scripts/make-synthetic-checkpoint.py "$ML_MODEL" --context 32768; then
-  note "make-synthetic-checkpoint.py --context 32768 failed: $(tail -1 "$LOGS/synthetic_checkpoint_32k.log")."
-else
-  model_benches model_bench_long 60 "$ML_MODEL" "bf16 kivi2" --prompt-tokens 0 --gen 64 --depth "$ML_DEPTH" --reps 2 &&
-    ML_RAN=1
-fi
+(( SYN_OK == 1 )) &&
+  model_benches model_bench_long 60 "$SYN" "bf16 kivi2" --prompt-tokens 0 --gen 64 --depth "$ML_DEPTH" \
+    --fill synthetic --reps 3 && ML_RAN=1
+
+# Decode at batch 64 x 8k (issue 47's goal: kivi2 >= 2.5x and kivi4 >= 1.8x bf16's decode tokens/s):
+# `kvq model bench --batch 64`, 64 sequences each 8,192 tokens deep decoded a token each per step as
+# one batched call (LlamaModel::decode_batch, serve-bench's step), bf16 / kivi4 / kivi2 / fp8 with
+# per-token scales on SYN. The depth is synthetic rows (--fill synthetic; 64 chunked 8k prefills
+# would take about a minute of the budget a scheme), so the outputs mean nothing, the bytes and times
+# do. tg32, 1 rep (the fill, ~24 GB of host rows a scheme for bf16's 12 GB of caches, costs more
+# than the steps).
+MX_OUT="$OUT/model_bench_batch"
+MX_RAN=0
+MX_BATCH=64
+MX_DEPTH=8192
+MX_KVS="bf16 kivi4 kivi2 fp8_e4m3:gran=token"
+(( SYN_OK == 1 )) &&
+  model_benches model_bench_batch 60 "$SYN" "$MX_KVS" --prompt-tokens 0 --gen 32 --depth "$MX_DEPTH" \
+    --batch "$MX_BATCH" --fill synthetic --reps 1 && MX_RAN=1
 
 # Chunked prefill on backend cuda (issues 46/47: LlamaModel::set_device_chunk, kernels/backend.h
 # prefill_device): `kvq model bench --backend cuda --kv kivi2` prefill (pp) tokens/s of a long
 # prompt after a long context, in chunks of 256 tokens (the default: a chunk's dense part at once
 # and one causal attention launch a layer) and token by token (--device-chunk 1: a decode step a
-# token, the path before chunked prefill). The SmolLM2-shaped model: 2048 tokens after 2048
-# (context 8192); the tiny fixture: 96 after 128 (context 256). One rep token by token (the slow
-# side, its depth filled token by token too), three chunked.
+# token, the path before chunked prefill). The SmolLM2-shaped model: 2048 tokens after 2048; the
+# tiny fixture: 96 after 128 (context 256). The depth is synthetic rows (--fill synthetic: untimed,
+# and token by token it was 2048 more decode steps). One rep token by token (the slow side), three
+# chunked.
 PF_OUT="$OUT/prefill_cuda"
 PF_RAN=0
 PF_PROMPT=2048
@@ -573,7 +593,8 @@ if kvq_ready "kvq model bench --backend cuda (chunked prefill)"; then
     reps=3
     (( chunk == 1 )) && reps=1
     kvq_model prefill_cuda "chunk$chunk" 60 bench --model "$MB_MODEL" --kv kivi2 --text "$ROOT/README.md" \
-      --prompt-tokens "$PF_PROMPT" --gen 0 --depth "$PF_DEPTH" --reps "$reps" --device-chunk "$chunk" || PF_RAN=0
+      --prompt-tokens "$PF_PROMPT" --gen 0 --depth "$PF_DEPTH" --fill synthetic --reps "$reps" \
+      --device-chunk "$chunk" || PF_RAN=0
   done
   (( PF_RAN == 1 )) && note "chunked vs token-by-token prefill on backend cuda ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (prefill_cuda/)."
 fi
@@ -878,9 +899,25 @@ EOF
   echo "## Decode at long context on backend cuda (kvq model bench --backend cuda, tg64 at depth $ML_DEPTH)"
   echo
   if (( ML_RAN == 1 )) && [[ -n "$PY" ]]; then
-    echo "Model: $ML_MODEL (SmolLM2-135M's shape, made-up bf16 weights, 32,768-token context)"
+    echo "Model: $SYN (SmolLM2-135M's shape, made-up bf16 weights, 32,768-token context); the depth is synthetic rows (--fill synthetic)."
     echo
     model_bench_table "$ML_OUT" bf16 kivi2=1
+  else
+    echo "Not run (see the notes above)."
+  fi
+  echo
+  echo "## Decode at batch $MX_BATCH on backend cuda (kvq model bench --backend cuda --batch $MX_BATCH, tg32 at depth $MX_DEPTH)"
+  echo
+  if (( MX_RAN == 1 )) && [[ -n "$PY" ]]; then
+    echo "Model: $SYN (SmolLM2-135M's shape, made-up bf16 weights). $MX_BATCH sequences, each $MX_DEPTH tokens deep"
+    echo "(synthetic rows after the first token: the outputs mean nothing, the bytes and times do), one batched"
+    echo "call a step (LlamaModel::decode_batch). GB/s: a step's weights and caches over its time."
+    echo
+    model_bench_table "$MX_OUT" bf16 kivi4=1.8 kivi2=2.5 fp8_e4m3
+    echo
+    echo "Rows: model_bench_batch/*.json; output: model_bench_batch/*.txt; logs: logs/model_bench_batch_*.log."
+  elif (( MX_RAN == 1 )); then
+    for kv in $MX_KVS; do echo '```'; cat "$MX_OUT/${kv%%:*}.txt"; echo '```'; done
   else
     echo "Not run (see the notes above)."
   fi
