@@ -1,55 +1,77 @@
 #!/usr/bin/env bash
-# Device check on a GPU machine: build the CUDA kernels, run the CUDA tests and every CUDA bench,
-# and write OUTDIR/report.md (date, GPU, test summary, bench tables, goals met/missed from the
-# benches' JSON). Usage:
+# Device check on a GPU machine: build the CUDA kernels (or take them prebuilt), run the CUDA tests
+# and benches and kvq on backend cuda, and write OUTDIR/report.md (date, GPU, test summary, bench
+# tables, goals met/missed from the JSON). Usage:
 #
 #   scripts/device-check.sh OUTDIR
+#   scripts/device-check.sh --plan     # no GPU needed: every step of a prebuilt run with its cap
+#                                      # and command, and the caps' sum against the budget
 #
 # Designed for a bare H100/H200 box that has only this repo and a CUDA toolkit: it never
 # installs anything. It configures CMake (build/device-check, Release, KVQ_CUDA=ON, the GPU's own
 # architecture only, to halve nvcc time); when dependencies are missing it retries without the
 # Google Benchmark programs, and when CMake cannot configure at all (no GoogleTest, fmt, Eigen, ...)
 # it builds only the CUDA benches with nvcc directly (from the repo's kernels and whichever
-# scheme-library sources compile without the missing packages) and says so in the report. Test binaries (tests/cuda: cuda_*) run directly with JSON output
-# (their ctest names are gtest names, which do not carry the binary name); the `full`-labelled
-# binaries run only with KVQ_DC_FULL=1. After the benches: PyTorch's SDPA at the bench's shapes
-# (bench/torch_sdpa_peer.py, skipped where python3 has no torch), the goals against it from the
-# same run (bench/attention_goals.py), a split-size sweep (bench_attention_cuda --split-tokens
-# 128..1024, tiled, bf16 and kivi2 at 32k), FP8 tensor / token / channel scales on the tiled and
-# Mma kernels at 32k (bench_attention_cuda --kinds ...,fp8_e4m3_channel), Nsight Compute on the
-# main decode kernels at one shape (when ncu is present; scripts/ncu_table.py), and compute-sanitizer memcheck and racecheck on the
-# named subsets SAN_MEMCHECK and SAN_RACECHECK below (and memcheck on SAN_BACKEND, the chunked
-# prefill of cuda_backend_test), and `kvq run` of
-# experiments/configs/throughput_cuda.toml (the [throughput] task on backend cuda, issue 47) and of
-# a [model] smoke config with backend = "cuda" over the model bench's model, decode at depth 32,704
-# (bf16 vs kivi2 on a 32k-context made-up-weights checkpoint of SmolLM2's shape), chunked vs
-# token-by-token prefill on it (`kvq model bench --device-chunk 256 / 1`), and `kvq model
-# serve-bench --backend cuda` (batched decode steps under a KV memory cap) on it (their tables go
-# into the report). Bench repetitions and every step are capped
-# so the whole run stays under 8 minutes.
+# scheme-library sources compile without the missing packages) and says so in the report. Device
+# runs take the binaries prebuilt (KVQ_DC_PREBUILT, scripts/device-pack.sh).
+#
+# The steps, in order (`--plan` prints them with their caps):
+# - the test binaries (tests/cuda: cuda_*, run directly with JSON output, since their ctest names
+#   are gtest names; the `full`-labelled ones only with KVQ_DC_FULL=1) side by side with
+#   compute-sanitizer memcheck and racecheck on the named subsets SAN_MEMCHECK and SAN_RACECHECK
+#   below and memcheck on SAN_BACKEND (cuda_backend_test's chunked prefill): none of them is a
+#   timing, so they share one cap;
+# - every CUDA bench; PyTorch's SDPA at the bench's shapes (bench/torch_sdpa_peer.py, skipped where
+#   python3 has no torch; the goals read ratios against it, bench/attention_goals.py); a split-size
+#   sweep (bench_attention_cuda --split-tokens 128..1024, tiled, bf16 and kivi2 at 32k); FP8
+#   tensor / token / channel scales on the tiled and Mma kernels at 32k;
+# - kvq on backend cuda (issue 47): `kvq run` of experiments/configs/throughput_cuda.toml;
+#   `kvq model bench` decode on the model (the SmolLM2 GGUF if present, else a made-up-weights
+#   checkpoint of its shape, scripts/make-synthetic-checkpoint.py) at depth 256, at depth 32,704
+#   (bf16 vs kivi2), and at batch 64 x depth 8,192 (bf16 / kivi4 / kivi2 / fp8, one batched call a
+#   step; the depths put in as synthetic rows, --fill synthetic); chunked vs token-by-token prefill
+#   (--device-chunk 256 / 1); `kvq run` of a [model] smoke config with backend = "cuda"; `kvq
+#   model serve-bench` (batched decode steps under a KV memory cap);
+# - Nsight Compute on the main decode kernels at one shape (when ncu is present;
+#   scripts/ncu_table.py).
+# Every step has its own cap (at most 8 minutes of device time for the whole run, a rerun left
+# room): the caps of a prebuilt run add up to at most KVQ_DC_BUDGET_S (tests/scripts/
+# device_check_plan_test.sh checks it with --plan, and that every binary named is one the pack
+# holds), and no step runs past that budget either.
 #
 # Without a GPU (no nvidia-smi, or it lists none) it writes a report saying so and exits 2.
-# Environment: KVQ_DC_PREBUILT=DIR runs the binaries under DIR/tests/cuda and DIR/bench and
-# builds nothing (for a GPU machine without the packages: build here with scripts/device-pack.sh,
-# which also says how to run them there); KVQ_DC_FORCE=1 carries on without a GPU (to exercise the build and report here);
-# KVQ_DC_FULL=1 adds the full test tier; KVQ_DC_JOBS overrides the build parallelism;
-# KVQ_DC_NO_CMAKE=1 takes the nvcc-only fallback directly (to exercise it); KVQ_DC_BUDGET_S
-# (default 450) is the time the steps are capped to.
+# Environment: KVQ_DC_PREBUILT=DIR runs the binaries under DIR/tests/cuda, DIR/bench and DIR/bin
+# and builds nothing (for a GPU machine without the packages: build here with
+# scripts/device-pack.sh, which also says how to run them there); KVQ_DC_FORCE=1 carries on
+# without a GPU (to exercise the build and report here); KVQ_DC_FULL=1 adds the full test tier;
+# KVQ_DC_JOBS overrides the build parallelism; KVQ_DC_NO_CMAKE=1 takes the nvcc-only fallback
+# directly (to exercise it); KVQ_DC_BUDGET_S (default 470: 480 s less the time between steps) is
+# the time the steps are capped to.
 # Exit status: 0 all built and passed; 1 a build step, a test or a bench failed; 2 no GPU;
-# 3 no nvcc; 4 benches only (the tests could not be configured), nothing failed.
+# 3 no nvcc; 4 benches only (the tests could not be configured), nothing failed. --plan: 0 when the
+# caps fit the budget and the budget 480 s, else 1.
 #
 # Each measurement is written once: every timed program runs through step() (its cap and the
-# budget), the kvq runs through kvq_model / model_benches / kvq_run, each report table through one
-# function. Background jobs are waited for by id: a bare `wait` also waits for a process
-# substitution, so under `exec > >(tee LOG)` (a caller logging this script that way) it would hang.
+# budget; under --plan it prints the step instead), the kvq runs through kvq_model / model_benches
+# / kvq_run, each report table through one function. Background jobs are waited for by id: a bare
+# `wait` also waits for a process substitution, so under `exec > >(tee LOG)` (a caller logging this
+# script that way) it would hang.
 set -uo pipefail
 
-if [[ $# -ne 1 || "$1" == -* ]]; then
-  echo "usage: scripts/device-check.sh OUTDIR" >&2
+PLAN=0
+if [[ $# -eq 1 && "$1" == --plan ]]; then
+  PLAN=1
+elif [[ $# -ne 1 || "$1" == -* ]]; then
+  echo "usage: scripts/device-check.sh OUTDIR | --plan" >&2
   exit 64
 fi
-mkdir -p "$1" || exit 64
-OUT="$(cd "$1" && pwd)"
+if (( PLAN )); then  # the steps write nothing; the report's helpers get a scratch folder
+  OUT="$(mktemp -d)" || exit 64
+  trap 'rm -rf "$OUT"' EXIT
+else
+  mkdir -p "$1" || exit 64
+  OUT="$(cd "$1" && pwd)"
+fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 64
 LOGS="$OUT/logs"
@@ -57,7 +79,8 @@ mkdir -p "$LOGS" "$OUT/tests"
 BUILD="$ROOT/build/device-check"
 NVBUILD="$ROOT/build/device-check-nvcc"
 START=$(date +%s)
-BUDGET=${KVQ_DC_BUDGET_S:-450}  # seconds for the whole run (the limit is 480)
+LIMIT=480                       # the device tool's time for the whole run (8 minutes)
+BUDGET=${KVQ_DC_BUDGET_S:-470}  # what the steps are capped to: LIMIT less the time between steps
 JOBS=${KVQ_DC_JOBS:-$(nproc 2>/dev/null || echo 4)}
 STATUS=0
 NOTES=()     # lines for the report's build section
@@ -65,7 +88,23 @@ TESTS_MD=()  # lines for the report's test section
 
 elapsed() { echo $(( $(date +%s) - START )); }
 left() { echo $(( BUDGET - $(elapsed) )); }
-note() { NOTES+=("$*"); echo "device-check: $*" >&2; }
+note() { NOTES+=("$*"); (( PLAN )) || echo "device-check: $*" >&2; }
+# Whether binary $1 is there to run (under --plan every binary of the pack counts as there).
+have() { (( PLAN )) || [[ -x "$1" ]]; }
+# --plan: one line per step, its cap and its command (pack binaries and repo files by their
+# relative paths, the output folder as OUT), and the caps' sum.
+PLAN_SUM=0
+plan_line() {  # CAP LABEL COMMAND...
+  local c=$1 label=$2 w words=()
+  shift 2
+  for w in "$@"; do
+    w=${w#"$BUILD"/}
+    w=${w#"$ROOT"/}
+    words+=("${w//"$OUT"/OUT}")
+  done
+  PLAN_SUM=$(( PLAN_SUM + c ))
+  printf '%5d s  %-33s %s\n' "$c" "$label" "${words[*]}"
+}
 # The [model] smoke config on backend cuda: out folder $1, model $2, text $3.
 model_cuda_config() {
   cat <<EOF
@@ -137,10 +176,15 @@ cap() { local l; l=$(left); (( l < $1 )) && { (( l > 10 )) && echo "$l" || echo 
 # step LABEL CAP OUTFILE ERRFILE PROGRAM ARGS...: one capped step, the way every step runs.
 # PROGRAM runs under timeout for at most CAP seconds and never past the budget (cap), stdout to
 # OUTFILE and stderr to ERRFILE (both there when they are the same file). Returns its exit status
-# (124: timed out), or 125 without running it when the budget is spent.
+# (124: timed out), or 125 without running it when the budget is spent. Under --plan it prints the
+# step (plan_line) instead and returns 0.
 step() {
   local label=$1 c=$2 o=$3 e=$4
   shift 4
+  if (( PLAN )); then
+    plan_line "$c" "$label" "$@"
+    return 0
+  fi
   if (( $(left) <= 0 )); then
     note "$label: skipped, the budget is spent."
     return 125
@@ -167,6 +211,10 @@ PY=$(command -v python3 || true)
 tool() { command -v "$1" 2>/dev/null || { [[ -x /usr/local/cuda/bin/$1 ]] && echo "/usr/local/cuda/bin/$1"; } || true; }
 NCU=$(tool ncu)
 SANITIZER=$(tool compute-sanitizer)
+if (( PLAN )); then  # the plan of a device run: a GPU, the toolkit's tools and python3 present
+  GPU_NAME="(plan)" GPU_INFO="(plan: no GPU needed)" NVCC=${NVCC:-nvcc} PY=python3
+  NCU=${NCU:-ncu} SANITIZER=${SANITIZER:-compute-sanitizer}
+fi
 # The benches' contexts and the shape ncu profiles (the goals read these).
 BENCH_CONTEXTS=1024,4096,8192,32768,131072
 # compute-sanitizer's subsets of cuda_attention_kernel_test (gtest filters): memcheck on every
@@ -237,7 +285,12 @@ configure() {  # $1: label, rest: extra cmake args. The first try keeps an earli
   timeout "$(cap 120)" cmake -S . -B "$BUILD" "${GEN_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON \
     "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" "$@" >"$LOGS/configure-$label.log" 2>&1
 }
-if [[ -n "${KVQ_DC_PREBUILT:-}" ]]; then
+if (( PLAN )); then  # as device runs go: scripts/device-pack.sh's folder, nothing built there
+  MODE=prebuilt
+  BUILD=${KVQ_DC_PREBUILT:-.device-pack}
+  echo "device-check --plan: the steps of a run on the pack (KVQ_DC_PREBUILT=$BUILD, as device runs go),"
+  echo "each with its cap and its command (pack binaries and repo files by relative path, OUT the output):"
+elif [[ -n "${KVQ_DC_PREBUILT:-}" ]]; then
   MODE=prebuilt
   BUILD="$(cd "$KVQ_DC_PREBUILT" && pwd)" || exit 64
   note "KVQ_DC_PREBUILT: nothing built here; binaries from $KVQ_DC_PREBUILT (tests/cuda/, bench/)."
@@ -270,7 +323,7 @@ while read -r b; do [[ -n "$b" ]] && BENCH_TARGETS+=("$b"); done < <(cuda_bench_
 
 declare -A BENCH_BIN=()
 if [[ "$MODE" == prebuilt ]]; then
-  for b in "${BENCH_TARGETS[@]}"; do [[ -x "$BUILD/bench/$b" ]] && BENCH_BIN[$b]="$BUILD/bench/$b"; done
+  for b in "${BENCH_TARGETS[@]}"; do have "$BUILD/bench/$b" && BENCH_BIN[$b]="$BUILD/bench/$b"; done
 elif [[ "$MODE" != nvcc ]]; then
   targets=("${TEST_TARGETS[@]}" kvq)  # kvq: the [throughput] smoke on backend cuda
   [[ "$MODE" == cmake ]] && targets+=("${BENCH_TARGETS[@]}")
@@ -334,31 +387,63 @@ if [[ "$MODE" != prebuilt ]] && (( ${#need_nvcc[@]} > 0 )); then
   done
 fi
 
-# ---- tests ------------------------------------------------------------------------------------
+# ---- tests and sanitizers ---------------------------------------------------------------------
 
+# The test binaries and compute-sanitizer's runs go side by side under one cap (CHECKS_CAP): one
+# GPU, the CPU reference's threads share the cores, and none of them is a timing.
+CHECKS_CAP=150
+CHECK_PIDS=() CHECK_WORDS=()
+# LOG COMMAND...: COMMAND in the background under the checks' cap, output LOG, exit status LOG.rc.
+check() {
+  local log=$1
+  shift
+  CHECK_WORDS+=("$@")
+  (( PLAN )) && return 0
+  ( timeout "$CHECKS_LIMIT" "$@" >"$log" 2>&1
+    echo $? >"$log.rc" ) &
+  CHECK_PIDS+=($!)
+}
+CHECKS_LIMIT=$(cap "$CHECKS_CAP")
+t0=$(elapsed)
 if [[ "$MODE" == nvcc ]]; then
   TESTS_MD+=("Not run: CMake could not configure the test suite (see the build section).")
 else
-  # The binaries run side by side (one GPU, the CPU reference threads share the cores).
-  t0=$(elapsed)
-  limit=$(cap 240)
-  pids=()
   for t in "${TEST_TARGETS[@]}"; do
-    bin="$BUILD/tests/cuda/$t"
-    [[ -x "$bin" ]] || continue
-    ( timeout "$limit" "$bin" --gtest_brief=1 "--gtest_output=json:$OUT/tests/$t.json" >"$LOGS/$t.log" 2>&1
-      echo $? >"$LOGS/$t.rc" ) &
-    pids+=($!)
+    have "$BUILD/tests/cuda/$t" &&
+      check "$LOGS/$t.log" "$BUILD/tests/cuda/$t" --gtest_brief=1 "--gtest_output=json:$OUT/tests/$t.json"
   done
-  (( ${#pids[@]} > 0 )) && wait "${pids[@]}"  # by id, as above
-  note "Test binaries ran in $(( $(elapsed) - t0 )) s (limit $limit s each)."
+fi
+# compute-sanitizer on the named subsets (SAN_MEMCHECK, SAN_RACECHECK) of the attention test and
+# SAN_BACKEND of the backend test: one run each (tool, binary, gtest filter).
+SAN_RUNS=("memcheck cuda_attention_kernel_test $SAN_MEMCHECK" "racecheck cuda_attention_kernel_test $SAN_RACECHECK"
+  "memcheck cuda_backend_test $SAN_BACKEND")
+SAN_MD=()
+if [[ -z "$SANITIZER" ]]; then
+  note "compute-sanitizer: not found; not run."
+elif [[ -z "$GPU_NAME" ]]; then
+  note "compute-sanitizer: no GPU; not run."
+else
+  for run in "${SAN_RUNS[@]}"; do
+    read -r tl name filter <<<"$run"
+    have "$BUILD/tests/cuda/$name" &&
+      check "$LOGS/sanitizer-$tl-$name.log" "$SANITIZER" --tool "$tl" --error-exitcode 86 \
+        "$BUILD/tests/cuda/$name" --gtest_brief=1 "--gtest_filter=$filter"
+  done
+fi
+if (( PLAN )); then
+  plan_line "$CHECKS_CAP" "tests and sanitizers side by side" "${CHECK_WORDS[@]}"
+elif (( ${#CHECK_PIDS[@]} > 0 )); then
+  wait "${CHECK_PIDS[@]}"  # by id: a bare `wait` also waits for a process substitution (the top)
+  note "Test binaries and sanitizer runs ran side by side in $(( $(elapsed) - t0 )) s (limit $CHECKS_LIMIT s)."
+fi
+if [[ "$MODE" != nvcc ]] && (( ! PLAN )); then
   for t in "${TEST_TARGETS[@]}"; do
-    if [[ ! -x "$BUILD/tests/cuda/$t" ]]; then
+    if ! have "$BUILD/tests/cuda/$t"; then
       TESTS_MD+=("| $t | not built | | | |")
       STATUS=1
       continue
     fi
-    rc=$(cat "$LOGS/$t.rc" 2>/dev/null || echo 1)
+    rc=$(cat "$LOGS/$t.log.rc" 2>/dev/null || echo 1)
     passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$LOGS/$t.log" | grep -oE '[0-9]+$' | tail -1)
     failed=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$LOGS/$t.log" | grep -oE '[0-9]+' | tail -1)
     skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+ test' "$LOGS/$t.log" | grep -oE '[0-9]+' | tail -1)
@@ -373,17 +458,36 @@ else
     fi
   done
 fi
+if [[ -n "$SANITIZER" && -n "$GPU_NAME" ]] && (( ! PLAN )); then
+  for run in "${SAN_RUNS[@]}"; do
+    read -r tl name filter <<<"$run"
+    log="$LOGS/sanitizer-$tl-$name.log"
+    have "$BUILD/tests/cuda/$name" || { SAN_MD+=("| $tl | $name \`$filter\` | not built | | |"); continue; }
+    rc=$(cat "$log.rc" 2>/dev/null || echo 1)
+    passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1 | sed 's/^========= //')
+    state=clean
+    (( rc == 124 )) && state="timed out"
+    (( rc != 0 && rc != 124 )) && { state="failed (exit $rc)"; STATUS=1; }
+    SAN_MD+=("| $tl | $name \`$filter\` | $state | ${passed:-0} | ${summary:--} |")
+  done
+fi
 
 # ---- benches ----------------------------------------------------------------------------------
 
+# Caps: bench_attention_cuda (450 cases: 2 shapes x 5 contexts x 3 batches x 5 kinds x 3 kernels)
+# took 6 s on the H200 of 2026-12-04 with a third of them; the quantize benches 1 s.
+BENCH_CAP_ATTENTION=30 BENCH_CAP_OTHER=10
 BENCH_ORDER=()
 for b in "${BENCH_TARGETS[@]}"; do
   [[ -z "${BENCH_BIN[$b]:-}" ]] && continue
   args=(--json "$OUT/$b.json")
   # every split kernel at both shapes (8x128x4, SmolLM2's 3x64x3) and the contexts the goals read
   [[ "$b" == bench_attention_cuda ]] && args+=(--reps 7 --warmup 2 --contexts "$BENCH_CONTEXTS")
+  c=$BENCH_CAP_OTHER
+  [[ "$b" == bench_attention_cuda ]] && c=$BENCH_CAP_ATTENTION
   t0=$(elapsed)
-  step "$b" 200 "$OUT/$b.md" "$LOGS/$b.stderr" "${BENCH_BIN[$b]}" "${args[@]}"
+  step "$b" "$c" "$OUT/$b.md" "$LOGS/$b.stderr" "${BENCH_BIN[$b]}" "${args[@]}"
   rc=$?
   # Exit 2: the bench saw no CUDA device (one line on stderr). Expected under KVQ_DC_FORCE=1
   # without a GPU; on a GPU machine it is a failure (the GPU is not visible to the process).
@@ -404,9 +508,9 @@ if [[ -z "$PY" ]]; then
   note "PyTorch peer: skipped, no python3."
 else
   t0=$(elapsed)
-  step "PyTorch SDPA peer" 150 "$OUT/torch_sdpa_peer.md" "$LOGS/torch_sdpa_peer.stderr" \
+  step "PyTorch SDPA peer" 25 "$OUT/torch_sdpa_peer.md" "$LOGS/torch_sdpa_peer.stderr" \
     "$PY" bench/torch_sdpa_peer.py "$OUT/torch_sdpa_peer.json" --contexts "$BENCH_CONTEXTS" \
-    --batches 1,16,64 --reps 7 --warmup 2 --budget-s "$(cap 120)"
+    --batches 1,16,64 --reps 7 --warmup 2 --budget-s 18
   rc=$?
   if (( rc == 0 )); then
     PEER=1
@@ -424,7 +528,7 @@ fi
 SPLITS=()
 if ran_bench bench_attention_cuda; then
   for st in 128 256 512 1024; do
-    if step "split sweep --split-tokens $st" 60 "$OUT/split_$st.md" "$LOGS/split_$st.stderr" \
+    if step "split sweep --split-tokens $st" 5 "$OUT/split_$st.md" "$LOGS/split_$st.stderr" \
         "${BENCH_BIN[bench_attention_cuda]}" --shapes 8x128x4 --contexts 32768 --batches 1,16 \
         --kinds bf16,kivi2 --kernels tiled --reps 5 --warmup 1 --split-tokens "$st" --json "$OUT/split_$st.json"; then
       SPLITS+=("$st")
@@ -438,7 +542,7 @@ fi
 # token and tensor scales, tiled and mma, 8x128x4 at 32k, batch 1 and 16.
 FP8_GRAN=0
 if ran_bench bench_attention_cuda; then
-  if step "FP8 granularities" 60 "$OUT/fp8_gran.md" "$LOGS/fp8_gran.stderr" \
+  if step "FP8 granularities" 10 "$OUT/fp8_gran.md" "$LOGS/fp8_gran.stderr" \
       "${BENCH_BIN[bench_attention_cuda]}" --shapes 8x128x4 --contexts 32768 \
       --batches 1,16 --kinds bf16,fp8_e4m3_tensor,fp8_e4m3_token,fp8_e4m3_channel \
       --kernels tiled,mma --reps 5 --warmup 1 --json "$OUT/fp8_gran.json"; then
@@ -454,7 +558,7 @@ KVQ_BIN="$BUILD/experiments/kvq"
 [[ "$MODE" == prebuilt ]] && KVQ_BIN="$BUILD/bin/kvq"
 # Whether the kvq steps can run (a kvq binary and a GPU); else a note naming step $1.
 kvq_ready() {
-  [[ -x "$KVQ_BIN" && -n "$GPU_NAME" ]] && return 0
+  have "$KVQ_BIN" && [[ -n "$GPU_NAME" ]] && return 0
   note "$1: no kvq binary ($KVQ_BIN) or no GPU; not run."
   return 1
 }
@@ -480,7 +584,7 @@ kvq_model() {
   local name=$1 label=$2 c=$3 sub=$4
   shift 4
   mkdir -p "$OUT/$name"
-  step "kvq model $sub $name $label" "$c" "$OUT/$name/$label.txt" "$LOGS/${name}_$label.log" \
+  step "$name/$label" "$c" "$OUT/$name/$label.txt" "$LOGS/${name}_$label.log" \
     "$KVQ_BIN" model "$sub" --backend cuda "$@" --json "$OUT/$name/$label.json"
   local rc=$?
   (( rc == 0 )) && return 0
@@ -505,7 +609,7 @@ model_benches() {
 # decode rows timed by CUDA events, the GPU's peak and a device-to-device copy from the same run.
 TP_OUT="$OUT/throughput_cuda"
 TP_RAN=0
-kvq_ready "kvq run throughput_cuda.toml" && kvq_run throughput_cuda 100 experiments/configs/throughput_cuda.toml && TP_RAN=1
+kvq_ready "kvq run throughput_cuda.toml" && kvq_run throughput_cuda 20 experiments/configs/throughput_cuda.toml && TP_RAN=1
 
 # The models. SYN: a SmolLM2-135M-shaped folder of made-up bf16 weights with a 32,768-token
 # context (scripts/make-synthetic-checkpoint.py --context 32768, python3: the real model's context
@@ -519,7 +623,7 @@ if ! kvq_ready "the synthetic checkpoint"; then
   :
 elif [[ -z "$PY" ]]; then
   note "No python3 for the synthetic checkpoint: decode at long context and at batch 64 not run."
-elif step "synthetic checkpoint" 60 "$LOGS/synthetic_checkpoint.log" "$LOGS/synthetic_checkpoint.log"     "$PY" scripts/make-synthetic-checkpoint.py "$SYN" --context 32768; then
+elif step "synthetic checkpoint" 10 "$LOGS/synthetic_checkpoint.log" "$LOGS/synthetic_checkpoint.log"     "$PY" scripts/make-synthetic-checkpoint.py "$SYN" --context 32768; then
   SYN_OK=1
 else
   note "make-synthetic-checkpoint.py --context 32768 failed: $(tail -1 "$LOGS/synthetic_checkpoint.log")."
@@ -540,7 +644,7 @@ fi
 MB_OUT="$OUT/model_bench"
 MB_RAN=0
 kvq_ready "kvq model bench --backend cuda" &&
-  model_benches model_bench 60 "$MB_MODEL" "bf16 kivi2" --prompt-tokens 0 --gen 64 --depth "$MB_DEPTH" --reps 3 &&
+  model_benches model_bench 8 "$MB_MODEL" "bf16 kivi2" --prompt-tokens 0 --gen 64 --depth "$MB_DEPTH" --reps 3 &&
   MB_RAN=1
 
 # Decode at long context (issue 47's goal: on SmolLM2-135M's shape a kivi2 cache decodes at least
@@ -551,7 +655,7 @@ ML_OUT="$OUT/model_bench_long"
 ML_RAN=0
 ML_DEPTH=32704
 (( SYN_OK == 1 )) &&
-  model_benches model_bench_long 60 "$SYN" "bf16 kivi2" --prompt-tokens 0 --gen 64 --depth "$ML_DEPTH" \
+  model_benches model_bench_long 12 "$SYN" "bf16 kivi2" --prompt-tokens 0 --gen 64 --depth "$ML_DEPTH" \
     --fill synthetic --reps 3 && ML_RAN=1
 
 # Decode at batch 64 x 8k (issue 47's goal: kivi2 >= 2.5x and kivi4 >= 1.8x bf16's decode tokens/s):
@@ -567,7 +671,7 @@ MX_BATCH=64
 MX_DEPTH=8192
 MX_KVS="bf16 kivi4 kivi2 fp8_e4m3:gran=token"
 (( SYN_OK == 1 )) &&
-  model_benches model_bench_batch 60 "$SYN" "$MX_KVS" --prompt-tokens 0 --gen 32 --depth "$MX_DEPTH" \
+  model_benches model_bench_batch 15 "$SYN" "$MX_KVS" --prompt-tokens 0 --gen 32 --depth "$MX_DEPTH" \
     --batch "$MX_BATCH" --fill synthetic --reps 1 && MX_RAN=1
 
 # Chunked prefill on backend cuda (issues 46/47: LlamaModel::set_device_chunk, kernels/backend.h
@@ -590,9 +694,9 @@ if kvq_ready "kvq model bench --backend cuda (chunked prefill)"; then
   t0=$(elapsed)
   PF_RAN=1
   for chunk in 256 1; do
-    reps=3
-    (( chunk == 1 )) && reps=1
-    kvq_model prefill_cuda "chunk$chunk" 60 bench --model "$MB_MODEL" --kv kivi2 --text "$ROOT/README.md" \
+    reps=3 c=8
+    (( chunk == 1 )) && reps=1 c=12
+    kvq_model prefill_cuda "chunk$chunk" "$c" bench --model "$MB_MODEL" --kv kivi2 --text "$ROOT/README.md" \
       --prompt-tokens "$PF_PROMPT" --gen 0 --depth "$PF_DEPTH" --fill synthetic --reps "$reps" \
       --device-chunk "$chunk" || PF_RAN=0
   done
@@ -609,7 +713,7 @@ MR_OUT="$OUT/model_cuda"
 MR_RAN=0
 if kvq_ready "kvq run [model] backend cuda"; then
   model_cuda_config "$MR_OUT" "$MB_MODEL" "$ROOT/README.md" >"$OUT/model_cuda.toml"
-  kvq_run model_cuda 60 "$OUT/model_cuda.toml" && MR_RAN=1
+  kvq_run model_cuda 12 "$OUT/model_cuda.toml" && MR_RAN=1
 fi
 
 # Serving-style batches on backend cuda (issue 47 item 3): `kvq model serve-bench --backend cuda`
@@ -626,13 +730,13 @@ if kvq_ready "kvq model serve-bench --backend cuda"; then
   t0=$(elapsed)
   SB_RAN=1
   for kv in "${SB_KVS[@]}"; do
-    kvq_model serve_bench "${kv%%:*}" 30 serve-bench --model "$MB_MODEL" --kv "$kv" --text "$ROOT/README.md" \
+    kvq_model serve_bench "${kv%%:*}" 8 serve-bench --model "$MB_MODEL" --kv "$kv" --text "$ROOT/README.md" \
       --mem 0.05 --requests 16 --prompt-tokens "$SB_PROMPT" --gen 32 || { SB_RAN=0; break; }
   done
   (( SB_RAN == 1 )) && note "kvq model serve-bench --backend cuda ran in $(( $(elapsed) - t0 )) s on $MB_MODEL (serve_bench/)."
 fi
 
-# ---- profiles and sanitizers ------------------------------------------------------------------
+# ---- profile ------------------------------------------------------------------------------------
 
 # Nsight Compute on the main decode kernels at one shape (8x128x4, 32k, batch 16): each split
 # kernel of tiled and mma for bf16, fp8 per tensor, kivi4 and kivi2, one launch each.
@@ -643,7 +747,7 @@ elif ! ran_bench bench_attention_cuda || [[ -z "$PY" ]]; then
   note "ncu: skipped (bench_attention_cuda did not run, or no python3 for the table)."
 else
   t0=$(elapsed)
-  if step "ncu" 120 "$LOGS/ncu-bench.md" "$LOGS/ncu.stderr" \
+  if step "ncu" 25 "$LOGS/ncu-bench.md" "$LOGS/ncu.stderr" \
       "$NCU" --csv --page raw --metrics "$("$PY" scripts/ncu_table.py --metrics)" \
       --kernel-name regex:split_kernel --log-file "$OUT/ncu.csv" \
       "${BENCH_BIN[bench_attention_cuda]}" --shapes 8x128x4 --contexts 32768 --batches 16 \
@@ -656,32 +760,12 @@ else
   fi
 fi
 
-# compute-sanitizer on the named subsets (SAN_MEMCHECK, SAN_RACECHECK) of the attention test and
-# SAN_BACKEND of the backend test: one run each (tool, binary, gtest filter).
-SAN_MD=()
-if [[ -z "$SANITIZER" ]]; then
-  note "compute-sanitizer: not found; not run."
-elif [[ -z "$GPU_NAME" ]]; then
-  note "compute-sanitizer: no GPU; not run."
-else
-  for run in "memcheck cuda_attention_kernel_test $SAN_MEMCHECK" "racecheck cuda_attention_kernel_test $SAN_RACECHECK" \
-      "memcheck cuda_backend_test $SAN_BACKEND"; do
-    read -r tl name filter <<<"$run"
-    bin="$BUILD/tests/cuda/$name"
-    log="$LOGS/sanitizer-$tl-$name.log"
-    [[ -x "$bin" ]] || { SAN_MD+=("| $tl | $name \`$filter\` | not built | | |"); continue; }
-    t0=$(elapsed)
-    step "compute-sanitizer $tl $name" 100 "$log" "$log" \
-      "$SANITIZER" --tool "$tl" --error-exitcode 86 "$bin" --gtest_brief=1 "--gtest_filter=$filter"
-    rc=$?
-    passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
-    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1 | sed 's/^========= //')
-    state=clean
-    (( rc == 124 )) && state="timed out"
-    (( rc == 125 )) && state="not run: the budget is spent"
-    (( rc != 0 && rc != 124 && rc != 125 )) && { state="failed (exit $rc)"; STATUS=1; }
-    SAN_MD+=("| $tl | $name \`$filter\` | $state in $(( $(elapsed) - t0 )) s | ${passed:-0} | ${summary:--} |")
-  done
+if (( PLAN )); then
+  fits=fits
+  (( PLAN_SUM > BUDGET || BUDGET > LIMIT )) && fits="DOES NOT FIT"
+  echo "total $PLAN_SUM s of caps; budget $BUDGET s (KVQ_DC_BUDGET_S), limit $LIMIT s: $fits"
+  [[ $fits == fits ]]
+  exit
 fi
 
 # ---- goals from the JSON ------------------------------------------------------------------------

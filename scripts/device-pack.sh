@@ -4,6 +4,8 @@
 # them with the shared libraries they need in one folder:
 #
 #   scripts/device-pack.sh [DIR] [ARCH]      # DIR defaults to .device-pack, ARCH to 90
+#   scripts/device-pack.sh --list            # the files the pack holds (DIR-relative), one a line;
+#                                            # builds nothing (device-check's plan test reads it)
 #
 # Then, on the GPU machine, from the repo root with DIR beside it:
 #
@@ -16,23 +18,31 @@
 # DIR should be ignored by git (.git/info/exclude) so that it travels only when asked for.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+# shellcheck source=scripts/cuda-targets.sh
+source scripts/cuda-targets.sh
+# What the pack holds: "BUILD-PATH PACK-PATH" a line (the target is BUILD-PATH's file name): every
+# CUDA test and bench binary, and kvq (its model, [throughput] and [model] runs on backend cuda).
+pack_files() {
+  local t
+  for t in $(cuda_test_targets); do echo "tests/cuda/$t tests/cuda/$t"; done
+  for t in $(cuda_bench_targets); do echo "bench/$t bench/$t"; done
+  echo "experiments/kvq bin/kvq"
+}
+if [[ "${1:-}" == --list ]]; then
+  pack_files | cut -d' ' -f2
+  exit 0
+fi
 DIR=${1:-.device-pack}
 ARCH=${2:-90}
-cd "$ROOT"
 BUILD=build/device-pack
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" \
   -DKVQ_NATIVE=OFF -DCMAKE_CXX_FLAGS= >/dev/null
-# shellcheck source=scripts/cuda-targets.sh
-source scripts/cuda-targets.sh
-tests=$(cuda_test_targets)
-benches=$(cuda_bench_targets)
-# shellcheck disable=SC2086
-cmake --build "$BUILD" -j "$(nproc)" --target $tests $benches kvq
+# shellcheck disable=SC2046
+cmake --build "$BUILD" -j "$(nproc)" --target $(pack_files | cut -d' ' -f1 | xargs -n1 basename)
 rm -rf "$DIR"
 mkdir -p "$DIR/tests/cuda" "$DIR/bench" "$DIR/bin" "$DIR/lib"
-for t in $tests; do cp "$BUILD/tests/cuda/$t" "$DIR/tests/cuda/"; done
-for b in $benches; do cp "$BUILD/bench/$b" "$DIR/bench/"; done
-cp "$BUILD/experiments/kvq" "$DIR/bin/"  # kvq run's [throughput] on backend cuda
+pack_files | while read -r from to; do cp "$BUILD/$from" "$DIR/$to"; done
 # Every shared library the binaries load except the C library's own and the driver's.
 for f in "$DIR"/tests/cuda/* "$DIR"/bench/* "$DIR"/bin/*; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'
