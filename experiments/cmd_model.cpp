@@ -620,6 +620,10 @@ void register_bench(CLI::App* model) {
         for (int b = 0; b < o->batch; ++b) {
           caches.push_back(std::make_unique<LlamaCache>(L.model.config(), co));
           fill(*caches.back());
+          for (LlamaCache::Layer& l : caches.back()->layers()) {  // no reallocation in a timed step
+            l.k->reserve(o->depth + o->gen);
+            l.v->reserve(o->depth + o->gen);
+          }
           cs.push_back(caches.back().get());
         }
         const bool batched = o->batch > 1 && L.model.backend() == AttentionBackend::kCuda;
