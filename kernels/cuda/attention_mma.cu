@@ -75,12 +75,13 @@ __device__ __forceinline__ void load_tile(uint16_t* stage, const uint16_t* data,
 /// The split's softmax partial over scores[i * ld + t] (t < n), one warp per query head (as
 /// attention_kernels.cu): the scores become e^(s - m) times pscale (a power of two) and, where ts
 /// is given, times token t's value scale ts[t * ts_stride]; m and l (the sum of e^(s - m)) go to
-/// part_ml.
+/// part_ml. Tokens t < packed are stored as mma_int::pack_p words (fp16 high + low parts, for the
+/// int kernel's transposed value product) instead of floats.
 template <class Params>
 __device__ __forceinline__ void softmax_partial(const Params& p, float* scores, int n, int nq,
                                                 int ld, int64_t qrow, int split, int warp, int lane,
                                                 float pscale = 1.0f, const float* ts = nullptr,
-                                                int ts_stride = 0) {
+                                                int ts_stride = 0, int packed = 0) {
   for (int i = warp; i < nq; i += kWarps) {
     float* row = scores + i * ld;
     float m = -INFINITY;
@@ -91,7 +92,8 @@ __device__ __forceinline__ void softmax_partial(const Params& p, float* scores, 
     for (int t = lane; t < n; t += 32) {
       const float e = expf(row[t] - m);
       // pscale s_t first: exact (a power of two) unless subnormal, so p' errs by <= 2^-150 abs.
-      row[t] = e * (ts ? pscale * __ldg(ts + static_cast<int64_t>(t) * ts_stride) : pscale);
+      const float x = e * (ts ? pscale * __ldg(ts + static_cast<int64_t>(t) * ts_stride) : pscale);
+      row[t] = t < packed ? __uint_as_float(mma_int::pack_p(x)) : x;
       l += e;
     }
 #pragma unroll
@@ -341,6 +343,15 @@ __global__ void __launch_bounds__(kThreads, 2)
 // Values: p' = p 2^ve (ve from the split's largest value scale, so p' s < 2^14), A = p'_t s_t
 // per channel group, o = (E - C) 2^-ve, E = -64 sum_t a_t + sum_t p'_t m_t. Tokens of the
 // float32 residual window take plain fp32 loops (few: at most the window).
+// Values at GQA <= 4 (template flag T, chosen in launch_mma_int): the transposed product
+// (mma_int.h), A = codes (16 channels x 16 tokens of a k-step: 256 codes an mma, twice the
+// direct form's), B = p'_t s_t with columns h / 4 + h the heads' high / low parts. The softmax
+// stores the quantized tokens' p' as pack_p words; a lane's B comes from two of them by
+// p_select and fold_b (the direct form's three instructions a pair), the offsets go to one
+// accumulator per channel group (A = -1), the minima to one more (A row g = m of group g % NCG),
+// so the loop holds D / 16 code mma's per k-step plus NCG + 1 (the direct form: D / 8 + 2 NCG) and
+// 8 D / 32 + 4 + 4 NCG accumulator registers (the direct form: 16 D / 32 + 4 NCG). Only the last
+// tile reads p' under a predicate (tokens past the quantized ones must be zero rows of B).
 
 constexpr int kTileI = kWarps * mma_int::kSpan;  // tokens per int stage
 
@@ -424,18 +435,21 @@ struct KeyRunCopy {
 
 /// A lane's share of its warp's value-row copies, set up once per block: row r = 32 warp + lane
 /// of every tile (token s0 + kTileI i + r: D B / 32 words by 16-byte copies, NCG scales and NCG
-/// minima by 4-byte copies); rows at or past q1 are zero-filled (codes 0, scales 0, minima 0: with
-/// a finite p they add nothing).
+/// minima by 4-byte copies); rows at or past nv (from s0) are zero-filled (codes 0, scales 0,
+/// minima 0: with a finite p they add nothing), their sources staying on the lane's last quantized
+/// row (or row s0), so no address leaves the cache and no view pointer is reloaded.
 template <int D, int B, int NCG>
 struct ValueRowCopy {
   static constexpr int kRow = D * B / 32;  // words of a row
   const uint32_t* src;                     // the lane's row at the next tile
   const uint16_t *ssrc, *msrc;             // its scales and minima
   int step, pstep;                         // per tile: words, halves
-  int rel;                                 // the row's token at the next tile, from s0
-  __device__ ValueRowCopy(const IntSideView& v, int64_t s0, int H, int h, int warp, int lane) {
-    rel = mma_int::kSpan * warp + lane;
-    const int64_t row = (s0 + rel) * H + h;
+  int rem;                                 // quantized rows from the lane's row at the next tile
+  __device__ ValueRowCopy(const IntSideView& v, int64_t s0, int nv, int H, int h, int warp,
+                          int lane) {
+    const int rel = mma_int::kSpan * warp + lane;  // = the thread's index
+    rem = nv - rel;
+    const int64_t row = (s0 + (rem > 0 ? rel : 0)) * H + h;
     src = v.words + row * kRow;
     ssrc = v.scales + row * NCG;
     msrc = v.mins + row * NCG;
@@ -444,26 +458,25 @@ struct ValueRowCopy {
   }
   /// Issues the next tile's copies into the stage at shared address st (row r of the tile at
   /// byte r kRow 4, its parameters after the words), then steps.
-  __device__ __forceinline__ void load(uint32_t st, int q1_rel, const IntSideView& v, int warp,
-                                       int lane) {
+  __device__ __forceinline__ void load(uint32_t st) {
     using S = IntSmem<D, B>;
-    const int r = mma_int::kSpan * warp + lane;
-    const bool in = rel < q1_rel;
-    const uint32_t* w = in ? src : v.words;
-    const uint32_t dst = st + r * kRow * 4, sdst = st + S::kWords * 4 + r * NCG * 2;
+    static_assert(mma_int::kSpan == 32, "row r of a tile is thread r's");
+    const uint32_t r = threadIdx.x, dst = st + r * kRow * 4,
+                   pdst = st + S::kWords * 4 + r * NCG * 2;
+    const bool in = rem > 0;
 #pragma unroll
-    for (int c = 0; c < kRow / 4; ++c) cp_async_to<16>(dst + 16 * c, w + 4 * c, in);
-    const uint16_t* sp = in ? ssrc : v.scales;
-    const uint16_t* mp = in ? msrc : v.mins;
+    for (int c = 0; c < kRow / 4; ++c) cp_async_to<16>(dst + 16 * c, src + 4 * c, in);
 #pragma unroll
     for (int c = 0; c < NCG; c += 2) {  // two groups' scales (minima) a copy
-      cp_async_to<4>(sdst + 2 * c, sp + c, in);
-      cp_async_to<4>(sdst + S::kParams * 2 + 2 * c, mp + c, in);
+      cp_async_to<4>(pdst + 2 * c, ssrc + c, in);
+      cp_async_to<4>(pdst + S::kParams * 2 + 2 * c, msrc + c, in);
     }
-    src += step;
-    ssrc += pstep;
-    msrc += pstep;
-    rel += kTileI;
+    if (rem > kTileI) {  // the row of the next tile is quantized too
+      src += step;
+      ssrc += pstep;
+      msrc += pstep;
+    }
+    rem -= kTileI;
   }
 };
 
@@ -492,7 +505,7 @@ __device__ __forceinline__ void value_scale_max(const IntSideView& v, int64_t s0
   if (tid % 32 == 0) wmax[tid / 32] = m;
 }
 
-template <int D, int B, int NCG>
+template <int D, int B, int NCG, bool T>
 __global__ void __launch_bounds__(kThreads, 4)
     mma_int_split_kernel(const __grid_constant__ detail::SplitParams<IntSideView> p) {
   using S = IntSmem<D, B>;
@@ -609,8 +622,8 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int64_t vq1 = min(s1, max(s0, vv.quantized_tokens));  // quantized values: [s0, vq1)
   const int nv = static_cast<int>(vq1 - s0);
   const int vtiles = (nv + kTileI - 1) / kTileI;
-  ValueRowCopy<D, B, NCG> vcopy(vv, s0, H, h, warp, lane);
-  if (vtiles > 0) vcopy.load(st0, nv, vv, warp, lane);
+  ValueRowCopy<D, B, NCG> vcopy(vv, s0, nv, H, h, warp, lane);
+  if (vtiles > 0) vcopy.load(st0);
   cp_async_commit();
   value_scale_max(vv, s0, vq1, H, h, NCG, tid, wmax);
   __syncthreads();  // every score written, wmax complete
@@ -618,79 +631,206 @@ __global__ void __launch_bounds__(kThreads, 4)
   // ---- softmax partial: p' = p 2^ve in the score buffer
   // ------------------------------------------
   const int ve = mma_int::value_shift(block_max(wmax));
-  softmax_partial(p, scores, n, nq, ld, blk.qrow, blk.split, warp, lane, pow2(ve));
+  softmax_partial(p, scores, n, nq, ld, blk.qrow, blk.split, warp, lane, pow2(ve), nullptr, 0,
+                  T ? nv : 0);
   __syncthreads();
-
-  // ---- values, quantized: each warp 32 rows (two k-steps) of a tile, every channel group
-  // ---------
   constexpr int kSets = D / mi::kSpan, kSetsPerGroup = kSets / NCG;
-  float o[kSets][mi::kE][4] = {}, ex[NCG][4] = {};
-  for (int i = 0; i < vtiles; ++i) {
-    if (i + 1 < vtiles) vcopy.load(st0 + ((i + 1) % kStages) * S::kStageBytes, nv, vv, warp, lane);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    const char* st = stages + (i % kStages) * S::kStageBytes;
-    const uint32_t* wv = reinterpret_cast<const uint32_t*>(st);
-    const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + S::kWords * 4);  // [row][NCG / 2]
-    const uint32_t* mn = sc + S::kParams / 2;
+  float* red = reinterpret_cast<float*>(stages);  // [kWarps][8][D], after the loop
+  if constexpr (T) {
+    // ---- values, transposed (nq <= 4): codes as A, p'_t s_t as B (mma_int.h) -----------------
+    float o[kSets][2][4] = {}, em[4] = {}, eo[NCG][4] = {};  // minima (row cg), offsets
+    const bool low = g >= mi::kTHeads;  // this lane's B column: head hh's low part
+    const int hh = g % mi::kTHeads;
+    const uint32_t psel = mi::p_selector(low), pmask = mi::p_mask(low);
+    // The lane's first p' word (k-step 0, B register 0) of the next tile, and how many words from
+    // it are pack_p words: tiles but the last are quantized throughout, so only the last reads
+    // zero past them (an absent head's lanes read head 0's words: their columns are not written).
+    const int p0 = mi::kSpan * warp + mma::b_row(lane, 0, 0);
+    const uint32_t* pw = reinterpret_cast<const uint32_t*>(scores) + (hh < nq ? hh : 0) * ld + p0;
+    const int prem = nv - p0 - (vtiles - 1) * kTileI;  // in the last tile
+    const int mcg0 = mi::t_min_group(g, NCG, 0), mcg1 = mi::t_min_group(g, NCG, 1);
+    const uint32_t ao[4] = {mi::kMinus1x2, mi::kMinus1x2, mi::kMinus1x2, mi::kMinus1x2};
+    for (int i = 0; i < vtiles; ++i) {
+      if (i + 1 < vtiles) vcopy.load(st0 + ((i + 1) % kStages) * S::kStageBytes);
+      cp_async_commit();
+      cp_async_wait<1>();
+      __syncthreads();
+      const char* st = stages + (i % kStages) * S::kStageBytes;
+      const uint32_t* wv = reinterpret_cast<const uint32_t*>(st);
+      const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + S::kWords * 4);  // [row][NCG/2]
+      const uint32_t* mn = sc + S::kParams / 2;
+      // The lane's p' words of both k-steps, [kk][r]: tokens 16 kk + 8 r (+ 1), 8-byte aligned
+      // (ld, a multiple of the key group, and the offsets are even).
+      uint2 pv[4];
+      if (i + 1 < vtiles) {
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      const int rk = mi::kSpan * warp + mma::kK * kk;  // the k-step's first row in the tile
-      uint32_t pa[4];  // p' of head g at this lane's A columns, high + low fp16 rows
-      p_fragment(pa, scores, g, nq, ld, i * kTileI + rk, nv, lane, mma_fp8::split_half2);
+        for (int x = 0; x < 4; ++x) pv[x] = *reinterpret_cast<const uint2*>(pw + 8 * x);
+      } else {
 #pragma unroll
-      for (int cg = 0; cg < NCG; ++cg) {
-        uint32_t a[4], m2[2];
-#pragma unroll
-        for (int r2 = 0; r2 < 2; ++r2) {
-          const int row = rk + mma::a_col(lane, 2 * r2, 0);  // rows row, row + 1
-          const uint32_t sel = mi::half_pair_selector(cg % 2);
-          const int w = row * (NCG / 2) + cg / 2;
-          const uint32_t s2 = mi::byte_perm(sc[w], sc[w + NCG / 2], sel);
-          m2[r2] = mi::byte_perm(mn[w], mn[w + NCG / 2], sel);
-          const mi::HiLo16 f = mi::fold_f16x2(pa[2 * r2], pa[2 * r2 + 1], s2);
-          a[2 * r2] = f.hi;
-          a[2 * r2 + 1] = f.lo;
+        for (int x = 0; x < 4; ++x) {
+          pv[x] = 8 * x < prem ? *reinterpret_cast<const uint2*>(pw + 8 * x) : make_uint2(0u, 0u);
+          if (8 * x + 1 >= prem) pv[x].y = 0u;
         }
-        mma_f16(ex[cg], a, mi::kMinus64x2, mi::kMinus64x2);  // -64 sum_t a_t: the offsets
-        mma_f16(ex[cg], pa, m2[0], m2[1]);                   // sum_t p'_t m_t
+      }
+      pw += kTileI;
 #pragma unroll
-        for (int u = 0; u < kSetsPerGroup; ++u) {
-          const int cs = cg * kSetsPerGroup + u;
-          uint32_t y[2];
+      for (int kk = 0; kk < 2; ++kk) {
+        const int rk = mi::kSpan * warp + mma::kK * kk;  // the k-step's first row in the tile
+        mi::HiLo16 xs[2];                                // B inputs, tokens 2 tg + 8 r, + 1
+        uint32_t am[4];  // minima A: rows g (group mcg0), g + 8 (group mcg1)
 #pragma unroll
-          for (int r2 = 0; r2 < 2; ++r2) {
-            const int row = rk + mma::a_col(lane, 2 * r2, 0);
-            y[r2] =
-                mi::pair_slices<B>(wv[mi::value_word<D, B>(row, cs, g)],
-                                   wv[mi::value_word<D, B>(row + 1, cs, g)], mi::slice_of<B>(g));
+        for (int r = 0; r < 2; ++r) {
+          const int row = rk + mma::b_row(lane, r, 0);
+          xs[r] = mi::p_select(pv[2 * kk + r].x, pv[2 * kk + r].y, psel, pmask);
+          const int w0 = row * (NCG / 2) + mcg0 / 2, w1 = row * (NCG / 2) + mcg1 / 2;
+          am[2 * r] = mi::byte_perm(mn[w0], mn[w0 + NCG / 2], mi::half_pair_selector(mcg0 % 2));
+          am[2 * r + 1] = mi::byte_perm(mn[w1], mn[w1 + NCG / 2], mi::half_pair_selector(mcg1 % 2));
+        }
+        mma_f16(em, am, xs[0].lo, xs[1].lo);  // sum_t p'_t m_t (row cg: group cg)
+#pragma unroll
+        for (int cg = 0; cg < NCG; ++cg) {
+          uint32_t b[2];
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int w = (rk + mma::b_row(lane, r, 0)) * (NCG / 2) + cg / 2;
+            b[r] = mi::fold_b(
+                xs[r], mi::byte_perm(sc[w], sc[w + NCG / 2], mi::half_pair_selector(cg % 2)));
           }
+          mma_f16(eo[cg], ao, b[0], b[1]);  // -sum_t b_t (every row): the offsets
 #pragma unroll
-          for (int j = 0; j < mi::kE; ++j)
-            mma_f16(o[cs][j], a, mi::code_half<B>(y[0], j), mi::code_half<B>(y[1], j));
+          for (int u = 0; u < kSetsPerGroup; ++u) {
+            const int cs = cg * kSetsPerGroup + u;
+            uint32_t y[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int row = rk + mma::a_col(lane, 2 * r, 0);
+              y[r] =
+                  mi::pair_slices<B>(wv[mi::value_word<D, B>(row, cs, g)],
+                                     wv[mi::value_word<D, B>(row + 1, cs, g)], mi::slice_of<B>(g));
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              const uint32_t a[4] = {mi::t_code_half<B>(y[0], mi::t_code(mt, 0)),
+                                     mi::t_code_half<B>(y[0], mi::t_code(mt, 1)),
+                                     mi::t_code_half<B>(y[1], mi::t_code(mt, 2)),
+                                     mi::t_code_half<B>(y[1], mi::t_code(mt, 3))};
+              mma_f16(o[cs][mt], a, b[0], b[1]);
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    // Columns h and h + 4 (lanes tg, tg ^ 2) summed; lanes tg < 2 then hold heads 2 tg + x.
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      em[x] += __shfl_xor_sync(kFullMask, em[x], 2);
+#pragma unroll
+      for (int cg = 0; cg < NCG; ++cg) eo[cg][x] += __shfl_xor_sync(kFullMask, eo[cg][x], 2);
+    }
+#pragma unroll
+    for (int cs = 0; cs < kSets; ++cs)
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) o[cs][mt][x] += __shfl_xor_sync(kFullMask, o[cs][mt][x], 2);
+    float emc[NCG][2];  // EM row cg at this lane's columns (lane group cg holds it)
+#pragma unroll
+    for (int cg = 0; cg < NCG; ++cg)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) emc[cg][x] = __shfl_sync(kFullMask, em[x], cg * 4 + blk.tg);
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      const int hd = 2 * blk.tg + x;
+      if (blk.tg < 2 && hd < nq) {
+#pragma unroll
+        for (int cs = 0; cs < kSets; ++cs) {
+          const int cg = cs / kSetsPerGroup;
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int i2 = 0; i2 < 2; ++i2) {
+              const int d = cs * mi::kSpan + mi::t_channel(mt, g + 8 * i2);
+              red[(warp * 8 + hd) * D + d] =
+                  fmaf(mi::t_base<B>(mi::t_code(mt, i2)), eo[cg][x], emc[cg][x]) -
+                  o[cs][mt][2 * i2 + x];
+            }
         }
       }
     }
-    __syncthreads();
-  }
-  cp_async_wait<0>();
-  __syncthreads();
-
-  // ---- the warps' sums, in a fixed order, plus the residual window's values (fp32) -------------
-  float* red = reinterpret_cast<float*>(stages);  // [kWarps][8][D]
-  if (g < nq) {
+  } else {
+    // ---- values, quantized: each warp 32 rows (two k-steps) of a tile, every channel group
+    // ---------
+    float o[kSets][mi::kE][4] = {}, ex[NCG][4] = {};
+    for (int i = 0; i < vtiles; ++i) {
+      if (i + 1 < vtiles) vcopy.load(st0 + ((i + 1) % kStages) * S::kStageBytes);
+      cp_async_commit();
+      cp_async_wait<1>();
+      __syncthreads();
+      const char* st = stages + (i % kStages) * S::kStageBytes;
+      const uint32_t* wv = reinterpret_cast<const uint32_t*>(st);
+      const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + S::kWords * 4);  // [row][NCG / 2]
+      const uint32_t* mn = sc + S::kParams / 2;
 #pragma unroll
-    for (int cs = 0; cs < kSets; ++cs) {
-      const int cg = cs / kSetsPerGroup;
-      const float e = ex[cg][0] + ex[cg][2];  // columns alike
+      for (int kk = 0; kk < 2; ++kk) {
+        const int rk = mi::kSpan * warp + mma::kK * kk;  // the k-step's first row in the tile
+        uint32_t pa[4];  // p' of head g at this lane's A columns, high + low fp16 rows
+        p_fragment(pa, scores, g, nq, ld, i * kTileI + rk, nv, lane, mma_fp8::split_half2);
 #pragma unroll
-      for (int j = 0; j < mi::kE; ++j)
+        for (int cg = 0; cg < NCG; ++cg) {
+          uint32_t a[4], m2[2];
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const int d = cs * mi::kSpan + mi::set_index(mma::c_col(lane, x), j);
-          red[(warp * 8 + g) * D + d] = e - (o[cs][j][x] + o[cs][j][x + 2]);
+          for (int r2 = 0; r2 < 2; ++r2) {
+            const int row = rk + mma::a_col(lane, 2 * r2, 0);  // rows row, row + 1
+            const uint32_t sel = mi::half_pair_selector(cg % 2);
+            const int w = row * (NCG / 2) + cg / 2;
+            const uint32_t s2 = mi::byte_perm(sc[w], sc[w + NCG / 2], sel);
+            m2[r2] = mi::byte_perm(mn[w], mn[w + NCG / 2], sel);
+            const mi::HiLo16 f = mi::fold_f16x2(pa[2 * r2], pa[2 * r2 + 1], s2);
+            a[2 * r2] = f.hi;
+            a[2 * r2 + 1] = f.lo;
+          }
+          mma_f16(ex[cg], a, mi::kMinus64x2, mi::kMinus64x2);  // -64 sum_t a_t: the offsets
+          mma_f16(ex[cg], pa, m2[0], m2[1]);                   // sum_t p'_t m_t
+#pragma unroll
+          for (int u = 0; u < kSetsPerGroup; ++u) {
+            const int cs = cg * kSetsPerGroup + u;
+            uint32_t y[2];
+#pragma unroll
+            for (int r2 = 0; r2 < 2; ++r2) {
+              const int row = rk + mma::a_col(lane, 2 * r2, 0);
+              y[r2] =
+                  mi::pair_slices<B>(wv[mi::value_word<D, B>(row, cs, g)],
+                                     wv[mi::value_word<D, B>(row + 1, cs, g)], mi::slice_of<B>(g));
+            }
+#pragma unroll
+            for (int j = 0; j < mi::kE; ++j)
+              mma_f16(o[cs][j], a, mi::code_half<B>(y[0], j), mi::code_half<B>(y[1], j));
+          }
         }
+      }
+      __syncthreads();
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // ---- the warps' sums, in a fixed order, plus the residual window's values (fp32)
+    // -------------
+    if (g < nq) {
+#pragma unroll
+      for (int cs = 0; cs < kSets; ++cs) {
+        const int cg = cs / kSetsPerGroup;
+        const float e = ex[cg][0] + ex[cg][2];  // columns alike
+#pragma unroll
+        for (int j = 0; j < mi::kE; ++j)
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            const int d = cs * mi::kSpan + mi::set_index(mma::c_col(lane, x), j);
+            red[(warp * 8 + g) * D + d] = e - (o[cs][j][x] + o[cs][j][x + 2]);
+          }
+      }
     }
   }
   __syncthreads();
@@ -991,10 +1131,14 @@ cudaError_t launch_mma_int(int bits, int head_dim, const SplitParams<IntSideView
                            cudaStream_t stream) {
   const int64_t sf = static_cast<int64_t>(p.nq) * p.split_tokens;
   const int ncg = head_dim / static_cast<int>(p.v[0].group);  // 2 or 4 (mma_int_supported)
+  // GQA <= 4: the transposed value product (mma_int.h); 5..8 the direct one.
+  const bool transposed = p.nq <= mma_int::kTHeads;
   auto run = [&](auto dc, auto bc, auto nc) {
     constexpr int D = decltype(dc)::value, B = decltype(bc)::value, NCG = decltype(nc)::value;
-    return launch_with_smem(mma_int_split_kernel<D, B, NCG>, IntSmem<D, B>::bytes(sf), p, grid,
-                            stream);
+    return transposed ? launch_with_smem(mma_int_split_kernel<D, B, NCG, true>,
+                                         IntSmem<D, B>::bytes(sf), p, grid, stream)
+                      : launch_with_smem(mma_int_split_kernel<D, B, NCG, false>,
+                                         IntSmem<D, B>::bytes(sf), p, grid, stream);
   };
   using I64 = std::integral_constant<int, 64>;
   using I128 = std::integral_constant<int, 128>;

@@ -236,16 +236,19 @@ KVQ_HD int value_word(int t, int cs, int g) {
 // part (g >= 4), and p_select turns the words of tokens t, t + 1 into xh' = (g < 4 ? 0 : high),
 // xl' = (g < 4 ? high : low), so that fold_b = fold_f16x2(xh', xl', s).lo is fold_f16x2's hi
 // (g < 4: fl(fl(0 s - 0) + ph s) = fl(ph s)) or lo (g >= 4) of the direct form, bit for bit for
-// s >= 0, with the same three instructions a pair. Offsets and minima go into one accumulator E
-// whose rows are channel groups: per group cg one mma of A row cg = -1 (t_offset_a) against that
-// group's folded B gives E[cg][n] = -sum_t b_t; one mma per k-step of A row kTMinRow + cg =
-// m_{t,cg} (t_min_row) against the unfolded B (xl') gives E[kTMinRow + cg][n] = sum_t p'_t m_t.
-// Then, per channel c of group cg and head h (columns h and h + 4 summed),
-//   out'[c][h] = t_base(k(c)) E[cg][h] + E[kTMinRow + cg][h] - C[c][h].
+// s >= 0, with the same three instructions a pair. A column's B only reaches that column of C
+// (heads are columns), so lanes of absent heads may hold any finite B; rows (tokens) past the
+// quantized ones must be zero (their codes are zero-filled words, read as -base). Offsets: per
+// group cg one mma of A = -1 (every row: kMinus1x2 in every register, one constant for all
+// groups) against that group's folded B into its own accumulator, EO[cg][any row][n] =
+// -sum_t b_t. Minima: one mma per k-step of A row g = m_{t, g % NCG}, row g + 8 = m_{t, (g + 1) %
+// NCG} (t_min_group: every register a useful PRMT) against the unfolded B (xl') into EM, whose
+// row cg (< NCG) is sum_t p'_t m_{t,cg}. Per channel c of group cg and head h (columns h and
+// h + 4 summed),
+//   out'[c][h] = t_base(k(c)) EO[cg][h] + EM[cg][h] - C[c][h].
 
-/// Heads the transposed product takes (B columns h and kTHeads + h); E's first minima row.
+/// Heads the transposed product takes (B columns h and kTHeads + h).
 inline constexpr int kTHeads = 4;
-inline constexpr int kTMinRow = 4;
 
 /// Slice code (0..3) that A register r of m-tile mt (0, 1) reads from its y (y[r / 2]).
 KVQ_HD int t_code(int mt, int r) { return 2 * mt + r % 2; }
@@ -283,12 +286,8 @@ KVQ_HD HiLo16 p_select(uint32_t w0, uint32_t w1, uint32_t sel, uint32_t mask) {
 /// B of channel group cg for tokens t, t + 1 (x = p_select's pair, s = their scales' fp16 pair).
 KVQ_HD uint32_t fold_b(HiLo16 x, uint32_t s) { return fold_f16x2(x.hi, x.lo, s).lo; }
 
-/// A register 0 or 2 of the offset mma of channel group cg (row cg = -1, every other row 0;
-/// registers 1 and 3, rows 8..15, are 0).
-KVQ_HD uint32_t t_offset_a(int g, int cg) { return g == cg ? kMinus1x2 : 0u; }
-/// The channel group whose minima lane group g puts in its A rows (row g = kTMinRow + cg), or -1.
-KVQ_HD int t_min_group(int g, int ncg) {
-  return g >= kTMinRow && g < kTMinRow + ncg ? g - kTMinRow : -1;
-}
+/// The channel group whose minima A register r of lane group g holds: row g (r even) group
+/// g % ncg, row g + 8 (r odd) group (g + 1) % ncg.
+KVQ_HD int t_min_group(int g, int ncg, int r) { return (g + r % 2) % ncg; }
 
 }  // namespace kvq::cuda::mma_int

@@ -379,12 +379,15 @@ class DecodeAttentionLongSplits : public ::testing::TestWithParam<LongSplitCase>
 
 // Expected: kvq::decode_attention on the CPU (the file comment), bf16 and FP8 (head scales: the
 // Mma kernel's FP8 tiles; channel keys with token values: q folded once, the split-wide value
-// scale maximum over several tiles) caches.
+// scale maximum over several tiles) caches, and KIVI caches (G 32 and, at D 128, value groups of
+// 64: two channel groups; GQA 1 / 4 run the transposed value product through several 128-token
+// tiles, GQA 8 the direct one).
 TEST_P(DecodeAttentionLongSplits, MatchesCpuReference) {
   const auto& [T, gqa, dim, split, kernel] = GetParam();
   const int64_t st = split > 0 ? split : 4096 / gqa;
   for (const char* spec :
-       {"bf16", "fp8_e5m2:gran=head", "k=fp8_e4m3:gran=channel;v=fp8_e4m3:gran=token"})
+       {"bf16", "fp8_e5m2:gran=head", "k=fp8_e4m3:gran=channel;v=fp8_e4m3:gran=token", "kivi2",
+        "kivi4:g=64,r=40"})
     run_spec(spec, {T, T / 3 + 1}, 2, gqa, dim,
              kvq::testing::test_name(spec) + "_T" + std::to_string(T) + "_gqa" +
                  std::to_string(gqa) + "_d" + std::to_string(dim) + "_split" + std::to_string(st) +

@@ -588,10 +588,10 @@ TEST(MmaIntTransposed, SelectedFoldGivesTheDirectFormsBitsForEveryLaneClass) {
 }
 
 // P V through the transposed fragments (codes as A, B = fold_b per channel group, one offset mma
-// per group and one minima mma per k-step into E), read back as the kernel's write-out does
-// (columns h and h + 4 summed, t_base E[cg] + E[kTMinRow + cg] - C), against sum_t p_t (code s_t +
-// m_t) in double. 80 tokens (5 k-steps, the last 15 past nv hold NaN words: the predicate zeroes
-// them), scales over 2^-12 .. 2^5 with one zero-scale token group, minima over +-8.
+// per group into EO[cg] and one minima mma per k-step into EM), read back as the kernel's write-out
+// does (columns h and h + 4 summed, t_base EO[cg] + EM[cg] - C), against sum_t p_t (code s_t + m_t)
+// in double. 80 tokens (5 k-steps, the last 15 past nv hold NaN words: the predicate zeroes them),
+// scales over 2^-12 .. 2^5 with one zero-scale token group, minima over +-8.
 template <int B, int D>
 void check_transposed_values(int nq, int G) {
   ASSERT_LE(nq, kTHeads);
@@ -626,7 +626,7 @@ void check_transposed_values(int nq, int G) {
     return half2_of(v[static_cast<size_t>(t * ncg + cg)],
                     v[static_cast<size_t>((t + 1) * ncg + cg)]);
   };
-  float o[kSets][2][32][4] = {}, ex[32][4] = {};
+  float o[kSets][2][32][4] = {}, em[32][4] = {}, eo[kTHeads][32][4] = {};
   for (int ks = 0; ks < kTokens / kK; ++ks) {
     // B inputs per lane and register: head g % 4's words, zero past kValid or for heads >= nq.
     std::array<std::vector<HiLo16>, 2> xs;
@@ -639,31 +639,28 @@ void check_transposed_values(int nq, int G) {
         const bool low = group_of(l) >= kTHeads;
         xs[static_cast<size_t>(r)].push_back(p_select(w0, w1, p_selector(low), p_mask(low)));
       }
-    // The minima mma: A rows kTMinRow + cg = m_{t, cg}, B = xl'.
+    // The minima mma: A row g = m_{t, g % ncg}, row g + 8 = m_{t, (g + 1) % ncg}; B = xl'.
     Frag4 am;
     for (Frag& f : am) f.assign(32, 0);
     Frag xl0(32), xl1(32);
     for (int l = 0; l < 32; ++l) {
-      const int cg = t_min_group(group_of(l), ncg);
-      for (int r = 0; r < 4; r += 2)
+      for (int r = 0; r < 4; ++r)
         am[static_cast<size_t>(r)][static_cast<size_t>(l)] =
-            cg < 0 ? 0u : pair(mn, kK * ks + a_col(l, r, 0), cg);
+            pair(mn, kK * ks + a_col(l, r, 0), t_min_group(group_of(l), ncg, r));
       xl0[static_cast<size_t>(l)] = xs[0][static_cast<size_t>(l)].lo;
       xl1[static_cast<size_t>(l)] = xs[1][static_cast<size_t>(l)].lo;
     }
-    mma(ex, am, xl0, xl1);
+    mma(em, am, xl0, xl1);
     for (int cg = 0; cg < ncg; ++cg) {
       Frag b0(32), b1(32);
-      Frag4 ao;
-      for (Frag& f : ao) f.assign(32, 0);
-      for (int l = 0; l < 32; ++l) {
+      for (int l = 0; l < 32; ++l)
         for (int r = 0; r < 2; ++r)
           (r == 0 ? b0 : b1)[static_cast<size_t>(l)] =
               fold_b(xs[static_cast<size_t>(r)][static_cast<size_t>(l)],
                      pair(sc, kK * ks + b_row(l, r, 0), cg));
-        ao[0][static_cast<size_t>(l)] = ao[2][static_cast<size_t>(l)] = t_offset_a(group_of(l), cg);
-      }
-      mma(ex, ao, b0, b1);
+      mma(eo[cg],
+          Frag4{Frag(32, kMinus1x2), Frag(32, kMinus1x2), Frag(32, kMinus1x2), Frag(32, kMinus1x2)},
+          b0, b1);
       for (int cs = cg * kSets / ncg; cs < (cg + 1) * kSets / ncg; ++cs)
         for (int mt = 0; mt < 2; ++mt) {
           Frag4 a;
@@ -674,12 +671,12 @@ void check_transposed_values(int nq, int G) {
         }
     }
   }
-  // Read back: C value i of lane l is row c_row, column c_col; E likewise (row = group or
-  // kTMinRow + group).
-  double E[16][8] = {}, C[kSets][2][16][8] = {};
+  // Read back: C value i of lane l is row c_row, column c_col; EM (row = group) and EO likewise.
+  double EM[16][8] = {}, EO[kTHeads][16][8] = {}, C[kSets][2][16][8] = {};
   for (int l = 0; l < 32; ++l)
     for (int i = 0; i < 4; ++i) {
-      E[c_row(l, i)][c_col(l, i)] = ex[l][i];
+      EM[c_row(l, i)][c_col(l, i)] = em[l][i];
+      for (int cg = 0; cg < ncg; ++cg) EO[cg][c_row(l, i)][c_col(l, i)] = eo[cg][l][i];
       for (int cs = 0; cs < kSets; ++cs)
         for (int mt = 0; mt < 2; ++mt) C[cs][mt][c_row(l, i)][c_col(l, i)] = o[cs][mt][l][i];
     }
@@ -689,8 +686,8 @@ void check_transposed_values(int nq, int G) {
         for (int row = 0; row < 16; ++row) {
           const int d = kSpan * cs + t_channel(mt, row), cg = d / G;
           const auto col2 = [h](const double(&m)[8]) { return m[h] + m[h + kTHeads]; };
-          const double got = (t_base<B>(t_code(mt, row / 8)) * col2(E[cg]) +
-                              col2(E[kTMinRow + cg]) - col2(C[cs][mt][row])) *
+          const double got = (t_base<B>(t_code(mt, row / 8)) * col2(EO[cg][row]) + col2(EM[cg]) -
+                              col2(C[cs][mt][row])) *
                              std::ldexp(1.0, -ve);
           double want = 0, mag = 0;
           for (int t = 0; t < kValid; ++t) {
