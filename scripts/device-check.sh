@@ -171,6 +171,21 @@ for kv, j, goal in rows:
           f"{'-' if gb is None else f'{gb:.0f}'} | {'-' if gb is None or not peak else f'{100 * gb / peak:.0f}%'} | {g} |")
 PYEOF
 }
+# A report section: its title, then 0 when its step ran ($2 == 1) and python3 can make its table
+# (the caller prints it), else its raw output (the files $3...: ran, no python3) or "Not run", and 1.
+section() {
+  local title=$1 ran=$2 f
+  shift 2
+  printf '\n## %s\n\n' "$title"
+  (( ran == 1 )) && [[ -n "$PY" ]] && return 0
+  if (( ran == 1 )); then
+    echo "Ran; no python3 for the table. Its output:"
+    for f in "$@"; do printf '\n```\n'; cat "$f"; echo '```'; done
+  else
+    echo "Not run (see the build section)."
+  fi
+  return 1
+}
 # Timeout for a step: at most $1 seconds, and never past the budget (at least 10 s).
 cap() { local l; l=$(left); (( l < $1 )) && { (( l > 10 )) && echo "$l" || echo 10; } || echo "$1"; }
 # step LABEL CAP OUTFILE ERRFILE PROGRAM ARGS...: one capped step, the way every step runs.
@@ -936,10 +951,8 @@ write_header
     echo
     sed 's/^#\+ /#### /' "$OUT/fp8_gran.md"
   fi
-  echo
-  echo "## kvq run [throughput] on backend cuda (experiments/configs/throughput_cuda.toml)"
-  echo
-  if (( TP_RAN == 1 )) && [[ -n "$PY" ]]; then
+  if section "kvq run [throughput] on backend cuda (experiments/configs/throughput_cuda.toml)" "$TP_RAN" \
+      "$TP_OUT/throughput.jsonl"; then
     "$PY" - "$TP_OUT/throughput.jsonl" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -958,41 +971,24 @@ for r in rows:
 EOF
     echo
     echo "Rows: throughput_cuda/throughput.jsonl; log: logs/throughput_cuda.log."
-  elif (( TP_RAN == 1 )); then
-    echo "Ran (throughput_cuda/throughput.csv); no python3 for the table."
-  else
-    echo "Not run (see the build section)."
   fi
-  echo
-  echo "## The model on backend cuda (kvq model bench --backend cuda, bf16 weights, tg64 at depth $MB_DEPTH)"
-  echo
-  if (( MB_RAN == 1 )); then
+  if section "The model on backend cuda (kvq model bench --backend cuda, bf16 weights, tg64 at depth $MB_DEPTH)" \
+      "$MB_RAN" "$MB_OUT/bf16.txt" "$MB_OUT/kivi2.txt"; then
     echo "Model: $MB_MODEL"
     for kv in bf16 kivi2; do
-      echo
-      echo "### --kv $kv"
-      echo
-      echo '```'
+      printf '\n### --kv %s\n\n```\n' "$kv"
       cat "$MB_OUT/$kv.txt"
       echo '```'
     done
-  else
-    echo "Not run (see the build section)."
   fi
-  echo
-  echo "## Decode at long context on backend cuda (kvq model bench --backend cuda, tg64 at depth $ML_DEPTH)"
-  echo
-  if (( ML_RAN == 1 )) && [[ -n "$PY" ]]; then
+  if section "Decode at long context on backend cuda (kvq model bench --backend cuda, tg64 at depth $ML_DEPTH)" \
+      "$ML_RAN" "$ML_OUT"/*.txt; then
     echo "Model: $SYN (SmolLM2-135M's shape, made-up bf16 weights, 32,768-token context); the depth is synthetic rows (--fill synthetic)."
     echo
     model_bench_table "$ML_OUT" bf16 kivi2=1
-  else
-    echo "Not run (see the notes above)."
   fi
-  echo
-  echo "## Decode at batch $MX_BATCH on backend cuda (kvq model bench --backend cuda --batch $MX_BATCH, tg32 at depth $MX_DEPTH)"
-  echo
-  if (( MX_RAN == 1 )) && [[ -n "$PY" ]]; then
+  if section "Decode at batch $MX_BATCH on backend cuda (kvq model bench --backend cuda --batch $MX_BATCH, tg32 at depth $MX_DEPTH)" \
+      "$MX_RAN" "$MX_OUT"/*.txt; then
     echo "Model: $SYN (SmolLM2-135M's shape, made-up bf16 weights). $MX_BATCH sequences, each $MX_DEPTH tokens deep"
     echo "(synthetic rows after the first token: the outputs mean nothing, the bytes and times do), one batched"
     echo "call a step (LlamaModel::decode_batch). GB/s: a step's weights and caches over its time."
@@ -1000,15 +996,9 @@ EOF
     model_bench_table "$MX_OUT" bf16 kivi4=1.8 kivi2=2.5 fp8_e4m3
     echo
     echo "Rows: model_bench_batch/*.json; output: model_bench_batch/*.txt; logs: logs/model_bench_batch_*.log."
-  elif (( MX_RAN == 1 )); then
-    for kv in $MX_KVS; do echo '```'; cat "$MX_OUT/${kv%%:*}.txt"; echo '```'; done
-  else
-    echo "Not run (see the notes above)."
   fi
-  echo
-  echo "## Chunked prefill on backend cuda (kvq model bench --backend cuda --kv kivi2, pp$PF_PROMPT at depth $PF_DEPTH)"
-  echo
-  if (( PF_RAN == 1 )) && [[ -n "$PY" ]]; then
+  if section "Chunked prefill on backend cuda (kvq model bench --backend cuda --kv kivi2, pp$PF_PROMPT at depth $PF_DEPTH)" \
+      "$PF_RAN" "$PF_OUT"/chunk*.txt; then
     echo "Model: $MB_MODEL"
     echo
     "$PY" - "$PF_OUT" <<'PYEOF'
@@ -1025,29 +1015,17 @@ print(f"Chunked / token by token: {rows[256]['pp_tokens_per_s'] / t:.2f}x" if t 
 PYEOF
     echo
     echo "Rows: prefill_cuda/chunk256.json, chunk1.json; logs: logs/prefill_cuda_chunk*.log."
-  elif (( PF_RAN == 1 )); then
-    echo "Ran (prefill_cuda/chunk*.txt); no python3 for the table."
-  else
-    echo "Not run (see the build section)."
   fi
-  echo
-  echo "## kvq run [model] on backend cuda (model_cuda.toml: \`[model] backend = \"cuda\"\`)"
-  echo
-  if (( MR_RAN == 1 )) && [[ -n "$PY" ]]; then
+  if section "kvq run [model] on backend cuda (model_cuda.toml: \`[model] backend = \"cuda\"\`)" "$MR_RAN" \
+      "$MR_OUT/model.csv"; then
     echo "Model: $MB_MODEL (where synthetic, made-up weights: the rows show the path runs, not quality)."
     echo
     model_cuda_table "$MR_OUT/model.jsonl"
     echo
     echo "Rows: model_cuda/model.jsonl; config: model_cuda.toml; log: logs/model_cuda.log."
-  elif (( MR_RAN == 1 )); then
-    echo "Ran (model_cuda/model.csv); no python3 for the table."
-  else
-    echo "Not run (see the build section)."
   fi
-  echo
-  echo "## kvq model serve-bench on backend cuda (batched decode steps, --mem 0.05, 16 requests)"
-  echo
-  if (( SB_RAN == 1 )) && [[ -n "$PY" ]]; then
+  if section "kvq model serve-bench on backend cuda (batched decode steps, --mem 0.05, 16 requests)" "$SB_RAN" \
+      "$SB_OUT"/*.txt; then
     echo "Model: $MB_MODEL (where synthetic, made-up weights: the outputs mean nothing, the bytes and times do)."
     echo
     sb_files=()
@@ -1055,10 +1033,6 @@ PYEOF
     serve_bench_table "${sb_files[@]}"
     echo
     echo "Output: serve_bench/*.txt; JSON: serve_bench/*.json; logs: logs/serve_bench_*.log."
-  elif (( SB_RAN == 1 )); then
-    for kv in "${SB_KVS[@]}"; do echo '```'; cat "$SB_OUT/${kv%%:*}.txt"; echo '```'; done
-  else
-    echo "Not run (see the build section)."
   fi
   echo
   echo "## Nsight Compute (8x128x4, ctx 32k, batch 16; one launch per split kernel)"
