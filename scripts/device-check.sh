@@ -678,8 +678,8 @@ ML_DEPTH=32704
 # one batched call (LlamaModel::decode_batch, serve-bench's step), bf16 / kivi4 / kivi2 / fp8 with
 # per-token scales on SYN. The depth is synthetic rows (--fill synthetic; 64 chunked 8k prefills
 # would take about a minute of the budget a scheme), so the outputs mean nothing, the bytes and times
-# do. tg32, 1 rep (the fill, ~24 GB of host rows a scheme for bf16's 12 GB of caches, costs more
-# than the steps).
+# do. tg32, 1 rep (the fill, ~24 GB of fp32 rows from the host a scheme, costs more than the
+# steps; bf16's caches are 12 GB).
 MX_OUT="$OUT/model_bench_batch"
 MX_RAN=0
 MX_BATCH=64
@@ -735,7 +735,7 @@ fi
 # over the bench's model, 16 requests of 128-256 prompt and 16-32 output tokens under a 50 MB KV cap
 # (the synthetic SmolLM2-135M shape: a bf16 request takes up to 6.6 MB, so bf16 holds ~7 at once
 # and kivi2 all 16), bf16 / kivi4 / kivi2 with 32-token groups and residuals. Each step's decodes
-# are one batched call; prefill is each request alone, in chunks (--device-chunk). Capped at 30 s a scheme.
+# are one batched call; prefill is each request alone, in chunks (--device-chunk).
 SB_OUT="$OUT/serve_bench"
 SB_RAN=0
 SB_KVS=(bf16 "kivi4:g=32,r=32" "kivi2:g=32,r=32")
