@@ -43,7 +43,7 @@ the same as JSON. Rows are sorted by source file, then kernel name (numbers in n
 
 Needs nvcc (the build's) and cuobjdump: --cuobjdump PATH, else cuobjdump on PATH, else
 /tmp/cuvenv/lib/python3.11/site-packages/nvidia/cu13/bin/cuobjdump (PyPI's
-nvidia-cuda-cuobjdump). Takes about 3-4 minutes on 2 cores (attention_kernels.cu, ~80 kernel
+nvidia-cuda-cuobjdump). Takes about 4 minutes on 2 cores (attention_kernels.cu, 81 kernel
 instantiations, is most of it). --only REGEX limits the translation units (e.g. attention_mma).
 """
 import argparse
@@ -67,7 +67,7 @@ H200 = {
     "regs_per_sm": 65536,
     "regs_per_block": 65536,
     "max_regs_per_thread": 255,
-    "reg_unit": 256,  # registers are allocated per warp in units of 256 (cudaOccRegAllocationGranularity)
+    "reg_unit": 256,  # registers go to a warp in units of 256 (cudaOccRegAllocationGranularity)
     "sub_partitions": 4,  # a warp's registers come from one of 4 sub-partitions (16,384 each)
     "smem_per_sm": 228 * 1024,
     "smem_per_block": 227 * 1024,  # the most a block may opt in to
@@ -87,7 +87,7 @@ H200 = {
 BUDGET = {"bf16": 15.5, "fp8": 7.8, "kivi4": 4.9, "kivi2": 2.9}
 BUDGET_SOURCE = "docs/device-runs/2026-12-04-h200/README.md, \"The budget per SM\""
 
-# ---- the decode kernels' main loops: elements a warp takes an iteration ---------------------------
+# ---- the decode kernels' main loops: elements a warp takes an iteration -------------------------
 # (pattern on the short kernel name, format, elements per warp-iteration from the match, source)
 PER_ELEMENT = [
     (re.compile(r"^mma_int_split_kernel<(\d+), (\d+), \d+(?:, \w+)*>$"),
@@ -101,17 +101,17 @@ PER_ELEMENT = [
      "16 tokens x D (16 tokens a warp a tile, kTile = 16 kWarps)"),
 ]
 
-# ---- dynamic shared memory the launchers ask ------------------------------------------------------
+# ---- dynamic shared memory the launchers ask ----------------------------------------------------
 # Per kernel (short name, template arguments stripped): the bytes as a function of the template
 # arguments (the largest launch), what it is, and the source text the formula copies (file, text
-# that must occur in it, runs of white space read as one space). If one of these lines is not in the source any more, the
-# figure reads "see launcher" (the formula may be stale) instead of a number.
+# that must occur in it, runs of white space read as one space). If one of these texts is not in
+# the source any more, the figure reads "see launcher" (the formula may be stale), not a number.
 _MMA = "kernels/cuda/attention_mma.cu"
 _MMA_COMMON = [
     (_MMA, "constexpr int kThreads = 128;"),
-    (_MMA, "constexpr int kTile = 16 * kWarps;  // tokens per pipeline stage: 16 per warp"),
+    (_MMA, "constexpr int kTile = 16 * kWarps;"),
     (_MMA, "constexpr int kStages = 2;"),
-    (_MMA, "constexpr int kScoreFloats = 4096;  // as attention_kernels.cu: nq * split_tokens <= this"),
+    (_MMA, "constexpr int kScoreFloats = 4096;"),
 ]
 _SCORES = 4096 * 4  # nq * split_tokens <= kScoreFloats floats of scores (the largest split)
 
@@ -142,7 +142,8 @@ DYNAMIC_SMEM = {
         "anchors": _MMA_COMMON + [
             (_MMA, "static constexpr int kStageHalves = kTile * D;"),
             (_MMA, "static constexpr int kStageBytes = kStages * kStageHalves * 2;"),
-            (_MMA, "return static_cast<size_t>(kStageBytes) + static_cast<size_t>(score_floats) * 4;"),
+            (_MMA, "return static_cast<size_t>(kStageBytes) + "
+                   "static_cast<size_t>(score_floats) * 4;"),
         ],
     },
     "mma_int_split_kernel": {
@@ -152,12 +153,13 @@ DYNAMIC_SMEM = {
             (_MMA, "constexpr int kTileI = kWarps * mma_int::kSpan;  // tokens per int stage"),
             ("kernels/cuda/mma_int.h", "inline constexpr int kE = 4;"),
             ("kernels/cuda/mma_int.h", "inline constexpr int kSpan = 8 * kE;"),
-            (_MMA, "static constexpr int kWords = kTileI * D * B / 32;  // per stage (keys: kWarps runs of D x B)"),
-            (_MMA, "static constexpr int kParams = kWarps * D;  // halves per array (values: kTileI x n_cg <= this)"),
+            (_MMA, "static constexpr int kWords = kTileI * D * B / 32;"),
+            (_MMA, "static constexpr int kParams = kWarps * D;"),
             (_MMA, "static constexpr int kStageBytes = kWords * 4 + 2 * kParams * 2;"),
-            (_MMA, "static constexpr int kRedBytes = kWarps * 8 * D * 4;  // the warps' output sums, at the end"),
-            (_MMA, "static constexpr int kQBytes = D / 16 * 32 * 16;  // q' A fragments: [k-step][lane] uint4"),
-            (_MMA, "return static_cast<size_t>(kBytes + kQBytes) + static_cast<size_t>(score_floats) * 4;"),
+            (_MMA, "static constexpr int kRedBytes = kWarps * 8 * D * 4;"),
+            (_MMA, "static constexpr int kQBytes = D / 16 * 32 * 16;"),
+            (_MMA, "return static_cast<size_t>(kBytes + kQBytes) + "
+                   "static_cast<size_t>(score_floats) * 4;"),
         ],
     },
     "mma_fp8_split_kernel": {
@@ -270,7 +272,8 @@ def parse_sass(text):
 
 
 def split_instruction(text):
-    """'@!P0 BRA.DIV UR4, 0x1230' -> (guard '@!P0' or '', opcode 'BRA.DIV', operands 'UR4, 0x1230')."""
+    """'@!P0 BRA.DIV UR4, 0x1230' -> (guard '@!P0' or '', opcode 'BRA.DIV', operands
+    'UR4, 0x1230')."""
     guard = ""
     m = re.match(r"(@!?U?P(?:T|\d+))\s+", text)
     if m:
@@ -475,7 +478,8 @@ def fp8_formats(repo=REPO):
 
 
 def short_name(demangled, formats=None):
-    """'void kvq::cuda::(anonymous namespace)::f<128, (kvq::Fp8Format)1>(...)' -> 'f<128, e4m3fnuz>'."""
+    """'void kvq::cuda::(anonymous namespace)::f<128, (kvq::Fp8Format)1>(...)' ->
+    'f<128, e4m3fnuz>'."""
     s = demangled
     if s.startswith("void "):
         s = s[5:]
@@ -510,7 +514,7 @@ def natural_key(s):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
-# ---- the ELF's block size -------------------------------------------------------------------------
+# ---- the ELF's block size -----------------------------------------------------------------------
 def parse_max_threads(elf_text):
     """cuobjdump -elf -> {mangled name: threads per block from EIATTR_MAX_THREADS (x*y*z)}."""
     out = {}
@@ -553,8 +557,8 @@ def dynamic_smem(short, tu_source_text, repo=REPO):
         return None, "see launcher (%s)" % entry["what"]
     for rel, line in entry["anchors"]:
         if " ".join(line.split()) not in _source_lines(rel, repo):
-            return None, "see launcher (the formula table is out of date: %s no longer has `%s`)" % (
-                rel, line)
+            return None, ("see launcher (the formula table is out of date: %s no longer has `%s`)"
+                          % (rel, line))
     return entry["bytes"](template_args(short)), entry["what"]
 
 
@@ -678,7 +682,10 @@ def translation_units(build, only):
 
 
 def run_tool(cmd, cwd=None, what=""):
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    try:
+        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    except OSError as e:
+        raise EvidenceError("%s: cannot run %s (%s)" % (what or cmd[0], cmd[0], e.strerror))
     if r.returncode != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
         raise EvidenceError("%s failed (exit %d): %s" % (what or cmd[0], r.returncode,
@@ -704,7 +711,8 @@ def rewrite_for_tree(args, cwd, root, tmp):
         prev = args[i - 1] if i else ""
         if prev == "--options-file":
             text = (Path(cwd) / a).read_text()
-            words = [re.sub(r"^(-I|-isystem=?)?(/.*)$", lambda m: (m.group(1) or "") + move(m.group(2)), w)
+            words = [re.sub(r"^(-I|-isystem=?)?(/.*)$",
+                            lambda m: (m.group(1) or "") + move(m.group(2)), w)
                      for w in shlex.split(text)]
             rsp = os.path.join(tmp, "options-%d.rsp" % len(os.listdir(tmp)))
             Path(rsp).write_text(" ".join(shlex.quote(w) for w in words) + "\n")
@@ -762,12 +770,14 @@ def collect(build, cuobjdump, only=None, commit=None, log=sys.stderr):
             if not entries:
                 continue
             sass = parse_sass(run_tool([cuobjdump, "-sass", obj], what="cuobjdump -sass").stdout)
-            threads = parse_max_threads(run_tool([cuobjdump, "-elf", obj], what="cuobjdump -elf").stdout)
+            elf = run_tool([cuobjdump, "-elf", obj], what="cuobjdump -elf").stdout
+            threads = parse_max_threads(elf)
             names = demangle(entries)
             tu_text = (root / tu["rel"]).read_text()
             for m in entries:
                 if m not in sass:
-                    raise EvidenceError("%s: ptxas names %s, cuobjdump -sass does not" % (tu["rel"], m))
+                    raise EvidenceError("%s: ptxas names %s, cuobjdump -sass does not"
+                                        % (tu["rel"], m))
                 records.append(kernel_record(tu["rel"], m, props[m], sass[m], threads.get(m),
                                              names[m], formats, tu_text, root))
     records.sort(key=lambda r: (r["source"], natural_key(r["kernel"])))
@@ -869,9 +879,11 @@ def legend():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=str(REPO / "build/default"),
-                    help="the build folder whose compile_commands.json gives the flags (default: %(default)s)")
+                    help="the build folder whose compile_commands.json gives the flags "
+                    "(default: %(default)s)")
     ap.add_argument("--cuobjdump", help="cuobjdump to use (default: PATH, then %s)" % PIP_CUOBJDUMP)
     ap.add_argument("--only", help="regex: only the translation units whose path matches")
     ap.add_argument("--loops", choices=["all", "innermost", "main", "none"], default="innermost",
@@ -891,7 +903,8 @@ def main(argv=None):
         print("cuda-evidence: %s" % e, file=sys.stderr)
         return 1
     if args.json:
-        text = json.dumps({"source": source, "sm": H200, "budget": BUDGET, "budget_source": BUDGET_SOURCE,
+        text = json.dumps({"source": source, "sm": H200, "budget": BUDGET,
+                           "budget_source": BUDGET_SOURCE,
                            "kernels": records}, indent=1, sort_keys=True) + "\n"
     else:
         text = markdown(records, args.loops, "Reads %s. %s" % (source, legend()))
