@@ -312,6 +312,70 @@ def test_evidence_command_keeps_the_build_flags():
     assert "-O3" in got and "-std=c++20" in got and "CMakeFiles/kvq_kernels.dir/includes_CUDA.rsp" in got
 
 
+# ---- inputs: the build's commands, bad inputs ------------------------------------------------------
+def _tmpdir():
+    tmp = tempfile.TemporaryDirectory(prefix="cuda-evidence-test-")
+    _TREES.append(tmp)
+    return Path(tmp.name)
+
+
+def test_translation_units_are_kernels_cuda_sources_only():
+    build = _tmpdir()
+    cc = [{"directory": str(build), "file": str(ce.REPO / f), "command": "nvcc -c %s" % f}
+          for f in ("kernels/cuda/model_kernels.cu", "tests/cuda/fp8_kernel_test.cu",
+                    "kernels/cuda/attention_mma.cu", "kernels/cuda/device_side.cpp",
+                    "bench/bench_fp8_cuda.cu")]
+    (build / "compile_commands.json").write_text(ce.json.dumps(cc))
+    assert [t["rel"] for t in ce.translation_units(build, None)] == \
+        ["kernels/cuda/attention_mma.cu", "kernels/cuda/model_kernels.cu"]
+    assert [t["rel"] for t in ce.translation_units(build, "mma")] == ["kernels/cuda/attention_mma.cu"]
+
+
+def test_commit_tree_moves_the_checkouts_paths_not_the_builds():
+    build, root, tmp = _tmpdir(), _tmpdir(), _tmpdir()
+    (build / "inc.rsp").write_text("-I%s -I%s/build/default/gen -isystem=/usr/local/cuda/include\n"
+                                   % (ce.REPO, ce.REPO))
+    args = ["nvcc", "--options-file", "inc.rsp", "-I%s/core" % ce.REPO, "-c",
+            str(ce.REPO / "kernels/cuda/attention_mma.cu"), "-o", "/tmp/x.o"]
+    got = ce.rewrite_for_tree(args, str(build), root, str(tmp))
+    assert got[4:] == ["-c", str(root / "kernels/cuda/attention_mma.cu"), "-o", "/tmp/x.o"]
+    assert got[3] == "-I%s/core" % root
+    words = Path(got[2]).read_text().split()
+    assert words == ["-I%s" % root, "-I%s/build/default/gen" % ce.REPO,
+                     "-isystem=/usr/local/cuda/include"]
+
+
+def test_bad_inputs_are_one_line_errors():
+    import contextlib
+    import io
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert ce.main(["--build", str(_tmpdir()), "--cuobjdump", "/bin/true"]) == 1
+    lines = err.getvalue().strip().splitlines()
+    assert len(lines) == 1 and "compile_commands.json not found" in lines[0]
+    try:
+        ce.find_cuobjdump("/no/such/cuobjdump")
+        raise AssertionError("no error")
+    except ce.EvidenceError as e:
+        assert "not an executable" in str(e)
+    saved_pip, saved_path = ce.PIP_CUOBJDUMP, ce.os.environ.get("PATH", "")
+    try:
+        ce.PIP_CUOBJDUMP = "/no/such/pip/cuobjdump"
+        ce.os.environ["PATH"] = str(_tmpdir())
+        ce.find_cuobjdump(None)
+        raise AssertionError("no error")
+    except ce.EvidenceError as e:
+        assert "pip install nvidia-cuda-cuobjdump" in str(e)
+    finally:
+        ce.PIP_CUOBJDUMP = saved_pip
+        ce.os.environ["PATH"] = saved_path
+    try:
+        ce.run_tool(["/no/such/nvcc", "-c", "x.cu"], what="nvcc on x.cu")
+        raise AssertionError("no error")
+    except ce.EvidenceError as e:
+        assert "nvcc on x.cu: cannot run /no/such/nvcc" in str(e)
+
+
 def main():
     failed = 0
     tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
