@@ -414,16 +414,29 @@ struct KeyRunCopy {
   }
   /// Issues the next tile's copies into the stage at shared address st if the run starts below
   /// q1 - s0 (`wpg` as in the constructor: G = 32 takes the contiguous path), then steps.
+  /// A lane's channels' B words at a stride of wpg (groups wider than 32 tokens; 4-bit codes).
+  /// Not inlined for 2-bit codes: a call on G > 32 only, where inlined predicated copies would
+  /// take issue slots at G = 32 too.
+  static __device__ __noinline__ void strided_call(uint32_t d, const uint32_t* s, int wpg) {
+#pragma unroll
+    for (int x = 0; x < D / 32; ++x) cp_async_to<4 * B>(d + 128 * B * x, s + 32 * x * wpg, true);
+  }
+  static __device__ __forceinline__ void strided(uint32_t d, const uint32_t* s, int wpg) {
+    if constexpr (B == 2) {
+      strided_call(d, s, wpg);
+    } else {
+#pragma unroll
+      for (int x = 0; x < D / 32; ++x) cp_async_to<4 * B>(d + 128 * B * x, s + 32 * x * wpg, true);
+    }
+  }
   __device__ __forceinline__ void load(uint32_t st, int q1_rel, bool g32, int wpg, int lane) {
     if (rel < q1_rel) {
-      if (g32) {
+      if (B == 4 || !g32) {  // 4-bit: B words a channel are 16 bytes either way
+        strided(st + dst, src, wpg);
+      } else {
 #pragma unroll
         for (int x = 0; x < kRun / 128; ++x)
           cp_async_to<16>(st + dst + 512 * x, src + 128 * x, true);
-      } else {
-#pragma unroll
-        for (int x = 0; x < D / 32; ++x)
-          cp_async_to<4 * B>(st + dst + 128 * B * x, src + 32 * x * wpg, true);
       }
       if (lane < D / 4) cp_async_to<16>(st + pdst, psrc, true);
     }
@@ -520,6 +533,10 @@ __global__ void __launch_bounds__(kThreads, 4)
 
   extern __shared__ uint4 smem4[];
   __shared__ unsigned wmax[kWarps];  // the warps' largest value scales (fp16 bits)
+  // B of the key offset mma (both registers the offset constant), read from shared memory in the
+  // loop so that it stays one register pair (as an immediate, ptxas rebuilds the pair per mma).
+  __shared__ uint2 koff;
+  __shared__ uint4 vone;  // A of the transposed value product's offset mma: -1 everywhere
   char* stages = reinterpret_cast<char*>(smem4);
   uint4* qsm = reinterpret_cast<uint4*>(stages + S::kBytes);  // q' fragments, [k-step][lane]
   float* scores = reinterpret_cast<float*>(stages + S::kBytes + S::kQBytes);
@@ -548,6 +565,11 @@ __global__ void __launch_bounds__(kThreads, 4)
         qsm[ks * 32 + lane] = make_uint4(qa[ks][0], qa[ks][1], qa[ks][2], qa[ks][3]);
   }
   const float kfac = pow2(-qe) * p.inv_sqrt_d;
+  if (tid == 0) {  // read after the loops' barriers
+    koff = B == 2 ? make_uint2(mi::kMinus1x2, mi::kMinus1x2)
+                  : make_uint2(mi::kMinus64x2, mi::kMinus64x2);
+    vone = make_uint4(mi::kMinus1x2, mi::kMinus1x2, mi::kMinus1x2, mi::kMinus1x2);
+  }
 
   // ---- scores, quantized keys: one 32-token run per warp and tile -----------------------------
   for (int i = 0; i < ktiles; ++i) {
@@ -557,11 +579,17 @@ __global__ void __launch_bounds__(kThreads, 4)
     cp_async_wait<1>();
     __syncthreads();
     const int r0 = i * kTileI + mi::kSpan * warp;  // the run's first token in the split
-    if (s0 + r0 < kq1) {
+    if (r0 < kq1_rel) {
       const char* st = stages + (i % kStages) * S::kStageBytes;
       const uint32_t* wr = reinterpret_cast<const uint32_t*>(st) + warp * D * B;
       const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + S::kWords * 4) + warp * D / 2;
       const uint32_t* mn = sc + S::kParams / 2;
+      // The lane's channel 2 tg: its word of slice g, its scale and minimum pairs (channel d =
+      // 2 tg + dd of a k-step reads these at compile-time offsets dd B, dd / 2).
+      const uint32_t* wl = wr + mi::key_word<B>(mma::a_col(lane, 0, 0), g);
+      const uint32_t* sl = sc + mma::a_col(lane, 0, 0) / 2;
+      const uint32_t* ml = mn + mma::a_col(lane, 0, 0) / 2;
+      const uint2 ko = koff;
       // ex: -64 sum a (4-bit; 2-bit: -sum a, in e1) + sum q' m; the columns are alike.
       float c[mi::kE][4] = {}, ex[4] = {}, e1[4] = {};
 #pragma unroll
@@ -571,24 +599,23 @@ __global__ void __launch_bounds__(kThreads, 4)
         const uint32_t qa[4] = {q4.x, q4.y, q4.z, q4.w};
 #pragma unroll
         for (int r2 = 0; r2 < 2; ++r2) {  // channels d, d + 1: A registers 2 r2 (high), +1 (low)
-          const int d = mma::a_col(lane, 2 * r2, 0) + ks * mma::kK;
-          const mi::HiLo16 f = mi::fold_f16x2(qa[2 * r2], qa[2 * r2 + 1], sc[d / 2]);
+          const int dd = mma::a_col(lane, 2 * r2, 0) - mma::a_col(lane, 0, 0) + ks * mma::kK;
+          const mi::HiLo16 f = mi::fold_f16x2(qa[2 * r2], qa[2 * r2 + 1], sl[dd / 2]);
           a[2 * r2] = f.hi;
           a[2 * r2 + 1] = f.lo;
-          m2[r2] = mn[d / 2];
-          y[r2] = mi::pair_slices<B>(wr[mi::key_word<B>(d, g)], wr[mi::key_word<B>(d + 1, g)],
-                                     mi::slice_of<B>(g));
+          m2[r2] = ml[dd / 2];
+          y[r2] = mi::pair_slices<B>(wl[dd * B], wl[dd * B + B], mi::slice_of<B>(g));
         }
         if constexpr (B == 2) {  // one shift per two codes; offsets 64 and 16 (key_code_half2)
 #pragma unroll
           for (int j = 0; j < mi::kE; ++j)
             mma_f16(c[j], a, mi::key_code_half2(y[0], j), mi::key_code_half2(y[1], j));
-          mma_f16(e1, a, mi::kMinus1x2, mi::kMinus1x2);  // -sum_c a_c
+          mma_f16(e1, a, ko.x, ko.y);  // -sum_c a_c
         } else {
 #pragma unroll
           for (int j = 0; j < mi::kE; ++j)
             mma_f16(c[j], a, mi::code_half<B>(y[0], j), mi::code_half<B>(y[1], j));
-          mma_f16(ex, a, mi::kMinus64x2, mi::kMinus64x2);  // -64 sum_c a_c: the codes' offsets
+          mma_f16(ex, a, ko.x, ko.y);  // -64 sum_c a_c: the codes' offsets
         }
         mma_f16(ex, qa, m2[0], m2[1]);  // sum_c q'_c m_c
       }
@@ -648,8 +675,10 @@ __global__ void __launch_bounds__(kThreads, 4)
     const int p0 = mi::kSpan * warp + mma::b_row(lane, 0, 0);
     const uint32_t* pw = reinterpret_cast<const uint32_t*>(scores) + (hh < nq ? hh : 0) * ld + p0;
     const int prem = nv - p0 - (vtiles - 1) * kTileI;  // in the last tile
-    const int mcg0 = mi::t_min_group(g, NCG, 0), mcg1 = mi::t_min_group(g, NCG, 1);
-    const uint32_t ao[4] = {mi::kMinus1x2, mi::kMinus1x2, mi::kMinus1x2, mi::kMinus1x2};
+    static_assert(NCG % 2 == 0, "a lane's two minima groups share a word");
+    const int mcg0 = mi::t_min_group(g, NCG, 0);
+    const uint32_t msel0 = mi::half_pair_selector(mcg0 % 2),
+                   msel1 = mi::half_pair_selector(mi::t_min_group(g, NCG, 1) % 2);
     for (int i = 0; i < vtiles; ++i) {
       if (i + 1 < vtiles) vcopy.load(st0 + ((i + 1) % kStages) * S::kStageBytes);
       cp_async_commit();
@@ -659,6 +688,8 @@ __global__ void __launch_bounds__(kThreads, 4)
       const uint32_t* wv = reinterpret_cast<const uint32_t*>(st);
       const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + S::kWords * 4);  // [row][NCG/2]
       const uint32_t* mn = sc + S::kParams / 2;
+      const uint4 ao4 = vone;  // (a register quad; as immediates ptxas rebuilds it per mma)
+      const uint32_t ao[4] = {ao4.x, ao4.y, ao4.z, ao4.w};
       // The lane's p' words of both k-steps, [kk][r]: tokens 16 kk + 8 r (+ 1), 8-byte aligned
       // (ld, a multiple of the key group, and the offsets are even).
       uint2 pv[4];
@@ -677,14 +708,14 @@ __global__ void __launch_bounds__(kThreads, 4)
       for (int kk = 0; kk < 2; ++kk) {
         const int rk = mi::kSpan * warp + mma::kK * kk;  // the k-step's first row in the tile
         mi::HiLo16 xs[2];                                // B inputs, tokens 2 tg + 8 r, + 1
-        uint32_t am[4];  // minima A: rows g (group mcg0), g + 8 (group mcg1)
+        uint32_t am[4];  // minima A: rows g (group mcg0), g + 8 (the word's other group)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int row = rk + mma::b_row(lane, r, 0);
           xs[r] = mi::p_select(pv[2 * kk + r].x, pv[2 * kk + r].y, psel, pmask);
-          const int w0 = row * (NCG / 2) + mcg0 / 2, w1 = row * (NCG / 2) + mcg1 / 2;
-          am[2 * r] = mi::byte_perm(mn[w0], mn[w0 + NCG / 2], mi::half_pair_selector(mcg0 % 2));
-          am[2 * r + 1] = mi::byte_perm(mn[w1], mn[w1 + NCG / 2], mi::half_pair_selector(mcg1 % 2));
+          const int w = row * (NCG / 2) + mcg0 / 2;  // groups mcg0 and mcg1 = mcg0 ^ 1
+          am[2 * r] = mi::byte_perm(mn[w], mn[w + NCG / 2], msel0);
+          am[2 * r + 1] = mi::byte_perm(mn[w], mn[w + NCG / 2], msel1);
         }
         mma_f16(em, am, xs[0].lo, xs[1].lo);  // sum_t p'_t m_t (row cg: group cg)
 #pragma unroll

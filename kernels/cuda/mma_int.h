@@ -241,8 +241,8 @@ KVQ_HD int value_word(int t, int cs, int g) {
 // quantized ones must be zero (their codes are zero-filled words, read as -base). Offsets: per
 // group cg one mma of A = -1 (every row: kMinus1x2 in every register, one constant for all
 // groups) against that group's folded B into its own accumulator, EO[cg][any row][n] =
-// -sum_t b_t. Minima: one mma per k-step of A row g = m_{t, g % NCG}, row g + 8 = m_{t, (g + 1) %
-// NCG} (t_min_group: every register a useful PRMT) against the unfolded B (xl') into EM, whose
+// -sum_t b_t. Minima: one mma per k-step of A row g = m_{t, g % NCG}, row g + 8 the other half of
+// the same minima word (t_min_group: every register a useful PRMT) against xl' into EM, whose
 // row cg (< NCG) is sum_t p'_t m_{t,cg}. Per channel c of group cg and head h (columns h and
 // h + 4 summed),
 //   out'[c][h] = t_base(k(c)) EO[cg][h] + EM[cg][h] - C[c][h].
@@ -287,7 +287,8 @@ KVQ_HD HiLo16 p_select(uint32_t w0, uint32_t w1, uint32_t sel, uint32_t mask) {
 KVQ_HD uint32_t fold_b(HiLo16 x, uint32_t s) { return fold_f16x2(x.hi, x.lo, s).lo; }
 
 /// The channel group whose minima A register r of lane group g holds: row g (r even) group
-/// g % ncg, row g + 8 (r odd) group (g + 1) % ncg.
-KVQ_HD int t_min_group(int g, int ncg, int r) { return (g + r % 2) % ncg; }
+/// g % ncg, row g + 8 (r odd) the other group of the same 32-bit word of minima (ncg even; ncg 1:
+/// group 0), so a lane's two registers of a token pair come from the same two words.
+KVQ_HD int t_min_group(int g, int ncg, int r) { return ((g % ncg) ^ (r % 2)) % ncg; }
 
 }  // namespace kvq::cuda::mma_int

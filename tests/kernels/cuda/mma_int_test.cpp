@@ -506,6 +506,26 @@ TEST(MmaIntTransposed, ChannelMapIsAPermutationOfTheSetByLaneGroupAndCode) {
   for (int n : seen) EXPECT_EQ(n, 1);
 }
 
+// t_min_group: rows g and g + 8 of the minima A hold two different groups of one 32-bit word of
+// minima (the kernel loads the word once for both), every group of an even NCG in some row g,
+// and group 0 at NCG 1.
+TEST(MmaIntTransposed, MinimaGroupsOfALaneShareAWord) {
+  for (int ncg : {2, 4}) {
+    std::array<int, 4> seen{};
+    for (int g = 0; g < 8; ++g) {
+      const int a = t_min_group(g, ncg, 0), b = t_min_group(g, ncg, 1);
+      ASSERT_LT(a, ncg);
+      ASSERT_LT(b, ncg);
+      EXPECT_EQ(a / 2, b / 2) << "ncg " << ncg << " g " << g;
+      EXPECT_NE(a, b) << "ncg " << ncg << " g " << g;
+      EXPECT_EQ(a, g % ncg);
+      ++seen[static_cast<size_t>(a)];
+    }
+    for (int c = 0; c < ncg; ++c) EXPECT_GT(seen[static_cast<size_t>(c)], 0);
+  }
+  for (int g = 0; g < 8; ++g) EXPECT_EQ(t_min_group(g, 1, 0) + t_min_group(g, 1, 1), 0);
+}
+
 /// A register r of m-tile mt for `lane`, channel set cs, at the k-step of rows [row0, row0 + 16):
 /// the kernel's reads (the direct form's y words).
 template <int D, int B>
