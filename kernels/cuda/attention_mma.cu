@@ -364,9 +364,14 @@ struct IntSmem {
   static constexpr int kBytes =
       kStages * kStageBytes > kRedBytes ? kStages* kStageBytes : kRedBytes;
   static constexpr int kQBytes = D / 16 * 32 * 16;  // q' A fragments: [k-step][lane] uint4
+  // The offset mma's constant operands (keys' B, the transposed values' A), read from shared
+  // memory once a tile so that ptxas keeps them as one register pair / quad (as immediates it
+  // rebuilds them per mma); beside q' so that the loops address them from the stages' base.
+  static constexpr int kConstBytes = 32;
   static_assert(kStageBytes % 16 == 0 && (kWords * 4) % 16 == 0, "16-byte copies");
   static size_t bytes(int64_t score_floats) {
-    return static_cast<size_t>(kBytes + kQBytes) + static_cast<size_t>(score_floats) * 4;
+    return static_cast<size_t>(kBytes + kQBytes + kConstBytes) +
+           static_cast<size_t>(score_floats) * 4;
   }
 };
 
@@ -533,13 +538,11 @@ __global__ void __launch_bounds__(kThreads, 4)
 
   extern __shared__ uint4 smem4[];
   __shared__ unsigned wmax[kWarps];  // the warps' largest value scales (fp16 bits)
-  // B of the key offset mma (both registers the offset constant), read from shared memory in the
-  // loop so that it stays one register pair (as an immediate, ptxas rebuilds the pair per mma).
-  __shared__ uint2 koff;
-  __shared__ uint4 vone;  // A of the transposed value product's offset mma: -1 everywhere
   char* stages = reinterpret_cast<char*>(smem4);
   uint4* qsm = reinterpret_cast<uint4*>(stages + S::kBytes);  // q' fragments, [k-step][lane]
-  float* scores = reinterpret_cast<float*>(stages + S::kBytes + S::kQBytes);
+  // [0]: B of the key offset mma (the offset constant); [1]: A of the transposed values' (-1).
+  uint4* konst = reinterpret_cast<uint4*>(stages + S::kBytes + S::kQBytes);
+  float* scores = reinterpret_cast<float*>(stages + S::kBytes + S::kQBytes + S::kConstBytes);
 
   // Key tile 0 in flight while q becomes fp16 A fragments.
   const int64_t kq1 = min(s1, max(s0, kv.quantized_tokens));  // quantized keys: [s0, kq1)
@@ -566,9 +569,9 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
   const float kfac = pow2(-qe) * p.inv_sqrt_d;
   if (tid == 0) {  // read after the loops' barriers
-    koff = B == 2 ? make_uint2(mi::kMinus1x2, mi::kMinus1x2)
-                  : make_uint2(mi::kMinus64x2, mi::kMinus64x2);
-    vone = make_uint4(mi::kMinus1x2, mi::kMinus1x2, mi::kMinus1x2, mi::kMinus1x2);
+    const uint32_t ko = B == 2 ? mi::kMinus1x2 : mi::kMinus64x2;
+    konst[0] = make_uint4(ko, ko, ko, ko);
+    konst[1] = make_uint4(mi::kMinus1x2, mi::kMinus1x2, mi::kMinus1x2, mi::kMinus1x2);
   }
 
   // ---- scores, quantized keys: one 32-token run per warp and tile -----------------------------
@@ -589,7 +592,7 @@ __global__ void __launch_bounds__(kThreads, 4)
       const uint32_t* wl = wr + mi::key_word<B>(mma::a_col(lane, 0, 0), g);
       const uint32_t* sl = sc + mma::a_col(lane, 0, 0) / 2;
       const uint32_t* ml = mn + mma::a_col(lane, 0, 0) / 2;
-      const uint2 ko = koff;
+      const uint2 ko = *reinterpret_cast<const uint2*>(konst);
       // ex: -64 sum a (4-bit; 2-bit: -sum a, in e1) + sum q' m; the columns are alike.
       float c[mi::kE][4] = {}, ex[4] = {}, e1[4] = {};
 #pragma unroll
@@ -688,7 +691,7 @@ __global__ void __launch_bounds__(kThreads, 4)
       const uint32_t* wv = reinterpret_cast<const uint32_t*>(st);
       const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + S::kWords * 4);  // [row][NCG/2]
       const uint32_t* mn = sc + S::kParams / 2;
-      const uint4 ao4 = vone;  // (a register quad; as immediates ptxas rebuilds it per mma)
+      const uint4 ao4 = konst[1];  // (a register quad: S::kConstBytes)
       const uint32_t ao[4] = {ao4.x, ao4.y, ao4.z, ao4.w};
       // The lane's p' words of both k-steps, [kk][r]: tokens 16 kk + 8 r (+ 1), 8-byte aligned
       // (ld, a multiple of the key group, and the offsets are even).
