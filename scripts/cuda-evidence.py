@@ -126,7 +126,7 @@ def _smem_int(d, b):
     params = 4 * d
     stage = words * 4 + 2 * params * 2
     red = 4 * 8 * d * 4
-    return max(2 * stage, red) + d // 16 * 32 * 16 + _SCORES
+    return max(2 * stage, red) + d // 16 * 32 * 16 + 32 + _SCORES  # + kConstBytes
 
 
 def _smem_fp8(d):
@@ -158,7 +158,8 @@ DYNAMIC_SMEM = {
             (_MMA, "static constexpr int kStageBytes = kWords * 4 + 2 * kParams * 2;"),
             (_MMA, "static constexpr int kRedBytes = kWarps * 8 * D * 4;"),
             (_MMA, "static constexpr int kQBytes = D / 16 * 32 * 16;"),
-            (_MMA, "return static_cast<size_t>(kBytes + kQBytes) + "
+            (_MMA, "static constexpr int kConstBytes = 32;"),
+            (_MMA, "return static_cast<size_t>(kBytes + kQBytes + kConstBytes) + "
                    "static_cast<size_t>(score_floats) * 4;"),
         ],
     },

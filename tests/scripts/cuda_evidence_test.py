@@ -249,12 +249,12 @@ def _tree_with_anchors(kernel, drop=None):
 
 def test_dynamic_smem_formulas_by_hand():
     # IntSmem<128, 4>: words 128 x 128 x 4 / 32 = 2048 (8192 B) + 2 x 512 halves x 2 B = 10240 a
-    # stage, x 2 stages = 20480 (> the 16384 B of output sums) + q' 8 x 32 x 16 = 4096 + 4096
-    # score floats x 4 = 16384: 40960. IntSmem<64, 2>: 2048 + 1024 = 3072 a stage, 6144 < 8192
-    # output sums; + 2048 + 16384 = 26624. Fp8Smem<128>: max(2 x 8192, 16384) + 16384 = 32768.
+    # stage, x 2 stages = 20480 (> the 16384 B of output sums) + q' 8 x 32 x 16 = 4096 + 32 B of
+    # mma constants + 4096 score floats x 4 = 16384: 40992. IntSmem<64, 2>: 2048 + 1024 = 3072 a
+    # stage, 6144 < 8192 output sums; + 2048 + 32 + 16384 = 26656. Fp8Smem<128>: max(2 x 8192, 16384) + 16384 = 32768.
     # Smem<128> (bf16): 2 x 64 x 128 x 2 = 32768 + 16384 = 49152.
-    for kernel, short, want in [("mma_int_split_kernel", "mma_int_split_kernel<128, 4, 4>", 40960),
-                                ("mma_int_split_kernel", "mma_int_split_kernel<64, 2, 2>", 26624),
+    for kernel, short, want in [("mma_int_split_kernel", "mma_int_split_kernel<128, 4, 4>", 40992),
+                                ("mma_int_split_kernel", "mma_int_split_kernel<64, 2, 2>", 26656),
                                 ("mma_fp8_split_kernel", "mma_fp8_split_kernel<128, e5m2>", 32768),
                                 ("mma_split_kernel", "mma_split_kernel<128>", 49152)]:
         root = _tree_with_anchors(kernel)
