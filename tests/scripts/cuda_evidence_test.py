@@ -376,6 +376,62 @@ def test_bad_inputs_are_one_line_errors():
         assert "nvcc on x.cu: cannot run /no/such/nvcc" in str(e)
 
 
+# CUDA's own occupancy calculator (the header-only cuda_occupancy.h of the toolkit), compiled on
+# the host with an H200's properties: the independent implementation occupancy() must equal.
+_OCC_CPP = r"""
+#include <cstdio>
+#include "cuda_occupancy.h"
+int main() {
+  cudaOccDeviceProp p;
+  p.computeMajor = 9; p.computeMinor = 0; p.maxThreadsPerBlock = 1024;
+  p.maxThreadsPerMultiprocessor = 2048; p.regsPerBlock = 65536; p.regsPerMultiprocessor = 65536;
+  p.warpSize = 32; p.sharedMemPerBlock = 49152; p.sharedMemPerMultiprocessor = 233472;
+  p.numSms = 132; p.sharedMemPerBlockOptin = 232448; p.reservedSharedMemPerBlock = 1024;
+  int regs, threads; long smem;
+  while (scanf("%d %ld %d", &regs, &smem, &threads) == 3) {
+    cudaOccFuncAttributes a;
+    a.maxThreadsPerBlock = 1024; a.numRegs = regs; a.sharedSizeBytes = 0;
+    a.partitionedGCConfig = PARTITIONED_GC_OFF;
+    a.shmemLimitConfig = FUNC_SHMEM_LIMIT_OPTIN; a.maxDynamicSharedSizeBytes = 232448;
+    a.numBlockBarriers = 1;
+    cudaOccDeviceState s;
+    cudaOccResult r;
+    cudaOccError e = cudaOccMaxActiveBlocksPerMultiprocessor(&r, &p, &a, &s, threads, smem);
+    printf("%d\n", e == CUDA_OCC_SUCCESS ? r.activeBlocksPerMultiprocessor : 0);
+  }
+}
+"""
+
+
+def test_occupancy_equals_cuda_occupancy_h():
+    import itertools
+    import os
+    import shutil
+    import subprocess
+    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if not os.path.isfile(os.path.join(home, "include", "cuda_occupancy.h")) or not cxx:
+        print("skipped: no %s/include/cuda_occupancy.h or no C++ compiler" % home)
+        return
+    tmp = _tmpdir()
+    (tmp / "occ.cpp").write_text(_OCC_CPP)
+    subprocess.run([cxx, "-std=c++17", "-I" + os.path.join(home, "include"), str(tmp / "occ.cpp"),
+                    "-o", str(tmp / "occ")], check=True)
+    # registers around the 256-a-warp units, blocks of 1-32 warps, shared memory up to the
+    # 227 KB a block may opt in to (and past it), around the 1 KB reservation and 128 B units
+    cases = list(itertools.product(
+        [16, 24, 32, 40, 41, 48, 64, 72, 73, 96, 100, 110, 128, 145, 168, 200, 255],
+        [0, 16, 1000, 16384, 40960, 49152, 100000, 115712, 115713, 200000, 231424, 232448,
+         232449],
+        [32, 64, 96, 128, 256, 512, 1024]))
+    out = subprocess.run([str(tmp / "occ")], input="".join("%d %d %d\n" % c for c in cases),
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert len(out) == len(cases)
+    wrong = [(c, int(o), ce.occupancy(c[0], c[1], c[2])[0]) for c, o in zip(cases, out)
+             if int(o) != ce.occupancy(c[0], c[1], c[2])[0]]
+    assert not wrong, wrong[:5]
+
+
 def main():
     failed = 0
     tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
