@@ -36,6 +36,11 @@
 // G a multiple of 32 (keys: 32 tokens of one token group; values: 32 channels of one channel
 // group), so the scale folded into A (q_c s_c for keys, p_t s_t for values) is the same for every
 // column of the mma.
+//
+// At GQA <= 4 the kernel runs the value product transposed (the section at the end): the codes
+// become A (256 an mma) from the same paired words, p'_t s_t becomes B with the heads' high and
+// low parts as columns, folded by the same three instructions a pair; the direct form above stays
+// for GQA 5..8 and for the keys.
 #pragma once
 
 #include <cstdint>
