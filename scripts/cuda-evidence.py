@@ -31,10 +31,12 @@ What it does, step by step:
     iteration issues when the body branches), with the HMMA, LDSM, LDS, LDG, LDGSTS (cp.async),
     LOP3 and PRMT among them.
  6. For the decode kernels' main loops (PER_ELEMENT below: the tensor-core split kernels, whose
-    innermost HMMA loops, in address order, are the key loop and the value loop, as the source
-    orders them): per stored element = warp-instr. x 32 / the elements a warp takes an iteration,
-    against the budget at 90% of the H200's HBM peak (BUDGET below). Other kernels' loops are
-    listed without a per-element figure (their element mapping is not tabled here).
+    loops whose own instructions hold HMMAs, in address order, are the key loop and the value
+    loop, as the source orders them): per stored element = warp-instr. x 32 / the elements a warp
+    takes an iteration, against the budget at 90% of the H200's HBM peak (BUDGET below). A loop
+    nested in one of them (a copy loop) counts once ("own + nested", figure marked "nested
+    once"): how often it runs an iteration is not in the SASS. Other kernels' loops are listed
+    without a per-element figure (their element mapping is not tabled here).
 
 Output: a markdown table, one row per kernel instantiation (resources, occupancy, main loops),
 then one per loop (--loops: "innermost" (default), "all" (outer loops too, with their own
@@ -612,11 +614,11 @@ def kernel_record(tu, mangled, props, sass, max_threads, demangled, formats, tu_
     if pe and len(hmma) == 2:
         fmt, elements, note = pe
         for lp, role in zip(hmma, ("key", "value")):
-            # one iteration: the loop's own instructions plus each nested loop's once (a nested
-            # loop runs a number of times per iteration the SASS does not say: a lower bound then)
+            # one iteration: the loop's own instructions plus each nested loop's once (how often a
+            # nested loop runs an iteration is not in the SASS)
             v = lp["body_instructions"] * 32 / elements
             lp.update(role=role, elements_per_warp_iteration=elements, per_element=round(v, 2),
-                      per_element_lower_bound=not lp["innermost"], format=fmt,
+                      per_element_nested_once=not lp["innermost"], format=fmt,
                       budget=BUDGET[fmt], budget_ratio=round(v / BUDGET[fmt], 2))
         rec["elements_note"] = note
     elif pe:
@@ -798,9 +800,9 @@ def _loop_size(lp):
 
 
 def _per_element(lp):
-    bound = ">= " if lp["per_element_lower_bound"] else ""
+    nested = " (nested once)" if lp["per_element_nested_once"] else ""
     verdict = "within" if lp["budget_ratio"] <= 1 else "**over, %.2fx**" % lp["budget_ratio"]
-    return "%s%.2f / %.1f, %s" % (bound, lp["per_element"], lp["budget"], verdict)
+    return "%.2f%s / %.1f, %s" % (lp["per_element"], nested, lp["budget"], verdict)
 
 
 def _main_loops(rec):
