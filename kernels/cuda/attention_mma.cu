@@ -498,6 +498,21 @@ struct ValueRowCopy {
   }
 };
 
+/// The paired slices of channel set cs that a lane takes from a value k-step (tile rows rk + 2 tg +
+/// 8 r and the next, r = 0, 1): the direct form's B registers and the transposed form's A.
+template <int D, int B>
+__device__ __forceinline__ void value_slices(uint32_t (&y)[2], const uint32_t* wv, int rk, int cs,
+                                             int lane) {
+  namespace mi = mma_int;
+  const int g = mma::group_of(lane);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = rk + mma::a_col(lane, 2 * r, 0);
+    y[r] = mi::pair_slices<B>(wv[mi::value_word<D, B>(row, cs, g)],
+                              wv[mi::value_word<D, B>(row + 1, cs, g)], mi::slice_of<B>(g));
+  }
+}
+
 /// The largest of the warps' maxima (written by every warp before a barrier).
 __device__ __forceinline__ unsigned block_max(const unsigned* wmax) {
   unsigned m = wmax[0];
@@ -735,13 +750,7 @@ __global__ void __launch_bounds__(kThreads, 4)
           for (int u = 0; u < kSetsPerGroup; ++u) {
             const int cs = cg * kSetsPerGroup + u;
             uint32_t y[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const int row = rk + mma::a_col(lane, 2 * r, 0);
-              y[r] =
-                  mi::pair_slices<B>(wv[mi::value_word<D, B>(row, cs, g)],
-                                     wv[mi::value_word<D, B>(row + 1, cs, g)], mi::slice_of<B>(g));
-            }
+            value_slices<D, B>(y, wv, rk, cs, lane);
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
               const uint32_t a[4] = {mi::t_code_half<B>(y[0], mi::t_code(mt, 0)),
@@ -832,13 +841,7 @@ __global__ void __launch_bounds__(kThreads, 4)
           for (int u = 0; u < kSetsPerGroup; ++u) {
             const int cs = cg * kSetsPerGroup + u;
             uint32_t y[2];
-#pragma unroll
-            for (int r2 = 0; r2 < 2; ++r2) {
-              const int row = rk + mma::a_col(lane, 2 * r2, 0);
-              y[r2] =
-                  mi::pair_slices<B>(wv[mi::value_word<D, B>(row, cs, g)],
-                                     wv[mi::value_word<D, B>(row + 1, cs, g)], mi::slice_of<B>(g));
-            }
+            value_slices<D, B>(y, wv, rk, cs, lane);
 #pragma unroll
             for (int j = 0; j < mi::kE; ++j)
               mma_f16(o[cs][j], a, mi::code_half<B>(y[0], j), mi::code_half<B>(y[1], j));
