@@ -366,7 +366,8 @@ struct IntSmem {
   static constexpr int kQBytes = D / 16 * 32 * 16;  // q' A fragments: [k-step][lane] uint4
   // The offset mma's constant operands (keys' B, the transposed values' A), read from shared
   // memory once a tile so that ptxas keeps them as one register pair / quad (as immediates it
-  // rebuilds them per mma); beside q' so that the loops address them from the stages' base.
+  // rebuilds them per mma), by one ld.shared from a 32-bit address held in a register (through a
+  // generic pointer ptxas recomputes the shared window's base every tile).
   static constexpr int kConstBytes = 32;
   static_assert(kStageBytes % 16 == 0 && (kWords * 4) % 16 == 0, "16-byte copies");
   static size_t bytes(int64_t score_floats) {
@@ -563,6 +564,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int64_t kq1 = min(s1, max(s0, kv.quantized_tokens));  // quantized keys: [s0, kq1)
   const int ktiles = static_cast<int>((kq1 - s0 + kTileI - 1) / kTileI);
   const uint32_t st0 = smem_addr(stages);
+  const uint32_t kconst = smem_addr(konst);
   KeyRunCopy<D, B> kcopy(kv, s0, H, h, warp, lane);
   const int kwpg = static_cast<int>(kivi::words_for(kv.group, B));
   const int kq1_rel = static_cast<int>(kq1 - s0);
@@ -607,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, 4)
       const uint32_t* wl = wr + mi::key_word<B>(mma::a_col(lane, 0, 0), g);
       const uint32_t* sl = sc + mma::a_col(lane, 0, 0) / 2;
       const uint32_t* ml = mn + mma::a_col(lane, 0, 0) / 2;
-      const uint2 ko = *reinterpret_cast<const uint2*>(konst);
+      const uint4 ko = lds128(kconst);
       // ex: -64 sum a (4-bit; 2-bit: -sum a, in e1) + sum q' m; the columns are alike.
       float c[mi::kE][4] = {}, ex[4] = {}, e1[4] = {};
 #pragma unroll
@@ -706,7 +708,7 @@ __global__ void __launch_bounds__(kThreads, 4)
       const uint32_t* wv = reinterpret_cast<const uint32_t*>(st);
       const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + S::kWords * 4);  // [row][NCG/2]
       const uint32_t* mn = sc + S::kParams / 2;
-      const uint4 ao4 = konst[1];  // (a register quad: S::kConstBytes)
+      const uint4 ao4 = lds128(kconst + 16);  // (a register quad: S::kConstBytes)
       const uint32_t ao[4] = {ao4.x, ao4.y, ao4.z, ao4.w};
       // The lane's p' words of both k-steps, [kk][r]: tokens 16 kk + 8 r (+ 1), 8-byte aligned
       // (ld, a multiple of the key group, and the offsets are even).

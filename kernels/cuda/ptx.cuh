@@ -1,6 +1,6 @@
 // Backend cuda: the PTX wrappers the tensor-core kernels share (attention_mma.cu's decode
-// kernels, model_kernels.cu's GEMM): cp.async copies into shared memory, ldmatrix, and
-// mma.sync.m16n8k16 with fp32 accumulators. One definition each; device code only.
+// kernels, model_kernels.cu's GEMM): cp.async copies into shared memory, ldmatrix, a 16-byte
+// shared load, and mma.sync.m16n8k16 with fp32 accumulators. One definition each; device code only.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +26,15 @@ __device__ __forceinline__ void cp_async(void* dst, const void* src, bool in) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
                  "n"(N), "r"(in ? N : 0));
   }
+}
+/// 16 bytes from shared address a, as one ld.shared (volatile: not moved across the barriers
+/// before it; the int decode kernel reads its loops' constant mma operands so, once a tile).
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(a));
+  return v;
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 /// Waits until at most N of this thread's committed groups are still in flight.
