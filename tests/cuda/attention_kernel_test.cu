@@ -366,6 +366,16 @@ INSTANTIATE_TEST_SUITE_P(
         ::testing::Values<int64_t>(37, 1000), ::testing::Values(6), ::testing::Values(128),
         ::testing::Values(DecodeKernel::Baseline, DecodeKernel::Tiled, DecodeKernel::Mma)),
     sweep_name);
+// KIVI at G = 64 on the Mma kernel, D 128 (two value channel groups; at D 64 one group, which
+// the Mma kernel leaves to the tiled one): kivi2's mma_int_split_kernel<128, 2, 2, T> (transposed
+// at GQA 1 / 4, direct at 8) and the 2-bit keys' strided run copies (token groups wider than 32),
+// which no other case reaches; kivi4's beside them. T 37: every token in the residual window.
+INSTANTIATE_TEST_SUITE_P(Group64, DecodeAttention,
+                         ::testing::Combine(::testing::Values("kivi2:g=64,r=40", "kivi4:g=64,r=40"),
+                                            ::testing::Values<int64_t>(37, 1000, 4099),
+                                            ::testing::Values(1, 4, 8), ::testing::Values(128),
+                                            ::testing::Values(DecodeKernel::Mma)),
+                         sweep_name);
 
 // Long splits (several 64-token tiles a block: the Mma kernel's cp.async pipeline and a partial
 // last tile; the tiled kernel's many warp steps): split_tokens 4096 / gqa, the most a split holds,
