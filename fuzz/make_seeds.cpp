@@ -1,6 +1,6 @@
 // Writes the small seed corpora of the fuzz targets (fuzz/corpus/<target>/) with kvq's own
 // writers and the test GGUF writer, so every seed starts valid and libFuzzer mutates from there.
-// Run: build/fuzz/fuzz/make_seeds fuzz/corpus   (scripts/fuzz.sh does it when a corpus is empty)
+// Run: build/asan/fuzz/make_seeds fuzz/corpus   (scripts/fuzz.sh does it when a corpus is empty)
 #include <cmath>
 #include <cstdio>
 #include <filesystem>

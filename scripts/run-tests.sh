@@ -6,11 +6,11 @@
 #      the test preset sets OMP_WAIT_POLICY=passive: tests run side by side, and an OpenMP team
 #      spinning between parallel regions took the other test's core (cpu_causal_attention_test
 #      spent 62% of its CPU time spinning in libgomp; passive: half the wall time);
-#   2. scripts/sanitize.sh: the library unit tests again under ASan + UBSan (preset asan: only
-#      those programs, without the CLI's code, backend cpu's portable and widest host paths only,
-#      KVQ_CPU_PATHS=host; they run KVQ_JOBS at a time);
-#   3. scripts/fuzz.sh 10: every libFuzzer target for 10 s from its committed seeds (preset fuzz:
-#      only the targets, the host's paths; KVQ_JOBS targets at a time).
+#   2. scripts/sanitize.sh: the library unit tests again under ASan + UBSan (preset asan, clang 14:
+#      only those programs, without the CLI's code, backend cpu's portable and widest host paths
+#      only, KVQ_CPU_PATHS=host; they run KVQ_JOBS at a time);
+#   3. scripts/fuzz.sh 10: every libFuzzer target for 10 s from its committed seeds (the same
+#      build, preset asan: step 2 built the libraries, this adds the targets; KVQ_JOBS at a time).
 # KVQ_QUICK_ONLY=1 runs steps 0 and 1 alone. The full tier (after this script has built once):
 #   ctest --test-dir build/default -L full && scripts/fuzz.sh 600   (the preset excludes label full)
 set -euo pipefail

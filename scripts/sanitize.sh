@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The library unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (preset `asan`, GCC,
-# Debug): formats, parsers, quantizers, caches and both attention backends - the code every
-# command runs on - without the model and CLI tests (those run in the quick tier of the default
-# build; under ASan they would take most of CI's budget), and the device KIVI cache's host-side
-# planning (cuda_kivi_cache_plan_test: its "device" buffers are heap memory here, so a job
-# writing past a buffer is an ASan report). Any sanitizer report fails the test. It builds only
-# these programs (their kvq_test NO_CLI: no CLI command code) and, from the preset
-# (KVQ_CPU_PATHS=host), only backend cpu's portable path and the widest this machine runs, the one
-# the programs take.
+# The library unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (preset `asan`, clang
+# 14, -O1 with line tables; one build with scripts/fuzz.sh's targets, so the code also carries
+# libFuzzer's coverage instrumentation, which these programs never read): formats, parsers,
+# quantizers, caches and both attention backends - the code every command runs on - without the
+# model and CLI tests (those run in the quick tier of the default build; under ASan they would take
+# most of CI's budget), and the device KIVI cache's host-side planning (cuda_kivi_cache_plan_test:
+# its "device" buffers are heap memory here, so a job writing past a buffer is an ASan report).
+# Any sanitizer report fails the test. It builds only these programs (their kvq_test NO_CLI: no CLI
+# command code) and, from the preset (KVQ_CPU_PATHS=host), only backend cpu's portable path and
+# the widest this machine runs, the one the programs take.
 #   scripts/sanitize.sh          (scripts/run-tests.sh runs it after the quick tier)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,10 +18,13 @@ TARGETS=(cpu_causal_attention_test cuda_kivi_cache_plan_test cpu_attention_test 
          npy_test safetensors_test spec_test footprint_test core_half_test gguf_test core_error_test
          fp8_format_test fp8_scale_test kivi_minmax_test kivi_pack_test kivi_cache_test
          kivi_arith_fp16_test cpu_fp8_test cpu_kivi_test cpu_side_kernels_test)
+command -v clang++-14 > /dev/null || { echo "sanitize.sh: clang++-14 is missing (apt-get install clang-14)" >&2; exit 1; }
 command -v ninja > /dev/null || { echo "sanitize.sh: ninja is missing (apt-get install ninja-build)" >&2; exit 1; }
 # The preset's generator is Ninja, which builds the programs in parallel (make built one at a
-# time); a build/asan the Makefile generator made is configured afresh.
-fresh=$(grep -qs '^CMAKE_GENERATOR:INTERNAL=Ninja$' build/asan/CMakeCache.txt || echo --fresh)
+# time); a build/asan of another generator or compiler (before the presets were one: Make, GCC) is
+# configured afresh.
+fresh=$( (grep -qs '^CMAKE_GENERATOR:INTERNAL=Ninja$' build/asan/CMakeCache.txt &&
+          grep -qs '^KVQ_FUZZ:BOOL=ON$' build/asan/CMakeCache.txt) || echo --fresh)
 cmake --preset asan $fresh > /dev/null
 cmake --build --preset asan -j "${KVQ_JOBS:-$(nproc)}" --target "${TARGETS[@]}"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
