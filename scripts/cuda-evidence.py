@@ -90,16 +90,23 @@ BUDGET = {"bf16": 15.5, "fp8": 7.8, "kivi4": 4.9, "kivi2": 2.9}
 BUDGET_SOURCE = "docs/device-runs/2026-12-04-h200/README.md, \"The budget per SM\""
 
 # ---- the decode kernels' main loops: elements a warp takes an iteration -------------------------
-# (pattern on the short kernel name, format, elements per warp-iteration from the match, source)
+# (pattern on the short kernel name, format, elements per warp-iteration of the key loop and of
+# the value loop from the match, source)
+def _int_key_runs(d):
+    return 2 if d == 64 else 1  # IntSmem<D, B>::kKeyRuns
+
+
 PER_ELEMENT = [
     (re.compile(r"^mma_int_split_kernel<(\d+), (\d+), \d+(?:, \w+)*>$"),
-     lambda m: "kivi%s" % m.group(2), lambda m: 32 * int(m.group(1)),
-     "32 tokens x D (mma_int::kSpan tokens a warp a tile, attention_mma.cu)"),
+     lambda m: "kivi%s" % m.group(2),
+     lambda m: (32 * _int_key_runs(int(m.group(1))) * int(m.group(1)), 32 * int(m.group(1))),
+     "key: 32 kKeyRuns tokens x D (IntSmem::kKeyRuns runs of mma_int::kSpan tokens a warp a "
+     "tile: 2 at D 64, else 1), value: 32 tokens x D (attention_mma.cu)"),
     (re.compile(r"^mma_fp8_split_kernel<(\d+), \w+>$"),
-     lambda m: "fp8", lambda m: 16 * int(m.group(1)),
+     lambda m: "fp8", lambda m: (16 * int(m.group(1)),) * 2,
      "16 tokens x D (16 tokens a warp a tile, kTile = 16 kWarps)"),
     (re.compile(r"^mma_split_kernel<(\d+)>$"),
-     lambda m: "bf16", lambda m: 16 * int(m.group(1)),
+     lambda m: "bf16", lambda m: (16 * int(m.group(1)),) * 2,
      "16 tokens x D (16 tokens a warp a tile, kTile = 16 kWarps)"),
 ]
 
@@ -124,8 +131,9 @@ def _smem_bf16(d):
 
 
 def _smem_int(d, b):
-    words = 128 * d * b // 32  # kTileI = kWarps * mma_int::kSpan = 128 tokens
-    params = 4 * d
+    runs = _int_key_runs(d) * 4  # kKeyRuns kWarps staged key runs a stage
+    words = runs * (d // 4 + 4) * 4 * b  # kKeyRunWords = kKeyClassWords * 4 B
+    params = runs * 2 * 4 * (d // 8 + 4)  # halves: 2 kKeyParamWords a run
     stage = words * 4 + 2 * params * 2
     red = 4 * 8 * d * 4
     return max(2 * stage, red) + d // 16 * 32 * 16 + 32 + _SCORES  # + kConstBytes
@@ -155,8 +163,14 @@ DYNAMIC_SMEM = {
             (_MMA, "constexpr int kTileI = kWarps * mma_int::kSpan;  // tokens per int stage"),
             ("kernels/cuda/mma_int.h", "inline constexpr int kE = 4;"),
             ("kernels/cuda/mma_int.h", "inline constexpr int kSpan = 8 * kE;"),
-            (_MMA, "static constexpr int kWords = kTileI * D * B / 32;"),
-            (_MMA, "static constexpr int kParams = kWarps * D;"),
+            (_MMA, "static constexpr int kKeyRuns = D == 64 ? 2 : 1;"),
+            (_MMA, "static constexpr int kWords = kKeyRuns * kWarps * mma_int::kKeyRunWords<D, B>;"),
+            (_MMA, "static constexpr int kParams = kKeyRuns * kWarps * 2 * "
+                   "mma_int::kKeyParamWords<D>;"),
+            ("kernels/cuda/mma_int.h", "inline constexpr int kKeyClassWords = D / 4 + 4;"),
+            ("kernels/cuda/mma_int.h",
+             "inline constexpr int kKeyRunWords = kKeyClassWords<D> * 4 * B;"),
+            ("kernels/cuda/mma_int.h", "inline constexpr int kKeyParamWords = 4 * (D / 8 + 4);"),
             (_MMA, "static constexpr int kStageBytes = kWords * 4 + 2 * kParams * 2;"),
             (_MMA, "static constexpr int kRedBytes = kWarps * 8 * D * 4;"),
             (_MMA, "static constexpr int kQBytes = D / 16 * 32 * 16;"),
@@ -612,8 +626,8 @@ def kernel_record(tu, mangled, props, sass, max_threads, demangled, formats, tu_
     pe = per_element(short)
     hmma = [lp for lp in loops if lp["HMMA"] > 0]
     if pe and len(hmma) == 2:
-        fmt, elements, note = pe
-        for lp, role in zip(hmma, ("key", "value")):
+        fmt, per_role, note = pe
+        for lp, role, elements in zip(hmma, ("key", "value"), per_role):
             # one iteration: the loop's own instructions plus each nested loop's once (how often a
             # nested loop runs an iteration is not in the SASS)
             v = lp["body_instructions"] * 32 / elements

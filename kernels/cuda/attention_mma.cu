@@ -357,8 +357,15 @@ constexpr int kTileI = kWarps * mma_int::kSpan;  // tokens per int stage
 
 template <int D, int B>
 struct IntSmem {
-  static constexpr int kWords = kTileI * D * B / 32;  // per stage (keys: kWarps runs of D x B)
-  static constexpr int kParams = kWarps * D;  // halves per array (values: kTileI x n_cg <= this)
+  // Key runs a warp takes a tile (D 64: two, so that the loop's copies, waits and addressing
+  // spread over twice the codes); a key stage holds kKeyRuns kWarps runs of 32 tokens, kKeyTile.
+  static constexpr int kKeyRuns = D == 64 ? 2 : 1;
+  static constexpr int kKeyTile = kKeyRuns * kTileI;
+  // Words per stage: keys' staged runs (mma_int.h: padded), values kTileI rows of D B / 32.
+  static constexpr int kWords = kKeyRuns * kWarps * mma_int::kKeyRunWords<D, B>;
+  // Halves per array (scales, minima): keys' staged runs' pairs, values kTileI x n_cg.
+  static constexpr int kParams = kKeyRuns * kWarps * 2 * mma_int::kKeyParamWords<D>;
+  static_assert(kWords >= kTileI * D * B / 32 && kParams >= kTileI * (D / 32), "values fit");
   static constexpr int kStageBytes = kWords * 4 + 2 * kParams * 2;
   static constexpr int kRedBytes = kWarps * 8 * D * 4;  // the warps' output sums, at the end
   static constexpr int kBytes =
@@ -388,67 +395,64 @@ __device__ __forceinline__ void cp_async_to(uint32_t dst, const void* src, bool 
   }
 }
 
-/// A lane's share of its warp's key-run copies, set up once per block: warp w takes tokens
-/// s0 + kTileI i + 32 w .. + 32 of tile i (inside one token group: G divides kTileI, s0 a
-/// multiple of G), so from tile to tile every source moves by the same kTileI / G groups.
-/// G = 32: the run is its group's contiguous block (16-byte chunks); else each channel's B words
-/// (4 B bytes) at a stride of the group's words. Scales and minima: 16-byte chunks of 8.
+/// A lane's share of its warp's key-run copies, set up once per block: warp w takes runs
+/// R = w + kWarps u (u < kKeyRuns), tokens s0 + kKeyTile i + 32 R .. + 32 of tile i (inside one
+/// token group: G divides kTileI, s0 a multiple of G), so from run to run every source moves by
+/// the same kTileI / G groups (step, pstep; a tile: kKeyRuns of them). The copies stage the run
+/// as mma_int.h's key_slot / key_param_slot place it (4-byte copies: a lane's words of a k-step,
+/// and its scale and minimum pairs of two, one 16-byte load each in the loop): lane L copies the
+/// B words of channels L + 32 x (a channel's words of the run are contiguous, channels a group's
+/// words apart; one path for every G, no branch in the loop). Scales (lanes
+/// < 16) and minima (lanes >= 16): pairs L % 16 + 16 x.
 template <int D, int B>
 struct KeyRunCopy {
-  static constexpr int kRun = D * B;  // words of a run
-  const uint32_t* src;                // the lane's first source word, at the next tile
-  const uint16_t* psrc;               // the lane's scale or minimum chunk, at the next tile
-  int step, pstep;                    // per tile: words, halves
-  int rel;                            // the run's first token at the next tile, from s0
-  uint32_t dst, pdst;                 // shared-memory byte offsets within a stage
+  const uint32_t* src;   // the lane's first source word, at the next tile
+  const uint16_t* psrc;  // the lane's first scale or minimum pair, at the next tile
+  int step, pstep;       // per tile: words, halves
+  int rel;               // the run's first token at the next tile, from s0
+  uint32_t dst, pdst;    // shared-memory byte offsets within a stage
   __device__ KeyRunCopy(const IntSideView& k, int64_t s0, int H, int h, int warp, int lane) {
     using S = IntSmem<D, B>;
+    namespace mi = mma_int;
     const kivi::ChannelLayout L{H, D, k.group, B};
-    rel = mma_int::kSpan * warp;
+    rel = mi::kSpan * warp;
     const int64_t t0 = s0 + rel, gi = t0 / k.group, gstep = kTileI / k.group;
-    const bool g32 = L.words_per_group() == B;
     const int wpg = static_cast<int>(L.words_per_group());
     step = static_cast<int>(L.word_index(gi + gstep, h, 0) - L.word_index(gi, h, 0));
-    src = k.words + L.word_index(gi, h, 0) + (t0 % k.group) / kivi::codes_per_word(B) +
-          (g32 ? 4 * lane : lane * wpg);
-    dst = (warp * kRun + (g32 ? 4 * lane : lane * B)) * 4;
-    constexpr int kPChunks = D / 8;  // 16-byte chunks of a run's D scales (or minima)
-    const int which = lane / kPChunks % 2, c = lane % kPChunks;  // lanes >= 2 kPChunks: unused
+    src = k.words + L.word_index(gi, h, 0) + (t0 % k.group) / kivi::codes_per_word(B) + lane * wpg;
+    dst = (warp * mi::kKeyRunWords<D, B> + mi::key_slot<D, B>(lane, 0)) * 4;
+    const int which = lane / 16;  // 0: scales, 1: minima
     pstep = static_cast<int>(L.param_index(gi + gstep, h, 0) - L.param_index(gi, h, 0));
-    psrc = (which ? k.mins : k.scales) + L.param_index(gi, h, 0) + 8 * c;
-    pdst = S::kWords * 4 + (which * S::kParams + warp * D + 8 * c) * 2;
+    psrc = (which ? k.mins : k.scales) + L.param_index(gi, h, 0) + 2 * (lane % 16);
+    pdst = S::kWords * 4 + (which * S::kParams / 2 + warp * mi::kKeyParamWords<D> +
+                            mi::key_param_slot<D>(lane % 16)) *
+                               4;
   }
-  /// Issues the next tile's copies into the stage at shared address st if the run starts below
-  /// q1 - s0 (`wpg` as in the constructor: G = 32 takes the contiguous path), then steps.
-  /// A lane's channels' B words at a stride of wpg (groups wider than 32 tokens; 4-bit codes).
-  /// Not inlined for 2-bit codes: a call on G > 32 only, where inlined predicated copies would
-  /// take issue slots at G = 32 too.
-  static __device__ __noinline__ void strided_call(uint32_t d, const uint32_t* s, int wpg) {
+  /// Issues the next tile's copies into the stage at shared address st, each run's if it starts
+  /// below q1 - s0 (kstride = 32 wpg: the words from channel c to c + 32), then steps.
+  __device__ __forceinline__ void load(uint32_t st, int q1_rel, int kstride) {
+    using S = IntSmem<D, B>;
+    namespace mi = mma_int;
 #pragma unroll
-    for (int x = 0; x < D / 32; ++x) cp_async_to<4 * B>(d + 128 * B * x, s + 32 * x * wpg, true);
-  }
-  static __device__ __forceinline__ void strided(uint32_t d, const uint32_t* s, int wpg) {
-    if constexpr (B == 2) {
-      strided_call(d, s, wpg);
-    } else {
+    for (int u = 0; u < S::kKeyRuns; ++u) {  // run warp + kWarps u
+      if (rel + u * kTileI < q1_rel) {
+        const uint32_t d = st + dst + u * kWarps * mi::kKeyRunWords<D, B> * 4;
+        const uint32_t* s = src + u * step;
 #pragma unroll
-      for (int x = 0; x < D / 32; ++x) cp_async_to<4 * B>(d + 128 * B * x, s + 32 * x * wpg, true);
-    }
-  }
-  __device__ __forceinline__ void load(uint32_t st, int q1_rel, bool g32, int wpg, int lane) {
-    if (rel < q1_rel) {
-      if (B == 4 || !g32) {  // 4-bit: B words a channel are 16 bytes either way
-        strided(st + dst, src, wpg);
-      } else {
+        for (int x = 0; x < D / 32; ++x)
 #pragma unroll
-        for (int x = 0; x < kRun / 128; ++x)
-          cp_async_to<16>(st + dst + 512 * x, src + 128 * x, true);
+          for (int w = 0; w < B; ++w)
+            cp_async_to<4>(d + 4 * mi::key_copy_offset<D>(x, w), s + x * kstride + w, true);
+        const uint32_t pd = st + pdst + u * kWarps * mi::kKeyParamWords<D> * 4;
+        const uint16_t* ps = psrc + u * pstep;
+#pragma unroll
+        for (int x = 0; x < D / 32; ++x)
+          cp_async_to<4>(pd + 4 * mi::key_param_copy_offset(x), ps + 32 * x, true);
       }
-      if (lane < D / 4) cp_async_to<16>(st + pdst, psrc, true);
     }
-    src += step;
-    psrc += pstep;
-    rel += kTileI;
+    src += S::kKeyRuns * step;
+    psrc += S::kKeyRuns * pstep;
+    rel += S::kKeyTile;
   }
 };
 
@@ -562,13 +566,13 @@ __global__ void __launch_bounds__(kThreads, 4)
 
   // Key tile 0 in flight while q becomes fp16 A fragments.
   const int64_t kq1 = min(s1, max(s0, kv.quantized_tokens));  // quantized keys: [s0, kq1)
-  const int ktiles = static_cast<int>((kq1 - s0 + kTileI - 1) / kTileI);
+  const int ktiles = static_cast<int>((kq1 - s0 + S::kKeyTile - 1) / S::kKeyTile);
   const uint32_t st0 = smem_addr(stages);
   const uint32_t kconst = smem_addr(konst);
   KeyRunCopy<D, B> kcopy(kv, s0, H, h, warp, lane);
-  const int kwpg = static_cast<int>(kivi::words_for(kv.group, B));
+  const int kstride = 32 * static_cast<int>(kivi::words_for(kv.group, B));  // channel c -> c + 32
   const int kq1_rel = static_cast<int>(kq1 - s0);
-  if (ktiles > 0) kcopy.load(st0, kq1_rel, kwpg == B, kwpg, lane);
+  if (ktiles > 0) kcopy.load(st0, kq1_rel, kstride);
   cp_async_commit();
 
   // q' = q 2^qe (max |q'| in [1/2, 1): q' s < 65504 for every fp16 s) as high + low fp16 rows.
@@ -591,40 +595,52 @@ __global__ void __launch_bounds__(kThreads, 4)
     konst[1] = make_uint4(mi::kMinus1x2, mi::kMinus1x2, mi::kMinus1x2, mi::kMinus1x2);
   }
 
-  // ---- scores, quantized keys: one 32-token run per warp and tile -----------------------------
+  // ---- scores, quantized keys: kKeyRuns 32-token runs per warp and tile -----------------------
   for (int i = 0; i < ktiles; ++i) {
-    if (i + 1 < ktiles)
-      kcopy.load(st0 + ((i + 1) % kStages) * S::kStageBytes, kq1_rel, kwpg == B, kwpg, lane);
+    if (i + 1 < ktiles) kcopy.load(st0 + ((i + 1) % kStages) * S::kStageBytes, kq1_rel, kstride);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const int r0 = i * kTileI + mi::kSpan * warp;  // the run's first token in the split
-    if (r0 < kq1_rel) {
+#pragma unroll
+    for (int u = 0; u < S::kKeyRuns; ++u) {
+      const int run = warp + kWarps * u;                 // the run's index in the stage
+      const int r0 = i * S::kKeyTile + mi::kSpan * run;  // the run's first token in the split
+      // A run at or past q1 (the last tile) computes on stale words; its scores are not stored.
       const char* st = stages + (i % kStages) * S::kStageBytes;
-      const uint32_t* wr = reinterpret_cast<const uint32_t*>(st) + warp * D * B;
-      const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + S::kWords * 4) + warp * D / 2;
+      // The staged run (mma_int.h): the lane's words of k-step ks are wl[ks] (channels
+      // 16 ks + 2 tg + 8 r2 + e at 2 r2 + e, its slice's word each), its scale and minimum pairs
+      // of k-steps 2 k2, 2 k2 + 1 are sl[k2], ml[k2] (channels 16 ks + 2 tg + 8 r2 at
+      // 2 (ks % 2) + r2).
+      const uint32_t* wr = reinterpret_cast<const uint32_t*>(st) + run * mi::kKeyRunWords<D, B>;
+      const uint32_t* sc =
+          reinterpret_cast<const uint32_t*>(st + S::kWords * 4) + run * mi::kKeyParamWords<D>;
       const uint32_t* mn = sc + S::kParams / 2;
-      // The lane's channel 2 tg: its word of slice g, its scale and minimum pairs (channel d =
-      // 2 tg + dd of a k-step reads these at compile-time offsets dd B, dd / 2).
-      const uint32_t* wl = wr + mi::key_word<B>(mma::a_col(lane, 0, 0), g);
-      const uint32_t* sl = sc + mma::a_col(lane, 0, 0) / 2;
-      const uint32_t* ml = mn + mma::a_col(lane, 0, 0) / 2;
+      const uint4* wl = reinterpret_cast<const uint4*>(wr + mi::key_lane_slot<D, B>(g, blk.tg));
+      const uint4* sl = reinterpret_cast<const uint4*>(sc + mi::key_param_slot<D>(blk.tg));
+      const uint4* ml = reinterpret_cast<const uint4*>(mn + mi::key_param_slot<D>(blk.tg));
       const uint4 ko = lds128(kconst);
       // ex: -64 sum a (4-bit; 2-bit: -sum a, in e1) + sum q' m; the columns are alike.
       float c[mi::kE][4] = {}, ex[4] = {}, e1[4] = {};
+      uint4 s4{}, m4{};
 #pragma unroll
       for (int ks = 0; ks < D / mma::kK; ++ks) {
         uint32_t a[4], m2[2], y[2];
         const uint4 q4 = qsm[ks * 32 + lane];
         const uint32_t qa[4] = {q4.x, q4.y, q4.z, q4.w};
+        const uint4 w4 = wl[ks];
+        const uint32_t wq[4] = {w4.x, w4.y, w4.z, w4.w};
+        if (ks % 2 == 0) {
+          s4 = sl[ks / 2];
+          m4 = ml[ks / 2];
+        }
+        const uint32_t sq[4] = {s4.x, s4.y, s4.z, s4.w}, mq[4] = {m4.x, m4.y, m4.z, m4.w};
 #pragma unroll
         for (int r2 = 0; r2 < 2; ++r2) {  // channels d, d + 1: A registers 2 r2 (high), +1 (low)
-          const int dd = mma::a_col(lane, 2 * r2, 0) - mma::a_col(lane, 0, 0) + ks * mma::kK;
-          const mi::HiLo16 f = mi::fold_f16x2(qa[2 * r2], qa[2 * r2 + 1], sl[dd / 2]);
+          const mi::HiLo16 f = mi::fold_f16x2(qa[2 * r2], qa[2 * r2 + 1], sq[2 * (ks % 2) + r2]);
           a[2 * r2] = f.hi;
           a[2 * r2 + 1] = f.lo;
-          m2[r2] = ml[dd / 2];
-          y[r2] = mi::pair_slices<B>(wl[dd * B], wl[dd * B + B], mi::slice_of<B>(g));
+          m2[r2] = mq[2 * (ks % 2) + r2];
+          y[r2] = mi::pair_slices<B>(wq[2 * r2], wq[2 * r2 + 1], mi::slice_of<B>(g));
         }
         if constexpr (B == 2) {  // one shift per two codes; offsets 64 and 16 (key_code_half2)
 #pragma unroll
@@ -639,15 +655,18 @@ __global__ void __launch_bounds__(kThreads, 4)
         }
         mma_f16(ex, qa, m2[0], m2[1]);  // sum_c q'_c m_c
       }
-      if (g < nq) {
+      if (g < nq && r0 < kq1_rel) {
         const float e = (ex[0] + ex[2]) * kfac, o1 = (e1[0] + e1[2]) * kfac;  // high + low rows
+        static_assert(mi::kE == 4, "a column's kE scores are set_index(c, 0) .. + 3: one float4");
+        float* row = scores + g * ld + r0;  // 16-byte aligned: ld and r0 multiples of 32
 #pragma unroll
-        for (int j = 0; j < mi::kE; ++j) {
-          const float ej = B == 2 ? fmaf(o1, mi::key_base2(j), e) : e;
+        for (int x = 0; x < 2; ++x) {
+          float v[mi::kE];
 #pragma unroll
-          for (int x = 0; x < 2; ++x)
-            scores[g * ld + r0 + mi::set_index(mma::c_col(lane, x), j)] =
-                fmaf(-(c[j][x] + c[j][x + 2]), kfac, ej);
+          for (int j = 0; j < mi::kE; ++j)
+            v[j] = fmaf(-(c[j][x] + c[j][x + 2]), kfac, B == 2 ? fmaf(o1, mi::key_base2(j), e) : e);
+          *reinterpret_cast<float4*>(row + mi::set_index(mma::c_col(lane, x), 0)) =
+              make_float4(v[0], v[1], v[2], v[3]);
         }
       }
     }

@@ -215,6 +215,47 @@ KVQ_HD int key_word(int d, int g) {
   return d * B + slice_word<B>(g);
 }
 
+// A staged key run (the kernel's shared memory): the copies place the run's words so that a lane
+// reads the four words of a k-step (channels 16 ks + 2 tg + 8 r2 + e, r2, e = 0, 1, its word
+// slice_word(g) each: key_word's words) by one 16-byte load, and its scale and minimum pairs of
+// two k-steps by one 16-byte load each. Words: 4 B lane classes (tg, slice word), kKeyClassWords
+// apart (D / 4 words and 4 of padding, so that the classes' loads of a k-step fall on distinct
+// bank quads); inside a class, k-step ks at 4 ks, then 2 r2 + e.
+template <int D>
+inline constexpr int kKeyClassWords = D / 4 + 4;
+template <int D, int B>
+inline constexpr int kKeyRunWords = kKeyClassWords<D> * 4 * B;
+/// Slot (word) of word w (0 .. B - 1) of channel d in a staged key run.
+template <int D, int B>
+KVQ_HD int key_slot(int d, int w) {
+  return (d % 8 / 2 * B + w) * kKeyClassWords<D> + d / 16 * 4 + d / 8 % 2 * 2 + d % 2;
+}
+/// The first slot lane (g, tg) reads: k-step ks's words are slots key_lane_slot + 4 ks + 2 r2 + e.
+template <int D, int B>
+KVQ_HD int key_lane_slot(int g, int tg) {
+  return key_slot<D, B>(2 * tg, slice_word<B>(g));
+}
+/// The copies: lane L copies word w of channel L + 32 x (x < D / 32; a channel's B words of a run
+/// are contiguous at every G) to slot key_slot(L, 0) + key_copy_offset(x, w) (= key_slot(L + 32 x,
+/// w): a compile-time offset from the lane's first slot).
+template <int D>
+KVQ_HD int key_copy_offset(int x, int w) {
+  return w * kKeyClassWords<D> + 8 * x;
+}
+/// A staged run's scale (minimum) pairs: pair p (channels 2 p, 2 p + 1) at word key_param_slot(p)
+/// = (p % 4) (D / 8 + 4) + p / 4 (4 words of padding a row: distinct bank quads), so lane tg's
+/// pairs tg + 4 m (m = 2 ks + r2: channels 16 ks + 2 tg + 8 r2, + 1) are words tg (D / 8 + 4) + m,
+/// one 16-byte load per two k-steps. kKeyParamWords words an array. The copies: lanes L < 16 the
+/// scales, L >= 16 the minima; pair L % 16 + 16 x (x < D / 32) to key_param_slot(L % 16) +
+/// key_param_copy_offset(x) (= key_param_slot(L % 16 + 16 x)).
+template <int D>
+inline constexpr int kKeyParamWords = 4 * (D / 8 + 4);
+template <int D>
+KVQ_HD int key_param_slot(int p) {
+  return p % 4 * (D / 8 + 4) + p / 4;
+}
+KVQ_HD int key_param_copy_offset(int x) { return 4 * x; }
+
 /// Values: a tile's rows of D B / 32 words, one row per token (the token's words in global
 /// order). B register r of n-tile j at a k-step of set cs (channels [32 cs, 32 cs + 32)) reads,
 /// for its half h, token row t = b_row(lane, r, h) (plus the k-step's first row) and channel

@@ -248,13 +248,16 @@ def _tree_with_anchors(kernel, drop=None):
 
 
 def test_dynamic_smem_formulas_by_hand():
-    # IntSmem<128, 4>: words 128 x 128 x 4 / 32 = 2048 (8192 B) + 2 x 512 halves x 2 B = 10240 a
-    # stage, x 2 stages = 20480 (> the 16384 B of output sums) + q' 8 x 32 x 16 = 4096 + 32 B of
-    # mma constants + 4096 score floats x 4 = 16384: 40992. IntSmem<64, 2>: 2048 + 1024 = 3072 a
-    # stage, 6144 < 8192 output sums; + 2048 + 32 + 16384 = 26656. Fp8Smem<128>: max(2 x 8192, 16384) + 16384 = 32768.
+    # IntSmem<128, 4> (kKeyRuns 1): 4 staged key runs of kKeyRunWords = (128 / 4 + 4) x 4 x 4 = 576
+    # words = 2304 words (9216 B) + 2 arrays x 4 runs x 2 x kKeyParamWords (4 x (16 + 4) = 80) = 640
+    # halves x 2 B = 2560: 11776 a stage, x 2 stages = 23552 (> the 16384 B of output sums) + q'
+    # 8 x 32 x 16 = 4096 + 32 B of mma constants + 4096 score floats x 4 = 16384: 44064.
+    # IntSmem<64, 2> (kKeyRuns 2): 8 runs x (16 + 4) x 4 x 2 = 1280 words (5120 B) + 2 x 8 x 2 x 48
+    # halves x 2 B = 3072: 8192 a stage, x 2 = 16384 > 8192 output sums; + 2048 + 32 + 16384 =
+    # 34848. Fp8Smem<128>: max(2 x 8192, 16384) + 16384 = 32768.
     # Smem<128> (bf16): 2 x 64 x 128 x 2 = 32768 + 16384 = 49152.
-    for kernel, short, want in [("mma_int_split_kernel", "mma_int_split_kernel<128, 4, 4>", 40992),
-                                ("mma_int_split_kernel", "mma_int_split_kernel<64, 2, 2>", 26656),
+    for kernel, short, want in [("mma_int_split_kernel", "mma_int_split_kernel<128, 4, 4>", 44064),
+                                ("mma_int_split_kernel", "mma_int_split_kernel<64, 2, 2>", 34848),
                                 ("mma_fp8_split_kernel", "mma_fp8_split_kernel<128, e5m2>", 32768),
                                 ("mma_split_kernel", "mma_split_kernel<128>", 49152)]:
         root = _tree_with_anchors(kernel)
@@ -291,6 +294,23 @@ def test_per_element_against_the_budget():
             for lp in main] == [("key", 401, 3.13, 2.9), ("value", 508, 3.97, 2.9)]
     assert main[1]["budget_ratio"] == 1.37
     assert (rec["blocks_per_sm"], rec["threads"]) == (4, 128)
+    # At D 64 a warp's key iteration takes two 32-token runs (IntSmem::kKeyRuns): 361 x 32 /
+    # (64 x 64) = 2.82; the value loop 32 tokens x 64 channels: 217 x 32 / 2048 = 3.39.
+    lines = ["MOV R0, RZ"]
+    for n in (361, 217):
+        head = 16 * len(lines)
+        lines += ["HMMA.16816.F32 R4, R8, R12, R4"] + ["IADD3 R0, R0, 0x1, RZ"] * (n - 2)
+        lines.append("@P0 BRA 0x%x" % head)
+    lines.append("EXIT")
+    ins = ce.parse_sass(sass_text(lines))["_Z4testv"]
+    rec = ce.kernel_record("kernels/cuda/attention_mma.cu", "_Z4testv",
+                           {"registers": 107, "smem": 16}, ins, 128,
+                           "void kvq::cuda::(anonymous namespace)::mma_int_split_kernel<64, 2, 2, "
+                           "true>(kvq::cuda::detail::SplitParams<kvq::cuda::IntSideView>)", {},
+                           "", ce.REPO)
+    main = [lp for lp in rec["loops"] if "role" in lp]
+    assert [(lp["role"], lp["elements_per_warp_iteration"], lp["per_element"]) for lp in main] == [
+        ("key", 4096, 2.82), ("value", 2048, 3.39)]
 
 
 def test_budget_figures_are_the_device_runs():

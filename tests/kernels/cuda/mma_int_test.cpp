@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <random>
@@ -115,27 +116,38 @@ std::vector<uint32_t> random_words(size_t n, uint32_t seed) {
   return w;
 }
 
-/// B register r of n-tile j for `lane` at k-step ks of a key run (the kernel's reads).
-template <int B>
-uint32_t key_b_reg(const std::vector<uint32_t>& run, int lane, int ks, int r, int j) {
-  const int g = group_of(lane), d = kK * ks + b_row(lane, r, 0);
-  const uint32_t y =
-      pair_slices<B>(run[static_cast<size_t>(key_word<B>(d, g))],
-                     run[static_cast<size_t>(key_word<B>(d + 1, g))], slice_of<B>(g));
+/// B register r of n-tile j for `lane` at k-step ks of a staged key run (the kernel's reads: the
+/// lane's 16-byte load of k-step ks, words 2 r and 2 r + 1 of it).
+template <int D, int B>
+uint32_t key_b_reg(const std::vector<uint32_t>& staged, int lane, int ks, int r, int j) {
+  const int g = group_of(lane);
+  const size_t s = static_cast<size_t>(key_lane_slot<D, B>(g, mma::tig_of(lane)) + 4 * ks + 2 * r);
+  const uint32_t y = pair_slices<B>(staged.at(s), staged.at(s + 1), slice_of<B>(g));
   if constexpr (B == 2) return key_code_half2(y, j);
   return code_half<B>(y, j);
 }
 
-/// A key run as the kernel copies it: channel d's words of tokens [t0, t0 + 32) of its group.
-template <int B>
-std::vector<uint32_t> key_run(const kivi::ChannelLayout& L, const std::vector<uint32_t>& words,
-                              int64_t t0, int64_t h) {
-  std::vector<uint32_t> run(static_cast<size_t>(L.dim * B));
-  for (int64_t d = 0; d < L.dim; ++d)
-    for (int w = 0; w < B; ++w)
-      run[static_cast<size_t>(d * B + w)] = words[static_cast<size_t>(
-          L.word_index(t0 / L.group, h, d) + (t0 % L.group) / kivi::codes_per_word(B) + w)];
-  return run;
+constexpr uint32_t kUnwritten = 0x7e57f00du;  // a staged slot no copy wrote
+
+/// The staged key run of tokens [t0, t0 + 32) of head h, by the kernel's copies (KeyRunCopy):
+/// lane l copies word w of channel l + 32 x (its source: the run's first word of channel l, then
+/// + 32 x times the group's words, + w) to the slot key_slot(l, 0) + w kKeyClassWords + 8 x. Slots
+/// no copy writes hold kUnwritten; a slot written twice fails the test.
+template <int D, int B>
+std::vector<uint32_t> staged_key_run(const kivi::ChannelLayout& L,
+                                     const std::vector<uint32_t>& words, int64_t t0, int64_t h) {
+  std::vector<uint32_t> staged(static_cast<size_t>(kKeyRunWords<D, B>), kUnwritten);
+  const int64_t wpg = L.words_per_group();
+  const int64_t first = L.word_index(t0 / L.group, h, 0) + (t0 % L.group) / kivi::codes_per_word(B);
+  for (int l = 0; l < 32; ++l)
+    for (int x = 0; x < D / 32; ++x)
+      for (int w = 0; w < B; ++w) {
+        const int slot = key_slot<D, B>(l, 0) + key_copy_offset<D>(x, w);
+        EXPECT_EQ(staged.at(static_cast<size_t>(slot)), kUnwritten) << "slot " << slot << " twice";
+        staged.at(static_cast<size_t>(slot)) =
+            words.at(static_cast<size_t>(first + l * wpg + x * 32 * wpg + w));
+      }
+  return staged;
 }
 
 template <int B, int D>
@@ -146,12 +158,12 @@ void check_key_fragments(int G) {
       static_cast<size_t>(L.words_for_tokens(groups * G)), static_cast<uint32_t>(B * D + G));
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t t0 = 0; t0 < groups * G; t0 += kSpan) {
-      const std::vector<uint32_t> run = key_run<B>(L, words, t0, h);
+      const std::vector<uint32_t> run = staged_key_run<D, B>(L, words, t0, h);
       for (int l = 0; l < 32; ++l)
         for (int ks = 0; ks < D / kK; ++ks)
           for (int r = 0; r < 2; ++r)
             for (int j = 0; j < kE; ++j) {
-              const uint32_t reg = key_b_reg<B>(run, l, ks, r, j);
+              const uint32_t reg = key_b_reg<D, B>(run, l, ks, r, j);
               for (int hf = 0; hf < 2; ++hf) {
                 const int64_t d = kK * ks + b_row(l, r, hf);
                 const int64_t t = t0 + set_index(b_col(l), j);
@@ -171,6 +183,116 @@ TEST(MmaInt, KeyFragmentsHoldTheChannelLayoutsCodes) {
     check_key_fragments<4, 64>(G);
     check_key_fragments<4, 128>(G);
   }
+}
+
+// The staged run's 16-byte loads: the distinct addresses of a warp's load (a k-step's words, a
+// k-step pair's scale or minimum pairs) spread evenly over the 8 bank quads of 16 bytes, so the
+// load takes the fewest wavefronts (one per 128 bytes).
+void expect_even_quads(const std::vector<int>& slots, const char* what, int D, int B, int step) {
+  std::vector<int> distinct;
+  for (int x : slots)
+    if (std::find(distinct.begin(), distinct.end(), x) == distinct.end()) distinct.push_back(x);
+  std::array<int, 8> per_quad{};
+  for (int x : distinct) {
+    ASSERT_EQ(x % 4, 0) << what << ": a 16-byte load off its alignment";
+    ++per_quad[static_cast<size_t>(x / 4 % 8)];
+  }
+  const int most = (static_cast<int>(distinct.size()) + 7) / 8;
+  for (int q = 0; q < 8; ++q)
+    EXPECT_LE(per_quad[static_cast<size_t>(q)], most)
+        << what << " D " << D << " B " << B << " step " << step << " quad " << q;
+}
+
+template <int D, int B>
+void check_staged_key_loads() {
+  for (int ks = 0; ks < D / kK; ++ks) {
+    std::vector<int> slots;
+    for (int l = 0; l < 32; ++l) {
+      const int s = key_lane_slot<D, B>(group_of(l), mma::tig_of(l)) + 4 * ks;
+      ASSERT_LE(s + 4, (kKeyRunWords<D, B>));
+      slots.push_back(s);
+    }
+    expect_even_quads(slots, "key words", D, B, ks);
+  }
+  for (int k2 = 0; k2 < D / kK / 2; ++k2) {
+    std::vector<int> slots;
+    for (int l = 0; l < 32; ++l) slots.push_back(key_param_slot<D>(mma::tig_of(l)) + 4 * k2);
+    expect_even_quads(slots, "key params", D, B, k2);
+  }
+}
+
+// The copies' compile-time offsets from a lane's first slot land every channel's words (scale and
+// minimum pairs) where key_slot (key_param_slot) puts them, and the slots of a run are distinct
+// and inside kKeyRunWords (kKeyParamWords).
+template <int D, int B>
+void check_staged_key_slots() {
+  std::vector<int> seen(static_cast<size_t>(kKeyRunWords<D, B>), 0);
+  for (int l = 0; l < 32; ++l)
+    for (int x = 0; x < D / 32; ++x)
+      for (int w = 0; w < B; ++w) {
+        const int slot = key_slot<D, B>(l, 0) + key_copy_offset<D>(x, w);
+        ASSERT_EQ(slot, (key_slot<D, B>(l + 32 * x, w)))
+            << "D " << D << " B " << B << " lane " << l;
+        ASSERT_GE(slot, 0);
+        ASSERT_LT(slot, (kKeyRunWords<D, B>));
+        ++seen[static_cast<size_t>(slot)];
+      }
+  for (int v : seen) ASSERT_LE(v, 1) << "D " << D << " B " << B << ": a slot taken twice";
+  std::vector<int> pseen(static_cast<size_t>(kKeyParamWords<D>), 0);
+  for (int l = 0; l < 16; ++l)
+    for (int x = 0; x < D / 32; ++x) {
+      const int slot = key_param_slot<D>(l) + key_param_copy_offset(x);
+      ASSERT_EQ(slot, key_param_slot<D>(l + 16 * x)) << "D " << D << " lane " << l;
+      ASSERT_LT(slot, kKeyParamWords<D>);
+      ++pseen[static_cast<size_t>(slot)];
+    }
+  for (int v : pseen) ASSERT_LE(v, 1) << "D " << D << ": a parameter slot taken twice";
+}
+
+TEST(MmaInt, StagedKeyCopiesLandWhereKeySlotSays) {
+  check_staged_key_slots<64, 2>();
+  check_staged_key_slots<128, 2>();
+  check_staged_key_slots<64, 4>();
+  check_staged_key_slots<128, 4>();
+}
+
+TEST(MmaInt, StagedKeyLoadsSpreadOverTheBankQuads) {
+  check_staged_key_loads<64, 2>();
+  check_staged_key_loads<128, 2>();
+  check_staged_key_loads<64, 4>();
+  check_staged_key_loads<128, 4>();
+}
+
+// The staged scale and minimum pairs, by the kernel's copies (lanes < 16 the scales, >= 16 the
+// minima, 4 bytes each) from a run's D halves: every lane's 16-byte loads (k-steps 2 k2, 2 k2 + 1)
+// give the pairs of its A columns, channels a_col(lane, 2 r2, 0) + 16 ks (mma_layout.h), + 1.
+template <int D>
+void check_staged_key_params() {
+  std::vector<uint32_t> global[2];  // scales, minima: word p = channels 2 p, 2 p + 1
+  for (int a = 0; a < 2; ++a) global[a] = random_words(static_cast<size_t>(D / 2), 77u * D + a);
+  std::vector<uint32_t> staged[2];
+  for (auto& x : staged) x.assign(static_cast<size_t>(kKeyParamWords<D>), kUnwritten);
+  for (int l = 0; l < 32; ++l)
+    for (int x = 0; x < D / 32; ++x) {
+      const size_t slot = static_cast<size_t>(key_param_slot<D>(l % 16) + key_param_copy_offset(x));
+      std::vector<uint32_t>& st = staged[l / 16];
+      ASSERT_EQ(st.at(slot), kUnwritten) << "slot " << slot << " twice";
+      st.at(slot) = global[l / 16].at(static_cast<size_t>(l % 16 + 16 * x));
+    }
+  for (int a = 0; a < 2; ++a)
+    for (int l = 0; l < 32; ++l)
+      for (int ks = 0; ks < D / kK; ++ks)
+        for (int r2 = 0; r2 < 2; ++r2) {
+          const int slot = key_param_slot<D>(mma::tig_of(l)) + 4 * (ks / 2) + 2 * (ks % 2) + r2;
+          const int d = a_col(l, 2 * r2, 0) + kK * ks;
+          ASSERT_EQ(staged[a].at(static_cast<size_t>(slot)), global[a][static_cast<size_t>(d / 2)])
+              << "D " << D << " array " << a << " lane " << l << " k-step " << ks << " r2 " << r2;
+        }
+}
+
+TEST(MmaInt, StagedKeyParamsGiveEveryLaneItsChannelPairs) {
+  check_staged_key_params<64>();
+  check_staged_key_params<128>();
 }
 
 /// B register r of n-tile j for `lane`, channel set cs, at the k-step of rows [row0, row0 + 16).
@@ -339,7 +461,7 @@ void check_int_scores(int nq) {
     for (int d = 0; d < D; ++d) amax = std::max(amax, std::fabs(q[static_cast<size_t>(g * D + d)]));
     qe[static_cast<size_t>(g)] = mma_fp8::q_shift(amax) - 15;
   }
-  const std::vector<uint32_t> run = key_run<B>(L, words, 0, 0);
+  const std::vector<uint32_t> run = staged_key_run<D, B>(L, words, 0, 0);
   const auto pair = [&](const std::vector<float>& v) {
     return
         [&v](int d) { return half2_of(v[static_cast<size_t>(d)], v[static_cast<size_t>(d) + 1]); };
@@ -353,8 +475,8 @@ void check_int_scores(int nq) {
     for (int j = 0; j < kE; ++j) {
       Frag b0(32), b1(32);
       for (int l = 0; l < 32; ++l) {
-        b0[static_cast<size_t>(l)] = key_b_reg<B>(run, l, ks, 0, j);
-        b1[static_cast<size_t>(l)] = key_b_reg<B>(run, l, ks, 1, j);
+        b0[static_cast<size_t>(l)] = key_b_reg<D, B>(run, l, ks, 0, j);
+        b1[static_cast<size_t>(l)] = key_b_reg<D, B>(run, l, ks, 1, j);
       }
       mma(c[j], a, b0, b1);
     }
