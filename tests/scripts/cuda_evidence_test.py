@@ -273,42 +273,36 @@ def test_dynamic_smem_says_see_launcher_when_the_source_moved():
     assert ce.dynamic_smem("other_kernel", "extern __shared__ float s[];", root)[0] is None
 
 
-def test_per_element_against_the_budget():
-    # Two innermost HMMA loops of 401 and 508 instructions in a kivi2 kernel at D 128: a warp
-    # takes 32 tokens x 128 channels an iteration, so 401 x 32 / 4096 = 3.13 and 508 x 32 / 4096
-    # = 3.97 thread-instructions an element, against kivi2's 2.9.
+def _main_loops(kernel, sizes, registers):
+    """The record of an int kernel whose SASS is two innermost HMMA loops of `sizes` instructions
+    (the key loop, then the value loop); returns the record and its main loops."""
     lines = ["MOV R0, RZ"]
-    for n in (401, 508):
+    for n in sizes:
         head = 16 * len(lines)
         lines += ["HMMA.16816.F32 R4, R8, R12, R4"] + ["IADD3 R0, R0, 0x1, RZ"] * (n - 2)
         lines.append("@P0 BRA 0x%x" % head)
     lines.append("EXIT")
     ins = ce.parse_sass(sass_text(lines))["_Z4testv"]
     rec = ce.kernel_record("kernels/cuda/attention_mma.cu", "_Z4testv",
-                           {"registers": 128, "smem": 16}, ins, 128,
-                           "void kvq::cuda::(anonymous namespace)::mma_int_split_kernel<128, 2, 4>"
-                           "(kvq::cuda::detail::SplitParams<kvq::cuda::IntSideView>)", {},
+                           {"registers": registers, "smem": 16}, ins, 128,
+                           "void kvq::cuda::(anonymous namespace)::%s"
+                           "(kvq::cuda::detail::SplitParams<kvq::cuda::IntSideView>)" % kernel, {},
                            "", ce.REPO)
-    main = [lp for lp in rec["loops"] if "role" in lp]
+    return rec, [lp for lp in rec["loops"] if "role" in lp]
+
+
+def test_per_element_against_the_budget():
+    # Two innermost HMMA loops of 401 and 508 instructions in a kivi2 kernel at D 128: a warp
+    # takes 32 tokens x 128 channels an iteration, so 401 x 32 / 4096 = 3.13 and 508 x 32 / 4096
+    # = 3.97 thread-instructions an element, against kivi2's 2.9.
+    rec, main = _main_loops("mma_int_split_kernel<128, 2, 4>", (401, 508), 128)
     assert [(lp["role"], lp["warp_instructions"], lp["per_element"], lp["budget"])
             for lp in main] == [("key", 401, 3.13, 2.9), ("value", 508, 3.97, 2.9)]
     assert main[1]["budget_ratio"] == 1.37
     assert (rec["blocks_per_sm"], rec["threads"]) == (4, 128)
     # At D 64 a warp's key iteration takes two 32-token runs (IntSmem::kKeyRuns): 361 x 32 /
     # (64 x 64) = 2.82; the value loop 32 tokens x 64 channels: 217 x 32 / 2048 = 3.39.
-    lines = ["MOV R0, RZ"]
-    for n in (361, 217):
-        head = 16 * len(lines)
-        lines += ["HMMA.16816.F32 R4, R8, R12, R4"] + ["IADD3 R0, R0, 0x1, RZ"] * (n - 2)
-        lines.append("@P0 BRA 0x%x" % head)
-    lines.append("EXIT")
-    ins = ce.parse_sass(sass_text(lines))["_Z4testv"]
-    rec = ce.kernel_record("kernels/cuda/attention_mma.cu", "_Z4testv",
-                           {"registers": 107, "smem": 16}, ins, 128,
-                           "void kvq::cuda::(anonymous namespace)::mma_int_split_kernel<64, 2, 2, "
-                           "true>(kvq::cuda::detail::SplitParams<kvq::cuda::IntSideView>)", {},
-                           "", ce.REPO)
-    main = [lp for lp in rec["loops"] if "role" in lp]
+    rec, main = _main_loops("mma_int_split_kernel<64, 2, 2, true>", (361, 217), 107)
     assert [(lp["role"], lp["elements_per_warp_iteration"], lp["per_element"]) for lp in main] == [
         ("key", 4096, 2.82), ("value", 2048, 3.39)]
 
