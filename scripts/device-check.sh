@@ -307,6 +307,13 @@ if (( PLAN )); then  # as device runs go: scripts/device-pack.sh's folder, nothi
   echo "each with its cap and its command (pack binaries and repo files by relative path, OUT the output):"
 elif [[ -n "${KVQ_DC_PREBUILT:-}" ]]; then
   MODE=prebuilt
+  if [[ ! -d "$KVQ_DC_PREBUILT" && -f "$KVQ_DC_PREBUILT.tar.xz" ]]; then  # device-pack.sh's file
+    python3 -c 'import sys, tarfile as t; t.open(sys.argv[1]).extractall(sys.argv[2], **(
+      {"filter": "data"} if hasattr(t, "data_filter") else {}))' \
+      "$KVQ_DC_PREBUILT.tar.xz" "$(dirname "$KVQ_DC_PREBUILT")" ||
+      { echo "device-check: cannot unpack $KVQ_DC_PREBUILT.tar.xz" >&2; exit 64; }
+    note "KVQ_DC_PREBUILT: unpacked $KVQ_DC_PREBUILT.tar.xz."
+  fi
   BUILD="$(cd "$KVQ_DC_PREBUILT" && pwd)" || exit 64
   note "KVQ_DC_PREBUILT: nothing built here; binaries from $KVQ_DC_PREBUILT (tests/cuda/, bench/)."
 elif [[ "${KVQ_DC_NO_CMAKE:-0}" == 1 ]]; then

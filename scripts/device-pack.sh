@@ -7,7 +7,8 @@
 #   scripts/device-pack.sh --list            # the files the pack holds (DIR-relative), one a line;
 #                                            # builds nothing (device-check's plan test reads it)
 #
-# Then, on the GPU machine, from the repo root with DIR beside it:
+# and compresses the folder into DIR.tar.xz, the file a device run carries (64 MiB at most). Then, on
+# the GPU machine, from the repo root with DIR.tar.xz (or DIR) beside it:
 #
 #   LD_LIBRARY_PATH=$PWD/DIR/lib KVQ_DC_PREBUILT=DIR scripts/device-check.sh OUTDIR
 #
@@ -15,7 +16,8 @@
 # cpu's kernels and the model's packed products compiled for every CPU path and the GPU machine's
 # own chosen at run time (README "CPU paths"), since its CPU is not this one. CMAKE_CXX_FLAGS is
 # emptied so that a build folder from before (which added -mavx2 -mfma -mf16c) drops them.
-# DIR should be ignored by git (.git/info/exclude) so that it travels only when asked for.
+# DIR and DIR.tar.xz should be ignored by git (.gitignore has the default's) so that they travel
+# only when asked for.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -49,4 +51,11 @@ for f in "$DIR"/tests/cuda/* "$DIR"/bench/* "$DIR"/bin/*; do
 done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so|/libcuda\.so' |
   while read -r l; do cp -L "$l" "$DIR/lib/"; done
 du -sh "$DIR"
-echo "device-pack: on the GPU machine run: LD_LIBRARY_PATH=\$PWD/$DIR/lib KVQ_DC_PREBUILT=$DIR scripts/device-check.sh OUTDIR"
+# The folder (~190 MB: every binary links the same ~20 MB of kernels and cudart) does not fit the
+# 64 MiB a device run carries; xz with its 64 MiB dictionary (-9, one thread) finds the copies
+# across files: ~16 MB, ~1 min of one core. device-check.sh unpacks DIR.tar.xz itself when DIR is
+# absent (Python's tarfile: the device image need not have xz).
+tar -C "$(dirname "$DIR")" -cf - "$(basename "$DIR")" | xz -9 -T1 >"$DIR.tar.xz"
+du -sh "$DIR.tar.xz"
+echo "device-pack: carry $DIR.tar.xz (git ignores it); on the GPU machine run:"
+echo "  LD_LIBRARY_PATH=\$PWD/$DIR/lib KVQ_DC_PREBUILT=$DIR scripts/device-check.sh OUTDIR"

@@ -5,7 +5,7 @@
 # reach every step, exit 0 and write every section of the report with its table: the tests and
 # sanitizers (side by side), the benches, [throughput], the model benches (depth 256, depth 32,704,
 # batch 64 x 8k with its goals), chunked prefill, [model] and serve-bench; and the stand-in kvq
-# must have been asked for the batch-64 decode as the plan says. What the device run's report code
+# must have been asked for the batch-64 decode as the plan says; the pack travels as pack.tar.xz. What the device run's report code
 # does is checked here, before a device run spends its minutes on it.
 # shellcheck disable=SC2016  # the stand-ins' bodies are single-quoted on purpose
 set -euo pipefail
@@ -60,6 +60,10 @@ while read -r f; do
     *) fail "device-pack.sh --list names $f, which this test has no stand-in for" ;;
   esac
 done < <(scripts/device-pack.sh --list)
+# As device runs go: only the compressed pack travels (device-pack.sh's DIR.tar.xz), device-check
+# unpacks it.
+tar -C "$t" -cf - pack | xz -1 >"$t/pack.tar.xz"
+rm -rf "$t/pack"
 rc=0
 PATH="$t/path:$PATH" KVQ_MODEL_DIR="$t/none" KVQ_DC_PREBUILT="$t/pack" scripts/device-check.sh "$t/out" \
   >"$t/stdout" 2>"$t/stderr" || rc=$?
@@ -68,6 +72,7 @@ report="$t/out/report.md"
 ((rc == 0)) || fail "device-check exited $rc; notes: $(grep -A40 '^## Build' "$report")"
 has() { grep -qF -- "$1" "$report" || fail "the report lacks '$1'"; }
 has "- GPU: Stand-in H200, 580.0, 143771 MiB"
+[[ -x "$t/pack/bin/kvq" ]] || fail "pack.tar.xz was not unpacked beside it"
 for b in $(scripts/device-pack.sh --list | grep '^tests/cuda/' | grep -v _full_test); do
   has "| ${b#tests/cuda/} | passed | 3 | 0 | 0 |"
 done
