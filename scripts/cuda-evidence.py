@@ -892,7 +892,8 @@ def legend():
             "split_tokens <= 4096 score floats), so blocks / SM is the fewest; \"<=\": dynamic "
             "shared memory not counted (sized per launch). Loops: own instructions (nested loops "
             "counted innermost), static count. Per element = warp-instr. x 32 / elements a warp "
-            "takes an iteration (int: 32 x D, fp8 and bf16: 16 x D), budget from %s." % BUDGET_SOURCE)
+            "takes an iteration (int: 32 x D, the key loop at D 64 64 x D: two runs a warp; fp8 and "
+            "bf16: 16 x D), budget from %s." % BUDGET_SOURCE)
 
 
 def main(argv=None):
