@@ -14,7 +14,7 @@ PKGS=(build-essential cmake ninja-build pkg-config ccache git ca-certificates
       libeigen3-dev libfmt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
       libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev
       python3 python3-dev python3-venv python3-pip bible-kjv
-      clang-14 libclang-rt-14-dev libomp-14-dev)  # clang, libFuzzer, its OpenMP: scripts/fuzz.sh
+      clang-14 libclang-rt-14-dev libomp-14-dev)  # clang, libFuzzer, its OpenMP: preset asan
 
 missing=()
 for p in "${PKGS[@]}"; do
